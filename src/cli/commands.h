@@ -1,0 +1,12 @@
+// Subcommand registration: each seam of the system contributes its commands here.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace pdb {
+
+void register_commands(CLI::App& app);
+int command_exit_code();  // set by the subcommand that ran
+void set_command_exit_code(int rc);
+
+
+}  // namespace pdb

@@ -1,0 +1,29 @@
+#include <cuda_runtime.h>
+
+#include <cstdio>
+
+#include "cuda/device.h"
+
+namespace pdb::cuda {
+
+bool compiled_with_cuda() { return true; }
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) { cudaGetLastError(); return 0; }
+  return n;
+}
+
+std::string device_summary() {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) { cudaGetLastError(); return std::string("no CUDA device: ") + cudaGetErrorString(e); }
+  if (n == 0) return "no CUDA device";
+  cudaDeviceProp p{};
+  cudaGetDeviceProperties(&p, 0);
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %.1f GiB)", p.name, p.major, p.minor, double(p.totalGlobalMem) / (1 << 30));
+  return buf;
+}
+
+}  // namespace pdb::cuda

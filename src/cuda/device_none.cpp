@@ -1,0 +1,8 @@
+// Build without the CUDA toolkit: the CPU backend is the only one.
+#include "cuda/device.h"
+
+namespace pdb::cuda {
+bool compiled_with_cuda() { return false; }
+int device_count() { return 0; }
+std::string device_summary() { return "pdbridge was built without CUDA"; }
+}  // namespace pdb::cuda

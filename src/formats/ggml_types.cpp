@@ -1,0 +1,272 @@
+#include "formats/ggml_types.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "formats/numeric.h"
+
+namespace pdb {
+namespace {
+
+constexpr int QK = 32;     // Q4_0 / Q8_0 / MXFP4 block
+constexpr int QK_K = 256;  // K-quant super-block
+
+struct Entry { uint32_t id; GgmlTypeTraits t; };
+constexpr Entry kTypes[] = {
+    {0, {"f32", 1, 4}},        {1, {"f16", 1, 2}},        {2, {"q4_0", 32, 18}},     {3, {"q4_1", 32, 20}},
+    {6, {"q5_0", 32, 22}},     {7, {"q5_1", 32, 24}},     {8, {"q8_0", 32, 34}},     {9, {"q8_1", 32, 36}},
+    {10, {"q2_K", 256, 84}},   {11, {"q3_K", 256, 110}},  {12, {"q4_K", 256, 144}},  {13, {"q5_K", 256, 176}},
+    {14, {"q6_K", 256, 210}},  {15, {"q8_K", 256, 292}},  {16, {"iq2_xxs", 256, 66}}, {17, {"iq2_xs", 256, 74}},
+    {18, {"iq3_xxs", 256, 98}}, {19, {"iq1_s", 256, 50}}, {20, {"iq4_nl", 32, 18}},  {21, {"iq3_s", 256, 110}},
+    {22, {"iq2_s", 256, 82}},  {23, {"iq4_xs", 256, 136}}, {24, {"i8", 1, 1}},       {25, {"i16", 1, 2}},
+    {26, {"i32", 1, 4}},       {27, {"i64", 1, 8}},       {28, {"f64", 1, 8}},       {29, {"iq1_m", 256, 56}},
+    {30, {"bf16", 1, 2}},      {34, {"tq1_0", 256, 54}},  {35, {"tq2_0", 256, 66}},  {39, {"mxfp4", 32, 17}},
+    {40, {"nvfp4", 64, 36}},   {41, {"q1_0", 128, 18}},   {42, {"q2_0", 64, 18}},
+};
+
+// E2M1 values doubled, as ggml's kvalues_mxfp4 (the E8M0 "half" scale compensates).
+constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+inline uint16_t rd16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
+inline void wr16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+
+// ggml_e8m0_to_fp32_half: 2^(e-128), with the two denormal cases spelled out.
+inline float e8m0_half(uint8_t e) {
+  uint32_t bits = e < 2 ? (0x00200000u << e) : (uint32_t(e - 1) << 23);
+  return bits_f32(bits);
+}
+
+void check_blocks(GgmlType t, int64_t n) {
+  const auto& tr = traits(t);
+  if (n % tr.block_size != 0)
+    throw std::invalid_argument(fmt::format("{}: {} elements is not a multiple of the block size {}",
+                                            tr.name, n, tr.block_size));
+}
+
+void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
+  if (j < 4) {
+    *d = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+  }
+}
+
+}  // namespace
+
+std::optional<GgmlTypeTraits> ggml_type_traits(uint32_t id) {
+  for (const auto& e : kTypes) if (e.id == id) return e.t;
+  return std::nullopt;
+}
+
+const GgmlTypeTraits& traits(GgmlType t) {
+  for (const auto& e : kTypes) if (e.id == uint32_t(t)) return e.t;
+  throw std::invalid_argument(fmt::format("unknown ggml type id {}", uint32_t(t)));
+}
+
+std::string ggml_type_name(GgmlType t) {
+  auto tr = ggml_type_traits(uint32_t(t));
+  return tr ? tr->name : fmt::format("type{}", uint32_t(t));
+}
+
+std::optional<GgmlType> ggml_type_from_name(std::string_view name) {
+  for (const auto& e : kTypes) {
+    std::string_view n = e.t.name;
+    if (n.size() == name.size() &&
+        std::equal(n.begin(), n.end(), name.begin(), [](char a, char b) { return std::tolower(a) == std::tolower(b); }))
+      return GgmlType(e.id);
+  }
+  return std::nullopt;
+}
+
+size_t ggml_row_bytes(GgmlType t, int64_t n) {
+  check_blocks(t, n);
+  const auto& tr = traits(t);
+  return size_t(n / tr.block_size) * tr.type_size;
+}
+
+bool can_dequantize(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:
+    case GgmlType::MXFP4: case GgmlType::Q4_K: case GgmlType::Q6_K: return true;
+    default: return false;
+  }
+}
+
+bool can_quantize(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:
+    case GgmlType::MXFP4: return true;
+    default: return false;
+  }
+}
+
+void dequantize_row(GgmlType t, const void* src_v, float* y, int64_t n) {
+  check_blocks(t, n);
+  const auto* src = static_cast<const uint8_t*>(src_v);
+  switch (t) {
+    case GgmlType::F32: std::memcpy(y, src, size_t(n) * 4); return;
+    case GgmlType::F16: for (int64_t i = 0; i < n; ++i) y[i] = fp16_to_f32(rd16(src + 2 * i)); return;
+    case GgmlType::BF16: for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_f32(rd16(src + 2 * i)); return;
+    case GgmlType::Q8_0:
+      for (int64_t b = 0; b < n / QK; ++b) {
+        const uint8_t* blk = src + b * 34;
+        const float d = fp16_to_f32(rd16(blk));
+        for (int j = 0; j < QK; ++j) y[b * QK + j] = float(int8_t(blk[2 + j])) * d;
+      }
+      return;
+    case GgmlType::Q4_0:
+      for (int64_t b = 0; b < n / QK; ++b) {
+        const uint8_t* blk = src + b * 18;
+        const float d = fp16_to_f32(rd16(blk));
+        for (int j = 0; j < QK / 2; ++j) {
+          y[b * QK + j] = float((blk[2 + j] & 0x0F) - 8) * d;
+          y[b * QK + j + QK / 2] = float((blk[2 + j] >> 4) - 8) * d;
+        }
+      }
+      return;
+    case GgmlType::MXFP4:
+      for (int64_t b = 0; b < n / QK; ++b) {
+        const uint8_t* blk = src + b * 17;
+        const float d = e8m0_half(blk[0]);
+        for (int j = 0; j < QK / 2; ++j) {
+          y[b * QK + j] = kMxfp4Values[blk[1 + j] & 0x0F] * d;
+          y[b * QK + j + QK / 2] = kMxfp4Values[blk[1 + j] >> 4] * d;
+        }
+      }
+      return;
+    case GgmlType::Q4_K:
+      for (int64_t b = 0; b < n / QK_K; ++b) {
+        const uint8_t* blk = src + b * 144;
+        const float d = fp16_to_f32(rd16(blk)), dmin = fp16_to_f32(rd16(blk + 2));
+        const uint8_t* scales = blk + 4;
+        const uint8_t* q = blk + 16;
+        float* out = y + b * QK_K;
+        int is = 0;
+        for (int j = 0; j < QK_K; j += 64) {
+          uint8_t sc, m;
+          get_scale_min_k4(is + 0, scales, &sc, &m);
+          const float d1 = d * sc, m1 = dmin * m;
+          get_scale_min_k4(is + 1, scales, &sc, &m);
+          const float d2 = d * sc, m2 = dmin * m;
+          for (int l = 0; l < 32; ++l) *out++ = d1 * (q[l] & 0xF) - m1;
+          for (int l = 0; l < 32; ++l) *out++ = d2 * (q[l] >> 4) - m2;
+          q += 32;
+          is += 2;
+        }
+      }
+      return;
+    case GgmlType::Q6_K:
+      for (int64_t b = 0; b < n / QK_K; ++b) {
+        const uint8_t* blk = src + b * 210;
+        const uint8_t* ql = blk;
+        const uint8_t* qh = blk + 128;
+        const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+        const float d = fp16_to_f32(rd16(blk + 208));
+        float* out = y + b * QK_K;
+        for (int n128 = 0; n128 < QK_K; n128 += 128) {
+          for (int l = 0; l < 32; ++l) {
+            const int is = l / 16;
+            const int8_t q1 = int8_t((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            const int8_t q2 = int8_t((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            const int8_t q3 = int8_t((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            const int8_t q4 = int8_t((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            out[l + 0] = d * sc[is + 0] * q1;
+            out[l + 32] = d * sc[is + 2] * q2;
+            out[l + 64] = d * sc[is + 4] * q3;
+            out[l + 96] = d * sc[is + 6] * q4;
+          }
+          out += 128;
+          ql += 64;
+          qh += 32;
+          sc += 8;
+        }
+      }
+      return;
+    default:
+      throw std::invalid_argument(fmt::format("no decoder for ggml type {}", ggml_type_name(t)));
+  }
+}
+
+void quantize_row(GgmlType t, const float* x, void* dst_v, int64_t n, Q8Rounding q8_rounding) {
+  check_blocks(t, n);
+  auto* dst = static_cast<uint8_t*>(dst_v);
+  switch (t) {
+    case GgmlType::F32: std::memcpy(dst, x, size_t(n) * 4); return;
+    case GgmlType::F16: for (int64_t i = 0; i < n; ++i) wr16(dst + 2 * i, f32_to_fp16(x[i])); return;
+    case GgmlType::BF16: for (int64_t i = 0; i < n; ++i) wr16(dst + 2 * i, f32_to_bf16(x[i])); return;
+    case GgmlType::Q8_0:
+      for (int64_t b = 0; b < n / QK; ++b) {
+        const float* xb = x + b * QK;
+        uint8_t* blk = dst + b * 34;
+        float amax = 0.0f;
+        for (int j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(xb[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        wr16(blk, f32_to_fp16(d));
+        for (int j = 0; j < QK; ++j) {
+          const float v = xb[j] * id;
+          blk[2 + j] = uint8_t(int8_t(q8_rounding == Q8Rounding::TiesAway ? std::round(v) : std::nearbyint(v)));
+        }
+      }
+      return;
+    case GgmlType::Q4_0:
+      for (int64_t b = 0; b < n / QK; ++b) {
+        const float* xb = x + b * QK;
+        uint8_t* blk = dst + b * 18;
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < QK; ++j)
+          if (amax < std::fabs(xb[j])) { amax = std::fabs(xb[j]); max = xb[j]; }
+        const float d = max / -8;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        wr16(blk, f32_to_fp16(d));
+        for (int j = 0; j < QK / 2; ++j) {
+          const float x0 = xb[j] * id, x1 = xb[QK / 2 + j] * id;
+          const uint8_t xi0 = uint8_t(std::min<int>(15, int8_t(x0 + 8.5f)));
+          const uint8_t xi1 = uint8_t(std::min<int>(15, int8_t(x1 + 8.5f)));
+          blk[2 + j] = uint8_t(xi0 | (xi1 << 4));
+        }
+      }
+      return;
+    case GgmlType::MXFP4:
+      for (int64_t b = 0; b < n / QK; ++b) {
+        const float* xb = x + b * QK;
+        uint8_t* blk = dst + b * 17;
+        float amax = 0.0f;
+        for (int j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(xb[j]));
+        const uint8_t e = amax > 0.0f ? uint8_t(std::floor(std::log2(amax)) - 2 + 127) : 0;
+        const float d = e8m0_half(e);
+        auto best = [d](float v) {
+          int bi = 0;
+          float be = std::fabs(kMxfp4Values[0] * d - v);
+          for (int i = 1; i < 16; ++i) {
+            const float err = std::fabs(kMxfp4Values[i] * d - v);
+            if (err < be) { bi = i; be = err; }
+          }
+          return uint8_t(bi);
+        };
+        blk[0] = e;
+        for (int j = 0; j < QK / 2; ++j) blk[1 + j] = uint8_t(best(xb[j]) | (best(xb[QK / 2 + j]) << 4));
+      }
+      return;
+    default:
+      throw std::invalid_argument(fmt::format("no encoder for ggml type {}", ggml_type_name(t)));
+  }
+}
+
+void dequantize_block_fp8(const uint8_t* w, int64_t rows, int64_t cols, const float* scale_inv,
+                          int64_t block_rows, int64_t block_cols, float* dst) {
+  const int64_t scale_cols = (cols + block_cols - 1) / block_cols;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* srow = scale_inv + (r / block_rows) * scale_cols;
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = fp8_e4m3_to_f32(w[r * cols + c]) * srow[c / block_cols];
+  }
+}
+
+}  // namespace pdb

@@ -1,0 +1,182 @@
+#include "formats/hf_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <numbers>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace pdb {
+using json = nlohmann::json;
+
+const char* rope_scaling_name(RopeScalingType t) {
+  switch (t) {
+    case RopeScalingType::None: return "none";
+    case RopeScalingType::Linear: return "linear";
+    case RopeScalingType::Yarn: return "yarn";
+    case RopeScalingType::Llama3: return "llama3";
+  }
+  return "?";
+}
+
+namespace {
+[[noreturn]] void bad(const std::string& why) { throw std::runtime_error("config.json: " + why); }
+
+int64_t req_int(const json& j, const char* k) {
+  if (!j.contains(k) || !j[k].is_number_integer()) bad(fmt::format("'{}' must be an integer", k));
+  const int64_t v = j[k].get<int64_t>();
+  if (v <= 0) bad(fmt::format("'{}' must be positive, got {}", k, v));
+  return v;
+}
+double num(const json& j, const char* k, double dflt) {
+  if (!j.contains(k) || j[k].is_null()) return dflt;
+  if (!j[k].is_number()) bad(fmt::format("'{}' must be a number", k));
+  return j[k].get<double>();
+}
+}  // namespace
+
+HfConfig HfConfig::parse(const json& j) {
+  if (!j.is_object()) bad("not a JSON object");
+  HfConfig c;
+  const std::string mt = j.value("model_type", "");
+  if (mt == "llama") c.arch = "llama";
+  else if (mt == "qwen3") c.arch = "qwen3";
+  else bad(fmt::format("model_type '{}' is not supported (llama, qwen3)", mt));
+  c.hidden_size = req_int(j, "hidden_size");
+  c.intermediate_size = req_int(j, "intermediate_size");
+  c.num_layers = req_int(j, "num_hidden_layers");
+  c.num_heads = req_int(j, "num_attention_heads");
+  c.num_kv_heads = j.contains("num_key_value_heads") ? req_int(j, "num_key_value_heads") : c.num_heads;
+  c.vocab_size = req_int(j, "vocab_size");
+  c.max_position_embeddings = j.contains("max_position_embeddings") ? req_int(j, "max_position_embeddings") : 4096;
+  if (j.contains("head_dim") && !j["head_dim"].is_null()) c.head_dim = req_int(j, "head_dim");
+  else {
+    if (c.hidden_size % c.num_heads) bad("hidden_size is not a multiple of num_attention_heads and head_dim is absent");
+    c.head_dim = c.hidden_size / c.num_heads;
+  }
+  if (c.num_heads % c.num_kv_heads) bad("num_attention_heads is not a multiple of num_key_value_heads");
+  c.rms_norm_eps = num(j, "rms_norm_eps", 1e-6);
+  c.rope_theta = num(j, "rope_theta", 10000.0);
+  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+  c.attention_bias = j.value("attention_bias", false);
+  c.torch_dtype = j.value("torch_dtype", "float32");
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    const json& rs = j["rope_scaling"];
+    if (!rs.is_object()) bad("rope_scaling must be an object or null");
+    std::string t = rs.value("rope_type", rs.value("type", "default"));
+    auto& s = c.rope_scaling;
+    if (t == "default") s.type = RopeScalingType::None;
+    else if (t == "linear") s.type = RopeScalingType::Linear;
+    else if (t == "yarn") s.type = RopeScalingType::Yarn;
+    else if (t == "llama3") s.type = RopeScalingType::Llama3;
+    else bad(fmt::format("rope_scaling type '{}' is not supported (default, linear, yarn, llama3)", t));
+    s.factor = num(rs, "factor", 1.0);
+    if (s.type != RopeScalingType::None && !(s.factor >= 1.0)) bad(fmt::format("rope_scaling.factor {} must be >= 1", s.factor));
+    s.original_max_position_embeddings = int64_t(num(rs, "original_max_position_embeddings", double(c.max_position_embeddings)));
+    s.low_freq_factor = num(rs, "low_freq_factor", 1.0);
+    s.high_freq_factor = num(rs, "high_freq_factor", 4.0);
+    s.beta_fast = num(rs, "beta_fast", 32.0);
+    s.beta_slow = num(rs, "beta_slow", 1.0);
+    if (rs.contains("attention_factor") && !rs["attention_factor"].is_null()) s.attention_factor = num(rs, "attention_factor", 1.0);
+  }
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
+    const json& q = j["quantization_config"];
+    if (q.value("quant_method", "") != "fp8") bad(fmt::format("quantization_config.quant_method '{}' is not supported (fp8)", q.value("quant_method", "")));
+    c.fp8 = true;
+    if (q.contains("weight_block_size")) {
+      const json& b = q["weight_block_size"];
+      if (!b.is_array() || b.size() != 2) bad("weight_block_size must be [rows, cols]");
+      c.fp8_block_rows = b[0].get<int64_t>();
+      c.fp8_block_cols = b[1].get<int64_t>();
+    }
+  }
+  return c;
+}
+
+HfConfig HfConfig::load(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  json j;
+  try { j = json::parse(in); } catch (const std::exception& e) { throw std::runtime_error(path + ": " + e.what()); }
+  return parse(j);
+}
+
+json HfConfig::to_json() const {
+  json j;
+  j["architectures"] = {arch == "llama" ? "LlamaForCausalLM" : "Qwen3ForCausalLM"};
+  j["model_type"] = arch;
+  j["hidden_size"] = hidden_size;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = num_layers;
+  j["num_attention_heads"] = num_heads;
+  j["num_key_value_heads"] = num_kv_heads;
+  j["head_dim"] = head_dim;
+  j["vocab_size"] = vocab_size;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["rope_theta"] = rope_theta;
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["attention_bias"] = attention_bias;
+  j["hidden_act"] = "silu";
+  j["torch_dtype"] = torch_dtype;
+  if (rope_scaling.type == RopeScalingType::None) j["rope_scaling"] = nullptr;
+  else {
+    json rs = {{"rope_type", rope_scaling_name(rope_scaling.type)}, {"factor", rope_scaling.factor},
+               {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
+    if (rope_scaling.type == RopeScalingType::Llama3) { rs["low_freq_factor"] = rope_scaling.low_freq_factor; rs["high_freq_factor"] = rope_scaling.high_freq_factor; }
+    if (rope_scaling.type == RopeScalingType::Yarn) { rs["beta_fast"] = rope_scaling.beta_fast; rs["beta_slow"] = rope_scaling.beta_slow; }
+    j["rope_scaling"] = rs;
+  }
+  if (fp8) j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"}, {"weight_block_size", {fp8_block_rows, fp8_block_cols}}};
+  return j;
+}
+
+std::vector<double> HfConfig::inv_freq() const {
+  const int64_t half = head_dim / 2;
+  std::vector<double> f(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) f[i] = 1.0 / std::pow(rope_theta, double(2 * i) / double(head_dim));
+  const auto& s = rope_scaling;
+  switch (s.type) {
+    case RopeScalingType::None: break;
+    case RopeScalingType::Linear: for (auto& x : f) x /= s.factor; break;
+    case RopeScalingType::Llama3: {
+      const double old_ctx = double(s.original_max_position_embeddings);
+      const double low_wl = old_ctx / s.low_freq_factor, high_wl = old_ctx / s.high_freq_factor;
+      for (auto& x : f) {
+        const double wl = 2 * std::numbers::pi / x;
+        if (wl < high_wl) continue;
+        if (wl > low_wl) { x /= s.factor; continue; }
+        const double smooth = (old_ctx / wl - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        x = (1 - smooth) * x / s.factor + smooth * x;
+      }
+      break;
+    }
+    case RopeScalingType::Yarn: {
+      const double d = double(head_dim), base = rope_theta, octx = double(s.original_max_position_embeddings);
+      auto corr_dim = [&](double rot) { return d * std::log(octx / (rot * 2 * std::numbers::pi)) / (2 * std::log(base)); };
+      double low = std::max(0.0, std::floor(corr_dim(s.beta_fast)));
+      double high = std::min(d - 1, std::ceil(corr_dim(s.beta_slow)));
+      if (low == high) high += 0.001;
+      for (int64_t i = 0; i < half; ++i) {
+        const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+        const double extrap_mask = 1 - ramp;
+        const double interp = f[i] / s.factor, extrap = f[i];
+        f[i] = interp * (1 - extrap_mask) + extrap * extrap_mask;
+      }
+      break;
+    }
+  }
+  return f;
+}
+
+double HfConfig::attention_scaling() const {
+  if (rope_scaling.type != RopeScalingType::Yarn) return 1.0;
+  if (rope_scaling.attention_factor) return *rope_scaling.attention_factor;
+  return rope_scaling.factor <= 1 ? 1.0 : 0.1 * std::log(rope_scaling.factor) + 1.0;
+}
+
+}  // namespace pdb

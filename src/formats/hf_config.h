@@ -1,0 +1,44 @@
+// Hugging Face config.json for the dense architectures we prefill (llama, qwen3).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace pdb {
+
+enum class RopeScalingType { None, Linear, Yarn, Llama3 };
+const char* rope_scaling_name(RopeScalingType t);
+
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::None;
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
+  double beta_fast = 32.0, beta_slow = 1.0;               // yarn
+  std::optional<double> attention_factor;                  // yarn: default 0.1*ln(factor)+1
+};
+
+struct HfConfig {
+  std::string arch;  // "llama" or "qwen3" (from model_type)
+  int64_t hidden_size = 0, intermediate_size = 0, num_layers = 0, num_heads = 0, num_kv_heads = 0;
+  int64_t head_dim = 0, vocab_size = 0, max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6, rope_theta = 10000.0;
+  bool tie_word_embeddings = false, attention_bias = false;
+  std::string torch_dtype = "float32";
+  RopeScaling rope_scaling;
+  // Block-FP8 checkpoints: quantization_config {quant_method: fp8, weight_block_size: [128, 128]}.
+  bool fp8 = false;
+  int64_t fp8_block_rows = 128, fp8_block_cols = 128;
+
+  static HfConfig parse(const nlohmann::json& j);  // throws std::runtime_error naming the bad field
+  static HfConfig load(const std::string& dir);    // dir/config.json
+  nlohmann::json to_json() const;
+  // Per-dimension-pair inverse frequencies as HF computes them (for the prefill engine's own RoPE).
+  std::vector<double> inv_freq() const;
+  double attention_scaling() const;  // cos/sin multiplier (yarn), 1 otherwise
+};
+
+}  // namespace pdb

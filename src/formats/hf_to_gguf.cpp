@@ -1,0 +1,171 @@
+#include "formats/hf_to_gguf.h"
+
+#include <cmath>
+#include <cstring>
+#include <numbers>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "common/parallel.h"
+#include "formats/gguf.h"
+
+namespace pdb {
+
+std::vector<HfTensorSpec> hf_tensor_specs(const HfConfig& c) {
+  const int64_t H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
+  const int64_t q_dim = c.num_heads * hd, kv_dim = c.num_kv_heads * hd;
+  const bool llama = c.arch == "llama";
+  std::vector<HfTensorSpec> s;
+  s.push_back({"model.embed_tokens.weight", {c.vocab_size, H}, "token_embd.weight", 0});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l), g = fmt::format("blk.{}.", l);
+    s.push_back({p + "input_layernorm.weight", {H}, g + "attn_norm.weight", 0});
+    s.push_back({p + "self_attn.q_proj.weight", {q_dim, H}, g + "attn_q.weight", llama ? int(c.num_heads) : 0});
+    s.push_back({p + "self_attn.k_proj.weight", {kv_dim, H}, g + "attn_k.weight", llama ? int(c.num_kv_heads) : 0});
+    s.push_back({p + "self_attn.v_proj.weight", {kv_dim, H}, g + "attn_v.weight", 0});
+    s.push_back({p + "self_attn.o_proj.weight", {H, q_dim}, g + "attn_output.weight", 0});
+    if (!llama) {
+      s.push_back({p + "self_attn.q_norm.weight", {hd}, g + "attn_q_norm.weight", 0});
+      s.push_back({p + "self_attn.k_norm.weight", {hd}, g + "attn_k_norm.weight", 0});
+    }
+    s.push_back({p + "post_attention_layernorm.weight", {H}, g + "ffn_norm.weight", 0});
+    s.push_back({p + "mlp.gate_proj.weight", {F, H}, g + "ffn_gate.weight", 0});
+    s.push_back({p + "mlp.up_proj.weight", {F, H}, g + "ffn_up.weight", 0});
+    s.push_back({p + "mlp.down_proj.weight", {H, F}, g + "ffn_down.weight", 0});
+  }
+  s.push_back({"model.norm.weight", {H}, "output_norm.weight", 0});
+  if (!c.tie_word_embeddings) s.push_back({"lm_head.weight", {c.vocab_size, H}, "output.weight", 0});
+  return s;
+}
+
+void permute_qk_rows(const float* hf, float* gguf, int64_t n_heads, int64_t hd, int64_t cols) {
+  for (int64_t h = 0; h < n_heads; ++h)
+    for (int64_t i = 0; i < hd / 2; ++i)
+      for (int a = 0; a < 2; ++a) {
+        const float* src = hf + (h * hd + a * hd / 2 + i) * cols;
+        float* dst = gguf + (h * hd + 2 * i + a) * cols;
+        std::copy(src, src + cols, dst);
+      }
+}
+
+std::string vocab_name_for_arch(const std::string& arch) {
+  if (arch == "llama") return "ggml-vocab-llama-bpe.gguf";
+  if (arch == "qwen3") return "ggml-vocab-qwen2.gguf";
+  throw std::invalid_argument("no vocab for arch " + arch);
+}
+
+int64_t vocab_size_of(const std::string& vocab_gguf) {
+  auto v = GgufFile::open(vocab_gguf);
+  const GgufValue& toks = v->get("tokenizer.ggml.tokens");
+  if (toks.type != GgufType::ARRAY) throw std::runtime_error(vocab_gguf + ": tokenizer.ggml.tokens is not an array");
+  return int64_t(toks.arr.size());
+}
+
+namespace {
+// Chat templates for vocab files that carry none: the model family's own format, so llama-server's
+// /apply-template renders what a user of that family expects.
+const char* kLlama3Template =
+    "{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + "
+    "message['content'] | trim + '<|eot_id|>' }}{%- endfor %}{%- if add_generation_prompt %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}";
+const char* kChatmlTemplate =
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+}  // namespace
+
+void write_decoder_gguf(const HfConfig& c, const HfWeightSource& src, const GgufConvertOptions& o, const std::string& path) {
+  if (o.type != GgmlType::F32 && o.type != GgmlType::F16 && o.type != GgmlType::BF16)
+    throw std::invalid_argument("write_decoder_gguf writes f32, f16 or bf16; use llama-quantize for quantized types");
+  auto vocab = GgufFile::open(o.vocab_gguf);
+  GgufWriter w;
+  const std::string a = c.arch;
+  w.set("general.architecture", GgufValue::of_str(a));
+  w.set("general.name", GgufValue::of_str(o.name.empty() ? "pdbridge-model" : o.name));
+  w.set("general.file_type", GgufValue::of_u32(o.type == GgmlType::F32 ? 0 : o.type == GgmlType::F16 ? 1 : 32));
+  w.set(a + ".block_count", GgufValue::of_u32(uint32_t(c.num_layers)));
+  w.set(a + ".context_length", GgufValue::of_u32(uint32_t(c.max_position_embeddings)));
+  w.set(a + ".embedding_length", GgufValue::of_u32(uint32_t(c.hidden_size)));
+  w.set(a + ".feed_forward_length", GgufValue::of_u32(uint32_t(c.intermediate_size)));
+  w.set(a + ".attention.head_count", GgufValue::of_u32(uint32_t(c.num_heads)));
+  w.set(a + ".attention.head_count_kv", GgufValue::of_u32(uint32_t(c.num_kv_heads)));
+  w.set(a + ".rope.freq_base", GgufValue::of_f32(float(c.rope_theta)));
+  w.set(a + ".attention.layer_norm_rms_epsilon", GgufValue::of_f32(float(c.rms_norm_eps)));
+  w.set(a + ".attention.key_length", GgufValue::of_u32(uint32_t(c.head_dim)));
+  w.set(a + ".attention.value_length", GgufValue::of_u32(uint32_t(c.head_dim)));
+  w.set(a + ".rope.dimension_count", GgufValue::of_u32(uint32_t(c.head_dim)));
+  w.set(a + ".vocab_size", GgufValue::of_u32(uint32_t(c.vocab_size)));
+  const auto& rs = c.rope_scaling;
+  if (rs.type == RopeScalingType::Linear) {
+    w.set(a + ".rope.scaling.type", GgufValue::of_str("linear"));
+    w.set(a + ".rope.scaling.factor", GgufValue::of_f32(float(rs.factor)));
+  } else if (rs.type == RopeScalingType::Yarn) {
+    w.set(a + ".rope.scaling.type", GgufValue::of_str("yarn"));
+    w.set(a + ".rope.scaling.factor", GgufValue::of_f32(float(rs.factor)));
+    w.set(a + ".rope.scaling.original_context_length", GgufValue::of_u32(uint32_t(rs.original_max_position_embeddings)));
+    w.set(a + ".rope.scaling.yarn_beta_fast", GgufValue::of_f32(float(rs.beta_fast)));
+    w.set(a + ".rope.scaling.yarn_beta_slow", GgufValue::of_f32(float(rs.beta_slow)));
+    if (rs.attention_factor) w.set(a + ".rope.scaling.yarn_attn_factor", GgufValue::of_f32(float(*rs.attention_factor)));
+  }
+  bool has_template = false;
+  int64_t n_vocab = 0;
+  for (const auto& [k, v] : vocab->kv()) {
+    if (k.rfind("tokenizer.", 0) != 0) continue;
+    if (k == "tokenizer.chat_template") has_template = true;
+    if (k == "tokenizer.ggml.tokens") n_vocab = int64_t(v.arr.size());
+    w.set(k, v);
+  }
+  if (n_vocab != c.vocab_size)
+    throw std::runtime_error(fmt::format("vocab {} has {} tokens but the model has vocab_size {}", o.vocab_gguf, n_vocab, c.vocab_size));
+  if (!has_template) w.set("tokenizer.chat_template", GgufValue::of_str(a == "llama" ? kLlama3Template : kChatmlTemplate));
+
+  auto specs = hf_tensor_specs(c);
+  if (rs.type == RopeScalingType::Llama3) {
+    // rope_freqs holds the per-pair divisor of theta, as convert_hf_to_gguf.py's llama3 branch computes it.
+    std::vector<float> factors;
+    for (int64_t i = 0; i < c.head_dim / 2; ++i) {
+      const double freq = 1.0 / std::pow(c.rope_theta, double(2 * i) / double(c.head_dim));
+      const double wl = 2 * std::numbers::pi / freq;
+      const double octx = double(rs.original_max_position_embeddings);
+      const double low_wl = octx / rs.low_freq_factor, high_wl = octx / rs.high_freq_factor;
+      double f;
+      if (wl < high_wl) f = 1;
+      else if (wl > low_wl) f = rs.factor;
+      else {
+        const double smooth = (octx / wl - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+        f = 1 / ((1 - smooth) / rs.factor + smooth);
+      }
+      factors.push_back(float(f));
+    }
+    std::vector<uint8_t> bytes(factors.size() * 4);
+    std::memcpy(bytes.data(), factors.data(), bytes.size());
+    w.add_tensor_bytes("rope_freqs.weight", GgmlType::F32, {int64_t(factors.size())}, std::move(bytes));
+  }
+  for (const auto& sp : specs) {
+    if (sp.gguf_name.empty()) continue;
+    const bool is_matrix = sp.shape.size() == 2;
+    const GgmlType t = is_matrix ? o.type : GgmlType::F32;
+    std::vector<int64_t> ne(sp.shape.rbegin(), sp.shape.rend());
+    const int threads = o.threads;
+    w.add_tensor(sp.gguf_name, t, ne, [sp, t, &src, threads, hd = c.head_dim](uint8_t* dst, size_t nbytes) {
+      int64_t n = 1;
+      for (auto d : sp.shape) n *= d;
+      std::vector<float> f(static_cast<size_t>(n));
+      src(sp.hf_name, f.data());
+      if (sp.permute_heads) {
+        std::vector<float> p(f.size());
+        permute_qk_rows(f.data(), p.data(), sp.permute_heads, hd, sp.shape[1]);
+        f.swap(p);
+      }
+      const int64_t cols = sp.shape.back(), rows = n / cols;
+      const size_t row_bytes = ggml_row_bytes(t, cols);
+      if (row_bytes * size_t(rows) != nbytes) throw std::logic_error("GGUF tensor size mismatch for " + sp.gguf_name);
+      parallel_for(rows, threads, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) quantize_row(t, f.data() + r * cols, dst + r * row_bytes, cols);
+      });
+    });
+  }
+  w.write(path);
+}
+
+}  // namespace pdb

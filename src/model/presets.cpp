@@ -1,0 +1,43 @@
+#include "model/presets.h"
+
+#include <stdexcept>
+
+namespace pdb {
+
+std::vector<std::string> preset_names() { return {"tiny", "small", "8b"}; }
+
+HfConfig preset_config(const std::string& arch, const std::string& preset) {
+  if (arch != "llama" && arch != "qwen3") throw std::invalid_argument("unknown arch '" + arch + "' (llama, qwen3)");
+  HfConfig c;
+  c.arch = arch;
+  c.torch_dtype = "float32";
+  const bool llama = arch == "llama";
+  if (preset == "tiny") {
+    // head_dim 64 so the quantized-cache Hadamard rotation path is exercised even in CI.
+    c.hidden_size = 128; c.num_layers = 2; c.num_heads = 4; c.num_kv_heads = 2; c.head_dim = 64;
+    c.intermediate_size = 384; c.max_position_embeddings = 32768;
+    c.rope_theta = llama ? 500000.0 : 1000000.0;
+    c.rms_norm_eps = llama ? 1e-5 : 1e-6;
+  } else if (preset == "small") {
+    c.hidden_size = 768; c.num_layers = 12; c.num_heads = 6; c.num_kv_heads = 2; c.head_dim = 128;
+    c.intermediate_size = 2048; c.max_position_embeddings = 131072;
+    c.rope_theta = llama ? 500000.0 : 1000000.0;
+    c.rms_norm_eps = llama ? 1e-5 : 1e-6;
+  } else if (preset == "8b") {
+    if (llama) {  // Llama-3.1-8B
+      c.hidden_size = 4096; c.num_layers = 32; c.num_heads = 32; c.num_kv_heads = 8; c.head_dim = 128;
+      c.intermediate_size = 14336; c.max_position_embeddings = 131072; c.rope_theta = 500000.0; c.rms_norm_eps = 1e-5;
+      c.rope_scaling.type = RopeScalingType::Llama3; c.rope_scaling.factor = 8.0;
+      c.rope_scaling.low_freq_factor = 1.0; c.rope_scaling.high_freq_factor = 4.0;
+      c.rope_scaling.original_max_position_embeddings = 8192;
+    } else {  // Qwen3-8B
+      c.hidden_size = 4096; c.num_layers = 36; c.num_heads = 32; c.num_kv_heads = 8; c.head_dim = 128;
+      c.intermediate_size = 12288; c.max_position_embeddings = 40960; c.rope_theta = 1000000.0; c.rms_norm_eps = 1e-6;
+    }
+  } else {
+    throw std::invalid_argument("unknown preset '" + preset + "' (tiny, small, 8b)");
+  }
+  return c;
+}
+
+}  // namespace pdb

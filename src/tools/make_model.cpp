@@ -1,0 +1,195 @@
+#include "tools/make_model.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <xxhash.h>
+
+#include "common/parallel.h"
+#include "common/process.h"
+#include "formats/ggml_types.h"
+#include "formats/hf_to_gguf.h"
+#include "formats/numeric.h"
+#include "formats/safetensors.h"
+#include "model/presets.h"
+
+namespace pdb {
+namespace fs = std::filesystem;
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+// Initialization chosen so a random model stays numerically sane through every layer at 100K+
+// tokens: unit-variance projections, residual branches scaled by 1/sqrt(2L), norms near 1 (but not
+// 1, so a recipe that ignores the norm weight is caught), sharp enough logits for stable greedy decoding.
+struct Init { double std; double mean; };
+Init init_for(const std::string& name, int64_t fan_in, int64_t n_layers) {
+  if (ends_with(name, "norm.weight") || ends_with(name, "layernorm.weight")) return {0.1, 1.0};
+  if (name == "model.embed_tokens.weight") return {1.0, 0.0};
+  if (name == "lm_head.weight") return {4.0 / std::sqrt(double(fan_in)), 0.0};
+  double s = 1.0 / std::sqrt(double(fan_in));
+  if (ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight")) s /= std::sqrt(2.0 * double(n_layers));
+  return {s, 0.0};
+}
+
+}  // namespace
+
+float master_weight(uint64_t seed, const std::string& name, int64_t i, int64_t n_layers) {
+  (void)n_layers;
+  const uint64_t key = XXH3_64bits_withSeed(name.data(), name.size(), seed);
+  const uint64_t r = splitmix64(key ^ (uint64_t(i) * 0xd1b54a32d192ed03ull));
+  // uniform in [-sqrt(3), sqrt(3)): unit variance
+  return float((double(r >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0) * 1.7320508075688772);
+}
+
+void make_model(const MakeModelOptions& o) {
+  if (o.out.empty()) throw std::invalid_argument("--out is required");
+  const int threads = o.threads > 0 ? o.threads : default_threads();
+  HfConfig c = preset_config(o.arch, o.preset);
+  const std::string vocab_dir = o.vocab_dir.empty() ? self_dir() + "/llama/src/models" : o.vocab_dir;
+  const std::string vocab = vocab_dir + "/" + vocab_name_for_arch(o.arch);
+  if (!fs::exists(vocab)) throw std::runtime_error("vocab GGUF not found: " + vocab + " (run scripts/setup.sh)");
+  c.vocab_size = vocab_size_of(vocab);
+  if (o.hf_dtype == "fp8") { c.fp8 = true; c.torch_dtype = "bfloat16"; }
+  else if (o.hf_dtype == "bf16") c.torch_dtype = "bfloat16";
+  else if (o.hf_dtype == "f16") c.torch_dtype = "float16";
+  else if (o.hf_dtype == "f32") c.torch_dtype = "float32";
+  else throw std::invalid_argument("--hf-dtype must be f32, f16, bf16 or fp8");
+
+  fs::create_directories(o.out + "/hf");
+  const uint64_t seed = o.seed;
+  const int64_t L = c.num_layers;
+  auto fill_master = [seed, L, threads](const HfTensorSpec& sp, float* dst) {
+    int64_t n = 1;
+    for (auto d : sp.shape) n *= d;
+    const Init in = init_for(sp.hf_name, sp.shape.back(), L);
+    parallel_for(n, threads, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) dst[i] = float(in.mean + in.std * master_weight(seed, sp.hf_name, i, L));
+    });
+  };
+  const auto specs = hf_tensor_specs(c);
+  std::map<std::string, HfTensorSpec> by_name;
+  for (const auto& s : specs) by_name[s.hf_name] = s;
+  HfWeightSource master = [&](const std::string& name, float* dst) { fill_master(by_name.at(name), dst); };
+
+  // HF checkpoint
+  spdlog::info("make-model: {} {} seed {} -> {}/hf ({}, vocab {})", o.arch, o.preset, seed, o.out, o.hf_dtype, c.vocab_size);
+  SafetensorsWriter sw;
+  for (const auto& sp : specs) {
+    const bool matrix = sp.shape.size() == 2;
+    const bool fp8_weight = c.fp8 && matrix && sp.hf_name != "model.embed_tokens.weight" && sp.hf_name != "lm_head.weight";
+    StDtype dt = o.hf_dtype == "f32" ? StDtype::F32 : o.hf_dtype == "f16" ? StDtype::F16 : StDtype::BF16;
+    if (fp8_weight) {
+      const int64_t rows = sp.shape[0], cols = sp.shape[1], br = c.fp8_block_rows, bc = c.fp8_block_cols;
+      const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+      // Quantize once per tensor and hand the two halves to the writer.
+      auto cache = std::make_shared<std::pair<std::vector<uint8_t>, std::vector<float>>>();
+      auto quantize = [=, &fill_master]() {
+        if (!cache->first.empty()) return;
+        std::vector<float> f(static_cast<size_t>(rows * cols));
+        fill_master(sp, f.data());
+        cache->first.resize(f.size());
+        cache->second.assign(size_t(sr * sc), 0.0f);
+        for (int64_t bi = 0; bi < sr; ++bi)
+          for (int64_t bj = 0; bj < sc; ++bj) {
+            float amax = 0;
+            for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r)
+              for (int64_t col = bj * bc; col < std::min(cols, (bj + 1) * bc); ++col) amax = std::max(amax, std::fabs(f[r * cols + col]));
+            const float scale = amax > 0 ? amax / 448.0f : 1.0f;
+            cache->second[bi * sc + bj] = scale;
+            for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r)
+              for (int64_t col = bj * bc; col < std::min(cols, (bj + 1) * bc); ++col)
+                cache->first[r * cols + col] = f32_to_fp8_e4m3(f[r * cols + col] / scale);
+          }
+      };
+      sw.add(sp.hf_name, StDtype::F8_E4M3, sp.shape, [quantize, cache](uint8_t* dst, size_t n) { quantize(); std::memcpy(dst, cache->first.data(), n); });
+      const std::string sname = sp.hf_name.substr(0, sp.hf_name.size() - std::string("weight").size()) + "weight_scale_inv";
+      sw.add(sname, StDtype::F32, {sr, sc}, [quantize, cache](uint8_t* dst, size_t n) {
+        quantize(); std::memcpy(dst, cache->second.data(), n); cache->first.clear(); cache->first.shrink_to_fit();
+      });
+      continue;
+    }
+    sw.add(sp.hf_name, dt, sp.shape, [sp, dt, &fill_master](uint8_t* dst, size_t n) {
+      std::vector<float> f(n / st_dtype_size(dt));
+      fill_master(sp, f.data());
+      if (dt == StDtype::F32) std::memcpy(dst, f.data(), n);
+      else
+        for (size_t i = 0; i < f.size(); ++i) {
+          const uint16_t h = dt == StDtype::F16 ? f32_to_fp16(f[i]) : f32_to_bf16(f[i]);
+          std::memcpy(dst + 2 * i, &h, 2);
+        }
+    });
+  }
+  sw.write(o.out + "/hf", size_t(4) << 30, 1);
+  std::ofstream(o.out + "/hf/config.json") << c.to_json().dump(2) << "\n";
+  nlohmann::json gen = {{"bos_token_id", nullptr}, {"do_sample", false}};
+  std::ofstream(o.out + "/hf/generation_config.json") << gen.dump(2) << "\n";
+
+  // Decoder GGUFs: float types written directly from the master, quantized ones by llama-quantize
+  // from the most precise float GGUF written here (as users do: convert, then quantize).
+  const std::string name = fmt::format("pdbridge-{}-{}-seed{}", o.arch, o.preset, seed);
+  std::string source_gguf;
+  std::vector<std::string> quantized, temporary;
+  for (const auto& t : o.gguf_types) {
+    if (t == "f32" || t == "f16" || t == "bf16") {
+      GgufConvertOptions co;
+      co.type = *ggml_type_from_name(t);
+      co.vocab_gguf = vocab;
+      co.name = name;
+      co.threads = threads;
+      const std::string path = fmt::format("{}/decoder-{}.gguf", o.out, t);
+      spdlog::info("make-model: writing {}", path);
+      write_decoder_gguf(c, master, co, path);
+      if (t == "f32" || source_gguf.empty() || (t == "f16" && source_gguf.find("bf16") != std::string::npos)) source_gguf = path;
+    } else {
+      quantized.push_back(t);
+    }
+  }
+  if (!quantized.empty()) {
+    if (source_gguf.empty() || source_gguf.find("-f32") == std::string::npos) {
+      // Quantize from F32 for exactness; keep it only if asked for.
+      source_gguf = o.out + "/.decoder-f32-source.gguf";
+      GgufConvertOptions co;
+      co.type = GgmlType::F32; co.vocab_gguf = vocab; co.name = name; co.threads = threads;
+      write_decoder_gguf(c, master, co, source_gguf);
+      temporary.push_back(source_gguf);
+    }
+    const std::string bin = (o.llama_bin.empty() ? self_dir() + "/llama/bin" : o.llama_bin) + "/llama-quantize";
+    if (!fs::exists(bin)) throw std::runtime_error("llama-quantize not found at " + bin + " (run scripts/setup.sh)");
+    for (const auto& t : quantized) {
+      std::string upper = t;
+      for (auto& ch : upper) ch = char(std::toupper(ch));
+      const std::string path = fmt::format("{}/decoder-{}.gguf", o.out, t);
+      spdlog::info("make-model: llama-quantize {} -> {}", upper, path);
+      auto r = run_capture({bin, source_gguf, path, upper, std::to_string(threads)});
+      if (r.exit_code != 0) {
+        for (auto& tmp : temporary) fs::remove(tmp);
+        throw std::runtime_error(fmt::format("llama-quantize {} failed (exit {}):\n{}", upper, r.exit_code,
+                                             r.output.size() > 4000 ? r.output.substr(r.output.size() - 4000) : r.output));
+      }
+    }
+  }
+  for (auto& tmp : temporary) fs::remove(tmp);
+  nlohmann::json manifest = {{"arch", o.arch}, {"preset", o.preset}, {"seed", seed}, {"hf_dtype", o.hf_dtype},
+                             {"gguf_types", o.gguf_types}, {"vocab", vocab_name_for_arch(o.arch)}, {"vocab_size", c.vocab_size}};
+  std::ofstream(o.out + "/pdbridge-model.json") << manifest.dump(2) << "\n";
+  spdlog::info("make-model: done");
+}
+
+}  // namespace pdb

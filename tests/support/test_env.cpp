@@ -1,0 +1,113 @@
+#include "support/test_env.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include <httplib.h>
+
+namespace pdb::test {
+namespace fs = std::filesystem;
+
+std::string build_dir() { return PDBRIDGE_BUILD_DIR; }
+std::string llama_bin() { return build_dir() + "/llama/bin"; }
+std::string llama_src() { return build_dir() + "/llama/src"; }
+std::string models_dir() { return build_dir() + "/test-models"; }
+std::string pdbridge_bin() { return build_dir() + "/pdbridge"; }
+
+std::string temp_dir(const std::string& tag) {
+  static int counter = 0;
+  fs::path p = fs::temp_directory_path() / ("pdbridge-test-" + tag + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+int free_port() {
+  const int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  if (bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) { close(s); throw std::runtime_error("bind failed"); }
+  socklen_t len = sizeof a;
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  close(s);
+  return port;
+}
+
+Child::Child(std::vector<std::string> argv, const std::string& log_path) : log_path_(log_path) {
+  pid_ = fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
+    setpgid(0, 0);
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+}
+
+Child::~Child() { if (pid_ > 0 && status_ < 0) stop(SIGKILL, 5); }
+
+bool Child::running() {
+  if (status_ >= 0) return false;
+  int st;
+  const pid_t r = waitpid(pid_, &st, WNOHANG);
+  if (r == pid_) { status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st); return false; }
+  return true;
+}
+
+int Child::stop(int sig, double timeout_s) {
+  if (!running()) return status_;
+  kill(pid_, sig);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (!running()) return status_;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(-pid_, SIGKILL);
+  kill(pid_, SIGKILL);
+  int st;
+  waitpid(pid_, &st, 0);
+  status_ = 128 + SIGKILL;
+  return status_;
+}
+
+std::string Child::log() const {
+  std::ifstream in(log_path_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool wait_http_ok(const std::string& host, int port, const std::string& path, double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  httplib::Client cli(host, port);
+  cli.set_connection_timeout(1, 0);
+  cli.set_read_timeout(2, 0);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto r = cli.Get(path.c_str());
+    if (r && r->status == 200) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+}  // namespace pdb::test

@@ -1,0 +1,41 @@
+// Shared test support: where the build, the llama.cpp binaries and the test models are, and a
+// child-process handle for the real servers the end-to-end tests run against.
+#pragma once
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace pdb::test {
+
+std::string build_dir();    // the CMake build directory (contains pdbridge, llama/)
+std::string llama_bin();    // build/llama/bin
+std::string llama_src();    // build/llama/src (llama.cpp tree: models/ggml-vocab-*.gguf)
+std::string models_dir();   // build/test-models (made by the make_test_models fixture)
+std::string pdbridge_bin();
+std::string temp_dir(const std::string& tag);  // fresh, unique
+
+int free_port();
+
+// A child process (argv[0] is a path), stdout+stderr to a log file; killed on destruction.
+class Child {
+ public:
+  Child(std::vector<std::string> argv, const std::string& log_path);
+  ~Child();
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  pid_t pid() const { return pid_; }
+  bool running();
+  int stop(int sig = 15, double timeout_s = 20);  // returns exit status (128+sig if killed)
+  std::string log() const;
+
+ private:
+  pid_t pid_ = -1;
+  std::string log_path_;
+  int status_ = -1;
+};
+
+// Polls GET url+path until HTTP 200 or timeout; false on timeout.
+bool wait_http_ok(const std::string& host, int port, const std::string& path, double timeout_s);
+
+}  // namespace pdb::test
