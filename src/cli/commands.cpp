@@ -9,7 +9,10 @@
 #include "cuda/device.h"
 #include "decoder/launcher.h"
 #include "formats/gguf.h"
+#include "front/front.h"
+#include "prefill/server.h"
 #include "tools/make_model.h"
+#include "tools/verify_state.h"
 
 namespace pdb {
 namespace {
@@ -93,6 +96,63 @@ void register_gguf_info(CLI::App& app) {
   });
 }
 
+void register_prefill(CLI::App& app) {
+  auto* cmd = app.add_subcommand("prefill", "Run the prefill engine: HF checkpoint + the decoder's recipe, wire protocol over HTTP");
+  auto o = std::make_shared<PrefillServerOptions>();
+  cmd->add_option("--model", o->model, "HF checkpoint directory (config.json + safetensors)")->required();
+  cmd->add_option("--recipe", o->recipe, "The decoder's GGUF (the recipe's weights and cache math)")->required();
+  cmd->add_option("--port", o->port, "Port")->required();
+  cmd->add_option("--host", o->host, "Bind address")->capture_default_str();
+  cmd->add_option("--device", o->device, "cpu | cuda")->capture_default_str();
+  cmd->add_option("--chunk", o->chunk, "Prefill chunk size (tokens)")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)");
+  cmd->callback([o] { guarded("prefill", [&] { return run_prefill_server(*o); }); });
+}
+
+void register_front(CLI::App& app) {
+  auto* cmd = app.add_subcommand("front", "Run the OpenAI-compatible front door beside the decoder");
+  auto o = std::make_shared<FrontOptions>();
+  cmd->add_option("--decoder", o->decoder_url, "llama-server URL (http://host:port)")->required();
+  cmd->add_option("--decoder-gguf", o->decoder_gguf, "The GGUF the decoder runs (for the recipe fingerprint)")->required();
+  cmd->add_option("--slot-dir", o->slot_dir, "The decoder's --slot-save-path")->required();
+  cmd->add_option("--prefill", o->prefill_url, "Prefill server URL")->required();
+  cmd->add_option("--port", o->port, "Port")->required();
+  cmd->add_option("--host", o->host, "Bind address")->capture_default_str();
+  cmd->add_option("--min-tokens", o->min_tokens, "Prompts shorter than this are served natively")->capture_default_str();
+  cmd->add_option("--min-tail", o->min_tail, "Bridge only when at least this many prompt tokens are uncached")->capture_default_str();
+  cmd->add_option("--bridge-timeout", o->bridge_timeout_s, "Seconds to wait for the prefill stream")->capture_default_str();
+  cmd->add_option("--attn-rot", o->attn_rot, "Decoder's quantized-cache Hadamard rotation: auto|on|off")->capture_default_str();
+  cmd->callback([o] { guarded("front", [&] { return run_front(*o); }); });
+}
+
+void register_verify_state(CLI::App& app) {
+  auto* cmd = app.add_subcommand("verify-state", "Compare two llama.cpp slot files tensor by tensor");
+  auto a = std::make_shared<std::string>(), b = std::make_shared<std::string>();
+  auto max_ulp = std::make_shared<int64_t>(1);
+  auto min_identical = std::make_shared<double>(99.0);
+  auto as_json = std::make_shared<bool>(false);
+  cmd->add_option("a", *a, "State file A")->required();
+  cmd->add_option("b", *b, "State file B")->required();
+  cmd->add_option("--max-ulp", *max_ulp, "Largest tolerated element difference (ulp / quant steps)")->capture_default_str();
+  cmd->add_option("--min-identical", *min_identical, "Smallest tolerated % of identical elements")->capture_default_str();
+  cmd->add_flag("--json", *as_json, "Print the report as JSON");
+  cmd->callback([=] {
+    guarded("verify-state", [&] {
+      auto A = parse_state_file(*a), B = parse_state_file(*b);
+      auto d = diff_states(A, B);
+      if (*as_json) fmt::print("{}\n", d.to_json().dump(2));
+      else {
+        fmt::print("tokens {} ({}), layout {}\n", A.tokens.size(), d.same_tokens ? "same" : "DIFFERENT", d.same_layout ? "same" : "DIFFERENT: " + d.layout_note);
+        for (const auto& t : d.tensors) fmt::print("  {:<14} {:>10} elements  {:8.4f}% identical  max |d| {:.3g}  max ulp {}\n", t.name, t.elements, t.pct_identical(), t.max_abs, t.max_ulp);
+        fmt::print("total: {:.4f}% identical, max ulp {}, max |d| {:.3g}\n", d.pct_identical(), d.max_ulp(), d.max_abs());
+      }
+      const bool ok = d.same_layout && d.same_tokens && d.max_ulp() <= *max_ulp && d.pct_identical() >= *min_identical;
+      if (!ok) fmt::print(stderr, "verify-state: outside tolerance (max ulp {} > {} or {:.4f}% < {}%)\n", d.max_ulp(), *max_ulp, d.pct_identical(), *min_identical);
+      return ok ? 0 : 2;
+    });
+  });
+}
+
 void register_device_info(CLI::App& app) {
   auto* cmd = app.add_subcommand("device-info", "Show whether a CUDA device is usable by the prefill engine");
   cmd->callback([] {
@@ -107,7 +167,10 @@ void register_device_info(CLI::App& app) {
 
 void register_commands(CLI::App& app) {
   register_decoder(app);
+  register_prefill(app);
+  register_front(app);
   register_make_model(app);
+  register_verify_state(app);
   register_gguf_info(app);
   register_device_info(app);
 }

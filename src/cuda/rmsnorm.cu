@@ -11,7 +11,7 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restr
   const float* xr = x + row * dim;
   float* yr = y + row * dim;
   double sum = 0.0;  // double, like the CPU twin, so the two agree to the last bit in most rows
-  for (int64_t i = threadIdx.x; i < dim; i += kThreads) sum += double(xr[i]) * double(xr[i]);
+  for (int64_t i = threadIdx.x; i < dim; i += kThreads) sum += double(xr[i] * xr[i]);
   __shared__ double partial[kThreads];
   partial[threadIdx.x] = sum;
   __syncthreads();

@@ -208,11 +208,12 @@ void quantize_row(GgmlType t, const float* x, void* dst_v, int64_t n, Q8Rounding
         float amax = 0.0f;
         for (int j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(xb[j]));
         const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const bool ref = q8_rounding == Q8Rounding::TiesAway;
+        const float id = ref ? (d != 0.0f ? 1.0f / d : 0.0f) : (amax != 0.0f ? 127.0f / amax : 0.0f);
         wr16(blk, f32_to_fp16(d));
         for (int j = 0; j < QK; ++j) {
           const float v = xb[j] * id;
-          blk[2 + j] = uint8_t(int8_t(q8_rounding == Q8Rounding::TiesAway ? std::round(v) : std::nearbyint(v)));
+          blk[2 + j] = uint8_t(int8_t(ref ? std::round(v) : std::nearbyint(v)));
         }
       }
       return;

@@ -38,8 +38,9 @@ bool can_quantize(GgmlType t);
 // Decoders: F32, F16, BF16, Q8_0, Q4_0, MXFP4, Q4_K, Q6_K. Throws for other types.
 void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
 
-// How a float is rounded to an int8 in Q8_0. ggml's reference (and llama-quantize) uses roundf
-// (ties away from zero); ggml-cpu's AVX quantizer used for the KV cache rounds ties to even.
+// Two Q8_0 quantizers exist in ggml. The reference (llama-quantize) scales by 1/d and rounds ties
+// away from zero; ggml-cpu's x86 quantizer (KV cache writes, activations before a quantized matmul)
+// scales by 127/amax and rounds ties to even. Bits differ between the two, so name the one you mean.
 enum class Q8Rounding { TiesAway, TiesEven };
 
 // Encoders: F32, F16, BF16, Q8_0, Q4_0, MXFP4 (ggml reference quantizers). Throws for other types.

@@ -1,0 +1,282 @@
+#include "formats/state_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace pdb {
+namespace {
+
+[[noreturn]] void fail(const std::string& name, const std::string& why) {
+  throw std::runtime_error(fmt::format("state file {}: {}", name, why));
+}
+
+struct Reader {
+  const uint8_t* p;
+  size_t n, pos = 0;
+  const std::string& name;
+  template <class T> T get(const char* what) {
+    if (sizeof(T) > n - pos) fail(name, fmt::format("truncated reading {} at offset {}", what, pos));
+    T v;
+    std::memcpy(&v, p + pos, sizeof(T));
+    pos += sizeof(T);
+    return v;
+  }
+  const uint8_t* take(uint64_t bytes, const char* what) {
+    if (bytes > n - pos) fail(name, fmt::format("truncated: {} needs {} bytes at offset {}, {} left", what, bytes, pos, n - pos));
+    const uint8_t* r = p + pos;
+    pos += bytes;
+    return r;
+  }
+};
+
+}  // namespace
+
+uint64_t StateLayout::kv_bytes_per_cell() const {
+  uint64_t b = 0;
+  for (const auto& l : layers) b += l.k_row_bytes + l.v_row_bytes;
+  return b;
+}
+
+std::string StateLayout::describe() const {
+  if (layers.empty()) return fmt::format("n_stream {} (no layers)", n_stream);
+  return fmt::format("n_stream {} stream {} layers {} K {} ({} B/row) V {} ({} B/row){}", n_stream, stream, layers.size(),
+                     ggml_type_name(layers[0].k_type), layers[0].k_row_bytes, ggml_type_name(layers[0].v_type),
+                     layers[0].v_row_bytes, v_trans ? " v_trans" : "");
+}
+
+std::vector<int32_t> decode_state_tokens(const std::vector<int32_t>& raw, bool* packed) {
+  if (packed) *packed = false;
+  if (raw.empty() || raw[0] != -1) return raw;
+  if (packed) *packed = true;
+  if (raw.size() < 3 || raw[1] != 1) throw std::runtime_error("unsupported packed token state version");
+  const uint32_t n = uint32_t(raw[2]);
+  if (size_t(n) + 3 > raw.size()) throw std::runtime_error("packed token list is truncated");
+  std::vector<int32_t> t(raw.begin() + 3, raw.begin() + 3 + n);
+  if (raw.size() < size_t(n) + 4 || raw[3 + n] != 0) throw std::runtime_error("packed token state carries media, which pdbridge does not handle");
+  return t;
+}
+
+ParsedState parse_state_bytes(std::vector<uint8_t> bytes, const std::string& name) {
+  ParsedState s;
+  s.storage = std::move(bytes);
+  Reader r{s.storage.data(), s.storage.size(), 0, name};
+  const uint32_t magic = r.get<uint32_t>("magic"), version = r.get<uint32_t>("version");
+  if (magic != kStateMagic) fail(name, fmt::format("bad magic 0x{:08x}", magic));
+  if (version != kStateVersion) fail(name, fmt::format("version {} (expected {})", version, kStateVersion));
+  const uint32_t n_tok = r.get<uint32_t>("token count");
+  const auto* tp = r.take(uint64_t(n_tok) * 4, "tokens");
+  std::vector<int32_t> raw(n_tok);
+  std::memcpy(raw.data(), tp, size_t(n_tok) * 4);
+  try { s.tokens = decode_state_tokens(raw, &s.packed_tokens); } catch (const std::exception& e) { fail(name, e.what()); }
+
+  s.layout.n_stream = r.get<uint32_t>("n_stream");
+  if (s.layout.n_stream == 0 || s.layout.n_stream > 4096) fail(name, fmt::format("n_stream {} is implausible", s.layout.n_stream));
+  bool found = false;
+  for (uint32_t st = 0; st < s.layout.n_stream; ++st) {
+    const uint32_t cells = r.get<uint32_t>("cell_count");
+    if (cells == 0) continue;
+    if (found) fail(name, "more than one stream holds cells (not a single-sequence file)");
+    found = true;
+    s.layout.stream = st;
+    s.cell_count = cells;
+    s.positions.resize(cells);
+    for (uint32_t c = 0; c < cells; ++c) {
+      s.positions[c] = r.get<int32_t>("pos");
+      const uint32_t n_seq = r.get<uint32_t>("n_seq_id");
+      if (n_seq != 1) fail(name, fmt::format("cell {} has n_seq_id {} (cell extensions or shared cells are not supported)", c, n_seq));
+      (void)r.get<int32_t>("seq_id");
+    }
+    s.layout.v_trans = r.get<uint32_t>("v_trans") != 0;
+    const uint32_t n_layer = r.get<uint32_t>("n_layer");
+    if (n_layer == 0 || n_layer > 1024) fail(name, fmt::format("n_layer {} is implausible", n_layer));
+    s.layout.layers.resize(n_layer);
+    for (uint32_t l = 0; l < n_layer; ++l) {
+      auto& L = s.layout.layers[l];
+      const int32_t kt = r.get<int32_t>("k_type");
+      auto tr = ggml_type_traits(uint32_t(kt));
+      if (kt < 0 || !tr) fail(name, fmt::format("layer {} has unknown K type {}", l, kt));
+      L.k_type = GgmlType(kt);
+      L.k_row_bytes = r.get<uint64_t>("k_row_bytes");
+      if (L.k_row_bytes == 0 || L.k_row_bytes % tr->type_size) fail(name, fmt::format("layer {} K row of {} bytes is not whole {} blocks", l, L.k_row_bytes, tr->name));
+      L.n_embd_k = uint32_t(L.k_row_bytes / tr->type_size * tr->block_size);
+      s.k_data.push_back(r.take(L.k_row_bytes * cells, "K rows"));
+    }
+    for (uint32_t l = 0; l < n_layer; ++l) {
+      auto& L = s.layout.layers[l];
+      const int32_t vt = r.get<int32_t>("v_type");
+      auto tr = ggml_type_traits(uint32_t(vt));
+      if (vt < 0 || !tr) fail(name, fmt::format("layer {} has unknown V type {}", l, vt));
+      L.v_type = GgmlType(vt);
+      if (!s.layout.v_trans) {
+        L.v_row_bytes = r.get<uint64_t>("v_row_bytes");
+        if (L.v_row_bytes == 0 || L.v_row_bytes % tr->type_size) fail(name, fmt::format("layer {} V row of {} bytes is not whole blocks", l, L.v_row_bytes));
+        L.n_embd_v = uint32_t(L.v_row_bytes / tr->type_size * tr->block_size);
+        s.v_data.push_back(r.take(L.v_row_bytes * cells, "V rows"));
+      } else {
+        const uint32_t el = r.get<uint32_t>("v elem bytes");
+        L.n_embd_v = r.get<uint32_t>("n_embd_v");
+        if (tr->block_size != 1 || el != tr->type_size) fail(name, fmt::format("layer {} transposed V of type {} with element size {}", l, tr->name, el));
+        L.v_row_bytes = uint64_t(el) * L.n_embd_v;
+        s.v_data.push_back(r.take(L.v_row_bytes * cells, "V elements"));
+      }
+    }
+  }
+  if (r.pos != r.n) fail(name, fmt::format("{} trailing bytes", r.n - r.pos));
+  return s;
+}
+
+ParsedState parse_state_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, "cannot open");
+  std::vector<uint8_t> b{std::istreambuf_iterator<char>(in), {}};
+  return parse_state_bytes(std::move(b), path);
+}
+
+StateFileGeometry::StateFileGeometry(const StateLayout& layout, size_t n_tokens, uint32_t n_cells)
+    : layout_(layout), n_cells_(n_cells) {
+  if (n_cells == 0) throw std::invalid_argument("a state file with zero cells crashes llama-server; refusing to lay one out");
+  if (layout.stream >= layout.n_stream) throw std::invalid_argument("stream index out of range");
+  uint64_t off = 4 + 4 + 4 + 4 * uint64_t(n_tokens) + 4;  // magic, version, n_token, tokens, n_stream
+  off += 4 * uint64_t(layout.stream);                     // empty streams before ours
+  off += 4;                                               // our cell_count
+  meta_ = off;
+  off += 12 * uint64_t(n_cells);                          // pos, n_seq_id, seq_id
+  off += 8;                                               // v_trans, n_layer
+  for (const auto& l : layout.layers) {
+    off += 4 + 8;
+    k_base_.push_back(off);
+    off += l.k_row_bytes * n_cells;
+  }
+  for (const auto& l : layout.layers) {
+    off += layout.v_trans ? 4 + 4 + 4 : 4 + 8;
+    v_base_.push_back(off);
+    off += l.v_row_bytes * n_cells;
+  }
+  off += 4 * uint64_t(layout.n_stream - layout.stream - 1);  // empty streams after ours
+  total_ = off;
+}
+
+uint64_t StateFileGeometry::k_row_offset(uint32_t layer, uint32_t cell) const {
+  return k_base_.at(layer) + layout_.layers[layer].k_row_bytes * cell;
+}
+uint64_t StateFileGeometry::v_row_offset(uint32_t layer, uint32_t cell) const {
+  if (layout_.v_trans) throw std::logic_error("v_row_offset on a transposed-V layout");
+  return v_base_.at(layer) + layout_.layers[layer].v_row_bytes * cell;
+}
+uint64_t StateFileGeometry::v_elem_offset(uint32_t layer, uint32_t cell, uint32_t j) const {
+  const auto& l = layout_.layers[layer];
+  const uint64_t el = l.v_row_bytes / l.n_embd_v;
+  return v_base_.at(layer) + (uint64_t(j) * n_cells_ + cell) * el;
+}
+
+StateFileWriter::StateFileWriter(const std::string& path, const StateLayout& layout, const std::vector<int32_t>& tokens, uint32_t n_cells)
+    : path_(path), partial_(path + ".partial"), geo_(layout, tokens.size(), n_cells) {
+  if (tokens.size() < n_cells) throw std::invalid_argument("fewer tokens than cells");
+  fd_ = ::open(partial_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw std::runtime_error(fmt::format("cannot create {}: {}", partial_, std::strerror(errno)));
+  if (ftruncate(fd_, off_t(geo_.total_bytes())) != 0) {
+    const int e = errno;
+    abandon();
+    throw std::runtime_error(fmt::format("cannot size {} to {} bytes: {}", partial_, geo_.total_bytes(), std::strerror(e)));
+  }
+  // header, tokens (plain list: the server accepts it), stream cell counts, cell metadata, layer headers
+  std::vector<uint8_t> h;
+  auto put = [&h](const void* p, size_t n) { h.insert(h.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n); };
+  auto u32 = [&put](uint32_t v) { put(&v, 4); };
+  u32(kStateMagic);
+  u32(kStateVersion);
+  u32(uint32_t(tokens.size()));
+  put(tokens.data(), tokens.size() * 4);
+  u32(layout.n_stream);
+  for (uint32_t s = 0; s < layout.stream; ++s) u32(0);
+  u32(n_cells);
+  for (uint32_t c = 0; c < n_cells; ++c) {
+    const int32_t pos = int32_t(c), seq = 0;
+    put(&pos, 4);
+    u32(1);
+    put(&seq, 4);
+  }
+  u32(layout.v_trans ? 1 : 0);
+  u32(layout.n_layer());
+  pwrite_all(h.data(), h.size(), 0);
+  for (uint32_t l = 0; l < layout.n_layer(); ++l) {
+    const auto& L = layout.layers[l];
+    uint8_t kh[12];
+    const int32_t kt = int32_t(L.k_type);
+    std::memcpy(kh, &kt, 4);
+    std::memcpy(kh + 4, &L.k_row_bytes, 8);
+    pwrite_all(kh, 12, geo_.k_row_offset(l, 0) - 12);
+    const int32_t vt = int32_t(L.v_type);
+    if (!layout.v_trans) {
+      std::memcpy(kh, &vt, 4);
+      std::memcpy(kh + 4, &L.v_row_bytes, 8);
+      pwrite_all(kh, 12, geo_.v_elem_offset(l, 0, 0) - 12);
+    } else {
+      const uint32_t el = uint32_t(L.v_row_bytes / L.n_embd_v);
+      std::memcpy(kh, &vt, 4);
+      std::memcpy(kh + 4, &el, 4);
+      std::memcpy(kh + 8, &L.n_embd_v, 4);
+      pwrite_all(kh, 12, geo_.v_elem_offset(l, 0, 0) - 12);
+    }
+  }
+  // empty streams after ours are already zero (ftruncate)
+}
+
+StateFileWriter::~StateFileWriter() { if (!committed_) abandon(); }
+
+void StateFileWriter::pwrite_all(const void* p, size_t n, uint64_t off) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  while (n) {
+    const ssize_t w = ::pwrite(fd_, b, n, off_t(off));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error(fmt::format("write to {} failed: {}", partial_, std::strerror(errno)));
+    }
+    b += w; n -= size_t(w); off += uint64_t(w);
+    bytes_ += uint64_t(w);
+  }
+}
+
+void StateFileWriter::write_k_rows(uint32_t layer, uint32_t cell, uint32_t rows, const uint8_t* data) {
+  if (layer >= geo_.layout().n_layer() || uint64_t(cell) + rows > geo_.n_cells()) throw std::out_of_range("K rows outside the state file");
+  pwrite_all(data, size_t(geo_.layout().layers[layer].k_row_bytes) * rows, geo_.k_row_offset(layer, cell));
+}
+
+void StateFileWriter::write_v_rows(uint32_t layer, uint32_t cell, uint32_t rows, const uint8_t* data) {
+  const auto& lay = geo_.layout();
+  if (layer >= lay.n_layer() || uint64_t(cell) + rows > geo_.n_cells()) throw std::out_of_range("V rows outside the state file");
+  const auto& L = lay.layers[layer];
+  if (!lay.v_trans) {
+    pwrite_all(data, size_t(L.v_row_bytes) * rows, geo_.v_row_offset(layer, cell));
+    return;
+  }
+  // transposed: element j of every cell is contiguous; scatter this run of rows per element
+  const uint32_t el = uint32_t(L.v_row_bytes / L.n_embd_v);
+  std::vector<uint8_t> col(size_t(rows) * el);
+  for (uint32_t j = 0; j < L.n_embd_v; ++j) {
+    for (uint32_t r = 0; r < rows; ++r) std::memcpy(col.data() + size_t(r) * el, data + size_t(r) * L.v_row_bytes + size_t(j) * el, el);
+    pwrite_all(col.data(), col.size(), geo_.v_elem_offset(layer, cell, j));
+  }
+}
+
+void StateFileWriter::commit() {
+  if (fd_ >= 0) { ::close(fd_); fd_ = -1; }
+  std::filesystem::rename(partial_, path_);
+  committed_ = true;
+}
+
+void StateFileWriter::abandon() {
+  if (fd_ >= 0) { ::close(fd_); fd_ = -1; }
+  std::error_code ec;
+  std::filesystem::remove(partial_, ec);
+}
+
+}  // namespace pdb

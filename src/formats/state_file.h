@@ -1,0 +1,102 @@
+// llama.cpp sequence-state files (what `POST /slots/{id}?action=save` writes and `restore` reads):
+// llama_state_seq_save_file + llama_kv_cache::state_write for one sequence. This file is the single
+// owner of that format in pdbridge: the parser, the layout arithmetic and the offset-exact writer.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "formats/ggml_types.h"
+
+namespace pdb {
+
+constexpr uint32_t kStateMagic = 0x67677371;  // 'ggsq'
+constexpr uint32_t kStateVersion = 3;
+
+struct StateLayerTypes {
+  GgmlType k_type = GgmlType::F16;
+  uint64_t k_row_bytes = 0;
+  GgmlType v_type = GgmlType::F16;
+  uint64_t v_row_bytes = 0;  // non-transposed V; for v_trans this is elem_bytes * n_embd_v
+  uint32_t n_embd_k = 0, n_embd_v = 0;  // elements per row
+};
+
+// Everything the decoder's reader checks, learned from a file the running decoder wrote itself.
+struct StateLayout {
+  uint32_t n_stream = 1;
+  uint32_t stream = 0;  // the stream that holds the cells (the slot's own)
+  bool v_trans = false;
+  std::vector<StateLayerTypes> layers;
+  uint32_t n_layer() const { return uint32_t(layers.size()); }
+  uint64_t kv_bytes_per_cell() const;
+  std::string describe() const;
+};
+
+struct ParsedState {
+  std::vector<int32_t> tokens;
+  bool packed_tokens = false;  // server's packed form (starts with -1)
+  StateLayout layout;
+  uint32_t cell_count = 0;
+  std::vector<int32_t> positions;
+  // K row r of layer l: k_data[l] + r * k_row_bytes. V: row-major when !v_trans, else element-major.
+  std::vector<const uint8_t*> k_data, v_data;
+  std::vector<uint8_t> storage;  // owns the bytes (the file)
+};
+
+// Parses a state file; throws std::runtime_error naming what is wrong. Requires at most one
+// non-empty stream (a single sequence) and the plain per-cell metadata (no cell extensions).
+ParsedState parse_state_file(const std::string& path);
+ParsedState parse_state_bytes(std::vector<uint8_t> bytes, const std::string& name);
+
+// The server's token encoding: [-1, version 1, n, tokens..., 0 media] (plain lists are also accepted).
+std::vector<int32_t> decode_state_tokens(const std::vector<int32_t>& raw, bool* packed);
+
+// Offsets of a state file with n cells for a given layout, so rows can be written in any order
+// straight to their final place.
+class StateFileGeometry {
+ public:
+  StateFileGeometry(const StateLayout& layout, size_t n_tokens, uint32_t n_cells);
+  uint64_t total_bytes() const { return total_; }
+  uint64_t meta_offset() const { return meta_; }
+  uint64_t k_row_offset(uint32_t layer, uint32_t cell) const;
+  uint64_t v_row_offset(uint32_t layer, uint32_t cell) const;  // !v_trans only
+  uint64_t v_elem_offset(uint32_t layer, uint32_t cell, uint32_t j) const;  // v_trans only
+  const StateLayout& layout() const { return layout_; }
+  uint32_t n_cells() const { return n_cells_; }
+
+ private:
+  StateLayout layout_;
+  uint32_t n_cells_;
+  uint64_t meta_ = 0, total_ = 0;
+  std::vector<uint64_t> k_base_, v_base_;
+};
+
+// Writes <dir>/<name>.partial with pwrite at computed offsets; commit() renames it to <dir>/<name>.
+// Destroying an uncommitted writer deletes the partial file, so a failed bridge leaves no garbage.
+class StateFileWriter {
+ public:
+  StateFileWriter(const std::string& path, const StateLayout& layout, const std::vector<int32_t>& tokens, uint32_t n_cells);
+  ~StateFileWriter();
+  StateFileWriter(const StateFileWriter&) = delete;
+  StateFileWriter& operator=(const StateFileWriter&) = delete;
+
+  const StateFileGeometry& geometry() const { return geo_; }
+  // `rows` consecutive cells starting at `cell`, each `row_bytes` (K, or non-transposed V).
+  void write_k_rows(uint32_t layer, uint32_t cell, uint32_t rows, const uint8_t* data);
+  void write_v_rows(uint32_t layer, uint32_t cell, uint32_t rows, const uint8_t* data);
+  void commit();  // fsync-free rename: the decoder reads it right after, on the same host
+  void abandon();
+  const std::string& path() const { return path_; }
+  uint64_t bytes_written() const { return bytes_; }
+
+ private:
+  void pwrite_all(const void* p, size_t n, uint64_t off);
+  std::string path_, partial_;
+  StateFileGeometry geo_;
+  int fd_ = -1;
+  bool committed_ = false;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace pdb

@@ -1,0 +1,89 @@
+#include "front/decoder_client.h"
+
+#include <filesystem>
+#include <random>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <httplib.h>
+
+namespace pdb {
+using json = nlohmann::json;
+
+HttpTarget parse_http_url(const std::string& url) {
+  std::string u = url;
+  if (u.rfind("http://", 0) == 0) u = u.substr(7);
+  else if (u.find("://") != std::string::npos) throw std::invalid_argument("only http:// URLs are supported: " + url);
+  while (!u.empty() && u.back() == '/') u.pop_back();
+  const auto colon = u.rfind(':');
+  if (colon == std::string::npos) throw std::invalid_argument("URL needs a port: " + url);
+  HttpTarget t;
+  t.host = u.substr(0, colon);
+  try { t.port = std::stoi(u.substr(colon + 1)); } catch (...) { throw std::invalid_argument("bad port in URL: " + url); }
+  return t;
+}
+
+DecoderClient::DecoderClient(const std::string& url) : t_(parse_http_url(url)) {}
+
+namespace {
+json post_json(const HttpTarget& t, const std::string& path, const json& body, int timeout_s = 60) {
+  httplib::Client c(t.host, t.port);
+  c.set_read_timeout(timeout_s, 0);
+  c.set_connection_timeout(5, 0);
+  auto r = c.Post(path.c_str(), body.dump(), "application/json");
+  if (!r) throw std::runtime_error(fmt::format("decoder {}:{}{} unreachable ({})", t.host, t.port, path, httplib::to_string(r.error())));
+  if (r->status != 200) throw std::runtime_error(fmt::format("decoder {} -> HTTP {}: {}", path, r->status, r->body.substr(0, 500)));
+  return json::parse(r->body);
+}
+}  // namespace
+
+json DecoderClient::props() {
+  httplib::Client c(t_.host, t_.port);
+  c.set_read_timeout(30, 0);
+  auto r = c.Get("/props");
+  if (!r || r->status != 200) throw std::runtime_error("decoder /props unavailable");
+  return json::parse(r->body);
+}
+
+int DecoderClient::total_slots() { return props().value("total_slots", 1); }
+
+std::string DecoderClient::apply_template(const json& chat_body) {
+  json req = {{"messages", chat_body.at("messages")}};
+  for (const char* k : {"tools", "chat_template_kwargs", "add_generation_prompt", "reasoning_format"})
+    if (chat_body.contains(k)) req[k] = chat_body[k];
+  return post_json(t_, "/apply-template", req).at("prompt").get<std::string>();
+}
+
+std::vector<int32_t> DecoderClient::tokenize(const std::string& text) {
+  // llama-server tokenizes completion and chat prompts with add_special and parse_special on.
+  auto j = post_json(t_, "/tokenize", {{"content", text}, {"add_special", true}, {"parse_special", true}}, 300);
+  std::vector<int32_t> t;
+  for (const auto& x : j.at("tokens")) t.push_back(x.get<int32_t>());
+  return t;
+}
+
+json DecoderClient::slot_action(int slot, const std::string& action, const std::string& filename) {
+  json body = json::object();
+  if (!filename.empty()) body["filename"] = filename;
+  return post_json(t_, fmt::format("/slots/{}?action={}", slot, action), body, 600);
+}
+
+ParsedState DecoderClient::probe_layout(int slot, const std::string& slot_dir, const std::vector<int32_t>& tokens) {
+  post_json(t_, "/completion", {{"prompt", tokens}, {"n_predict", 0}, {"id_slot", slot}, {"cache_prompt", true}}, 300);
+  std::mt19937_64 rng(std::random_device{}());
+  const std::string name = fmt::format("pdbridge-probe-{:016x}.bin", rng());
+  slot_action(slot, "save", name);
+  const std::string path = slot_dir + "/" + name;
+  ParsedState s;
+  try {
+    s = parse_state_file(path);
+  } catch (...) {
+    std::filesystem::remove(path);
+    throw;
+  }
+  std::filesystem::remove(path);
+  try { slot_action(slot, "erase"); } catch (...) {}
+  return s;
+}
+
+}  // namespace pdb

@@ -1,0 +1,35 @@
+// What the front door asks of the running llama-server: its tokenizer and template, its slots, and
+// the layout of its sequence-state files (learned by saving a probe slot and parsing it).
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/state_file.h"
+
+namespace pdb {
+
+struct HttpTarget { std::string host; int port = 0; };
+HttpTarget parse_http_url(const std::string& url);  // http://host:port
+
+class DecoderClient {
+ public:
+  explicit DecoderClient(const std::string& url);
+  const HttpTarget& target() const { return t_; }
+  nlohmann::json props();                        // GET /props
+  std::string apply_template(const nlohmann::json& chat_body);  // POST /apply-template -> prompt
+  std::vector<int32_t> tokenize(const std::string& text);       // POST /tokenize, as the server tokenizes prompts
+  int total_slots();
+  // POST /slots/{id}?action=...; returns the JSON reply or throws with the server's message
+  nlohmann::json slot_action(int slot, const std::string& action, const std::string& filename = "");
+  // Completes `tokens` on `slot` natively (n_predict 0), saves it under `filename`, parses and returns
+  // the state; erases the slot afterwards. The file is removed from slot_dir.
+  ParsedState probe_layout(int slot, const std::string& slot_dir, const std::vector<int32_t>& tokens);
+
+ private:
+  HttpTarget t_;
+};
+
+}  // namespace pdb

@@ -1,0 +1,442 @@
+#include "front/front.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <random>
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "formats/gguf.h"
+#include "formats/state_file.h"
+#include "front/decoder_client.h"
+#include "recipes/recipe.h"
+#include "wire/protocol.h"
+
+namespace pdb {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double secs(Clock::time_point a, Clock::time_point b = Clock::now()) { return std::chrono::duration<double>(b - a).count(); }
+
+void openai_error(httplib::Response& res, int status, const std::string& msg, const std::string& type = "invalid_request_error") {
+  res.status = status;
+  res.set_content(json{{"error", {{"message", msg}, {"type", type}, {"code", status}}}}.dump(), "application/json");
+}
+
+struct BadRequest : std::runtime_error { using std::runtime_error::runtime_error; };
+
+// What the front knows each decoder slot holds (a lower bound: the last prompt it processed there).
+struct SlotTable {
+  struct Slot { bool busy = false; std::vector<int32_t> tokens; uint64_t last_used = 0; };
+  std::mutex m;
+  std::condition_variable cv;
+  std::vector<Slot> slots;
+  uint64_t tick = 0;
+
+  static size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+    size_t n = std::min(a.size(), b.size()), i = 0;
+    while (i < n && a[i] == b[i]) ++i;
+    return i;
+  }
+  // Takes the idle slot sharing the longest prefix with `tokens` (else the least recently used).
+  int acquire(const std::vector<int32_t>& tokens, size_t* cached) {
+    std::unique_lock<std::mutex> l(m);
+    for (;;) {
+      int best = -1;
+      size_t best_prefix = 0;
+      uint64_t best_age = UINT64_MAX;
+      for (size_t s = 0; s < slots.size(); ++s) {
+        if (slots[s].busy) continue;
+        const size_t p = common_prefix(slots[s].tokens, tokens);
+        if (best < 0 || p > best_prefix || (p == best_prefix && slots[s].last_used < best_age)) {
+          best = int(s); best_prefix = p; best_age = slots[s].last_used;
+        }
+      }
+      if (best >= 0) {
+        slots[size_t(best)].busy = true;
+        *cached = best_prefix;
+        return best;
+      }
+      cv.wait(l);
+    }
+  }
+  void release(int s, std::optional<std::vector<int32_t>> holds) {
+    std::lock_guard<std::mutex> l(m);
+    auto& sl = slots[size_t(s)];
+    sl.busy = false;
+    sl.last_used = ++tick;
+    if (holds) sl.tokens = std::move(*holds);
+    cv.notify_all();
+  }
+};
+
+struct Verdict {
+  std::string verdict;
+  int64_t tokens = 0, bridged_tokens = 0;
+  std::optional<int64_t> cached_tokens;
+  uint64_t bytes = 0;
+  double t_tokenize = 0, t_engine = 0, t_wire = 0, t_restore = 0, t_bridge = 0;
+  json to_json() const {
+    json j = {{"verdict", verdict}, {"tokens", tokens}, {"bridged_tokens", bridged_tokens}, {"bytes", bytes},
+              {"t_tokenize_s", t_tokenize}, {"t_engine_s", t_engine}, {"t_wire_s", t_wire}, {"t_restore_s", t_restore},
+              {"t_bridge_s", t_bridge}};
+    j["cached_tokens"] = cached_tokens ? json(*cached_tokens) : json(nullptr);
+    return j;
+  }
+};
+
+class Front {
+ public:
+  explicit Front(const FrontOptions& o) : o_(o), dec_(o.decoder_url), prefill_(parse_http_url(o.prefill_url)) {
+    auto g = GgufFile::open(o.decoder_gguf);
+    info_ = read_recipe_info(*g);
+    fingerprint_ = recipe_fingerprint(info_);
+    if (!fs::is_directory(o.slot_dir)) throw std::runtime_error("--slot-dir " + o.slot_dir + " is not a directory");
+  }
+
+  void connect_decoder() {
+    const int n = dec_.total_slots();
+    std::lock_guard<std::mutex> l(slots_.m);
+    slots_.slots.assign(size_t(n), {});
+    spdlog::info("front: decoder has {} slots; recipe {} fingerprint {}", n, info_.arch, fingerprint_);
+  }
+
+  void serve(httplib::Server& srv);
+
+ private:
+  // Learns the decoder's state layout with a probe on a slot we hold.
+  StateLayout layout(int slot, const std::vector<int32_t>& sample) {
+    std::lock_guard<std::mutex> l(layout_m_);
+    if (layout_) return *layout_;
+    std::vector<int32_t> probe(sample.begin(), sample.begin() + std::min<size_t>(sample.size(), 4));
+    ParsedState s = dec_.probe_layout(slot, o_.slot_dir, probe);
+    if (int64_t(s.layout.n_layer()) != info_.n_layer)
+      throw std::runtime_error(fmt::format("decoder state has {} layers, its GGUF {}", s.layout.n_layer(), info_.n_layer));
+    for (const auto& L : s.layout.layers)
+      if (L.n_embd_k != info_.n_embd_kv() || L.n_embd_v != info_.n_embd_kv())
+        throw std::runtime_error("decoder state row width does not match the GGUF's n_embd_kv");
+    spdlog::info("front: decoder state layout: {}", s.layout.describe());
+    layout_ = s.layout;
+    return *layout_;
+  }
+
+  CacheSpec cache_spec(const StateLayout& L) const {
+    CacheSpec s = CacheSpec::decoder_default(L.layers[0].k_type, L.layers[0].v_type, info_.head_dim);
+    if (o_.attn_rot == "off") s.rot_k = s.rot_v = false;
+    else if (o_.attn_rot == "on") { s.rot_k = s.rot_v = true; }
+    return s;
+  }
+
+  // Pulls the capture for `tokens` into a state file in the slot dir and restores it into `slot`.
+  // Throws with the reason on any failure; leaves no file behind.
+  void bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v);
+
+  std::vector<int32_t> tokenize_request(const std::string& path, const json& body);
+  void handle_generation(const std::string& path, const httplib::Request& req, httplib::Response& res);
+  void proxy(const httplib::Request& req, httplib::Response& res);
+
+  FrontOptions o_;
+  DecoderClient dec_;
+  HttpTarget prefill_;
+  RecipeInfo info_;
+  std::string fingerprint_;
+  SlotTable slots_;
+  std::mutex layout_m_;
+  std::optional<StateLayout> layout_;
+  std::mt19937_64 rng_{std::random_device{}()};
+  std::mutex rng_m_;
+};
+
+void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
+  const auto t0 = Clock::now();
+  const StateLayout L = layout(slot, tokens);
+  const CacheSpec spec = cache_spec(L);
+  const int64_t T = int64_t(tokens.size());
+  std::string name;
+  {
+    std::lock_guard<std::mutex> l(rng_m_);
+    name = fmt::format("pdbridge-{}-{:016x}.bin", slot, rng_());
+  }
+  const std::string path = o_.slot_dir + "/" + name;
+  struct Cleanup { std::string p; ~Cleanup() { std::error_code ec; fs::remove(p, ec); } } cleanup{path};
+  StateFileWriter writer(path, L, tokens, uint32_t(T));
+  const size_t n_layer = L.layers.size();
+  std::vector<int64_t> k_next(n_layer, 0), v_next(n_layer, 0);
+  bool hello = false;
+  std::optional<json> trailer;
+  std::string frame_error;
+  wire::FrameParser parser([&](const wire::FrameHeader& h, const uint8_t* payload) {
+    if (trailer) throw wire::Error("frame after the trailer");
+    if (h.kind == wire::FrameKind::Hello) {
+      auto j = json::parse(payload, payload + h.payload_bytes);
+      if (j.value("fingerprint", "") != fingerprint_) throw wire::Error("fingerprint mismatch in HELLO: " + j.value("fingerprint", ""));
+      if (j.value("n_tokens", int64_t(-1)) != T) throw wire::Error("HELLO token count differs from the request");
+      if (j.value("k_row_bytes", uint64_t(0)) != L.layers[0].k_row_bytes || j.value("v_row_bytes", uint64_t(0)) != (L.v_trans ? L.layers[0].v_row_bytes : L.layers[0].v_row_bytes))
+        throw wire::Error("HELLO row sizes differ from the decoder's layout");
+      hello = true;
+      return;
+    }
+    if (!hello) throw wire::Error("row frame before HELLO");
+    if (h.kind == wire::FrameKind::Trailer) { trailer = json::parse(payload, payload + h.payload_bytes); return; }
+    if (h.layer >= n_layer) throw wire::Error(fmt::format("frame for layer {} of {}", h.layer, n_layer));
+    const bool is_k = h.kind == wire::FrameKind::K;
+    const auto& LT = L.layers[h.layer];
+    const GgmlType want = is_k ? LT.k_type : LT.v_type;
+    if (h.type != uint8_t(want)) throw wire::Error(fmt::format("layer {} {} rows of type {} (decoder wants {})", h.layer, wire::kind_name(h.kind), h.type, ggml_type_name(want)));
+    const uint64_t rb = is_k ? LT.k_row_bytes : LT.v_row_bytes;
+    if (h.payload_bytes != rb * h.n_rows) throw wire::Error("row frame size does not match its row count");
+    auto& next = is_k ? k_next[h.layer] : v_next[h.layer];
+    if (int64_t(h.pos0) != next) throw wire::Error(fmt::format("layer {} {} rows out of order: got position {}, expected {}", h.layer, wire::kind_name(h.kind), h.pos0, next));
+    if (int64_t(h.pos0) + h.n_rows > T) throw wire::Error("rows past the end of the prompt");
+    if (is_k) writer.write_k_rows(h.layer, h.pos0, h.n_rows, payload);
+    else writer.write_v_rows(h.layer, h.pos0, h.n_rows, payload);
+    next += h.n_rows;
+  });
+
+  wire::PrefillRequest pr;
+  pr.tokens = tokens;
+  pr.fingerprint = fingerprint_;
+  pr.k_type = spec.k_type;
+  pr.v_type = spec.v_type;
+  pr.rot_k = spec.rot_k;
+  pr.rot_v = spec.rot_v;
+  httplib::Client cli(prefill_.host, prefill_.port);
+  cli.set_connection_timeout(5, 0);
+  cli.set_read_timeout(o_.bridge_timeout_s, 0);
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/bridge/prefill";
+  req.body = pr.to_json().dump();
+  req.set_header("Content-Type", "application/json");
+  int status = 0;
+  std::string error_body;
+  req.response_handler = [&](const httplib::Response& r) { status = r.status; return true; };
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    if (status != 200) { error_body.append(data, n); return error_body.size() < 65536; }
+    try {
+      parser.feed(reinterpret_cast<const uint8_t*>(data), n);
+    } catch (const std::exception& e) {
+      frame_error = e.what();
+      return false;
+    }
+    return true;
+  };
+  auto result = cli.send(req);
+  v.t_wire = secs(t0);
+  if (!frame_error.empty()) throw std::runtime_error("bad frame: " + frame_error);
+  if (!result) throw std::runtime_error(fmt::format("prefill server {}:{}: {}", prefill_.host, prefill_.port, httplib::to_string(result.error())));
+  if (status != 200) {
+    std::string msg = error_body;
+    try { msg = json::parse(error_body).at("error").at("message").get<std::string>(); } catch (...) {}
+    throw std::runtime_error(fmt::format("prefill server HTTP {}: {}", status, msg));
+  }
+  if (!trailer) throw std::runtime_error("capture stream ended without a trailer");
+  if (!parser.idle()) throw std::runtime_error("capture stream ended inside a frame");
+  v.t_engine = trailer->value("engine_s", 0.0);
+  const std::string st = trailer->value("status", "");
+  if (st != "complete") throw std::runtime_error(fmt::format("capture {}: {}", st, trailer->value("reason", "")));
+  if (trailer->value("tokens", int64_t(-1)) != T) throw std::runtime_error("trailer token count differs from the request");
+  for (size_t l = 0; l < n_layer; ++l)
+    if (k_next[l] != T || v_next[l] != T) throw std::runtime_error(fmt::format("layer {} incomplete: K {} V {} of {} rows", l, k_next[l], v_next[l], T));
+  v.bytes = parser.bytes();
+  writer.commit();
+  const auto tr = Clock::now();
+  json r = dec_.slot_action(slot, "restore", name);
+  v.t_restore = secs(tr);
+  if (r.value("n_restored", int64_t(-1)) != T) throw std::runtime_error("decoder restored " + r.dump());
+  v.bridged_tokens = T;
+  v.t_bridge = secs(t0);
+}
+
+std::vector<int32_t> Front::tokenize_request(const std::string& path, const json& body) {
+  if (path == "/v1/chat/completions") {
+    if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
+      throw BadRequest("'messages' must be a non-empty array");
+    for (const auto& m : body["messages"])
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) throw BadRequest("each message needs a string 'role'");
+    return dec_.tokenize(dec_.apply_template(body));
+  }
+  if (!body.contains("prompt")) throw BadRequest("'prompt' is required");
+  const json& p = body["prompt"];
+  if (p.is_string()) return dec_.tokenize(p.get<std::string>());
+  if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+    std::vector<int32_t> t;
+    for (const auto& x : p) {
+      if (!x.is_number_integer()) throw BadRequest("'prompt' token arrays must hold integers");
+      t.push_back(x.get<int32_t>());
+    }
+    return t;
+  }
+  if (p.is_array() && p.size() == 1 && p[0].is_string()) return dec_.tokenize(p[0].get<std::string>());
+  throw BadRequest("'prompt' must be a string, a one-string array or an array of token ids");
+}
+
+void Front::handle_generation(const std::string& path, const httplib::Request& req, httplib::Response& res) {
+  const auto t0 = Clock::now();
+  json body;
+  try {
+    body = json::parse(req.body);
+  } catch (const json::exception& e) {
+    return openai_error(res, 400, std::string("request body is not valid JSON: ") + e.what());
+  }
+  if (!body.is_object()) return openai_error(res, 400, "request body must be a JSON object");
+  if (body.contains("stream") && !body["stream"].is_boolean()) return openai_error(res, 400, "'stream' must be a boolean");
+  if (body.contains("id_slot")) return openai_error(res, 400, "'id_slot' is managed by the front door");
+  Verdict v;
+  std::vector<int32_t> tokens;
+  try {
+    tokens = tokenize_request(path, body);
+  } catch (const BadRequest& e) {
+    return openai_error(res, 400, e.what());
+  } catch (const std::exception& e) {
+    return openai_error(res, 502, std::string("decoder unavailable for tokenization: ") + e.what(), "upstream_error");
+  }
+  v.t_tokenize = secs(t0);
+  v.tokens = int64_t(tokens.size());
+  size_t cached = 0;
+  const int slot = slots_.acquire(tokens, &cached);
+  bool slot_released = false;
+  auto release = [&](std::optional<std::vector<int32_t>> holds) {
+    if (!slot_released) { slots_.release(slot, std::move(holds)); slot_released = true; }
+  };
+  if (v.tokens < o_.min_tokens) v.verdict = "native: short";
+  else if (int64_t(tokens.size() - cached) < o_.min_tail) v.verdict = "native: warm";
+  else {
+    try {
+      bridge(slot, tokens, v);
+      v.verdict = "complete";
+    } catch (const std::exception& e) {
+      v.verdict = std::string("declined: ") + e.what();
+      v.bridged_tokens = 0;
+      v.t_bridge = secs(t0) - v.t_tokenize;
+      spdlog::warn("front: bridge declined on slot {}: {}", slot, e.what());
+      try { dec_.slot_action(slot, "erase"); } catch (...) {}
+    }
+  }
+  body["id_slot"] = slot;
+  body["cache_prompt"] = true;
+  const bool stream = body.value("stream", false);
+  const auto upstream = dec_.target();
+  spdlog::info("front: {} tokens slot {} verdict '{}' bridge {:.2f}s", v.tokens, slot, v.verdict, v.t_bridge);
+  if (!stream) {
+    httplib::Client c(upstream.host, upstream.port);
+    c.set_read_timeout(3600, 0);
+    auto r = c.Post(path.c_str(), body.dump(), "application/json");
+    if (!r) {
+      release(std::vector<int32_t>{});
+      res.set_header("X-PD-Bridge", v.to_json().dump());
+      return openai_error(res, 502, "decoder unreachable: " + httplib::to_string(r.error()), "upstream_error");
+    }
+    try {
+      auto j = json::parse(r->body);
+      if (j.contains("timings") && j["timings"].contains("cache_n")) v.cached_tokens = j["timings"]["cache_n"].get<int64_t>();
+    } catch (...) {}
+    release(r->status == 200 ? std::optional(tokens) : std::optional(std::vector<int32_t>{}));
+    res.status = r->status;
+    res.set_header("X-PD-Bridge", v.to_json().dump());
+    res.set_content(r->body, r->get_header_value("Content-Type").empty() ? "application/json" : r->get_header_value("Content-Type"));
+    return;
+  }
+  // Streaming: the verdict header goes out first, then the decoder's bytes as they arrive.
+  res.set_header("X-PD-Bridge", v.to_json().dump());
+  auto shared_body = std::make_shared<std::string>(body.dump());
+  auto done = std::make_shared<bool>(false);
+  auto self_release = std::make_shared<std::function<void(bool)>>([this, slot, tokens](bool ok) {
+    slots_.release(slot, ok ? std::optional(tokens) : std::optional(std::vector<int32_t>{}));
+  });
+  slot_released = true;  // the stream's releaser owns the slot now
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [upstream, path, shared_body, done, self_release](size_t, httplib::DataSink& sink) {
+        if (*done) { sink.done(); return true; }
+        httplib::Client c(upstream.host, upstream.port);
+        c.set_read_timeout(3600, 0);
+        httplib::Request ur;
+        ur.method = "POST";
+        ur.path = path;
+        ur.body = *shared_body;
+        ur.set_header("Content-Type", "application/json");
+        ur.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) { return sink.write(d, n); };
+        auto r = c.send(ur);
+        *done = true;
+        (*self_release)(bool(r) && r->status == 200);
+        *self_release = [](bool) {};
+        sink.done();
+        return true;
+      },
+      [self_release](bool) { (*self_release)(false); });
+}
+
+void Front::proxy(const httplib::Request& req, httplib::Response& res) {
+  const auto t = dec_.target();
+  httplib::Client c(t.host, t.port);
+  c.set_read_timeout(600, 0);
+  httplib::Request ur;
+  ur.method = req.method;
+  ur.path = req.target.empty() ? req.path : req.target;
+  ur.body = req.body;
+  if (req.has_header("Content-Type")) ur.set_header("Content-Type", req.get_header_value("Content-Type"));
+  auto r = c.send(ur);
+  if (!r) return openai_error(res, 502, "decoder unreachable: " + httplib::to_string(r.error()), "upstream_error");
+  res.status = r->status;
+  res.set_content(r->body, r->get_header_value("Content-Type").empty() ? "application/json" : r->get_header_value("Content-Type"));
+}
+
+void Front::serve(httplib::Server& srv) {
+  srv.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    json j = {{"ok", true}, {"front", "pdbridge"}, {"fingerprint", fingerprint_}};
+    httplib::Client c(dec_.target().host, dec_.target().port);
+    c.set_connection_timeout(2, 0);
+    auto r = c.Get("/health");
+    j["decoder"] = r && r->status == 200;
+    res.set_content(j.dump(), "application/json");
+  });
+  for (const char* p : {"/v1/chat/completions", "/v1/completions", "/completion"}) {
+    const std::string path = p;
+    srv.Post(p, [this, path](const httplib::Request& req, httplib::Response& res) { handle_generation(path, req, res); });
+  }
+  srv.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) { proxy(req, res); });
+  srv.Get(".*", [this](const httplib::Request& req, httplib::Response& res) { proxy(req, res); });
+  srv.Post(".*", [this](const httplib::Request& req, httplib::Response& res) {
+    if (req.path.rfind("/slots", 0) == 0) return openai_error(res, 403, "slots are managed by the front door");
+    proxy(req, res);
+  });
+  srv.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string msg = "internal error";
+    try { std::rethrow_exception(ep); } catch (const std::exception& e) { msg = e.what(); } catch (...) {}
+    openai_error(res, 500, msg, "server_error");
+  });
+}
+
+}  // namespace
+
+int run_front(const FrontOptions& o) {
+  if (o.attn_rot != "auto" && o.attn_rot != "on" && o.attn_rot != "off") throw std::invalid_argument("--attn-rot must be auto, on or off");
+  Front f(o);
+  for (int i = 0;; ++i) {
+    try { f.connect_decoder(); break; } catch (const std::exception& e) {
+      if (i >= 600) throw;
+      if (i % 20 == 0) spdlog::info("front: waiting for the decoder at {} ({})", o.decoder_url, e.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+  }
+  httplib::Server srv;
+  f.serve(srv);
+  srv.set_payload_max_length(size_t(64) << 20);
+  srv.new_task_queue = [] { return new httplib::ThreadPool(16); };
+  spdlog::info("front: listening on {}:{}", o.host, o.port);
+  if (!srv.listen(o.host, o.port)) throw std::runtime_error(fmt::format("cannot listen on {}:{}", o.host, o.port));
+  return 0;
+}
+
+}  // namespace pdb

@@ -1,0 +1,19 @@
+// `pdbridge front`: the OpenAI-compatible front door beside the decoder. It tokenizes with the
+// decoder's own tokenizer, decides native vs bridge, pulls the decoder's cache from the prefill
+// engine into a state file, restores it into a slot it owns, and forwards the request there.
+#pragma once
+#include <string>
+
+namespace pdb {
+
+struct FrontOptions {
+  std::string decoder_url, decoder_gguf, slot_dir, prefill_url, host = "127.0.0.1";
+  int port = 8000;
+  int64_t min_tokens = 4096, min_tail = 2048;
+  int bridge_timeout_s = 600;
+  std::string attn_rot = "auto";  // decoder's Hadamard rotation: auto (llama.cpp's default rule) | on | off
+};
+
+int run_front(const FrontOptions& o);
+
+}  // namespace pdb

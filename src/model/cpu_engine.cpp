@@ -1,0 +1,183 @@
+#include "model/cpu_engine.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "common/parallel.h"
+#include "formats/ggml_types.h"
+#include "formats/safetensors.h"
+#include "model/rmsnorm.h"
+
+namespace pdb {
+
+struct CpuEngine::Layer {
+  std::vector<float> in_norm, post_norm, q_norm, k_norm;
+  std::vector<float> wq, wk, wv, wo, wg, wu, wd;  // HF layout [out x in]
+};
+
+namespace {
+
+std::vector<float> load_matrix(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& name,
+                               int64_t rows, int64_t cols) {
+  const StTensor& t = ck.get(name);
+  if (t.shape.size() != 2 || t.shape[0] != rows || t.shape[1] != cols)
+    throw std::runtime_error(fmt::format("{}: shape does not match config.json ({} x {})", name, rows, cols));
+  if (t.dtype == StDtype::F8_E4M3) {
+    const std::string sname = name.substr(0, name.size() - 6) + "weight_scale_inv";
+    if (!ck.find(sname)) throw std::runtime_error(name + " is FP8 but " + sname + " is missing");
+    auto s = ck.to_f32(sname);
+    const int64_t sr = (rows + c.fp8_block_rows - 1) / c.fp8_block_rows, sc = (cols + c.fp8_block_cols - 1) / c.fp8_block_cols;
+    if (int64_t(s.size()) != sr * sc) throw std::runtime_error(sname + " has the wrong shape for the block size");
+    std::vector<float> w(static_cast<size_t>(rows * cols));
+    dequantize_block_fp8(t.data, rows, cols, s.data(), c.fp8_block_rows, c.fp8_block_cols, w.data());
+    return w;
+  }
+  return ck.to_f32(name);
+}
+
+std::vector<float> load_vector(const SafetensorsCheckpoint& ck, const std::string& name, int64_t n) {
+  auto v = ck.to_f32(name);
+  if (int64_t(v.size()) != n) throw std::runtime_error(fmt::format("{}: {} elements, expected {}", name, v.size(), n));
+  return v;
+}
+
+// y[rows x out] = x[rows x in] W^T
+void gemm_xwt(const float* x, const std::vector<float>& w, int64_t rows, int64_t in, int64_t out, float* y) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(out), int(in), 1.0f, x, int(in), w.data(), int(in), 0.0f, y, int(out));
+}
+
+}  // namespace
+
+CpuEngine::CpuEngine(const std::string& hf_dir, int threads) : cfg_(HfConfig::load(hf_dir)), threads_(threads) {
+  openblas_set_num_threads(threads);
+  auto ck = SafetensorsCheckpoint::open(hf_dir);
+  const auto& c = cfg_;
+  const int64_t H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
+  embed_ = load_matrix(*ck, c, "model.embed_tokens.weight", c.vocab_size, H);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    auto L = std::make_unique<Layer>();
+    L->in_norm = load_vector(*ck, p + "input_layernorm.weight", H);
+    L->post_norm = load_vector(*ck, p + "post_attention_layernorm.weight", H);
+    L->wq = load_matrix(*ck, c, p + "self_attn.q_proj.weight", c.num_heads * hd, H);
+    L->wk = load_matrix(*ck, c, p + "self_attn.k_proj.weight", c.num_kv_heads * hd, H);
+    L->wv = load_matrix(*ck, c, p + "self_attn.v_proj.weight", c.num_kv_heads * hd, H);
+    L->wo = load_matrix(*ck, c, p + "self_attn.o_proj.weight", H, c.num_heads * hd);
+    L->wg = load_matrix(*ck, c, p + "mlp.gate_proj.weight", F, H);
+    L->wu = load_matrix(*ck, c, p + "mlp.up_proj.weight", F, H);
+    L->wd = load_matrix(*ck, c, p + "mlp.down_proj.weight", H, F);
+    if (c.arch == "qwen3") {
+      L->q_norm = load_vector(*ck, p + "self_attn.q_norm.weight", hd);
+      L->k_norm = load_vector(*ck, p + "self_attn.k_norm.weight", hd);
+    }
+    layers_.push_back(std::move(L));
+  }
+  for (double f : c.inv_freq()) inv_freq_.push_back(float(f));
+  rope_scale_ = float(c.attention_scaling());
+}
+
+CpuEngine::~CpuEngine() = default;
+
+int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, const LayerHook& hook,
+                           const std::function<bool()>& cancelled) {
+  const auto& c = cfg_;
+  const int64_t T = int64_t(tokens.size()), H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
+  const int64_t nh = c.num_heads, nkv = c.num_kv_heads, qd = nh * hd, kvd = nkv * hd, group = nh / nkv;
+  const float eps = float(c.rms_norm_eps), scale = 1.0f / std::sqrt(float(hd));
+  if (chunk <= 0) chunk = 512;
+  for (int32_t t : tokens)
+    if (t < 0 || t >= c.vocab_size) throw std::invalid_argument(fmt::format("token id {} outside the vocabulary ({})", t, c.vocab_size));
+  // The engine's own K/V for the whole prompt (f32), per layer.
+  std::vector<std::vector<float>> kcache(size_t(c.num_layers)), vcache(size_t(c.num_layers));
+  for (auto& k : kcache) k.resize(size_t(T * kvd));
+  for (auto& v : vcache) v.resize(size_t(T * kvd));
+  std::vector<float> h, x, q, k, v, att, o, g, u;
+  for (int64_t p0 = 0; p0 < T; p0 += chunk) {
+    const int64_t n = std::min(chunk, T - p0);
+    h.resize(size_t(n * H));
+    for (int64_t r = 0; r < n; ++r) std::copy_n(embed_.data() + int64_t(tokens[size_t(p0 + r)]) * H, H, h.data() + r * H);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      if (cancelled && cancelled()) return p0;
+      const Layer& L = *layers_[size_t(l)];
+      hook(int(l), h.data(), n, p0);
+      x.resize(size_t(n * H));
+      rmsnorm_rows(h.data(), L.in_norm.data(), x.data(), n, H, eps);
+      q.resize(size_t(n * qd));
+      k.resize(size_t(n * kvd));
+      v.resize(size_t(n * kvd));
+      gemm_xwt(x.data(), L.wq, n, H, qd, q.data());
+      gemm_xwt(x.data(), L.wk, n, H, kvd, k.data());
+      gemm_xwt(x.data(), L.wv, n, H, kvd, v.data());
+      if (c.arch == "qwen3") {
+        rmsnorm_rows(q.data(), L.q_norm.data(), q.data(), n * nh, hd, eps);
+        rmsnorm_rows(k.data(), L.k_norm.data(), k.data(), n * nkv, hd, eps);
+      }
+      // HF rotate_half RoPE on both q and k
+      parallel_for(n, threads_, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+          const float pos = float(p0 + r);
+          for (int64_t i = 0; i < hd / 2; ++i) {
+            const float ang = pos * inv_freq_[size_t(i)];
+            const float cs = std::cos(ang) * rope_scale_, sn = std::sin(ang) * rope_scale_;
+            auto rot = [&](float* head) {
+              const float a = head[i], bb = head[i + hd / 2];
+              head[i] = a * cs - bb * sn;
+              head[i + hd / 2] = bb * cs + a * sn;
+            };
+            for (int64_t hh = 0; hh < nh; ++hh) rot(q.data() + r * qd + hh * hd);
+            for (int64_t hh = 0; hh < nkv; ++hh) rot(k.data() + r * kvd + hh * hd);
+          }
+        }
+      });
+      std::copy(k.begin(), k.end(), kcache[size_t(l)].begin() + p0 * kvd);
+      std::copy(v.begin(), v.end(), vcache[size_t(l)].begin() + p0 * kvd);
+      // causal attention, one head at a time, keys [0, p0 + n)
+      const int64_t nk = p0 + n;
+      att.assign(size_t(n * qd), 0.0f);
+      const float* K = kcache[size_t(l)].data();
+      const float* V = vcache[size_t(l)].data();
+      {  // heads in sequence: OpenBLAS parallelizes each GEMM
+        const int64_t hb = 0, he = nh;
+        std::vector<float> s(static_cast<size_t>(n * nk));
+        for (int64_t hh = hb; hh < he; ++hh) {
+          const int64_t kvh = hh / group;
+          // s[n x nk] = Q_h K_h^T
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(nk), int(hd), scale, q.data() + hh * hd, int(qd),
+                      K + kvh * hd, int(kvd), 0.0f, s.data(), int(nk));
+          for (int64_t r = 0; r < n; ++r) {
+            float* sr = s.data() + r * nk;
+            const int64_t lim = p0 + r + 1;
+            float m = -INFINITY;
+            for (int64_t j = 0; j < lim; ++j) m = std::max(m, sr[j]);
+            double sum = 0;
+            for (int64_t j = 0; j < lim; ++j) { sr[j] = std::exp(sr[j] - m); sum += sr[j]; }
+            const float inv = float(1.0 / sum);
+            for (int64_t j = 0; j < lim; ++j) sr[j] *= inv;
+            for (int64_t j = lim; j < nk; ++j) sr[j] = 0.0f;
+          }
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(n), int(hd), int(nk), 1.0f, s.data(), int(nk),
+                      V + kvh * hd, int(kvd), 0.0f, att.data() + hh * hd, int(qd));
+        }
+      }
+      o.resize(size_t(n * H));
+      gemm_xwt(att.data(), L.wo, n, qd, H, o.data());
+      for (size_t i = 0; i < h.size(); ++i) h[i] += o[i];
+      rmsnorm_rows(h.data(), L.post_norm.data(), x.data(), n, H, eps);
+      g.resize(size_t(n * F));
+      u.resize(size_t(n * F));
+      gemm_xwt(x.data(), L.wg, n, H, F, g.data());
+      gemm_xwt(x.data(), L.wu, n, H, F, u.data());
+      for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      gemm_xwt(g.data(), L.wd, n, F, H, o.data());
+      for (size_t i = 0; i < h.size(); ++i) h[i] += o[i];
+    }
+  }
+  return T;
+}
+
+}  // namespace pdb

@@ -1,0 +1,39 @@
+// The prefill engine's CPU backend: a chunked causal forward for llama and qwen3 HF checkpoints
+// (f32/f16/bf16, block-FP8 dequantized on load) with its own numerics (OpenBLAS GEMMs, f32
+// attention). No prefix caching: every request computes every token. The only output the bridge
+// needs is the per-layer hook: the residual stream entering each layer, per chunk.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "formats/hf_config.h"
+
+namespace pdb {
+
+// (layer, residual stream [rows x hidden] before the layer's attention norm, rows, first position)
+using LayerHook = std::function<void(int layer, const float* h, int64_t rows, int64_t pos0)>;
+
+class CpuEngine {
+ public:
+  CpuEngine(const std::string& hf_dir, int threads);
+  ~CpuEngine();
+  const HfConfig& config() const { return cfg_; }
+  // Runs the forward over `tokens` in chunks of `chunk`; calls hook for every layer of every chunk.
+  // `cancelled` is polled between layers; returns the number of tokens fully processed.
+  int64_t prefill(const std::vector<int32_t>& tokens, int64_t chunk, const LayerHook& hook,
+                  const std::function<bool()>& cancelled = {});
+
+ private:
+  struct Layer;
+  HfConfig cfg_;
+  int threads_;
+  std::vector<float> embed_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<float> inv_freq_;
+  float rope_scale_ = 1.0f;
+};
+
+}  // namespace pdb

@@ -1,0 +1,202 @@
+#include "recipes/recipe.h"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include "common/parallel.h"
+#include "formats/gguf.h"
+#include "formats/numeric.h"
+#include "model/rmsnorm.h"
+
+namespace pdb {
+
+std::unique_ptr<Recipe> make_llama_recipe(const GgufFile& g, int threads);
+std::unique_ptr<Recipe> make_qwen3_recipe(const GgufFile& g, int threads);
+
+CacheSpec CacheSpec::decoder_default(GgmlType k, GgmlType v, int64_t head_dim) {
+  CacheSpec s;
+  s.k_type = k;
+  s.v_type = v;
+  auto quantized = [](GgmlType t) { return t != GgmlType::F32 && t != GgmlType::F16 && t != GgmlType::BF16; };
+  s.rot_k = quantized(k) && head_dim % 64 == 0;
+  s.rot_v = quantized(v) && head_dim % 64 == 0;
+  return s;
+}
+
+std::unique_ptr<Recipe> Recipe::load(const std::string& gguf_path, int threads) {
+  auto g = GgufFile::open(gguf_path);
+  const std::string arch = g->architecture();
+  if (arch == "llama") return make_llama_recipe(*g, threads);
+  if (arch == "qwen3") return make_qwen3_recipe(*g, threads);
+  throw std::runtime_error(fmt::format("{}: no recipe for decoder architecture '{}' (llama, qwen3)", gguf_path, arch));
+}
+
+RecipeWeight Recipe::load_weight(const GgufFile& g, const std::string& name, const std::string& bias_name) const {
+  const auto& t = g.tensor(name);
+  if (t.ne.size() != 2) throw std::runtime_error(name + " is not a matrix");
+  RecipeWeight w;
+  w.type = t.type;
+  w.cols = t.ne[0];
+  w.rows = t.ne[1];
+  if (!can_dequantize(t.type))
+    throw std::runtime_error(fmt::format("{} has type {}, which the recipe cannot read", name, ggml_type_name(t.type)));
+  w.w.resize(size_t(w.rows * w.cols));
+  const size_t rb = ggml_row_bytes(t.type, w.cols);
+  parallel_for(w.rows, threads_, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) dequantize_row(t.type, g.data(t) + r * rb, w.w.data() + r * w.cols, w.cols);
+  });
+  if (const auto* bt = g.find_tensor(bias_name)) w.bias = g.to_f32(*bt);
+  return w;
+}
+
+RecipeInfo read_recipe_info(const GgufFile& g) {
+  RecipeInfo info;
+  const std::string a = g.architecture();
+  info.arch = a;
+  info.n_layer = g.get_int(a + ".block_count");
+  info.n_embd = g.get_int(a + ".embedding_length");
+  const int64_t n_head = g.get_int(a + ".attention.head_count");
+  info.n_head_kv = g.get_int_opt(a + ".attention.head_count_kv").value_or(n_head);
+  info.head_dim = g.get_int_opt(a + ".attention.key_length").value_or(info.n_embd / n_head);
+  if (g.get_int_opt(a + ".attention.value_length").value_or(info.head_dim) != info.head_dim)
+    throw std::runtime_error("decoders with different K and V head sizes are not supported");
+  info.norm_eps = float(g.get_float(a + ".attention.layer_norm_rms_epsilon"));
+  auto& r = info.rope;
+  r.mode = a == "qwen3" ? RopeMode::Neox : RopeMode::Norm;
+  r.n_dims = int(g.get_int_opt(a + ".rope.dimension_count").value_or(info.head_dim));
+  r.freq_base = float(g.get_float_opt(a + ".rope.freq_base").value_or(10000.0));
+  const std::string stype = g.find(a + ".rope.scaling.type") ? g.get_string(a + ".rope.scaling.type") : "none";
+  const double factor = g.get_float_opt(a + ".rope.scaling.factor").value_or(0.0);
+  r.n_ctx_orig = int(g.get_int_opt(a + ".rope.scaling.original_context_length").value_or(g.get_int(a + ".context_length")));
+  if (stype == "linear" || stype == "yarn") r.freq_scale = factor > 0 ? float(1.0 / factor) : 1.0f;
+  else if (stype != "none") throw std::runtime_error("unsupported rope scaling type " + stype);
+  if (stype == "yarn") {
+    r.ext_factor = float(g.get_float_opt(a + ".rope.scaling.yarn_ext_factor").value_or(1.0));
+    r.attn_factor = float(g.get_float_opt(a + ".rope.scaling.yarn_attn_factor").value_or(1.0));
+    r.beta_fast = float(g.get_float_opt(a + ".rope.scaling.yarn_beta_fast").value_or(32.0));
+    r.beta_slow = float(g.get_float_opt(a + ".rope.scaling.yarn_beta_slow").value_or(1.0));
+  }
+  if (const auto* rf = g.find_tensor("rope_freqs.weight")) r.freq_factors = g.to_f32(*rf);
+  XXH3_state_t* hs = XXH3_createState();
+  XXH3_64bits_reset(hs);
+  for (int64_t l = 0; l < info.n_layer; ++l)
+    for (const char* t : {"attn_norm.weight", "attn_k.weight", "attn_v.weight", "attn_k_norm.weight", "attn_k.bias", "attn_v.bias"})
+      if (const auto* ti = g.find_tensor(fmt::format("blk.{}.{}", l, t))) XXH3_64bits_update(hs, g.data(*ti), ti->n_bytes());
+  if (const auto* rf = g.find_tensor("rope_freqs.weight")) XXH3_64bits_update(hs, g.data(*rf), rf->n_bytes());
+  info.weights_hash = fmt::format("{:016x}", XXH3_64bits_digest(hs));
+  XXH3_freeState(hs);
+  return info;
+}
+
+nlohmann::json recipe_geometry(const RecipeInfo& i) {
+  const auto& r = i.rope;
+  return {{"arch", i.arch}, {"n_layer", i.n_layer}, {"n_embd", i.n_embd}, {"n_head_kv", i.n_head_kv}, {"head_dim", i.head_dim},
+          {"norm_eps", i.norm_eps}, {"rope_mode", r.mode == RopeMode::Neox ? "neox" : "norm"}, {"rope_n_dims", r.n_dims},
+          {"rope_freq_base", r.freq_base}, {"rope_freq_scale", r.freq_scale}, {"rope_ext_factor", r.ext_factor},
+          {"rope_attn_factor", r.attn_factor}, {"rope_beta_fast", r.beta_fast}, {"rope_beta_slow", r.beta_slow},
+          {"rope_n_ctx_orig", r.n_ctx_orig}, {"rope_freq_factors", r.freq_factors}, {"weights_hash", i.weights_hash}};
+}
+
+std::string recipe_fingerprint(const RecipeInfo& info) {
+  const std::string s = "pdbridge-recipe-v1:" + recipe_geometry(info).dump();
+  return fmt::format("{:016x}", XXH3_64bits(s.data(), s.size()));
+}
+
+void Recipe::load_common(const GgufFile& g, const std::string& a) {
+  info_ = read_recipe_info(g);
+  if (info_.arch != a) throw std::logic_error("recipe/arch mismatch");
+  attn_norm_all_.resize(size_t(info_.n_layer * info_.n_embd));
+  for (int64_t l = 0; l < info_.n_layer; ++l) {
+    const std::string p = fmt::format("blk.{}.", l);
+    auto n = g.to_f32(g.tensor(p + "attn_norm.weight"));
+    if (int64_t(n.size()) != info_.n_embd) throw std::runtime_error(p + "attn_norm.weight has the wrong size");
+    std::copy(n.begin(), n.end(), attn_norm_all_.begin() + l * info_.n_embd);
+    wk_.push_back(load_weight(g, p + "attn_k.weight", p + "attn_k.bias"));
+    wv_.push_back(load_weight(g, p + "attn_v.weight", p + "attn_v.bias"));
+  }
+  if (wk_[0].rows != info_.n_embd_kv() || wk_[0].cols != info_.n_embd) throw std::runtime_error("attn_k has unexpected shape");
+}
+
+void Recipe::attn_input(int layer, const float* h, int64_t rows, float* x) const {
+  const float* w = attn_norm_all_.data() + layer * info_.n_embd;
+  parallel_for(rows, threads_, [&](int64_t b, int64_t e) {
+    rmsnorm_rows(h + b * info_.n_embd, w, x + b * info_.n_embd, e - b, info_.n_embd, info_.norm_eps);
+  });
+}
+
+void Recipe::project(const RecipeWeight& w, const float* x, int64_t rows, float* y) const {
+  // The decoder does not multiply the f32 activation with a reduced-precision weight: it first
+  // converts the activation to the weight's dot type. Do the same, then an f32 GEMM.
+  std::vector<float> xa;
+  const float* xs = x;
+  const int64_t K = w.cols;
+  auto convert = [&](auto fn) {
+    xa.resize(size_t(rows * K));
+    parallel_for(rows, threads_, [&](int64_t b, int64_t e) { for (int64_t r = b; r < e; ++r) fn(x + r * K, xa.data() + r * K); });
+    xs = xa.data();
+  };
+  switch (w.type) {
+    case GgmlType::F32: break;
+    case GgmlType::F16: convert([K](const float* s, float* d) { for (int64_t i = 0; i < K; ++i) d[i] = fp16_to_f32(f32_to_fp16(s[i])); }); break;
+    case GgmlType::BF16: convert([K](const float* s, float* d) { for (int64_t i = 0; i < K; ++i) d[i] = bf16_to_f32(f32_to_bf16(s[i])); }); break;
+    default:
+      // Q8_0 activation for block weights (Q8_K for K-quants is within the same rounding budget).
+      if (K % 32 != 0) throw std::runtime_error("quantized weight with a row not a multiple of 32");
+      convert([K](const float* s, float* d) {
+        std::vector<uint8_t> q(ggml_row_bytes(GgmlType::Q8_0, K));
+        quantize_row(GgmlType::Q8_0, s, q.data(), K, Q8Rounding::TiesEven);
+        dequantize_row(GgmlType::Q8_0, q.data(), d, K);
+      });
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(w.rows), int(K), 1.0f, xs, int(K), w.w.data(), int(K), 0.0f, y, int(w.rows));
+  if (!w.bias.empty())
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < w.rows; ++o) y[r * w.rows + o] += w.bias[o];
+}
+
+void Recipe::kv_rows(int layer, const float* h, int64_t rows, int64_t pos0, const CacheSpec& spec,
+                     std::vector<uint8_t>& k_out, std::vector<uint8_t>& v_out) const {
+  const int64_t C = info_.n_embd_kv();
+  std::vector<float> k(static_cast<size_t>(rows * C)), v(size_t(rows * C));
+  kv_f32(layer, h, rows, pos0, k.data(), v.data());
+  if (spec.rot_k) hadamard_rows(k.data(), rows * C, k_rotation_size(info_.head_dim));
+  if (spec.rot_v) hadamard_rows(v.data(), rows * C, kVRotationSize);
+  k_out.resize(ggml_row_bytes(spec.k_type, C) * size_t(rows));
+  v_out.resize(ggml_row_bytes(spec.v_type, C) * size_t(rows));
+  rows_to_cache_type(spec.k_type, k.data(), rows, C, k_out.data());
+  rows_to_cache_type(spec.v_type, v.data(), rows, C, v_out.data());
+}
+
+int64_t k_rotation_size(int64_t head_dim) {
+  int64_t n = 64;
+  do { n *= 2; } while (head_dim % n == 0);
+  return n / 2;
+}
+
+void hadamard_rows(float* x, int64_t n_total, int64_t n) {
+  const float scale = 1.0f / sqrtf(float(n));
+  for (int64_t base = 0; base + n <= n_total; base += n) {
+    float* r = x + base;
+    for (int64_t j = 0; j < n; ++j) r[j] = r[j] * scale;
+    for (int64_t len = 1; len < n; len <<= 1)
+      for (int64_t i = 0; i < n; i += 2 * len)
+        for (int64_t j = 0; j < len; ++j) {
+          const float u = r[i + j], v = r[i + len + j];
+          r[i + j] = u + v;
+          r[i + len + j] = u - v;
+        }
+  }
+}
+
+void rows_to_cache_type(GgmlType t, const float* x, int64_t rows, int64_t cols, uint8_t* out) {
+  const size_t rb = ggml_row_bytes(t, cols);
+  for (int64_t r = 0; r < rows; ++r) quantize_row(t, x + r * cols, out + r * rb, cols, Q8Rounding::TiesEven);
+}
+
+}  // namespace pdb

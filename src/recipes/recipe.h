@@ -1,0 +1,94 @@
+// A recipe computes, from a layer's input residual stream, exactly the K/V cache rows the decoder
+// (llama.cpp) would store — with the decoder's own weights (from its GGUF), norms, RoPE, cache type
+// and Hadamard rotation. One file per decoder architecture (llama.cpp, qwen3.cpp); the shared math
+// (weight numerics, rotation, row conversion, fingerprint) lives here.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/ggml_types.h"
+#include "recipes/rope_ggml.h"
+
+namespace pdb {
+
+class GgufFile;
+
+// The decoder's cache format for one bridge: types and rotation (learned from the running decoder).
+struct CacheSpec {
+  GgmlType k_type = GgmlType::F16, v_type = GgmlType::F16;
+  bool rot_k = false, rot_v = false;  // llama.cpp's Hadamard rotation of quantized caches
+  // llama.cpp's default: rotate a quantized cache when head_dim % 64 == 0 (unless LLAMA_ATTN_ROT_DISABLE).
+  static CacheSpec decoder_default(GgmlType k, GgmlType v, int64_t head_dim);
+};
+
+// A projection weight kept in the form the decoder multiplies it in.
+struct RecipeWeight {
+  GgmlType type = GgmlType::F32;  // the GGUF type
+  int64_t rows = 0, cols = 0;     // out, in
+  std::vector<float> w;           // dequantized [rows x cols] (exact for F32/F16/BF16)
+  std::vector<float> bias;        // empty if none
+};
+
+struct RecipeInfo {
+  std::string arch;
+  int64_t n_layer = 0, n_embd = 0, n_head_kv = 0, head_dim = 0;
+  float norm_eps = 1e-5f;
+  GgmlRopeParams rope;
+  std::string weights_hash;  // xxh3 over the recipe tensors' bytes
+  int64_t n_embd_kv() const { return n_head_kv * head_dim; }
+};
+
+// Hyperparameters and the recipe-weights hash, straight from the decoder GGUF (no weights loaded).
+RecipeInfo read_recipe_info(const GgufFile& g);
+// Geometry fingerprint: architecture, shapes, every RoPE parameter, norm eps and the recipe weights
+// hash. Front door and prefill server compute it independently; a bridge needs them equal.
+nlohmann::json recipe_geometry(const RecipeInfo& info);
+std::string recipe_fingerprint(const RecipeInfo& info);
+
+class Recipe {
+ public:
+  virtual ~Recipe() = default;
+  // Loads the recipe for the GGUF's architecture (llama, qwen3); throws for others.
+  static std::unique_ptr<Recipe> load(const std::string& gguf_path, int threads);
+
+  const RecipeInfo& info() const { return info_; }
+
+  // h: [rows x n_embd] residual stream entering `layer`, positions pos0.. ; writes the layer's K and
+  // V rows as f32, before rotation and type conversion: K post-RoPE, head-major.
+  virtual void kv_f32(int layer, const float* h, int64_t rows, int64_t pos0, float* k, float* v) const = 0;
+
+  // Rows in the decoder's cache format: k_out/v_out get rows * row_bytes(type) bytes each.
+  void kv_rows(int layer, const float* h, int64_t rows, int64_t pos0, const CacheSpec& spec,
+               std::vector<uint8_t>& k_out, std::vector<uint8_t>& v_out) const;
+
+  int threads() const { return threads_; }
+
+ protected:
+  RecipeInfo info_;
+  int threads_ = 1;
+  std::vector<float> attn_norm_all_;  // [n_layer x n_embd]
+  std::vector<RecipeWeight> wk_, wv_;
+
+  void load_common(const GgufFile& g, const std::string& arch);
+  // x = rms_norm(h) * attn_norm[layer]  (ggml-cpu order of operations)
+  void attn_input(int layer, const float* h, int64_t rows, float* x) const;
+  // y[rows x w.rows] = W x with the decoder's activation numerics for the weight's type.
+  void project(const RecipeWeight& w, const float* x, int64_t rows, float* y) const;
+  RecipeWeight load_weight(const GgufFile& g, const std::string& name, const std::string& bias_name) const;
+};
+
+// In-place normalized Walsh-Hadamard transform of consecutive n-element chunks, in ggml-cpu's order
+// (scale by 1/sqrt(n) first, then butterflies of growing span): llama.cpp's cache rotation.
+void hadamard_rows(float* x, int64_t n_total, int64_t n);
+int64_t k_rotation_size(int64_t head_dim);  // largest power of two >= 64 dividing head_dim
+constexpr int64_t kVRotationSize = 64;
+
+// Converts f32 rows to a cache type with the decoder's conversion (F16/BF16 round-to-nearest-even,
+// Q8_0 ggml-cpu's x86 quantizer, Q4_0 the reference quantizer).
+void rows_to_cache_type(GgmlType t, const float* x, int64_t rows, int64_t cols, uint8_t* out);
+
+}  // namespace pdb

@@ -1,0 +1,131 @@
+#include "wire/protocol.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+namespace pdb::wire {
+
+const char* kind_name(FrameKind k) {
+  switch (k) {
+    case FrameKind::Hello: return "HELLO";
+    case FrameKind::K: return "K";
+    case FrameKind::V: return "V";
+    case FrameKind::Trailer: return "TRAILER";
+  }
+  return "?";
+}
+
+// Header layout (little-endian, 40 bytes):
+//   0 u32 magic | 4 u16 version | 6 u8 kind | 7 u8 type | 8 u32 layer | 12 u32 pos0 | 16 u32 n_rows
+//  20 u32 header_hash (XXH32 of bytes 0..19 and 24..39, seed 0) | 24 u64 payload_bytes | 32 u64 payload_hash
+namespace {
+uint32_t header_hash(const uint8_t* h) {
+  uint8_t tmp[36];
+  std::memcpy(tmp, h, 20);
+  std::memcpy(tmp + 20, h + 24, 16);
+  return XXH32(tmp, sizeof tmp, 0);
+}
+}  // namespace
+
+void encode_frame(FrameHeader h, const uint8_t* payload, size_t n, std::vector<uint8_t>& out) {
+  h.payload_bytes = n;
+  h.payload_hash = XXH3_64bits(payload, n);
+  uint8_t b[kHeaderBytes] = {};
+  const uint16_t ver = uint16_t(kWireVersion);
+  std::memcpy(b, &kFrameMagic, 4);
+  std::memcpy(b + 4, &ver, 2);
+  b[6] = uint8_t(h.kind);
+  b[7] = h.type;
+  std::memcpy(b + 8, &h.layer, 4);
+  std::memcpy(b + 12, &h.pos0, 4);
+  std::memcpy(b + 16, &h.n_rows, 4);
+  std::memcpy(b + 24, &h.payload_bytes, 8);
+  std::memcpy(b + 32, &h.payload_hash, 8);
+  const uint32_t hh = header_hash(b);
+  std::memcpy(b + 20, &hh, 4);
+  out.insert(out.end(), b, b + kHeaderBytes);
+  out.insert(out.end(), payload, payload + n);
+}
+
+void encode_json_frame(FrameKind kind, const nlohmann::json& j, std::vector<uint8_t>& out) {
+  const std::string s = j.dump();
+  FrameHeader h;
+  h.kind = kind;
+  encode_frame(h, reinterpret_cast<const uint8_t*>(s.data()), s.size(), out);
+}
+
+void FrameParser::feed(const uint8_t* data, size_t n) {
+  bytes_ += n;
+  buf_.insert(buf_.end(), data, data + n);
+  size_t off = 0;
+  while (buf_.size() - off >= kHeaderBytes) {
+    const uint8_t* b = buf_.data() + off;
+    uint32_t magic, stored_hh;
+    uint16_t ver;
+    std::memcpy(&magic, b, 4);
+    std::memcpy(&ver, b + 4, 2);
+    std::memcpy(&stored_hh, b + 20, 4);
+    if (magic != kFrameMagic) throw Error(fmt::format("frame {}: bad magic 0x{:08x}", frames_, magic));
+    if (header_hash(b) != stored_hh) throw Error(fmt::format("frame {}: header checksum mismatch", frames_));
+    if (ver != kWireVersion) throw Error(fmt::format("frame {}: wire version {} (expected {})", frames_, ver, kWireVersion));
+    FrameHeader h;
+    if (b[6] < 1 || b[6] > 4) throw Error(fmt::format("frame {}: unknown kind {}", frames_, b[6]));
+    h.kind = FrameKind(b[6]);
+    h.type = b[7];
+    std::memcpy(&h.layer, b + 8, 4);
+    std::memcpy(&h.pos0, b + 12, 4);
+    std::memcpy(&h.n_rows, b + 16, 4);
+    std::memcpy(&h.payload_bytes, b + 24, 8);
+    std::memcpy(&h.payload_hash, b + 32, 8);
+    if (h.payload_bytes > max_payload_) throw Error(fmt::format("frame {}: payload of {} bytes exceeds the limit", frames_, h.payload_bytes));
+    if (buf_.size() - off - kHeaderBytes < h.payload_bytes) break;
+    const uint8_t* payload = b + kHeaderBytes;
+    if (XXH3_64bits(payload, h.payload_bytes) != h.payload_hash)
+      throw Error(fmt::format("frame {} ({} layer {} pos {}): payload checksum mismatch", frames_, kind_name(h.kind), h.layer, h.pos0));
+    ++frames_;
+    on_frame_(h, payload);
+    off += kHeaderBytes + h.payload_bytes;
+  }
+  if (off) buf_.erase(buf_.begin(), buf_.begin() + long(off));
+}
+
+nlohmann::json PrefillRequest::to_json() const {
+  return {{"wire_version", kWireVersion}, {"tokens", tokens}, {"fingerprint", fingerprint},
+          {"k_type", ggml_type_name(k_type)}, {"v_type", ggml_type_name(v_type)},
+          {"rot_k", rot_k}, {"rot_v", rot_v}, {"chunk", chunk}};
+}
+
+PrefillRequest PrefillRequest::parse(const nlohmann::json& j) {
+  auto bad = [](const std::string& m) { throw std::invalid_argument(m); };
+  if (!j.is_object()) bad("request body must be a JSON object");
+  if (!j.contains("wire_version") || !j["wire_version"].is_number_integer()) bad("'wire_version' is required");
+  if (j["wire_version"].get<int64_t>() != kWireVersion) bad(fmt::format("wire_version {} is not supported (server speaks {})", j["wire_version"].dump(), kWireVersion));
+  PrefillRequest r;
+  if (!j.contains("tokens") || !j["tokens"].is_array() || j["tokens"].empty()) bad("'tokens' must be a non-empty array of token ids");
+  r.tokens.reserve(j["tokens"].size());
+  for (const auto& t : j["tokens"]) {
+    if (!t.is_number_integer()) bad("'tokens' must contain integers");
+    const int64_t v = t.get<int64_t>();
+    if (v < 0 || v > INT32_MAX) bad(fmt::format("token id {} is out of range", v));
+    r.tokens.push_back(int32_t(v));
+  }
+  if (!j.contains("fingerprint") || !j["fingerprint"].is_string()) bad("'fingerprint' (string) is required");
+  r.fingerprint = j["fingerprint"].get<std::string>();
+  auto type = [&](const char* key) {
+    if (!j.contains(key) || !j[key].is_string()) bad(fmt::format("'{}' (cache type name) is required", key));
+    auto t = ggml_type_from_name(j[key].get<std::string>());
+    if (!t || !can_quantize(*t)) bad(fmt::format("'{}' {} is not a cache type pdbridge can write", key, j[key].dump()));
+    return *t;
+  };
+  r.k_type = type("k_type");
+  r.v_type = type("v_type");
+  r.rot_k = j.value("rot_k", false);
+  r.rot_v = j.value("rot_v", false);
+  r.chunk = j.value("chunk", int64_t(0));
+  if (r.chunk < 0) bad("'chunk' must be >= 0");
+  return r;
+}
+
+}  // namespace pdb::wire

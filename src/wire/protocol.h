@@ -1,0 +1,68 @@
+// The bridge wire protocol (docs/WIRE.md): POST /v1/bridge/prefill with a JSON request; the response
+// body is a stream of self-describing, checksummed binary frames: one HELLO, K/V row frames as the
+// engine produces them, and one TRAILER that says complete / partial / error.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "formats/ggml_types.h"
+
+namespace pdb::wire {
+
+constexpr uint32_t kWireVersion = 1;
+constexpr uint32_t kFrameMagic = 0x46424450;  // "PDBF"
+constexpr size_t kHeaderBytes = 40;
+constexpr uint64_t kMaxPayload = 1ull << 31;
+
+enum class FrameKind : uint8_t { Hello = 1, K = 2, V = 3, Trailer = 4 };
+const char* kind_name(FrameKind k);
+
+struct FrameHeader {
+  FrameKind kind = FrameKind::K;
+  uint8_t type = 0;  // ggml type id of K/V rows
+  uint32_t layer = 0, pos0 = 0, n_rows = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t payload_hash = 0;  // XXH3-64 of the payload
+};
+
+// Serializes header + payload into out (appends).
+void encode_frame(FrameHeader h, const uint8_t* payload, size_t n, std::vector<uint8_t>& out);
+void encode_json_frame(FrameKind kind, const nlohmann::json& j, std::vector<uint8_t>& out);
+
+// Incremental parser: feed() any byte slices; complete frames go to the callback. Any corruption
+// (magic, version, header or payload checksum, oversized payload) throws wire::Error; the stream
+// must then be discarded.
+struct Error : std::runtime_error { using std::runtime_error::runtime_error; };
+
+class FrameParser {
+ public:
+  using OnFrame = std::function<void(const FrameHeader&, const uint8_t* payload)>;
+  explicit FrameParser(OnFrame on_frame, uint64_t max_payload = kMaxPayload) : on_frame_(std::move(on_frame)), max_payload_(max_payload) {}
+  void feed(const uint8_t* data, size_t n);
+  bool idle() const { return buf_.empty(); }  // no partial frame pending
+  uint64_t frames() const { return frames_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  OnFrame on_frame_;
+  uint64_t max_payload_;
+  std::vector<uint8_t> buf_;
+  uint64_t frames_ = 0, bytes_ = 0;
+};
+
+// The request a front door sends.
+struct PrefillRequest {
+  std::vector<int32_t> tokens;
+  std::string fingerprint;  // the recipe fingerprint the front expects
+  GgmlType k_type = GgmlType::F16, v_type = GgmlType::F16;
+  bool rot_k = false, rot_v = false;
+  int64_t chunk = 0;  // 0: server default
+  nlohmann::json to_json() const;
+  static PrefillRequest parse(const nlohmann::json& j);  // throws std::invalid_argument with the reason
+};
+
+}  // namespace pdb::wire
