@@ -15,6 +15,7 @@
 
 #include "formats/gguf.h"
 #include "formats/state_file.h"
+#include "front/assembler.h"
 #include "front/decoder_client.h"
 #include "recipes/recipe.h"
 #include "wire/protocol.h"
@@ -169,39 +170,8 @@ void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
   }
   const std::string path = o_.slot_dir + "/" + name;
   struct Cleanup { std::string p; ~Cleanup() { std::error_code ec; fs::remove(p, ec); } } cleanup{path};
-  StateFileWriter writer(path, L, tokens, uint32_t(T));
-  const size_t n_layer = L.layers.size();
-  std::vector<int64_t> k_next(n_layer, 0), v_next(n_layer, 0);
-  bool hello = false;
-  std::optional<json> trailer;
+  CaptureAssembler assembler(path, L, tokens, fingerprint_);
   std::string frame_error;
-  wire::FrameParser parser([&](const wire::FrameHeader& h, const uint8_t* payload) {
-    if (trailer) throw wire::Error("frame after the trailer");
-    if (h.kind == wire::FrameKind::Hello) {
-      auto j = json::parse(payload, payload + h.payload_bytes);
-      if (j.value("fingerprint", "") != fingerprint_) throw wire::Error("fingerprint mismatch in HELLO: " + j.value("fingerprint", ""));
-      if (j.value("n_tokens", int64_t(-1)) != T) throw wire::Error("HELLO token count differs from the request");
-      if (j.value("k_row_bytes", uint64_t(0)) != L.layers[0].k_row_bytes || j.value("v_row_bytes", uint64_t(0)) != (L.v_trans ? L.layers[0].v_row_bytes : L.layers[0].v_row_bytes))
-        throw wire::Error("HELLO row sizes differ from the decoder's layout");
-      hello = true;
-      return;
-    }
-    if (!hello) throw wire::Error("row frame before HELLO");
-    if (h.kind == wire::FrameKind::Trailer) { trailer = json::parse(payload, payload + h.payload_bytes); return; }
-    if (h.layer >= n_layer) throw wire::Error(fmt::format("frame for layer {} of {}", h.layer, n_layer));
-    const bool is_k = h.kind == wire::FrameKind::K;
-    const auto& LT = L.layers[h.layer];
-    const GgmlType want = is_k ? LT.k_type : LT.v_type;
-    if (h.type != uint8_t(want)) throw wire::Error(fmt::format("layer {} {} rows of type {} (decoder wants {})", h.layer, wire::kind_name(h.kind), h.type, ggml_type_name(want)));
-    const uint64_t rb = is_k ? LT.k_row_bytes : LT.v_row_bytes;
-    if (h.payload_bytes != rb * h.n_rows) throw wire::Error("row frame size does not match its row count");
-    auto& next = is_k ? k_next[h.layer] : v_next[h.layer];
-    if (int64_t(h.pos0) != next) throw wire::Error(fmt::format("layer {} {} rows out of order: got position {}, expected {}", h.layer, wire::kind_name(h.kind), h.pos0, next));
-    if (int64_t(h.pos0) + h.n_rows > T) throw wire::Error("rows past the end of the prompt");
-    if (is_k) writer.write_k_rows(h.layer, h.pos0, h.n_rows, payload);
-    else writer.write_v_rows(h.layer, h.pos0, h.n_rows, payload);
-    next += h.n_rows;
-  });
 
   wire::PrefillRequest pr;
   pr.tokens = tokens;
@@ -224,7 +194,7 @@ void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
     if (status != 200) { error_body.append(data, n); return error_body.size() < 65536; }
     try {
-      parser.feed(reinterpret_cast<const uint8_t*>(data), n);
+      assembler.feed(reinterpret_cast<const uint8_t*>(data), n);
     } catch (const std::exception& e) {
       frame_error = e.what();
       return false;
@@ -240,16 +210,9 @@ void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
     try { msg = json::parse(error_body).at("error").at("message").get<std::string>(); } catch (...) {}
     throw std::runtime_error(fmt::format("prefill server HTTP {}: {}", status, msg));
   }
-  if (!trailer) throw std::runtime_error("capture stream ended without a trailer");
-  if (!parser.idle()) throw std::runtime_error("capture stream ended inside a frame");
-  v.t_engine = trailer->value("engine_s", 0.0);
-  const std::string st = trailer->value("status", "");
-  if (st != "complete") throw std::runtime_error(fmt::format("capture {}: {}", st, trailer->value("reason", "")));
-  if (trailer->value("tokens", int64_t(-1)) != T) throw std::runtime_error("trailer token count differs from the request");
-  for (size_t l = 0; l < n_layer; ++l)
-    if (k_next[l] != T || v_next[l] != T) throw std::runtime_error(fmt::format("layer {} incomplete: K {} V {} of {} rows", l, k_next[l], v_next[l], T));
-  v.bytes = parser.bytes();
-  writer.commit();
+  v.bytes = assembler.wire_bytes();
+  v.t_engine = assembler.engine_s();
+  assembler.finish();
   const auto tr = Clock::now();
   json r = dec_.slot_action(slot, "restore", name);
   v.t_restore = secs(tr);

@@ -1,0 +1,65 @@
+#include "front/assembler.h"
+
+#include <fmt/format.h>
+
+namespace pdb {
+using json = nlohmann::json;
+
+CaptureAssembler::CaptureAssembler(const std::string& path, const StateLayout& layout, const std::vector<int32_t>& tokens,
+                                   std::string fingerprint)
+    : layout_(layout), T_(int64_t(tokens.size())), fingerprint_(std::move(fingerprint)),
+      writer_(path, layout, tokens, uint32_t(tokens.size())),
+      parser_([this](const wire::FrameHeader& h, const uint8_t* p) { on_frame(h, p); }),
+      k_next_(layout.layers.size(), 0), v_next_(layout.layers.size(), 0) {}
+
+void CaptureAssembler::feed(const uint8_t* data, size_t n) { parser_.feed(data, n); }
+
+void CaptureAssembler::on_frame(const wire::FrameHeader& h, const uint8_t* payload) {
+  if (trailer_) throw wire::Error("frame after the trailer");
+  if (h.kind == wire::FrameKind::Hello) {
+    if (hello_) throw wire::Error("second HELLO");
+    json j;
+    try { j = json::parse(payload, payload + h.payload_bytes); } catch (const std::exception& e) { throw wire::Error(std::string("HELLO is not JSON: ") + e.what()); }
+    if (j.value("fingerprint", "") != fingerprint_) throw wire::Error("fingerprint mismatch: capture " + j.value("fingerprint", "") + ", decoder " + fingerprint_);
+    if (j.value("n_tokens", int64_t(-1)) != T_) throw wire::Error("HELLO token count differs from the request");
+    if (j.value("k_row_bytes", uint64_t(0)) != layout_.layers[0].k_row_bytes || j.value("v_row_bytes", uint64_t(0)) != layout_.layers[0].v_row_bytes)
+      throw wire::Error("HELLO row sizes differ from the decoder's layout");
+    hello_ = true;
+    return;
+  }
+  if (!hello_) throw wire::Error("frame before HELLO");
+  if (h.kind == wire::FrameKind::Trailer) {
+    try { trailer_ = json::parse(payload, payload + h.payload_bytes); } catch (const std::exception& e) { throw wire::Error(std::string("trailer is not JSON: ") + e.what()); }
+    return;
+  }
+  const size_t n_layer = layout_.layers.size();
+  if (h.layer >= n_layer) throw wire::Error(fmt::format("frame for layer {} of {}", h.layer, n_layer));
+  const bool is_k = h.kind == wire::FrameKind::K;
+  const auto& LT = layout_.layers[h.layer];
+  const GgmlType want = is_k ? LT.k_type : LT.v_type;
+  if (h.type != uint8_t(want))
+    throw wire::Error(fmt::format("layer {} {} rows of type {} (decoder wants {})", h.layer, wire::kind_name(h.kind), h.type, ggml_type_name(want)));
+  const uint64_t rb = is_k ? LT.k_row_bytes : LT.v_row_bytes;
+  if (h.payload_bytes != rb * h.n_rows) throw wire::Error("row frame size does not match its row count");
+  auto& next = is_k ? k_next_[h.layer] : v_next_[h.layer];
+  if (int64_t(h.pos0) != next)
+    throw wire::Error(fmt::format("layer {} {} rows out of order: position {}, expected {}", h.layer, wire::kind_name(h.kind), h.pos0, next));
+  if (int64_t(h.pos0) + h.n_rows > T_) throw wire::Error("rows past the end of the prompt");
+  if (is_k) writer_.write_k_rows(h.layer, h.pos0, h.n_rows, payload);
+  else writer_.write_v_rows(h.layer, h.pos0, h.n_rows, payload);
+  next += h.n_rows;
+}
+
+void CaptureAssembler::finish() {
+  if (!trailer_) throw std::runtime_error("capture stream ended without a trailer");
+  if (!parser_.idle()) throw std::runtime_error("capture stream ended inside a frame");
+  const std::string st = trailer_->value("status", "");
+  if (st != "complete") throw std::runtime_error(fmt::format("capture {} at {} tokens: {}", st, trailer_->value("tokens", 0), trailer_->value("reason", "")));
+  if (trailer_->value("tokens", int64_t(-1)) != T_) throw std::runtime_error("trailer token count differs from the request");
+  for (size_t l = 0; l < layout_.layers.size(); ++l)
+    if (k_next_[l] != T_ || v_next_[l] != T_)
+      throw std::runtime_error(fmt::format("layer {} incomplete: K {} V {} of {} rows", l, k_next_[l], v_next_[l], T_));
+  writer_.commit();
+}
+
+}  // namespace pdb
