@@ -122,6 +122,7 @@ void register_front(CLI::App& app) {
   cmd->add_option("--min-tail", o->min_tail, "Bridge only when at least this many prompt tokens are uncached")->capture_default_str();
   cmd->add_option("--bridge-timeout", o->bridge_timeout_s, "Seconds to wait for the prefill stream")->capture_default_str();
   cmd->add_option("--attn-rot", o->attn_rot, "Decoder's quantized-cache Hadamard rotation: auto|on|off")->capture_default_str();
+  cmd->add_option("--decoder-simd", o->decoder_simd, "Decoder CPU matmul width: 16 AVX-512, 8 AVX2, 4 NEON, 0 none (default: this host)");
   cmd->callback([o] { guarded("front", [&] { return run_front(*o); }); });
 }
 

@@ -135,6 +135,7 @@ class Front {
     CacheSpec s = CacheSpec::decoder_default(L.layers[0].k_type, L.layers[0].v_type, info_.head_dim);
     if (o_.attn_rot == "off") s.rot_k = s.rot_v = false;
     else if (o_.attn_rot == "on") { s.rot_k = s.rot_v = true; }
+    s.simd_width = o_.decoder_simd >= 0 ? o_.decoder_simd : host_simd_width();
     return s;
   }
 
@@ -180,6 +181,7 @@ void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
   pr.v_type = spec.v_type;
   pr.rot_k = spec.rot_k;
   pr.rot_v = spec.rot_v;
+  pr.simd_width = spec.simd_width;
   httplib::Client cli(prefill_.host, prefill_.port);
   cli.set_connection_timeout(5, 0);
   cli.set_read_timeout(o_.bridge_timeout_s, 0);

@@ -11,7 +11,8 @@ struct FrontOptions {
   int port = 8000;
   int64_t min_tokens = 4096, min_tail = 2048;
   int bridge_timeout_s = 600;
-  std::string attn_rot = "auto";  // decoder's Hadamard rotation: auto (llama.cpp's default rule) | on | off
+  std::string attn_rot = "auto";
+  int decoder_simd = -1;  // -1: this host's (the front runs beside the decoder)  // decoder's Hadamard rotation: auto (llama.cpp's default rule) | on | off
 };
 
 int run_front(const FrontOptions& o);

@@ -10,7 +10,9 @@
 
 #include "common/parallel.h"
 #include "formats/ggml_types.h"
+#include "formats/numeric.h"
 #include "formats/safetensors.h"
+#include "model/gemm_lanes.h"
 #include "model/rmsnorm.h"
 
 namespace pdb {
@@ -46,6 +48,15 @@ std::vector<float> load_vector(const SafetensorsCheckpoint& ck, const std::strin
   return v;
 }
 
+float dot_lanes_f(const float* a, const float* b, int64_t k, int kn) {
+  float acc[16] = {};
+  for (int64_t l = 0; l < k; l += kn)
+    for (int i = 0; i < kn; ++i) acc[i] = std::fma(a[l + i], b[l + i], acc[i]);
+  for (int w = kn / 2; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) acc[i] = acc[i + w] + acc[i];
+  return acc[0];
+}
+
 // y[rows x out] = x[rows x in] W^T
 void gemm_xwt(const float* x, const std::vector<float>& w, int64_t rows, int64_t in, int64_t out, float* y) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(out), int(in), 1.0f, x, int(in), w.data(), int(in), 0.0f, y, int(out));
@@ -59,6 +70,8 @@ CpuEngine::CpuEngine(const std::string& hf_dir, int threads) : cfg_(HfConfig::lo
   const auto& c = cfg_;
   const int64_t H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
   embed_ = load_matrix(*ck, c, "model.embed_tokens.weight", c.vocab_size, H);
+  const StDtype wdt = ck->get("model.layers.0.self_attn.k_proj.weight").dtype;
+  act_precision_ = wdt == StDtype::F16 ? 16 : wdt == StDtype::BF16 ? 17 : 32;
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
     auto L = std::make_unique<Layer>();
@@ -83,8 +96,8 @@ CpuEngine::CpuEngine(const std::string& hf_dir, int threads) : cfg_(HfConfig::lo
 
 CpuEngine::~CpuEngine() = default;
 
-int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, const LayerHook& hook,
-                           const std::function<bool()>& cancelled) {
+int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, int lanes, const LayerHook& hook,
+                           const std::function<bool()>& cancelled, const KvRounding& kv_round) {
   const auto& c = cfg_;
   const int64_t T = int64_t(tokens.size()), H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
   const int64_t nh = c.num_heads, nkv = c.num_kv_heads, qd = nh * hd, kvd = nkv * hd, group = nh / nkv;
@@ -96,6 +109,17 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, co
   std::vector<std::vector<float>> kcache(size_t(c.num_layers)), vcache(size_t(c.num_layers));
   for (auto& k : kcache) k.resize(size_t(T * kvd));
   for (auto& v : vcache) v.resize(size_t(T * kvd));
+  if (lanes && (H % lanes || F % lanes || qd % lanes || hd % lanes)) lanes = 0;
+  std::vector<float> xr;
+  auto gemm = [&](const float* xx, const std::vector<float>& w, int64_t rows, int64_t in, int64_t out, float* y) {
+    if (act_precision_ != 32) {
+      xr.assign(xx, xx + rows * in);
+      for (auto& e : xr) e = act_precision_ == 16 ? fp16_to_f32(f32_to_fp16(e)) : bf16_to_f32(f32_to_bf16(e));
+      xx = xr.data();
+    }
+    if (lanes) gemm_lanes(xx, w.data(), y, rows, out, in, lanes, threads_);
+    else gemm_xwt(xx, w, rows, in, out, y);
+  };
   std::vector<float> h, x, q, k, v, att, o, g, u;
   for (int64_t p0 = 0; p0 < T; p0 += chunk) {
     const int64_t n = std::min(chunk, T - p0);
@@ -110,9 +134,9 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, co
       q.resize(size_t(n * qd));
       k.resize(size_t(n * kvd));
       v.resize(size_t(n * kvd));
-      gemm_xwt(x.data(), L.wq, n, H, qd, q.data());
-      gemm_xwt(x.data(), L.wk, n, H, kvd, k.data());
-      gemm_xwt(x.data(), L.wv, n, H, kvd, v.data());
+      gemm(x.data(), L.wq, n, H, qd, q.data());
+      gemm(x.data(), L.wk, n, H, kvd, k.data());
+      gemm(x.data(), L.wv, n, H, kvd, v.data());
       if (c.arch == "qwen3") {
         rmsnorm_rows(q.data(), L.q_norm.data(), q.data(), n * nh, hd, eps);
         rmsnorm_rows(k.data(), L.k_norm.data(), k.data(), n * nkv, hd, eps);
@@ -134,6 +158,10 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, co
           }
         }
       });
+      if (kv_round) {
+        kv_round(k.data(), n, kvd, false);
+        kv_round(v.data(), n, kvd, true);
+      }
       std::copy(k.begin(), k.end(), kcache[size_t(l)].begin() + p0 * kvd);
       std::copy(v.begin(), v.end(), vcache[size_t(l)].begin() + p0 * kvd);
       // causal attention, one head at a time, keys [0, p0 + n)
@@ -141,7 +169,31 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, co
       att.assign(size_t(n * qd), 0.0f);
       const float* K = kcache[size_t(l)].data();
       const float* V = vcache[size_t(l)].data();
-      {  // heads in sequence: OpenBLAS parallelizes each GEMM
+      if (lanes) {
+        // Row-independent attention: every query sums its keys in one fixed order.
+        parallel_for(n * nh, threads_, [&](int64_t b, int64_t e) {
+          std::vector<float> sc(static_cast<size_t>(nk));
+          for (int64_t idx = b; idx < e; ++idx) {
+            const int64_t r = idx / nh, hh = idx % nh, kvh = hh / group, lim = p0 + r + 1;
+            const float* qr = q.data() + r * qd + hh * hd;
+            float m = -INFINITY;
+            for (int64_t j = 0; j < lim; ++j) {
+              sc[size_t(j)] = dot_lanes_f(qr, K + j * kvd + kvh * hd, hd, lanes) * scale;
+              m = std::max(m, sc[size_t(j)]);
+            }
+            double sum = 0;
+            for (int64_t j = 0; j < lim; ++j) { sc[size_t(j)] = std::exp(sc[size_t(j)] - m); sum += sc[size_t(j)]; }
+            const float inv = float(1.0 / sum);
+            float* out = att.data() + r * qd + hh * hd;
+            for (int64_t d = 0; d < hd; ++d) out[d] = 0.0f;
+            for (int64_t j = 0; j < lim; ++j) {
+              const float p = sc[size_t(j)] * inv;
+              const float* vr = V + j * kvd + kvh * hd;
+              for (int64_t d = 0; d < hd; ++d) out[d] = std::fma(p, vr[d], out[d]);
+            }
+          }
+        });
+      } else {  // heads in sequence: OpenBLAS parallelizes each GEMM
         const int64_t hb = 0, he = nh;
         std::vector<float> s(static_cast<size_t>(n * nk));
         for (int64_t hh = hb; hh < he; ++hh) {
@@ -165,15 +217,15 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, co
         }
       }
       o.resize(size_t(n * H));
-      gemm_xwt(att.data(), L.wo, n, qd, H, o.data());
+      gemm(att.data(), L.wo, n, qd, H, o.data());
       for (size_t i = 0; i < h.size(); ++i) h[i] += o[i];
       rmsnorm_rows(h.data(), L.post_norm.data(), x.data(), n, H, eps);
       g.resize(size_t(n * F));
       u.resize(size_t(n * F));
-      gemm_xwt(x.data(), L.wg, n, H, F, g.data());
-      gemm_xwt(x.data(), L.wu, n, H, F, u.data());
+      gemm(x.data(), L.wg, n, H, F, g.data());
+      gemm(x.data(), L.wu, n, H, F, u.data());
       for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-      gemm_xwt(g.data(), L.wd, n, F, H, o.data());
+      gemm(g.data(), L.wd, n, F, H, o.data());
       for (size_t i = 0; i < h.size(); ++i) h[i] += o[i];
     }
   }

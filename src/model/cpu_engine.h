@@ -15,6 +15,9 @@ namespace pdb {
 
 // (layer, residual stream [rows x hidden] before the layer's attention norm, rows, first position)
 using LayerHook = std::function<void(int layer, const float* h, int64_t rows, int64_t pos0)>;
+// Optional: rounds the engine's own K or V rows [rows x kv_dim] in place before attention reads
+// them, so the engine attends over the values the decoder's cache holds (e.g. f16).
+using KvRounding = std::function<void(float* rows, int64_t n_rows, int64_t kv_dim, bool is_v)>;
 
 class CpuEngine {
  public:
@@ -23,8 +26,10 @@ class CpuEngine {
   const HfConfig& config() const { return cfg_; }
   // Runs the forward over `tokens` in chunks of `chunk`; calls hook for every layer of every chunk.
   // `cancelled` is polled between layers; returns the number of tokens fully processed.
-  int64_t prefill(const std::vector<int32_t>& tokens, int64_t chunk, const LayerHook& hook,
-                  const std::function<bool()>& cancelled = {});
+  // `lanes` (4, 8, 16): matmuls summed in tinyBLAS order (batch-independent, decoder-like bits);
+  // 0: OpenBLAS (faster, but bits may depend on the chunking).
+  int64_t prefill(const std::vector<int32_t>& tokens, int64_t chunk, int lanes, const LayerHook& hook,
+                  const std::function<bool()>& cancelled = {}, const KvRounding& kv_round = {});
 
  private:
   struct Layer;
@@ -34,6 +39,7 @@ class CpuEngine {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<float> inv_freq_;
   float rope_scale_ = 1.0f;
+  int act_precision_ = 32;  // 16: f16 weights, 17: bf16 weights: matmul inputs rounded as a half-precision engine does
 };
 
 }  // namespace pdb

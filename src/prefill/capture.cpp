@@ -10,7 +10,7 @@ CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::P
                           const std::function<bool(std::vector<uint8_t>&&)>& emit) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto& info = recipe.info();
-  CacheSpec spec{req.k_type, req.v_type, req.rot_k, req.rot_v};
+  CacheSpec spec{req.k_type, req.v_type, req.rot_k, req.rot_v, req.simd_width};
   const int64_t T = int64_t(req.tokens.size());
   CaptureResult res;
   bool aborted = false;
@@ -31,7 +31,7 @@ CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::P
   try {
     if (!aborted) {
       engine.prefill(
-          req.tokens, chunk,
+          req.tokens, chunk, spec.simd_width,
           [&](int layer, const float* h, int64_t rows, int64_t pos0) {
             if (aborted) return;
             std::vector<uint8_t> k, v, frame;
@@ -50,7 +50,21 @@ CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::P
             if (!emit(std::move(frame))) { aborted = true; return; }
             if (layer == info.n_layer - 1) done = pos0 + rows;
           },
-          [&] { return aborted; });
+          [&] { return aborted; },
+          [&](float* rows, int64_t n, int64_t kv_dim, bool is_v) {
+            // Attend over what the decoder's cache will hold: K/V through the cache type (and rotation).
+            const GgmlType t = is_v ? spec.v_type : spec.k_type;
+            if (t == GgmlType::F32) return;
+            const bool rot = is_v ? spec.rot_v : spec.rot_k;
+            const int64_t rn = is_v ? kVRotationSize : k_rotation_size(info.head_dim);
+            if (rot) hadamard_rows(rows, n * kv_dim, rn);
+            std::vector<uint8_t> tmp(ggml_row_bytes(t, kv_dim));
+            for (int64_t r = 0; r < n; ++r) {
+              quantize_row(t, rows + r * kv_dim, tmp.data(), kv_dim, Q8Rounding::TiesEven);
+              dequantize_row(t, tmp.data(), rows + r * kv_dim, kv_dim);
+            }
+            if (rot) hadamard_rows(rows, n * kv_dim, rn);  // orthonormal and symmetric: its own inverse
+          });
     }
     if (aborted) { res.status = "error"; res.reason = "receiver went away"; }
     else if (done == T) res.status = "complete";

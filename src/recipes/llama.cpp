@@ -18,12 +18,12 @@ class LlamaRecipe final : public Recipe {
     load_common(g, "llama");
   }
 
-  void kv_f32(int layer, const float* h, int64_t rows, int64_t pos0, float* k, float* v) const override {
+  void kv_f32(int layer, const float* h, int64_t rows, int64_t pos0, int simd, float* k, float* v) const override {
     const int64_t E = info_.n_embd, C = info_.n_embd_kv(), hd = info_.head_dim;
     std::vector<float> x(static_cast<size_t>(rows * E));
     attn_input(layer, h, rows, x.data());
-    project(wk_[size_t(layer)], x.data(), rows, k);
-    project(wv_[size_t(layer)], x.data(), rows, v);
+    project(wk_[size_t(layer)], x.data(), rows, simd, k);
+    project(wv_[size_t(layer)], x.data(), rows, simd, v);
     parallel_for(rows, threads_, [&](int64_t b, int64_t e) {
       std::vector<float> cache(static_cast<size_t>(hd));
       for (int64_t r = b; r < e; ++r) {

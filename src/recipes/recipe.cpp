@@ -130,7 +130,28 @@ void Recipe::attn_input(int layer, const float* h, int64_t rows, float* x) const
   });
 }
 
-void Recipe::project(const RecipeWeight& w, const float* x, int64_t rows, float* y) const {
+int host_simd_width() {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f")) return 16;
+  if (__builtin_cpu_supports("avx2") || __builtin_cpu_supports("avx")) return 8;
+  return 0;
+#elif defined(__aarch64__)
+  return 4;
+#else
+  return 0;
+#endif
+}
+
+float dot_lanes(const float* a, const float* b, int64_t k, int kn) {
+  float acc[16] = {};
+  for (int64_t l = 0; l < k; l += kn)
+    for (int i = 0; i < kn; ++i) acc[i] = std::fma(a[l + i], b[l + i], acc[i]);
+  for (int w = kn / 2; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) acc[i] = acc[i + w] + acc[i];
+  return acc[0];
+}
+
+void Recipe::project(const RecipeWeight& w, const float* x, int64_t rows, int simd_width, float* y) const {
   // The decoder does not multiply the f32 activation with a reduced-precision weight: it first
   // converts the activation to the weight's dot type. Do the same, then an f32 GEMM.
   std::vector<float> xa;
@@ -154,7 +175,16 @@ void Recipe::project(const RecipeWeight& w, const float* x, int64_t rows, float*
         dequantize_row(GgmlType::Q8_0, q.data(), d, K);
       });
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(w.rows), int(K), 1.0f, xs, int(K), w.w.data(), int(K), 0.0f, y, int(w.rows));
+  const bool lanes = (simd_width == 4 || simd_width == 8 || simd_width == 16) && K % simd_width == 0 &&
+                     (w.type == GgmlType::F32 || w.type == GgmlType::F16 || w.type == GgmlType::BF16);
+  if (lanes) {
+    parallel_for(rows, threads_, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r)
+        for (int64_t o = 0; o < w.rows; ++o) y[r * w.rows + o] = dot_lanes(w.w.data() + o * K, xs + r * K, K, simd_width);
+    });
+  } else {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(w.rows), int(K), 1.0f, xs, int(K), w.w.data(), int(K), 0.0f, y, int(w.rows));
+  }
   if (!w.bias.empty())
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t o = 0; o < w.rows; ++o) y[r * w.rows + o] += w.bias[o];
@@ -164,7 +194,7 @@ void Recipe::kv_rows(int layer, const float* h, int64_t rows, int64_t pos0, cons
                      std::vector<uint8_t>& k_out, std::vector<uint8_t>& v_out) const {
   const int64_t C = info_.n_embd_kv();
   std::vector<float> k(static_cast<size_t>(rows * C)), v(size_t(rows * C));
-  kv_f32(layer, h, rows, pos0, k.data(), v.data());
+  kv_f32(layer, h, rows, pos0, spec.simd_width, k.data(), v.data());
   if (spec.rot_k) hadamard_rows(k.data(), rows * C, k_rotation_size(info_.head_dim));
   if (spec.rot_v) hadamard_rows(v.data(), rows * C, kVRotationSize);
   k_out.resize(ggml_row_bytes(spec.k_type, C) * size_t(rows));

@@ -21,6 +21,9 @@ class GgufFile;
 struct CacheSpec {
   GgmlType k_type = GgmlType::F16, v_type = GgmlType::F16;
   bool rot_k = false, rot_v = false;  // llama.cpp's Hadamard rotation of quantized caches
+  // SIMD width (floats) of the decoder CPU's batched matmul (llamafile tinyBLAS): 8 AVX2, 16 AVX-512,
+  // 4 NEON. Fixes the order in which the decoder sums each dot product; 0 = plain GEMM (no mimicry).
+  int simd_width = 8;
   // llama.cpp's default: rotate a quantized cache when head_dim % 64 == 0 (unless LLAMA_ATTN_ROT_DISABLE).
   static CacheSpec decoder_default(GgmlType k, GgmlType v, int64_t head_dim);
 };
@@ -59,7 +62,7 @@ class Recipe {
 
   // h: [rows x n_embd] residual stream entering `layer`, positions pos0.. ; writes the layer's K and
   // V rows as f32, before rotation and type conversion: K post-RoPE, head-major.
-  virtual void kv_f32(int layer, const float* h, int64_t rows, int64_t pos0, float* k, float* v) const = 0;
+  virtual void kv_f32(int layer, const float* h, int64_t rows, int64_t pos0, int simd_width, float* k, float* v) const = 0;
 
   // Rows in the decoder's cache format: k_out/v_out get rows * row_bytes(type) bytes each.
   void kv_rows(int layer, const float* h, int64_t rows, int64_t pos0, const CacheSpec& spec,
@@ -77,14 +80,19 @@ class Recipe {
   // x = rms_norm(h) * attn_norm[layer]  (ggml-cpu order of operations)
   void attn_input(int layer, const float* h, int64_t rows, float* x) const;
   // y[rows x w.rows] = W x with the decoder's activation numerics for the weight's type.
-  void project(const RecipeWeight& w, const float* x, int64_t rows, float* y) const;
+  void project(const RecipeWeight& w, const float* x, int64_t rows, int simd_width, float* y) const;
   RecipeWeight load_weight(const GgufFile& g, const std::string& name, const std::string& bias_name) const;
 };
 
 // In-place normalized Walsh-Hadamard transform of consecutive n-element chunks, in ggml-cpu's order
 // (scale by 1/sqrt(n) first, then butterflies of growing span): llama.cpp's cache rotation.
 void hadamard_rows(float* x, int64_t n_total, int64_t n);
-int64_t k_rotation_size(int64_t head_dim);  // largest power of two >= 64 dividing head_dim
+int64_t k_rotation_size(int64_t head_dim);
+// The SIMD width of this machine's llamafile tinyBLAS (what a decoder on this host uses).
+int host_simd_width();
+// One dot product summed the way tinyBLAS does: `kn` lane accumulators fed by FMA in k order,
+// then folded in halves (its hsum). Bit-identical to the decoder for k % kn == 0.
+float dot_lanes(const float* a, const float* b, int64_t k, int kn);  // largest power of two >= 64 dividing head_dim
 constexpr int64_t kVRotationSize = 64;
 
 // Converts f32 rows to a cache type with the decoder's conversion (F16/BF16 round-to-nearest-even,

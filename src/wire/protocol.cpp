@@ -94,7 +94,7 @@ void FrameParser::feed(const uint8_t* data, size_t n) {
 nlohmann::json PrefillRequest::to_json() const {
   return {{"wire_version", kWireVersion}, {"tokens", tokens}, {"fingerprint", fingerprint},
           {"k_type", ggml_type_name(k_type)}, {"v_type", ggml_type_name(v_type)},
-          {"rot_k", rot_k}, {"rot_v", rot_v}, {"chunk", chunk}};
+          {"rot_k", rot_k}, {"rot_v", rot_v}, {"simd_width", simd_width}, {"chunk", chunk}};
 }
 
 PrefillRequest PrefillRequest::parse(const nlohmann::json& j) {
@@ -123,6 +123,8 @@ PrefillRequest PrefillRequest::parse(const nlohmann::json& j) {
   r.v_type = type("v_type");
   r.rot_k = j.value("rot_k", false);
   r.rot_v = j.value("rot_v", false);
+  r.simd_width = j.value("simd_width", 8);
+  if (r.simd_width != 0 && r.simd_width != 4 && r.simd_width != 8 && r.simd_width != 16) bad("'simd_width' must be 0, 4, 8 or 16");
   r.chunk = j.value("chunk", int64_t(0));
   if (r.chunk < 0) bad("'chunk' must be >= 0");
   return r;

@@ -60,6 +60,7 @@ struct PrefillRequest {
   std::string fingerprint;  // the recipe fingerprint the front expects
   GgmlType k_type = GgmlType::F16, v_type = GgmlType::F16;
   bool rot_k = false, rot_v = false;
+  int simd_width = 8;  // the decoder's matmul summation width (see CacheSpec)
   int64_t chunk = 0;  // 0: server default
   nlohmann::json to_json() const;
   static PrefillRequest parse(const nlohmann::json& j);  // throws std::invalid_argument with the reason

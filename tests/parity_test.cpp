@@ -1,0 +1,134 @@
+// Parity: the cache pdbridge computes (HF checkpoint forward + the decoder's recipe) against the
+// cache llama-server saves itself for the same prompt, and chunked capture == one-shot capture.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+
+#include "front/assembler.h"
+#include "prefill/capture.h"
+#include "support/stack.h"
+#include "tools/verify_state.h"
+
+namespace pdb {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::vector<int32_t> random_tokens(uint64_t seed, int n, int vocab) {
+  std::mt19937_64 g(seed);
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(int32_t(1000 + g() % uint64_t(std::min(vocab, 100000) - 1000)));
+  return t;
+}
+
+// Writes the bridged state for `tokens` in-process, with the same code path the servers use.
+void bridged_state(CpuEngine& engine, const Recipe& recipe, const StateLayout& layout, const std::vector<int32_t>& tokens,
+                   int64_t chunk, const std::string& path) {
+  const auto& L = layout.layers[0];
+  wire::PrefillRequest req;
+  req.tokens = tokens;
+  req.fingerprint = recipe_fingerprint(recipe.info());
+  CacheSpec spec = CacheSpec::decoder_default(L.k_type, L.v_type, recipe.info().head_dim);
+  req.k_type = spec.k_type; req.v_type = spec.v_type; req.rot_k = spec.rot_k; req.rot_v = spec.rot_v;
+  req.simd_width = host_simd_width() ? host_simd_width() : 8;
+  CaptureAssembler as(path, layout, tokens, req.fingerprint);
+  auto r = run_capture(engine, recipe, req, chunk, [&](std::vector<uint8_t>&& f) { as.feed(f.data(), f.size()); return true; });
+  ASSERT_EQ(r.status, "complete") << r.reason;
+  as.finish();
+}
+
+std::vector<uint8_t> slurp(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// min_pct_all: the whole-model floor. Layer 0 is bit-exact; deeper layers inherit the difference
+// between our engine's attention/MLP arithmetic and llama.cpp's (tiled f32 flash attention over the
+// f16 cache, ggml's vectorized expf/SiLU, tinyBLAS accumulation order), which f16 rounding mostly
+// hides and q8_0 rounding mostly exposes (one quantization step). With F16 weights on both sides the
+// deeper layers agree less (~75%): an unexplained gap in how we mirror the decoder's F16 path (open item).
+struct ParityCase { std::string model, gguf, cache; double min_pct_all; int64_t max_ulp_all; double max_abs_all; };
+void PrintTo(const ParityCase& c, std::ostream* os) { *os << c.model << "/" << c.gguf << "/" << c.cache; }
+
+}  // namespace
+
+class Parity : public ::testing::TestWithParam<ParityCase> {};
+
+TEST_P(Parity, BridgedStateMatchesTheDecodersOwn) {
+  const auto& c = GetParam();
+  const std::string mdir = test::models_dir() + "/" + c.model;
+  test::StackOptions so;
+  so.model_dir = mdir;
+  so.decoder_type = c.gguf;
+  so.cache_type = c.cache;
+  so.parallel = 1;
+  so.start_prefill = false;
+  test::Stack st(so);
+  const int T = 700;
+  auto tokens = random_tokens(11, T, 100000);
+  // The decoder's own cache for the prompt
+  auto r = st.post_decoder("/completion", {{"prompt", tokens}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", true}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  r = st.post_decoder("/slots/0?action=save", {{"filename", "native.bin"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  ParsedState native = parse_state_file(st.slot_dir + "/native.bin");
+  ASSERT_EQ(native.cell_count, uint32_t(T));
+  // Ours, from the HF checkpoint and the decoder GGUF's recipe
+  CpuEngine engine(mdir + "/hf", 2);
+  auto recipe = Recipe::load(st.decoder_gguf, 2);
+  bridged_state(engine, *recipe, native.layout, tokens, 128, st.slot_dir + "/bridged.bin");
+  ParsedState ours = parse_state_file(st.slot_dir + "/bridged.bin");
+  auto layer0 = diff_states(native, ours, 1);
+  auto all = diff_states(native, ours);
+  ASSERT_TRUE(all.same_layout) << all.layout_note;
+  ASSERT_TRUE(all.same_tokens);
+  std::printf("PARITY %s %s cache=%s layer0: %.4f%% identical, max ulp %lld | all %zu layers: %.4f%% identical, max ulp %lld, max |d| %.3g\n",
+              c.model.c_str(), c.gguf.c_str(), c.cache.c_str(), layer0.pct_identical(), (long long)layer0.max_ulp(),
+              all.tensors.size() / 2, all.pct_identical(), (long long)all.max_ulp(), all.max_abs());
+  for (const auto& t : all.tensors) std::printf("  %-12s %.4f%% max ulp %lld\n", t.name.c_str(), t.pct_identical(), (long long)t.max_ulp);
+  EXPECT_GE(layer0.pct_identical(), 99.9);
+  EXPECT_LE(layer0.max_ulp(), 1);
+  EXPECT_GE(all.pct_identical(), c.min_pct_all);
+  EXPECT_LE(all.max_ulp(), c.max_ulp_all);
+  EXPECT_LT(all.max_abs(), c.max_abs_all);
+}
+
+INSTANTIATE_TEST_SUITE_P(Caches, Parity,
+                         ::testing::Values(ParityCase{"llama-tiny", "f32", "f16", 99.0, 64, 0.01}, ParityCase{"llama-tiny", "f32", "q8_0", 85.0, 1, 0.1},
+                                           ParityCase{"llama-tiny-h16", "f16", "f16", 70.0, 8192, 0.01}, ParityCase{"qwen3-tiny", "f32", "f16", 99.0, 64, 0.01},
+                                           ParityCase{"qwen3-tiny", "f32", "q8_0", 85.0, 1, 0.1}),
+                         [](const auto& info) {
+                           std::string n = info.param.model + "_" + info.param.gguf + "_" + info.param.cache;
+                           for (auto& ch : n) if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+TEST(Chunking, ChunkedCaptureIsIdenticalToOneShot) {
+  for (const std::string model : {"llama-tiny", "qwen3-tiny"}) {
+    const std::string mdir = test::models_dir() + "/" + model;
+    CpuEngine engine(mdir + "/hf", 2);
+    auto recipe = Recipe::load(mdir + "/decoder-f32.gguf", 2);
+    StateLayout layout;
+    layout.n_stream = 1;
+    for (int l = 0; l < recipe->info().n_layer; ++l) {
+      StateLayerTypes t;
+      t.n_embd_k = t.n_embd_v = uint32_t(recipe->info().n_embd_kv());
+      t.k_row_bytes = t.v_row_bytes = ggml_row_bytes(GgmlType::F16, t.n_embd_k);
+      layout.layers.push_back(t);
+    }
+    auto tokens = random_tokens(7, 300, 100000);
+    const std::string dir = test::temp_dir("chunks");
+    bridged_state(engine, *recipe, layout, tokens, 300, dir + "/one.bin");
+    const auto one = slurp(dir + "/one.bin");
+    for (int64_t chunk : {1, 2, 7, 64, 100, 299, 512}) {
+      bridged_state(engine, *recipe, layout, tokens, chunk, dir + "/c.bin");
+      EXPECT_TRUE(slurp(dir + "/c.bin") == one) << model << ": chunk " << chunk << " differs from one-shot";
+    }
+  }
+}
+
+}  // namespace pdb

@@ -1,0 +1,91 @@
+#include "support/stack.h"
+
+#include <filesystem>
+#include <random>
+#include <stdexcept>
+
+#include <httplib.h>
+
+namespace pdb::test {
+namespace fs = std::filesystem;
+
+HttpReply http_post(int port, const std::string& path, const std::string& body, int timeout_s) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(timeout_s, 0);
+  auto r = c.Post(path.c_str(), body, "application/json");
+  HttpReply h;
+  if (!r) return h;
+  h.status = r->status;
+  h.body = r->body;
+  h.bridge_header = r->get_header_value("X-PD-Bridge");
+  return h;
+}
+
+Stack::Stack(const StackOptions& o) {
+  dir = temp_dir("stack");
+  slot_dir = dir + "/slots";
+  fs::create_directories(slot_dir);
+  decoder_gguf = o.model_dir + "/decoder-" + o.decoder_type + ".gguf";
+  const std::string recipe = o.recipe_gguf.empty() ? decoder_gguf : o.recipe_gguf;
+  decoder_port = free_port();
+  decoder_ = std::make_unique<Child>(
+      std::vector<std::string>{pdbridge_bin(), "decoder", "--gguf", decoder_gguf, "--port", std::to_string(decoder_port), "--slot-dir",
+                               slot_dir, "--ctx", std::to_string(o.ctx), "--parallel", std::to_string(o.parallel), "--cache-type",
+                               o.cache_type, "--threads", "2"},
+      dir + "/decoder.log");
+  if (o.start_prefill) {
+    prefill_port = free_port();
+    prefill_ = std::make_unique<Child>(
+        std::vector<std::string>{pdbridge_bin(), "prefill", "--model", o.model_dir + "/hf", "--recipe", recipe, "--port",
+                                 std::to_string(prefill_port), "--threads", "2"},
+        dir + "/prefill.log");
+  } else {
+    prefill_port = free_port();  // nothing listens here
+  }
+  if (!wait_http_ok("127.0.0.1", decoder_port, "/health", 120)) throw std::runtime_error("decoder did not start:\n" + decoder_->log());
+  if (prefill_ && !wait_http_ok("127.0.0.1", prefill_port, "/health", 120)) throw std::runtime_error("prefill did not start:\n" + prefill_->log());
+  front_port = free_port();
+  std::vector<std::string> fa = {pdbridge_bin(), "front", "--decoder", "http://127.0.0.1:" + std::to_string(decoder_port),
+                                 "--decoder-gguf", decoder_gguf, "--slot-dir", slot_dir, "--prefill",
+                                 "http://127.0.0.1:" + std::to_string(prefill_port), "--port", std::to_string(front_port),
+                                 "--min-tokens", std::to_string(o.min_tokens), "--min-tail", std::to_string(o.min_tail)};
+  fa.insert(fa.end(), o.front_extra.begin(), o.front_extra.end());
+  front_ = std::make_unique<Child>(fa, dir + "/front.log");
+  if (!wait_http_ok("127.0.0.1", front_port, "/health", 60)) throw std::runtime_error("front did not start:\n" + front_->log());
+}
+
+Stack::~Stack() {
+  if (front_) front_->stop();
+  if (prefill_) prefill_->stop();
+  if (decoder_) decoder_->stop();
+}
+
+HttpReply Stack::post_front(const std::string& path, const nlohmann::json& body, int timeout_s) {
+  return http_post(front_port, path, body.dump(), timeout_s);
+}
+HttpReply Stack::post_decoder(const std::string& path, const nlohmann::json& body, int timeout_s) {
+  return http_post(decoder_port, path, body.dump(), timeout_s);
+}
+void Stack::stop_prefill() { if (prefill_) prefill_->stop(); }
+
+std::string Stack::logs() const {
+  std::string s;
+  if (front_) s += "--- front ---\n" + front_->log();
+  if (prefill_) s += "--- prefill ---\n" + prefill_->log();
+  return s;
+}
+
+std::string random_text(uint64_t seed, int words) {
+  static const char* kWords[] = {"river", "stone", "quantum", "ledger", "orbit", "maple", "cipher", "harbor", "velvet", "signal",
+                                 "tundra", "lantern", "paradox", "copper", "meadow", "vector", "echo", "saffron", "glacier", "thread",
+                                 "42", "1999", "x", "—", "über", "naïve", "(", ")", ";", "def", "return", "class"};
+  std::mt19937_64 g(seed);
+  std::string s;
+  for (int i = 0; i < words; ++i) {
+    if (i) s += (g() % 11 == 0) ? "\n" : " ";
+    s += kWords[g() % (sizeof kWords / sizeof *kWords)];
+  }
+  return s;
+}
+
+}  // namespace pdb::test

@@ -1,0 +1,54 @@
+// The whole bridge as real processes on loopback: llama-server (via `pdbridge decoder`), the
+// prefill server and the front door, each on a free port, stopped on destruction.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "support/test_env.h"
+
+namespace pdb::test {
+
+struct StackOptions {
+  std::string model_dir;              // build/test-models/<name>
+  std::string decoder_type = "f32";   // decoder-<type>.gguf
+  std::string recipe_gguf;            // default: the decoder's GGUF
+  std::string cache_type = "f16";
+  int parallel = 2, ctx = 8192;
+  int64_t min_tokens = 256, min_tail = 128;
+  bool start_prefill = true;
+  std::vector<std::string> front_extra;
+};
+
+struct HttpReply {
+  int status = 0;
+  std::string body;
+  std::string bridge_header;
+  nlohmann::json json() const { return nlohmann::json::parse(body); }
+  nlohmann::json verdict() const { return bridge_header.empty() ? nlohmann::json() : nlohmann::json::parse(bridge_header); }
+};
+
+class Stack {
+ public:
+  explicit Stack(const StackOptions& o);
+  ~Stack();
+  int decoder_port = 0, prefill_port = 0, front_port = 0;
+  std::string dir, slot_dir, decoder_gguf;
+  HttpReply post_front(const std::string& path, const nlohmann::json& body, int timeout_s = 600);
+  HttpReply post_decoder(const std::string& path, const nlohmann::json& body, int timeout_s = 600);
+  void stop_prefill();
+  std::string logs() const;
+
+ private:
+  std::unique_ptr<Child> decoder_, prefill_, front_;
+};
+
+HttpReply http_post(int port, const std::string& path, const std::string& body, int timeout_s);
+
+// Deterministic pseudo-random text the tokenizers split into many tokens.
+std::string random_text(uint64_t seed, int words);
+
+}  // namespace pdb::test
