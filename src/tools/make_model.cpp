@@ -14,6 +14,7 @@
 #include "common/parallel.h"
 #include "common/process.h"
 #include "formats/ggml_types.h"
+#include "formats/gguf.h"
 #include "formats/hf_to_gguf.h"
 #include "formats/numeric.h"
 #include "formats/safetensors.h"
@@ -48,6 +49,66 @@ Init init_for(const std::string& name, int64_t fan_in, int64_t n_layers) {
   return {s, 0.0};
 }
 
+// GPT-2 byte-level BPE stores each byte as a printable code point; invert that map.
+std::vector<int> gpt2_unicode_to_byte() {
+  std::vector<int> inv(512, -1);
+  std::vector<int> bs;
+  for (int b = '!'; b <= '~'; ++b) bs.push_back(b);
+  for (int b = 0xA1; b <= 0xAC; ++b) bs.push_back(b);
+  for (int b = 0xAE; b <= 0xFF; ++b) bs.push_back(b);
+  std::vector<bool> in(256, false);
+  for (int b : bs) { in[size_t(b)] = true; inv[size_t(b)] = b; }
+  int n = 0;
+  for (int b = 0; b < 256; ++b)
+    if (!in[size_t(b)]) inv[size_t(256 + n++)] = b;
+  return inv;
+}
+
+bool valid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = s[i];
+    int n = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : -1;
+    if (n < 0 || i + size_t(n) >= s.size() + (n == 0 ? 1 : 0)) {
+      if (n != 0) return false;
+    }
+    for (int k = 1; k <= n; ++k)
+      if (i + size_t(k) >= s.size() || (static_cast<unsigned char>(s[i + size_t(k)]) >> 6) != 2) return false;
+    i += size_t(n) + 1;
+  }
+  return true;
+}
+
+// Which tokens a random test model may emit: normal tokens whose bytes are complete UTF-8, so that
+// llama-server's output parser (which rejects invalid UTF-8) can serve whatever it generates.
+std::vector<bool> printable_tokens(const GgufFile& vocab) {
+  const auto& toks = vocab.get("tokenizer.ggml.tokens").arr;
+  const GgufValue* types = vocab.find("tokenizer.ggml.token_type");
+  const bool byte_level = vocab.get_string("tokenizer.ggml.model") == "gpt2";
+  const auto inv = gpt2_unicode_to_byte();
+  std::vector<bool> ok(toks.size(), true);
+  for (size_t t = 0; t < toks.size(); ++t) {
+    if (types && t < types->arr.size() && types->arr[t].as_int() != 1) { ok[t] = false; continue; }
+    if (!byte_level) continue;
+    // decode the token's code points back to bytes
+    const std::string& u = toks[t].s;
+    std::string bytes;
+    for (size_t i = 0; i < u.size();) {
+      const unsigned char c = u[i];
+      uint32_t cp;
+      size_t len;
+      if (c < 0x80) { cp = c; len = 1; }
+      else if ((c >> 5) == 6 && i + 1 < u.size()) { cp = ((c & 0x1f) << 6) | (u[i + 1] & 0x3f); len = 2; }
+      else { ok[t] = false; break; }
+      if (cp >= inv.size() || inv[cp] < 0) { ok[t] = false; break; }
+      bytes.push_back(char(inv[cp]));
+      i += len;
+    }
+    if (ok[t]) ok[t] = !bytes.empty() && valid_utf8(bytes);
+  }
+  return ok;
+}
+
 }  // namespace
 
 float master_weight(uint64_t seed, const std::string& name, int64_t i, int64_t n_layers) {
@@ -75,12 +136,16 @@ void make_model(const MakeModelOptions& o) {
   fs::create_directories(o.out + "/hf");
   const uint64_t seed = o.seed;
   const int64_t L = c.num_layers;
-  auto fill_master = [seed, L, threads](const HfTensorSpec& sp, float* dst) {
+  const std::vector<bool> emit_ok = printable_tokens(*GgufFile::open(vocab));
+  auto fill_master = [seed, L, threads, &emit_ok](const HfTensorSpec& sp, float* dst) {
     int64_t n = 1;
     for (auto d : sp.shape) n *= d;
     const Init in = init_for(sp.hf_name, sp.shape.back(), L);
+    const bool head = sp.hf_name == "lm_head.weight";
+    const int64_t cols = sp.shape.back();
     parallel_for(n, threads, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) dst[i] = float(in.mean + in.std * master_weight(seed, sp.hf_name, i, L));
+      for (int64_t i = b; i < e; ++i)
+        dst[i] = head && !emit_ok[size_t(i / cols)] ? 0.0f : float(in.mean + in.std * master_weight(seed, sp.hf_name, i, L));
     });
   };
   const auto specs = hf_tensor_specs(c);
