@@ -90,8 +90,8 @@ TEST_P(Parity, BridgedStateMatchesTheDecodersOwn) {
               c.model.c_str(), c.gguf.c_str(), c.cache.c_str(), layer0.pct_identical(), (long long)layer0.max_ulp(),
               all.tensors.size() / 2, all.pct_identical(), (long long)all.max_ulp(), all.max_abs());
   for (const auto& t : all.tensors) std::printf("  %-12s %.4f%% max ulp %lld\n", t.name.c_str(), t.pct_identical(), (long long)t.max_ulp);
-  EXPECT_GE(layer0.pct_identical(), 99.9);
-  EXPECT_LE(layer0.max_ulp(), 1);
+  if (c.cache != "f32") EXPECT_GE(layer0.pct_identical(), 99.9);  // f32 keeps the accumulation-order bits the f16 rounding hides
+  if (c.cache != "f32") EXPECT_LE(layer0.max_ulp(), 1);
   EXPECT_GE(all.pct_identical(), c.min_pct_all);
   EXPECT_LE(all.max_ulp(), c.max_ulp_all);
   EXPECT_LT(all.max_abs(), c.max_abs_all);
@@ -100,7 +100,9 @@ TEST_P(Parity, BridgedStateMatchesTheDecodersOwn) {
 INSTANTIATE_TEST_SUITE_P(Caches, Parity,
                          ::testing::Values(ParityCase{"llama-tiny", "f32", "f16", 99.0, 64, 0.01}, ParityCase{"llama-tiny", "f32", "q8_0", 85.0, 1, 0.1},
                                            ParityCase{"llama-tiny-h16", "f16", "f16", 70.0, 8192, 0.01}, ParityCase{"qwen3-tiny", "f32", "f16", 99.0, 64, 0.01},
-                                           ParityCase{"qwen3-tiny", "f32", "q8_0", 85.0, 1, 0.1}),
+                                           ParityCase{"qwen3-tiny", "f32", "q8_0", 85.0, 1, 0.1},
+                                           ParityCase{"llama-tiny", "f32", "q4_0", 55.0, 1, 1.0}, ParityCase{"qwen3-tiny", "f32", "q4_0", 55.0, 1, 1.0},
+                                           ParityCase{"llama-tiny", "f32", "bf16", 95.0, 1 << 30, 0.05}, ParityCase{"llama-tiny", "f32", "f32", 0.0, 1 << 30, 0.01}),
                          [](const auto& info) {
                            std::string n = info.param.model + "_" + info.param.gguf + "_" + info.param.cache;
                            for (auto& ch : n) if (ch == '-') ch = '_';
@@ -129,6 +131,30 @@ TEST(Chunking, ChunkedCaptureIsIdenticalToOneShot) {
       EXPECT_TRUE(slurp(dir + "/c.bin") == one) << model << ": chunk " << chunk << " differs from one-shot";
     }
   }
+}
+
+TEST(VerifyState, CliExitCodesFollowTheTolerance) {
+  // two saves of the same slot are identical; a different prompt is not
+  test::StackOptions so;
+  so.model_dir = test::models_dir() + "/llama-tiny";
+  so.parallel = 1;
+  so.start_prefill = false;
+  test::Stack st(so);
+  auto save = [&](const std::vector<int32_t>& toks, const std::string& name) {
+    auto r = st.post_decoder("/completion", {{"prompt", toks}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", false}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    r = st.post_decoder("/slots/0?action=save", {{"filename", name}});
+    ASSERT_EQ(r.status, 200) << r.body;
+  };
+  save(random_tokens(1, 64, 100000), "a.bin");
+  save(random_tokens(1, 64, 100000), "b.bin");
+  save(random_tokens(2, 64, 100000), "c.bin");
+  auto run = [&](const std::string& x, const std::string& y) {
+    test::Child c({test::pdbridge_bin(), "verify-state", st.slot_dir + "/" + x, st.slot_dir + "/" + y}, st.dir + "/verify.log");
+    return c.stop(0, 60);
+  };
+  EXPECT_EQ(run("a.bin", "b.bin"), 0);
+  EXPECT_EQ(run("a.bin", "c.bin"), 2);
 }
 
 }  // namespace pdb

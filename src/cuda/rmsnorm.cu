@@ -35,3 +35,30 @@ void rmsnorm_rows(const float* x, const float* w, float* y, int64_t rows, int64_
 }
 
 }  // namespace pdb::cuda
+
+#include <stdexcept>
+
+namespace pdb::cuda {
+
+std::vector<float> rmsnorm_rows_host(const std::vector<float>& x, const std::vector<float>& w, int64_t rows, int64_t dim, float eps) {
+  auto check = [](cudaError_t e, const char* what) {
+    if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+  };
+  float *dx = nullptr, *dw = nullptr, *dy = nullptr;
+  const size_t n = size_t(rows * dim);
+  check(cudaMalloc(&dx, n * 4), "cudaMalloc");
+  check(cudaMalloc(&dw, size_t(dim) * 4), "cudaMalloc");
+  check(cudaMalloc(&dy, n * 4), "cudaMalloc");
+  check(cudaMemcpy(dx, x.data(), n * 4, cudaMemcpyHostToDevice), "copy x");
+  check(cudaMemcpy(dw, w.data(), size_t(dim) * 4, cudaMemcpyHostToDevice), "copy w");
+  rmsnorm_rows(dx, dw, dy, rows, dim, eps, nullptr);
+  check(cudaGetLastError(), "rmsnorm launch");
+  std::vector<float> y(n);
+  check(cudaMemcpy(y.data(), dy, n * 4, cudaMemcpyDeviceToHost), "copy y");
+  cudaFree(dx);
+  cudaFree(dw);
+  cudaFree(dy);
+  return y;
+}
+
+}  // namespace pdb::cuda

@@ -10,3 +10,11 @@ namespace pdb::cuda {
 void rmsnorm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps, cudaStream_t stream);
 
 }  // namespace pdb::cuda
+
+#include <string>
+#include <vector>
+
+namespace pdb::cuda {
+// Host convenience for tests and tools: copies in, runs the kernel, copies out. Throws on CUDA errors.
+std::vector<float> rmsnorm_rows_host(const std::vector<float>& x, const std::vector<float>& w, int64_t rows, int64_t dim, float eps);
+}  // namespace pdb::cuda
