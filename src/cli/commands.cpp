@@ -106,6 +106,12 @@ void register_prefill(CLI::App& app) {
   cmd->add_option("--device", o->device, "cpu | cuda")->capture_default_str();
   cmd->add_option("--chunk", o->chunk, "Prefill chunk size (tokens)")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)");
+  cmd->add_option("--api-key", o->api_key, "Require Authorization: Bearer <key> (default: $PDBRIDGE_API_KEY)")->envname("PDBRIDGE_API_KEY");
+  cmd->add_option("--max-queue", o->max_queue, "Captures allowed to wait behind the running one")->capture_default_str();
+  cmd->add_option("--max-queue-wait", o->max_queue_wait_s, "Seconds a capture may wait before it is declined")->capture_default_str();
+  cmd->add_option("--max-tokens", o->max_tokens, "Longest prompt accepted (tokens)")->capture_default_str();
+  cmd->add_option("--max-body-mb", o->max_body_mb, "Largest request body")->capture_default_str();
+  cmd->add_flag("--allow-config-mismatch", o->allow_config_mismatch, "Start even if config.json and the decoder GGUF disagree");
   cmd->callback([o] { guarded("prefill", [&] { return run_prefill_server(*o); }); });
 }
 
@@ -122,6 +128,11 @@ void register_front(CLI::App& app) {
   cmd->add_option("--min-tail", o->min_tail, "Bridge only when at least this many prompt tokens are uncached")->capture_default_str();
   cmd->add_option("--bridge-timeout", o->bridge_timeout_s, "Seconds to wait for the prefill stream")->capture_default_str();
   cmd->add_option("--attn-rot", o->attn_rot, "Decoder's quantized-cache Hadamard rotation: auto|on|off")->capture_default_str();
+  cmd->add_option("--api-key", o->api_key, "Require Authorization: Bearer <key> from clients (default: $PDBRIDGE_API_KEY)")->envname("PDBRIDGE_API_KEY");
+  cmd->add_option("--prefill-api-key", o->prefill_api_key, "Key for the prefill server (default: --api-key)")->envname("PDBRIDGE_PREFILL_API_KEY");
+  cmd->add_option("--max-prompt-tokens", o->max_prompt_tokens, "Longest prompt accepted (0: no limit beyond the decoder's)")->capture_default_str();
+  cmd->add_option("--max-body-mb", o->max_body_mb, "Largest request body")->capture_default_str();
+  cmd->add_flag("!--no-calibrate", o->calibrate, "Skip the layer-0 check of the running decoder against its GGUF");
   cmd->add_option("--decoder-simd", o->decoder_simd, "Decoder CPU matmul width: 16 AVX-512, 8 AVX2, 4 NEON, 0 none (default: this host)");
   cmd->callback([o] { guarded("front", [&] { return run_front(*o); }); });
 }

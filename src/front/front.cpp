@@ -15,7 +15,10 @@
 
 #include "formats/gguf.h"
 #include "formats/state_file.h"
+#include "common/http_util.h"
+#include "common/metrics.h"
 #include "front/assembler.h"
+#include "front/calibration.h"
 #include "front/decoder_client.h"
 #include "recipes/recipe.h"
 #include "wire/protocol.h"
@@ -102,6 +105,7 @@ class Front {
     auto g = GgufFile::open(o.decoder_gguf);
     info_ = read_recipe_info(*g);
     fingerprint_ = recipe_fingerprint(info_);
+    info_vocab_ = int64_t(g->get("tokenizer.ggml.tokens").arr.size());
     if (!fs::is_directory(o.slot_dir)) throw std::runtime_error("--slot-dir " + o.slot_dir + " is not a directory");
   }
 
@@ -115,11 +119,16 @@ class Front {
   void serve(httplib::Server& srv);
 
  private:
-  // Learns the decoder's state layout with a probe on a slot we hold.
-  StateLayout layout(int slot, const std::vector<int32_t>& sample) {
+  // Learns the decoder's state layout with a probe on a slot we hold, and (unless disabled) checks
+  // that the running decoder computes layer 0 exactly as its GGUF says.
+  StateLayout layout(int slot) {
     std::lock_guard<std::mutex> l(layout_m_);
-    if (layout_) return *layout_;
-    std::vector<int32_t> probe(sample.begin(), sample.begin() + std::min<size_t>(sample.size(), 4));
+    if (layout_) {
+      if (!calibration_error_.empty()) throw std::runtime_error(calibration_error_);
+      return *layout_;
+    }
+    const int64_t vocab = info_vocab_;
+    std::vector<int32_t> probe = o_.calibrate ? calibration_tokens(vocab) : calibration_tokens(vocab, 4);
     ParsedState s = dec_.probe_layout(slot, o_.slot_dir, probe);
     if (int64_t(s.layout.n_layer()) != info_.n_layer)
       throw std::runtime_error(fmt::format("decoder state has {} layers, its GGUF {}", s.layout.n_layer(), info_.n_layer));
@@ -128,7 +137,21 @@ class Front {
         throw std::runtime_error("decoder state row width does not match the GGUF's n_embd_kv");
     spdlog::info("front: decoder state layout: {}", s.layout.describe());
     layout_ = s.layout;
+    calibration_error_.clear();
+    if (o_.calibrate) {
+      auto c = calibrate_layer0(o_.decoder_gguf, s, probe, cache_spec(s.layout));
+      calibration_ = c.note;
+      spdlog::info("front: calibration {}", c.note);
+      if (c.pct_identical < 99.0)
+        calibration_error_ = "decoder calibration failed (" + c.note + "): the running llama-server does not compute what " +
+                             o_.decoder_gguf + " says (RoPE or model override?)";
+    }
+    if (!calibration_error_.empty()) throw std::runtime_error(calibration_error_);
     return *layout_;
+  }
+  void forget_layout() {
+    std::lock_guard<std::mutex> l(layout_m_);
+    layout_.reset();
   }
 
   CacheSpec cache_spec(const StateLayout& L) const {
@@ -146,6 +169,7 @@ class Front {
   std::vector<int32_t> tokenize_request(const std::string& path, const json& body);
   void handle_generation(const std::string& path, const httplib::Request& req, httplib::Response& res);
   void proxy(const httplib::Request& req, httplib::Response& res);
+  void record(const Verdict& v, double total_s, int status);
 
   FrontOptions o_;
   DecoderClient dec_;
@@ -155,13 +179,18 @@ class Front {
   SlotTable slots_;
   std::mutex layout_m_;
   std::optional<StateLayout> layout_;
+  std::string calibration_, calibration_error_;
+  int64_t info_vocab_ = 0;
+ public:
+  Metrics metrics_;
+ private:
   std::mt19937_64 rng_{std::random_device{}()};
   std::mutex rng_m_;
 };
 
 void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
   const auto t0 = Clock::now();
-  const StateLayout L = layout(slot, tokens);
+  const StateLayout L = layout(slot);
   const CacheSpec spec = cache_spec(L);
   const int64_t T = int64_t(tokens.size());
   std::string name;
@@ -190,6 +219,8 @@ void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
   req.path = "/v1/bridge/prefill";
   req.body = pr.to_json().dump();
   req.set_header("Content-Type", "application/json");
+  const std::string pkey = o_.prefill_api_key.empty() ? o_.api_key : o_.prefill_api_key;
+  if (!pkey.empty()) req.set_header("Authorization", "Bearer " + pkey);
   int status = 0;
   std::string error_body;
   req.response_handler = [&](const httplib::Response& r) { status = r.status; return true; };
@@ -216,7 +247,13 @@ void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
   v.t_engine = assembler.engine_s();
   assembler.finish();
   const auto tr = Clock::now();
-  json r = dec_.slot_action(slot, "restore", name);
+  json r;
+  try {
+    r = dec_.slot_action(slot, "restore", name);
+  } catch (...) {
+    forget_layout();  // the decoder may have restarted with another layout: probe again next time
+    throw;
+  }
   v.t_restore = secs(tr);
   if (r.value("n_restored", int64_t(-1)) != T) throw std::runtime_error("decoder restored " + r.dump());
   v.bridged_tokens = T;
@@ -246,8 +283,51 @@ std::vector<int32_t> Front::tokenize_request(const std::string& path, const json
   throw BadRequest("'prompt' must be a string, a one-string array or an array of token ids");
 }
 
+namespace {
+std::string verdict_class(const std::string& v) {
+  if (v == "complete") return "complete";
+  if (v.rfind("partial", 0) == 0) return "partial";
+  if (v == "native: short") return "native_short";
+  if (v == "native: warm") return "native_warm";
+  return "declined";
+}
+std::string decline_reason(const std::string& v) {
+  if (v.find("fingerprint") != std::string::npos) return "fingerprint";
+  if (v.find("calibration") != std::string::npos) return "calibration";
+  if (v.find("bad frame") != std::string::npos || v.find("trailer") != std::string::npos || v.find("incomplete") != std::string::npos) return "bad_capture";
+  if (v.find("busy") != std::string::npos || v.find("queue") != std::string::npos) return "prefill_busy";
+  if (v.find("Read") != std::string::npos || v.find("Timeout") != std::string::npos) return "timeout";
+  if (v.find("prefill server") != std::string::npos) return "prefill_unavailable";
+  if (v.find("restore") != std::string::npos || v.find("/slots") != std::string::npos) return "restore";
+  return "other";
+}
+}  // namespace
+
+void Front::record(const Verdict& v, double total_s, int status) {
+  const std::string cls = verdict_class(v.verdict);
+  metrics_.counter("pdbridge_front_requests_total", "Generation requests by verdict", {{"verdict", cls}}).Increment();
+  if (cls == "declined")
+    metrics_.counter("pdbridge_front_declines_total", "Bridges declined, by reason", {{"reason", decline_reason(v.verdict)}}).Increment();
+  metrics_.counter("pdbridge_front_bridged_tokens_total", "Tokens mounted from bridged captures").Increment(double(v.bridged_tokens));
+  metrics_.counter("pdbridge_front_wire_bytes_total", "Capture bytes received from the prefill server").Increment(double(v.bytes));
+  auto stage = [&](const char* st, double x) {
+    metrics_.histogram("pdbridge_front_stage_seconds", "Time per stage", Metrics::seconds_buckets(), {{"stage", st}}).Observe(x);
+  };
+  if (v.bridged_tokens > 0) { stage("engine", v.t_engine); stage("wire", v.t_wire); stage("restore", v.t_restore); stage("bridge", v.t_bridge); }
+  stage("total", total_s);
+  spdlog::info("front: request verdict=\"{}\" status={} tokens={} bridged={} cached={} bytes={} t_tokenize={:.3f} t_engine={:.3f} t_wire={:.3f} t_restore={:.3f} t_bridge={:.3f} t_total={:.3f}",
+               v.verdict, status, v.tokens, v.bridged_tokens, v.cached_tokens ? *v.cached_tokens : -1, v.bytes, v.t_tokenize, v.t_engine,
+               v.t_wire, v.t_restore, v.t_bridge, total_s);
+}
+
 void Front::handle_generation(const std::string& path, const httplib::Request& req, httplib::Response& res) {
   const auto t0 = Clock::now();
+  if (!check_bearer(o_.api_key, req, res)) return;
+  struct Active {
+    prometheus::Gauge& g;
+    explicit Active(prometheus::Gauge& x) : g(x) { g.Increment(); }
+    ~Active() { g.Decrement(); }
+  } active(metrics_.gauge("pdbridge_front_active_requests", "Generation requests in flight"));
   json body;
   try {
     body = json::parse(req.body);
@@ -268,6 +348,9 @@ void Front::handle_generation(const std::string& path, const httplib::Request& r
   }
   v.t_tokenize = secs(t0);
   v.tokens = int64_t(tokens.size());
+  if (tokens.empty()) return openai_error(res, 400, "the prompt is empty");
+  if (o_.max_prompt_tokens > 0 && v.tokens > o_.max_prompt_tokens)
+    return openai_error(res, 400, fmt::format("the prompt has {} tokens; this front door accepts at most {}", v.tokens, o_.max_prompt_tokens));
   size_t cached = 0;
   const int slot = slots_.acquire(tokens, &cached);
   bool slot_released = false;
@@ -307,6 +390,7 @@ void Front::handle_generation(const std::string& path, const httplib::Request& r
       if (j.contains("timings") && j["timings"].contains("cache_n")) v.cached_tokens = j["timings"]["cache_n"].get<int64_t>();
     } catch (...) {}
     release(r->status == 200 ? std::optional(tokens) : std::optional(std::vector<int32_t>{}));
+    record(v, secs(t0), r->status);
     res.status = r->status;
     res.set_header("X-PD-Bridge", v.to_json().dump());
     res.set_content(r->body, r->get_header_value("Content-Type").empty() ? "application/json" : r->get_header_value("Content-Type"));
@@ -314,6 +398,7 @@ void Front::handle_generation(const std::string& path, const httplib::Request& r
   }
   // Streaming: the verdict header goes out first, then the decoder's bytes as they arrive.
   res.set_header("X-PD-Bridge", v.to_json().dump());
+  record(v, secs(t0), 200);
   auto shared_body = std::make_shared<std::string>(body.dump());
   auto done = std::make_shared<bool>(false);
   auto self_release = std::make_shared<std::function<void(bool)>>([this, slot, tokens](bool ok) {
@@ -359,7 +444,15 @@ void Front::proxy(const httplib::Request& req, httplib::Response& res) {
 
 void Front::serve(httplib::Server& srv) {
   srv.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    json j = {{"ok", true}, {"front", "pdbridge"}, {"fingerprint", fingerprint_}};
+    json j = {{"ok", true}, {"front", "pdbridge"}, {"fingerprint", fingerprint_}, {"geometry", recipe_geometry(info_)},
+              {"decoder_url", o_.decoder_url}, {"prefill_url", o_.prefill_url}, {"decoder_gguf", o_.decoder_gguf},
+              {"slot_dir", o_.slot_dir}};
+    {
+      std::lock_guard<std::mutex> l(layout_m_);
+      j["layout"] = layout_ ? json(layout_->describe()) : json(nullptr);
+      j["calibration"] = calibration_.empty() ? json(nullptr) : json(calibration_);
+      j["calibration_error"] = calibration_error_.empty() ? json(nullptr) : json(calibration_error_);
+    }
     httplib::Client c(dec_.target().host, dec_.target().port);
     c.set_connection_timeout(2, 0);
     auto r = c.Get("/health");
@@ -370,9 +463,11 @@ void Front::serve(httplib::Server& srv) {
     const std::string path = p;
     srv.Post(p, [this, path](const httplib::Request& req, httplib::Response& res) { handle_generation(path, req, res); });
   }
-  srv.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) { proxy(req, res); });
-  srv.Get(".*", [this](const httplib::Request& req, httplib::Response& res) { proxy(req, res); });
+  srv.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) { res.set_content(metrics_.render(), "text/plain; version=0.0.4"); });
+  srv.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) { if (check_bearer(o_.api_key, req, res)) proxy(req, res); });
+  srv.Get(".*", [this](const httplib::Request& req, httplib::Response& res) { if (check_bearer(o_.api_key, req, res)) proxy(req, res); });
   srv.Post(".*", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!check_bearer(o_.api_key, req, res)) return;
     if (req.path.rfind("/slots", 0) == 0) return openai_error(res, 403, "slots are managed by the front door");
     proxy(req, res);
   });
@@ -396,8 +491,9 @@ int run_front(const FrontOptions& o) {
     }
   }
   httplib::Server srv;
+  install_json_error_handler(srv);
   f.serve(srv);
-  srv.set_payload_max_length(size_t(64) << 20);
+  srv.set_payload_max_length(o.max_body_mb << 20);
   srv.new_task_queue = [] { return new httplib::ThreadPool(16); };
   spdlog::info("front: listening on {}:{}", o.host, o.port);
   if (!srv.listen(o.host, o.port)) throw std::runtime_error(fmt::format("cannot listen on {}:{}", o.host, o.port));

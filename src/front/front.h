@@ -12,7 +12,12 @@ struct FrontOptions {
   int64_t min_tokens = 4096, min_tail = 2048;
   int bridge_timeout_s = 600;
   std::string attn_rot = "auto";
-  int decoder_simd = -1;  // -1: this host's (the front runs beside the decoder)  // decoder's Hadamard rotation: auto (llama.cpp's default rule) | on | off
+  int decoder_simd = -1;  // -1: this host's (the front runs beside the decoder)
+  std::string api_key;          // clients must send Authorization: Bearer <key>
+  std::string prefill_api_key;  // sent to the prefill server (default: api_key)
+  int64_t max_prompt_tokens = 0;  // 0: the decoder's slot context
+  size_t max_body_mb = 32;
+  bool calibrate = true;          // verify the decoder against its GGUF (layer 0) before the first bridge  // decoder's Hadamard rotation: auto (llama.cpp's default rule) | on | off
 };
 
 int run_front(const FrontOptions& o);

@@ -1,30 +1,33 @@
 #include "prefill/server.h"
 
+#include <sys/sysinfo.h>
+
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <thread>
 
-#include <httplib.h>
 #include <fmt/format.h>
+#include <httplib.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/http_util.h"
+#include "common/metrics.h"
 #include "common/parallel.h"
 #include "cuda/device.h"
+#include "formats/gguf.h"
+#include "formats/hf_config.h"
 #include "prefill/capture.h"
 
 namespace pdb {
 using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
 
 namespace {
-
-void json_error(httplib::Response& res, int status, const std::string& msg, const std::string& type) {
-  res.status = status;
-  res.set_content(json{{"error", {{"message", msg}, {"type", type}}}}.dump(), "application/json");
-}
 
 // Frames travel from the engine thread to the HTTP writer through this bounded queue.
 struct FrameQueue {
@@ -45,8 +48,7 @@ struct FrameQueue {
   }
   void close() { std::lock_guard<std::mutex> l(m); closed = true; cv.notify_all(); }
   void gone() { std::lock_guard<std::mutex> l(m); receiver_gone = true; cv.notify_all(); }
-  // false when closed and drained
-  bool pop(std::vector<uint8_t>& out) {
+  bool pop(std::vector<uint8_t>& out) {  // false when closed and drained
     std::unique_lock<std::mutex> l(m);
     cv.wait(l, [&] { return closed || !q.empty(); });
     if (q.empty()) return false;
@@ -58,65 +60,217 @@ struct FrameQueue {
   }
 };
 
+// One capture runs at a time; the rest wait in arrival order, bounded in number and in time.
+class FifoGate {
+ public:
+  FifoGate(int max_waiting, double max_wait_s) : max_waiting_(max_waiting), max_wait_(max_wait_s) {}
+  // Returns "" once admitted, else the reason it was refused.
+  std::string enter(double* waited_s) {
+    std::unique_lock<std::mutex> l(m_);
+    const auto t0 = Clock::now();
+    if (int64_t(next_ - serving_) > max_waiting_) return fmt::format("queue full ({} waiting)", next_ - serving_ - 1);
+    const uint64_t ticket = next_++;
+    const bool ok = cv_.wait_for(l, std::chrono::duration<double>(max_wait_), [&] { return serving_ == ticket && !busy_; });
+    *waited_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (!ok) {
+      abandoned_.push_back(ticket);
+      skip_abandoned();
+      cv_.notify_all();
+      return fmt::format("waited {:.1f}s in the queue", *waited_s);
+    }
+    busy_ = true;
+    return "";
+  }
+  void leave() {
+    std::lock_guard<std::mutex> l(m_);
+    busy_ = false;
+    ++serving_;
+    skip_abandoned();
+    cv_.notify_all();
+  }
+  int64_t depth() { std::lock_guard<std::mutex> l(m_); return int64_t(next_ - serving_) - (busy_ ? 1 : 0); }
+
+ private:
+  void skip_abandoned() {
+    for (bool again = true; again;) {
+      again = false;
+      for (auto it = abandoned_.begin(); it != abandoned_.end(); ++it)
+        if (*it == serving_ && !busy_) { ++serving_; abandoned_.erase(it); again = true; break; }
+    }
+  }
+  std::mutex m_;
+  std::condition_variable cv_;
+  uint64_t next_ = 0, serving_ = 0;
+  bool busy_ = false;
+  std::vector<uint64_t> abandoned_;
+  int max_waiting_;
+  double max_wait_;
+};
+
+int64_t mem_available_mb() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return -1;
+  char line[256];
+  int64_t kb = -1;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %ld kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb < 0 ? -1 : kb / 1024;
+}
+
 }  // namespace
+
+std::vector<std::string> config_mismatches(const std::string& hf_dir, const std::string& gguf) {
+  const HfConfig hc = HfConfig::load(hf_dir);
+  auto g = GgufFile::open(gguf);
+  const RecipeInfo ri = read_recipe_info(*g);
+  std::vector<std::string> out;
+  auto differ = [&](const std::string& what, double hf, double dec, double tol) {
+    if (std::fabs(hf - dec) > tol * std::max(1.0, std::fabs(hf))) out.push_back(fmt::format("{}: config.json {} vs GGUF {}", what, hf, dec));
+  };
+  if (hc.arch != ri.arch) out.push_back(fmt::format("architecture: config.json {} vs GGUF {}", hc.arch, ri.arch));
+  differ("layers", double(hc.num_layers), double(ri.n_layer), 0);
+  differ("hidden size", double(hc.hidden_size), double(ri.n_embd), 0);
+  differ("kv heads", double(hc.num_kv_heads), double(ri.n_head_kv), 0);
+  differ("head dim", double(hc.head_dim), double(ri.head_dim), 0);
+  differ("rms_norm_eps", hc.rms_norm_eps, ri.norm_eps, 1e-6);
+  differ("rope_theta", hc.rope_theta, ri.rope.freq_base, 1e-6);
+  const auto& rs = hc.rope_scaling;
+  const auto& r = ri.rope;
+  const bool gguf_linear_or_yarn = r.freq_scale != 1.0f;
+  if (rs.type == RopeScalingType::Linear || rs.type == RopeScalingType::Yarn) {
+    differ("rope_scaling.factor", rs.factor, 1.0 / r.freq_scale, 1e-5);
+    if ((rs.type == RopeScalingType::Yarn) != (r.ext_factor != 0.0f)) out.push_back("rope_scaling type: yarn on one side only");
+    if (rs.type == RopeScalingType::Yarn) differ("rope_scaling.original_max_position_embeddings", double(rs.original_max_position_embeddings), double(r.n_ctx_orig), 0);
+  } else if (gguf_linear_or_yarn) {
+    out.push_back(fmt::format("rope scaling: config.json has {} but the GGUF scales frequencies by {}", rope_scaling_name(rs.type), r.freq_scale));
+  }
+  if (rs.type == RopeScalingType::Llama3) {
+    if (r.freq_factors.empty()) out.push_back("rope_scaling llama3 in config.json but the GGUF has no rope_freqs");
+    else {
+      // the GGUF's factors are the divisors of theta; HF's inv_freq = base^(-2i/d) / factor_i
+      const auto inv = hc.inv_freq();
+      for (size_t i = 0; i < inv.size() && i < r.freq_factors.size(); ++i) {
+        const double base_f = 1.0 / std::pow(hc.rope_theta, double(2 * i) / double(hc.head_dim));
+        if (std::fabs(base_f / inv[i] - r.freq_factors[i]) > 1e-3 * r.freq_factors[i]) {
+          out.push_back(fmt::format("rope_freqs[{}]: config.json implies {} vs GGUF {}", i, base_f / inv[i], r.freq_factors[i]));
+          break;
+        }
+      }
+    }
+  } else if (!r.freq_factors.empty()) {
+    out.push_back("the GGUF has rope_freqs (llama3 scaling) but config.json does not scale");
+  }
+  return out;
+}
 
 int run_prefill_server(const PrefillServerOptions& o) {
   if (o.device == "cuda") {
     if (cuda::device_count() == 0) throw std::runtime_error("--device cuda: " + cuda::device_summary());
-    throw std::runtime_error("--device cuda: the CUDA engine is not built yet in this version; use --device cpu");
+    throw std::runtime_error("--device cuda: the CUDA engine is not part of this build yet; use --device cpu");
   }
   if (o.device != "cpu") throw std::invalid_argument("--device must be cpu or cuda");
+  const auto mism = config_mismatches(o.model, o.recipe);
+  for (const auto& m : mism) spdlog::error("prefill: config mismatch: {}", m);
+  if (!mism.empty() && !o.allow_config_mismatch)
+    throw std::runtime_error(fmt::format("{} differences between {}/config.json and {} (first: {}); fix one side or pass --allow-config-mismatch",
+                                         mism.size(), o.model, o.recipe, mism[0]));
   const int threads = o.threads > 0 ? o.threads : default_threads();
   spdlog::info("prefill: loading model {} and recipe {}", o.model, o.recipe);
   auto engine = std::make_shared<CpuEngine>(o.model, threads);
   std::shared_ptr<Recipe> recipe = Recipe::load(o.recipe, threads);
   const auto& ri = recipe->info();
   const auto& hc = engine->config();
-  if (hc.num_layers != ri.n_layer || hc.hidden_size != ri.n_embd)
-    throw std::runtime_error(fmt::format("HF model ({} layers, hidden {}) does not match the decoder recipe ({} layers, hidden {})",
-                                         hc.num_layers, hc.hidden_size, ri.n_layer, ri.n_embd));
   const std::string fingerprint = recipe_fingerprint(ri);
   spdlog::info("prefill: {} {} layers, recipe fingerprint {}", ri.arch, ri.n_layer, fingerprint);
 
+  Metrics metrics;
+  auto& m_active = metrics.gauge("pdbridge_prefill_active_requests", "Captures running");
+  auto& m_queue = metrics.gauge("pdbridge_prefill_queue_depth", "Captures waiting");
+  auto& m_wait = metrics.histogram("pdbridge_prefill_queue_wait_seconds", "Time a capture waited for the engine", Metrics::seconds_buckets());
+  auto& m_engine = metrics.histogram("pdbridge_prefill_engine_seconds", "Engine time per capture", Metrics::seconds_buckets());
+  auto& m_tokens = metrics.counter("pdbridge_prefill_tokens_total", "Tokens captured");
+  auto& m_bytes = metrics.counter("pdbridge_prefill_wire_bytes_total", "Bytes sent on the wire");
+  auto& m_tok_s = metrics.gauge("pdbridge_prefill_tokens_per_second", "Prefill rate of the last capture");
+  auto result_counter = [&](const std::string& status) -> prometheus::Counter& {
+    return metrics.counter("pdbridge_prefill_requests_total", "Capture requests by outcome", {{"status", status}});
+  };
+  auto reject_counter = [&](const std::string& reason) -> prometheus::Counter& {
+    return metrics.counter("pdbridge_prefill_rejected_total", "Requests refused before capture", {{"reason", reason}});
+  };
+  FifoGate gate(o.max_queue, o.max_queue_wait_s);
+
   httplib::Server srv;
-  std::mutex engine_mutex;  // one capture at a time, in arrival order
-  std::atomic<int> active{0};
+  install_json_error_handler(srv);
   srv.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
-    res.set_content(json{{"ok", true}, {"role", "prefill"}, {"device", o.device}, {"arch", ri.arch},
-                         {"fingerprint", fingerprint}, {"geometry", recipe_geometry(ri)}, {"active", active.load()}}.dump(),
+    res.set_content(json{{"ok", true}, {"role", "prefill"}, {"device", o.device}, {"arch", ri.arch}, {"fingerprint", fingerprint},
+                         {"geometry", recipe_geometry(ri)}, {"model", o.model}, {"recipe", o.recipe},
+                         {"active", m_active.Value()}, {"queue", gate.depth()}, {"mem_available_mb", mem_available_mb()},
+                         {"config_mismatches", mism}}.dump(),
                     "application/json");
   });
+  srv.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    m_queue.Set(double(gate.depth()));
+    res.set_content(metrics.render(), "text/plain; version=0.0.4");
+  });
   srv.Post("/v1/bridge/prefill", [&](const httplib::Request& req, httplib::Response& res) {
+    if (!check_bearer(o.api_key, req, res)) { reject_counter("auth").Increment(); return; }
     wire::PrefillRequest pr;
     try {
       pr = wire::PrefillRequest::parse(json::parse(req.body));
     } catch (const json::exception& e) {
+      reject_counter("bad_request").Increment();
       return json_error(res, 400, std::string("request body is not valid JSON: ") + e.what(), "invalid_request_error");
     } catch (const std::invalid_argument& e) {
+      reject_counter("bad_request").Increment();
       return json_error(res, 400, e.what(), "invalid_request_error");
     }
-    if (pr.fingerprint != fingerprint)
+    if (pr.fingerprint != fingerprint) {
+      reject_counter("fingerprint").Increment();
       return json_error(res, 409, fmt::format("fingerprint mismatch: front expects {}, this server's recipe is {}", pr.fingerprint, fingerprint), "fingerprint_mismatch");
+    }
+    if (int64_t(pr.tokens.size()) > o.max_tokens) {
+      reject_counter("too_long").Increment();
+      return json_error(res, 413, fmt::format("{} tokens exceed this server's limit of {}", pr.tokens.size(), o.max_tokens), "invalid_request_error");
+    }
     for (int32_t t : pr.tokens)
-      if (t >= hc.vocab_size) return json_error(res, 400, fmt::format("token id {} outside the vocabulary ({})", t, hc.vocab_size), "invalid_request_error");
+      if (t >= hc.vocab_size) {
+        reject_counter("bad_request").Increment();
+        return json_error(res, 400, fmt::format("token id {} outside the vocabulary ({})", t, hc.vocab_size), "invalid_request_error");
+      }
+    double waited = 0;
+    m_queue.Increment();
+    const std::string refused = gate.enter(&waited);
+    m_queue.Decrement();
+    m_wait.Observe(waited);
+    if (!refused.empty()) {
+      reject_counter("queue").Increment();
+      return json_error(res, 503, "prefill busy: " + refused, "queue_full");
+    }
     const int64_t chunk = pr.chunk > 0 ? pr.chunk : o.chunk;
     auto queue = std::make_shared<FrameQueue>(o.max_queue_bytes);
     auto worker = std::make_shared<std::thread>();
     auto started = std::make_shared<bool>(false);
+    auto left = std::make_shared<std::atomic<bool>>(false);
+    auto leave_gate = [&gate, left] { if (!left->exchange(true)) gate.leave(); };
     res.set_header("X-PD-Wire-Version", std::to_string(wire::kWireVersion));
     res.set_chunked_content_provider(
         "application/x-pdbridge-frames",
-        [=, &engine_mutex, &active, &engine, &recipe](size_t, httplib::DataSink& sink) {
+        [=, &m_active, &m_engine, &m_tokens, &m_bytes, &m_tok_s, &result_counter, &engine, &recipe](size_t, httplib::DataSink& sink) {
           if (!*started) {
             *started = true;
-            *worker = std::thread([=, &engine_mutex, &active, &engine, &recipe] {
-              std::lock_guard<std::mutex> lock(engine_mutex);
-              ++active;
+            *worker = std::thread([=, &m_active, &m_engine, &m_tokens, &m_tok_s, &result_counter, &engine, &recipe] {
+              m_active.Increment();
               auto r = run_capture(*engine, *recipe, pr, chunk, [&](std::vector<uint8_t>&& f) { return queue->push(std::move(f)); });
-              --active;
-              spdlog::info("prefill: {} tokens -> {} ({} tokens) in {:.2f}s{}", pr.tokens.size(), r.status, r.tokens, r.engine_s,
-                           r.reason.empty() ? "" : " (" + r.reason + ")");
+              m_active.Decrement();
+              m_engine.Observe(r.engine_s);
+              m_tokens.Increment(double(r.tokens));
+              if (r.engine_s > 0) m_tok_s.Set(double(r.tokens) / r.engine_s);
+              result_counter(r.status).Increment();
+              spdlog::info("prefill: capture tokens={} status={} sent={} engine_s={:.3f} tok_s={:.0f}{}", pr.tokens.size(), r.status, r.tokens,
+                           r.engine_s, r.engine_s > 0 ? double(r.tokens) / r.engine_s : 0.0, r.reason.empty() ? "" : " reason=\"" + r.reason + "\"");
               queue->close();
+              leave_gate();
             });
           }
           std::vector<uint8_t> f;
@@ -128,16 +282,18 @@ int run_prefill_server(const PrefillServerOptions& o) {
             queue->gone();
             return false;
           }
+          m_bytes.Increment(double(f.size()));
           return true;
         },
         [=](bool) {
           queue->gone();
           if (worker->joinable()) worker->join();
+          leave_gate();
         });
   });
-  srv.set_payload_max_length(size_t(512) << 20);
-  srv.new_task_queue = [] { return new httplib::ThreadPool(8); };
-  spdlog::info("prefill: listening on {}:{}", o.host, o.port);
+  srv.set_payload_max_length(o.max_body_mb << 20);
+  srv.new_task_queue = [] { return new httplib::ThreadPool(16); };
+  spdlog::info("prefill: listening on {}:{}{}", o.host, o.port, o.api_key.empty() ? "" : " (api key required)");
   if (!srv.listen(o.host, o.port)) throw std::runtime_error(fmt::format("cannot listen on {}:{}", o.host, o.port));
   return 0;
 }

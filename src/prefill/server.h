@@ -1,6 +1,7 @@
 // `pdbridge prefill`: the prefill engine as an HTTP server speaking the bridge wire protocol.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace pdb {
 
@@ -10,8 +11,18 @@ struct PrefillServerOptions {
   int64_t chunk = 512;
   int threads = 0;
   size_t max_queue_bytes = size_t(256) << 20;  // frames buffered ahead of a slow receiver
+  std::string api_key;                         // bearer token required on /v1/bridge/prefill
+  int max_queue = 8;                           // captures waiting behind the running one
+  double max_queue_wait_s = 30;                // waited longer: declined, the front serves natively
+  int64_t max_tokens = 2'000'000;              // per request
+  size_t max_body_mb = 64;
+  bool allow_config_mismatch = false;          // start even if config.json and the GGUF disagree
 };
 
 int run_prefill_server(const PrefillServerOptions& o);
+
+// Differences between the HF config the engine runs and the decoder GGUF the recipe follows
+// (layers, heads, head size, norm eps, every RoPE parameter). Empty when they agree.
+std::vector<std::string> config_mismatches(const std::string& hf_dir, const std::string& gguf);
 
 }  // namespace pdb

@@ -13,9 +13,9 @@ namespace {
 
 class LlamaRecipe final : public Recipe {
  public:
-  LlamaRecipe(const GgufFile& g, int threads) {
+  LlamaRecipe(const GgufFile& g, int threads, int max_layers) {
     threads_ = threads;
-    load_common(g, "llama");
+    load_common(g, "llama", max_layers);
   }
 
   void kv_f32(int layer, const float* h, int64_t rows, int64_t pos0, int simd, float* k, float* v) const override {
@@ -36,6 +36,6 @@ class LlamaRecipe final : public Recipe {
 
 }  // namespace
 
-std::unique_ptr<Recipe> make_llama_recipe(const GgufFile& g, int threads) { return std::make_unique<LlamaRecipe>(g, threads); }
+std::unique_ptr<Recipe> make_llama_recipe(const GgufFile& g, int threads, int max_layers) { return std::make_unique<LlamaRecipe>(g, threads, max_layers); }
 
 }  // namespace pdb

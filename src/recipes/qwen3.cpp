@@ -13,10 +13,10 @@ namespace {
 
 class Qwen3Recipe final : public Recipe {
  public:
-  Qwen3Recipe(const GgufFile& g, int threads) {
+  Qwen3Recipe(const GgufFile& g, int threads, int max_layers) {
     threads_ = threads;
-    load_common(g, "qwen3");
-    for (int64_t l = 0; l < info_.n_layer; ++l) {
+    load_common(g, "qwen3", max_layers);
+    for (int64_t l = 0; l < loaded_layers_; ++l) {
       auto n = g.to_f32(g.tensor(fmt::format("blk.{}.attn_k_norm.weight", l)));
       if (int64_t(n.size()) != info_.head_dim) throw std::runtime_error("attn_k_norm has the wrong size");
       k_norm_.push_back(std::move(n));
@@ -49,6 +49,6 @@ class Qwen3Recipe final : public Recipe {
 
 }  // namespace
 
-std::unique_ptr<Recipe> make_qwen3_recipe(const GgufFile& g, int threads) { return std::make_unique<Qwen3Recipe>(g, threads); }
+std::unique_ptr<Recipe> make_qwen3_recipe(const GgufFile& g, int threads, int max_layers) { return std::make_unique<Qwen3Recipe>(g, threads, max_layers); }
 
 }  // namespace pdb

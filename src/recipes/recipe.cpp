@@ -16,8 +16,8 @@
 
 namespace pdb {
 
-std::unique_ptr<Recipe> make_llama_recipe(const GgufFile& g, int threads);
-std::unique_ptr<Recipe> make_qwen3_recipe(const GgufFile& g, int threads);
+std::unique_ptr<Recipe> make_llama_recipe(const GgufFile& g, int threads, int max_layers);
+std::unique_ptr<Recipe> make_qwen3_recipe(const GgufFile& g, int threads, int max_layers);
 
 CacheSpec CacheSpec::decoder_default(GgmlType k, GgmlType v, int64_t head_dim) {
   CacheSpec s;
@@ -29,11 +29,11 @@ CacheSpec CacheSpec::decoder_default(GgmlType k, GgmlType v, int64_t head_dim) {
   return s;
 }
 
-std::unique_ptr<Recipe> Recipe::load(const std::string& gguf_path, int threads) {
+std::unique_ptr<Recipe> Recipe::load(const std::string& gguf_path, int threads, int max_layers) {
   auto g = GgufFile::open(gguf_path);
   const std::string arch = g->architecture();
-  if (arch == "llama") return make_llama_recipe(*g, threads);
-  if (arch == "qwen3") return make_qwen3_recipe(*g, threads);
+  if (arch == "llama") return make_llama_recipe(*g, threads, max_layers);
+  if (arch == "qwen3") return make_qwen3_recipe(*g, threads, max_layers);
   throw std::runtime_error(fmt::format("{}: no recipe for decoder architecture '{}' (llama, qwen3)", gguf_path, arch));
 }
 
@@ -108,11 +108,12 @@ std::string recipe_fingerprint(const RecipeInfo& info) {
   return fmt::format("{:016x}", XXH3_64bits(s.data(), s.size()));
 }
 
-void Recipe::load_common(const GgufFile& g, const std::string& a) {
+void Recipe::load_common(const GgufFile& g, const std::string& a, int max_layers) {
   info_ = read_recipe_info(g);
   if (info_.arch != a) throw std::logic_error("recipe/arch mismatch");
+  loaded_layers_ = max_layers > 0 ? std::min<int64_t>(max_layers, info_.n_layer) : info_.n_layer;
   attn_norm_all_.resize(size_t(info_.n_layer * info_.n_embd));
-  for (int64_t l = 0; l < info_.n_layer; ++l) {
+  for (int64_t l = 0; l < loaded_layers_; ++l) {
     const std::string p = fmt::format("blk.{}.", l);
     auto n = g.to_f32(g.tensor(p + "attn_norm.weight"));
     if (int64_t(n.size()) != info_.n_embd) throw std::runtime_error(p + "attn_norm.weight has the wrong size");
@@ -192,6 +193,7 @@ void Recipe::project(const RecipeWeight& w, const float* x, int64_t rows, int si
 
 void Recipe::kv_rows(int layer, const float* h, int64_t rows, int64_t pos0, const CacheSpec& spec,
                      std::vector<uint8_t>& k_out, std::vector<uint8_t>& v_out) const {
+  if (layer < 0 || layer >= loaded_layers_) throw std::out_of_range(fmt::format("recipe layer {} not loaded", layer));
   const int64_t C = info_.n_embd_kv();
   std::vector<float> k(static_cast<size_t>(rows * C)), v(size_t(rows * C));
   kv_f32(layer, h, rows, pos0, spec.simd_width, k.data(), v.data());

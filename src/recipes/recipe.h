@@ -56,7 +56,8 @@ class Recipe {
  public:
   virtual ~Recipe() = default;
   // Loads the recipe for the GGUF's architecture (llama, qwen3); throws for others.
-  static std::unique_ptr<Recipe> load(const std::string& gguf_path, int threads);
+  // `max_layers` > 0 loads only the first layers' weights (calibration needs layer 0 only).
+  static std::unique_ptr<Recipe> load(const std::string& gguf_path, int threads, int max_layers = 0);
 
   const RecipeInfo& info() const { return info_; }
 
@@ -76,7 +77,8 @@ class Recipe {
   std::vector<float> attn_norm_all_;  // [n_layer x n_embd]
   std::vector<RecipeWeight> wk_, wv_;
 
-  void load_common(const GgufFile& g, const std::string& arch);
+  void load_common(const GgufFile& g, const std::string& arch, int max_layers);
+  int64_t loaded_layers_ = 0;
   // x = rms_norm(h) * attn_norm[layer]  (ggml-cpu order of operations)
   void attn_input(int layer, const float* h, int64_t rows, float* x) const;
   // y[rows x w.rows] = W x with the decoder's activation numerics for the weight's type.

@@ -1,0 +1,35 @@
+#include "common/http_util.h"
+
+#include <nlohmann/json.hpp>
+
+namespace pdb {
+
+void json_error(httplib::Response& res, int status, const std::string& message, const std::string& type) {
+  res.status = status;
+  res.set_content(nlohmann::json{{"error", {{"message", message}, {"type", type}, {"code", status}}}}.dump(), "application/json");
+}
+
+bool check_bearer(const std::string& api_key, const httplib::Request& req, httplib::Response& res) {
+  if (api_key.empty()) return true;
+  const std::string h = req.get_header_value("Authorization");
+  const std::string want = "Bearer " + api_key;
+  // constant-time compare: the key length is not secret, its bytes are
+  unsigned char diff = h.size() == want.size() ? 0 : 1;
+  for (size_t i = 0; i < want.size(); ++i) diff |= static_cast<unsigned char>(want[i] ^ (i < h.size() ? h[i] : 0));
+  if (diff == 0) return true;
+  json_error(res, 401, h.empty() ? "missing Authorization: Bearer <api key>" : "invalid api key", "authentication_error");
+  return false;
+}
+
+void install_json_error_handler(httplib::Server& srv) {
+  srv.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    std::string msg = "HTTP " + std::to_string(res.status);
+    if (res.status == 413) msg = "request body too large";
+    else if (res.status == 404) msg = "no route for " + req.method + " " + req.path;
+    else if (res.status == 400) msg = "malformed HTTP request";
+    json_error(res, res.status, msg, res.status >= 500 ? "server_error" : "invalid_request_error");
+  });
+}
+
+}  // namespace pdb

@@ -1,0 +1,16 @@
+// Small HTTP helpers shared by both servers: OpenAI-style errors, bearer-token auth, a JSON body for
+// errors httplib raises itself (413, 404, ...).
+#pragma once
+#include <string>
+
+#include <httplib.h>
+
+namespace pdb {
+
+void json_error(httplib::Response& res, int status, const std::string& message, const std::string& type);
+// True when no key is configured or the request carries `Authorization: Bearer <key>`; else sets 401.
+bool check_bearer(const std::string& api_key, const httplib::Request& req, httplib::Response& res);
+// Gives every empty-bodied error response a JSON message.
+void install_json_error_handler(httplib::Server& srv);
+
+}  // namespace pdb
