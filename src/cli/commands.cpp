@@ -11,6 +11,7 @@
 #include "formats/gguf.h"
 #include "front/front.h"
 #include "prefill/server.h"
+#include "tools/doctor.h"
 #include "tools/make_model.h"
 #include "tools/verify_state.h"
 
@@ -165,6 +166,19 @@ void register_verify_state(CLI::App& app) {
   });
 }
 
+void register_doctor(CLI::App& app) {
+  auto* cmd = app.add_subcommand("doctor", "Check every link of a deployment; one line per check, with a fix");
+  auto o = std::make_shared<DoctorOptions>();
+  cmd->add_option("--front", o->front_url, "Front door URL (supplies the rest)");
+  cmd->add_option("--decoder", o->decoder_url, "llama-server URL");
+  cmd->add_option("--prefill", o->prefill_url, "Prefill server URL");
+  cmd->add_option("--decoder-gguf", o->decoder_gguf, "The GGUF the decoder runs");
+  cmd->add_option("--slot-dir", o->slot_dir, "The decoder's slot directory");
+  cmd->add_option("--model", o->model_dir, "The prefill engine's HF checkpoint directory");
+  cmd->add_option("--memory-limit-mb", o->memory_limit_mb, "Memory the prefill box must have available")->capture_default_str();
+  cmd->callback([o] { guarded("doctor", [&] { return run_doctor(*o) == 0 ? 0 : 1; }); });
+}
+
 void register_device_info(CLI::App& app) {
   auto* cmd = app.add_subcommand("device-info", "Show whether a CUDA device is usable by the prefill engine");
   cmd->callback([] {
@@ -183,6 +197,7 @@ void register_commands(CLI::App& app) {
   register_front(app);
   register_make_model(app);
   register_verify_state(app);
+  register_doctor(app);
   register_gguf_info(app);
   register_device_info(app);
 }

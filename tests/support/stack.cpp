@@ -28,20 +28,16 @@ Stack::Stack(const StackOptions& o) {
   decoder_gguf = o.model_dir + "/decoder-" + o.decoder_type + ".gguf";
   const std::string recipe = o.recipe_gguf.empty() ? decoder_gguf : o.recipe_gguf;
   decoder_port = free_port();
-  decoder_ = std::make_unique<Child>(
-      std::vector<std::string>{pdbridge_bin(), "decoder", "--gguf", decoder_gguf, "--port", std::to_string(decoder_port), "--slot-dir",
-                               slot_dir, "--ctx", std::to_string(o.ctx), "--parallel", std::to_string(o.parallel), "--cache-type",
-                               o.cache_type, "--threads", "2"},
-      dir + "/decoder.log");
-  if (o.start_prefill) {
-    prefill_port = free_port();
-    prefill_ = std::make_unique<Child>(
-        std::vector<std::string>{pdbridge_bin(), "prefill", "--model", o.model_dir + "/hf", "--recipe", recipe, "--port",
-                                 std::to_string(prefill_port), "--threads", "2"},
-        dir + "/prefill.log");
-  } else {
-    prefill_port = free_port();  // nothing listens here
-  }
+  std::vector<std::string> da = {pdbridge_bin(), "decoder", "--gguf", decoder_gguf, "--port", std::to_string(decoder_port), "--slot-dir",
+                                 slot_dir, "--ctx", std::to_string(o.ctx), "--parallel", std::to_string(o.parallel), "--cache-type",
+                                 o.cache_type, "--threads", "2"};
+  if (!o.decoder_extra.empty()) { da.push_back("--"); da.insert(da.end(), o.decoder_extra.begin(), o.decoder_extra.end()); }
+  decoder_ = std::make_unique<Child>(da, dir + "/decoder.log");
+  prefill_port = free_port();
+  prefill_argv_ = {pdbridge_bin(), "prefill", "--model", o.hf_dir.empty() ? o.model_dir + "/hf" : o.hf_dir, "--recipe", recipe, "--port",
+                   std::to_string(prefill_port), "--threads", "2"};
+  prefill_argv_.insert(prefill_argv_.end(), o.prefill_extra.begin(), o.prefill_extra.end());
+  if (o.start_prefill) prefill_ = std::make_unique<Child>(prefill_argv_, dir + "/prefill.log");
   if (!wait_http_ok("127.0.0.1", decoder_port, "/health", 120)) throw std::runtime_error("decoder did not start:\n" + decoder_->log());
   if (prefill_ && !wait_http_ok("127.0.0.1", prefill_port, "/health", 120)) throw std::runtime_error("prefill did not start:\n" + prefill_->log());
   front_port = free_port();
@@ -67,6 +63,17 @@ HttpReply Stack::post_decoder(const std::string& path, const nlohmann::json& bod
   return http_post(decoder_port, path, body.dump(), timeout_s);
 }
 void Stack::stop_prefill() { if (prefill_) prefill_->stop(); }
+void Stack::start_prefill() {
+  if (prefill_) prefill_->stop();
+  prefill_ = std::make_unique<Child>(prefill_argv_, dir + "/prefill-" + std::to_string(++prefill_starts_) + ".log");
+  if (!wait_http_ok("127.0.0.1", prefill_port, "/health", 120)) throw std::runtime_error("prefill did not restart:\n" + prefill_->log());
+}
+int Stack::run_doctor(std::string* output) {
+  Child d({pdbridge_bin(), "doctor", "--front", "http://127.0.0.1:" + std::to_string(front_port)}, dir + "/doctor.log");
+  const int rc = d.stop(0, 120);
+  if (output) *output = d.log();
+  return rc;
+}
 
 std::string Stack::logs() const {
   std::string s;

@@ -20,7 +20,8 @@ struct StackOptions {
   int parallel = 2, ctx = 8192;
   int64_t min_tokens = 256, min_tail = 128;
   bool start_prefill = true;
-  std::vector<std::string> front_extra;
+  std::vector<std::string> front_extra, prefill_extra, decoder_extra;
+  std::string hf_dir;  // default: <model_dir>/hf
 };
 
 struct HttpReply {
@@ -40,10 +41,14 @@ class Stack {
   HttpReply post_front(const std::string& path, const nlohmann::json& body, int timeout_s = 600);
   HttpReply post_decoder(const std::string& path, const nlohmann::json& body, int timeout_s = 600);
   void stop_prefill();
+  void start_prefill();  // (re)starts it on the same port
+  int run_doctor(std::string* output);
   std::string logs() const;
 
  private:
   std::unique_ptr<Child> decoder_, prefill_, front_;
+  std::vector<std::string> prefill_argv_;
+  int prefill_starts_ = 0;
 };
 
 HttpReply http_post(int port, const std::string& path, const std::string& body, int timeout_s);

@@ -1,0 +1,301 @@
+// Faults and load: auth, metrics, a busy prefill server, the prefill server killed mid-capture, a
+// capture slower than the timeout, corrupt frames, and concurrent mixed traffic on 4 slots.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <atomic>
+#include <filesystem>
+#include <future>
+#include <random>
+#include <fstream>
+#include <iterator>
+#include <thread>
+
+#include <httplib.h>
+
+#include "front/assembler.h"
+#include "prefill/capture.h"
+#include "support/stack.h"
+
+namespace pdb {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+size_t files_in(const std::string& dir) {
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) { (void)e; ++n; }
+  return n;
+}
+json body(const std::string& prompt, int n = 16) { return {{"prompt", prompt}, {"n_predict", n}, {"temperature", 0}}; }
+std::string native(test::Stack& st, const std::string& prompt, int slot = 0) {
+  auto b = body(prompt);
+  b["cache_prompt"] = false;
+  b["id_slot"] = slot;
+  auto r = st.post_decoder("/completion", b);
+  return r.status == 200 ? r.json().value("content", "") : "HTTP " + std::to_string(r.status);
+}
+std::string tiny(const std::string& m = "llama-tiny") { return test::models_dir() + "/" + m; }
+test::HttpReply post_with_key(int port, const std::string& path, const json& b, const std::string& key) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(300, 0);
+  httplib::Headers h;
+  if (!key.empty()) h.emplace("Authorization", "Bearer " + key);
+  auto r = c.Post(path.c_str(), h, b.dump(), "application/json");
+  test::HttpReply out;
+  if (r) { out.status = r->status; out.body = r->body; out.bridge_header = r->get_header_value("X-PD-Bridge"); }
+  return out;
+}
+std::string get(int port, const std::string& path) {
+  httplib::Client c("127.0.0.1", port);
+  auto r = c.Get(path.c_str());
+  return r ? r->body : "";
+}
+
+}  // namespace
+
+TEST(Hardening, BearerAuthOnBothServers) {
+  test::StackOptions so;
+  so.model_dir = tiny();
+  so.front_extra = {"--api-key", "front-secret", "--prefill-api-key", "prefill-secret"};
+  so.prefill_extra = {"--api-key", "prefill-secret"};
+  test::Stack st(so);
+  const std::string prompt = test::random_text(11, 600);
+  auto r = post_with_key(st.front_port, "/completion", body(prompt), "");
+  EXPECT_EQ(r.status, 401) << r.body;
+  EXPECT_NE(r.body.find("Authorization"), std::string::npos);
+  r = post_with_key(st.front_port, "/completion", body(prompt), "wrong");
+  EXPECT_EQ(r.status, 401);
+  r = post_with_key(st.front_port, "/completion", body(prompt), "front-secret");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.verdict().value("verdict", ""), "complete") << r.verdict().dump() << st.logs();
+  // the prefill server itself refuses anonymous captures
+  auto p = test::http_post(st.prefill_port, "/v1/bridge/prefill", R"({"wire_version":1})", 10);
+  EXPECT_EQ(p.status, 401);
+}
+
+TEST(Hardening, FrontWithTheWrongPrefillKeyDeclinesAndServes) {
+  test::StackOptions so;
+  so.model_dir = tiny();
+  so.prefill_extra = {"--api-key", "prefill-secret"};
+  so.front_extra = {"--prefill-api-key", "nope"};
+  test::Stack st(so);
+  const std::string prompt = test::random_text(12, 600);
+  auto r = st.post_front("/completion", body(prompt));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.verdict().value("verdict", "").find("401"), std::string::npos) << r.verdict().dump();
+  EXPECT_EQ(r.json()["content"].get<std::string>(), native(st, prompt));
+}
+
+TEST(Hardening, MetricsCountVerdictsBytesAndTokens) {
+  test::StackOptions so;
+  so.model_dir = tiny("qwen3-tiny");
+  test::Stack st(so);
+  ASSERT_EQ(st.post_front("/completion", body(test::random_text(13, 600))).status, 200);
+  ASSERT_EQ(st.post_front("/completion", body("short one")).status, 200);
+  const std::string fm = get(st.front_port, "/metrics");
+  EXPECT_NE(fm.find("pdbridge_front_requests_total{verdict=\"complete\"} 1"), std::string::npos) << fm;
+  EXPECT_NE(fm.find("pdbridge_front_requests_total{verdict=\"native_short\"} 1"), std::string::npos) << fm;
+  EXPECT_NE(fm.find("pdbridge_front_stage_seconds_count{stage=\"engine\"} 1"), std::string::npos) << fm;
+  const std::string pm = get(st.prefill_port, "/metrics");
+  EXPECT_NE(pm.find("pdbridge_prefill_requests_total{status=\"complete\"} 1"), std::string::npos) << pm;
+  EXPECT_NE(pm.find("pdbridge_prefill_queue_wait_seconds_count 1"), std::string::npos) << pm;
+  EXPECT_EQ(pm.find("pdbridge_prefill_wire_bytes_total 0\n"), std::string::npos) << pm;
+}
+
+TEST(Hardening, BusyPrefillDeclinesFastInsteadOfQueueing) {
+  test::StackOptions so;
+  so.model_dir = tiny();
+  so.prefill_extra = {"--max-queue", "0", "--chunk", "64"};
+  test::Stack st(so);
+  // occupy the engine with a long capture straight on the prefill server
+  auto h = json::parse(get(st.prefill_port, "/health"));
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 5000; ++i) toks.push_back(1000 + (i * 7919) % 50000);
+  json pr = {{"wire_version", 1}, {"tokens", toks}, {"fingerprint", h["fingerprint"]}, {"k_type", "f16"}, {"v_type", "f16"}};
+  auto hog = std::async(std::launch::async, [&] { return test::http_post(st.prefill_port, "/v1/bridge/prefill", pr.dump(), 300); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string prompt = test::random_text(14, 600);
+  auto r = st.post_front("/completion", body(prompt));
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.verdict().value("verdict", "").find("busy"), std::string::npos) << r.verdict().dump();
+  EXPECT_LT(r.verdict()["t_bridge_s"].get<double>(), 2.0);
+  EXPECT_EQ(r.json()["content"].get<std::string>(), native(st, prompt));
+  (void)dt;
+  EXPECT_EQ(hog.get().status, 200);
+}
+
+TEST(Hardening, PrefillKilledMidCaptureIsServedCorrectly) {
+  test::StackOptions so;
+  so.model_dir = tiny();
+  so.prefill_extra = {"--chunk", "64"};
+  test::Stack st(so);
+  std::mt19937 g(1234);
+  for (int trial = 0; trial < 3; ++trial) {
+    const std::string prompt = test::random_text(1000 + uint64_t(trial), 2500);
+    const std::string want = native(st, prompt, 1);
+    auto fut = std::async(std::launch::async, [&] { return st.post_front("/completion", body(prompt)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200 + g() % 1200));
+    st.stop_prefill();  // SIGTERM at a random point of the capture
+    auto r = fut.get();
+    ASSERT_EQ(r.status, 200) << r.body;
+    const std::string v = r.verdict().value("verdict", "");
+    // either the capture finished before the kill (complete) or it was declined; never a lie
+    if (v == "complete") EXPECT_GE(r.json()["timings"]["cache_n"].get<int64_t>(), r.verdict()["tokens"].get<int64_t>() - 1);
+    else EXPECT_EQ(v.rfind("declined: ", 0), 0u) << v;
+    EXPECT_EQ(r.json()["content"].get<std::string>(), want) << "trial " << trial << " verdict " << v;
+    EXPECT_EQ(files_in(st.slot_dir), 0u);
+    st.start_prefill();
+  }
+}
+
+TEST(Hardening, CaptureSlowerThanTheTimeoutIsDeclined) {
+  test::StackOptions so;
+  so.model_dir = tiny();
+  so.prefill_extra = {"--chunk", "100000"};  // one chunk: layer 1's rows come only after layer 0's full attention
+  so.front_extra = {"--bridge-timeout", "1"};
+  test::Stack st(so);
+  const std::string prompt = test::random_text(15, 6000);
+  auto r = st.post_front("/completion", body(prompt));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.verdict().value("verdict", "").rfind("declined: ", 0), 0u) << r.verdict().dump();
+  EXPECT_EQ(r.json()["content"].get<std::string>(), native(st, prompt));
+  EXPECT_EQ(files_in(st.slot_dir), 0u);
+}
+
+TEST(Hardening, EveryFrameCorruptionIsDetected) {
+  const std::string mdir = tiny();
+  CpuEngine engine(mdir + "/hf", 2);
+  auto recipe = Recipe::load(mdir + "/decoder-f32.gguf", 2);
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 96; ++i) tokens.push_back(1000 + i * 37);
+  wire::PrefillRequest req;
+  req.tokens = tokens;
+  req.fingerprint = recipe_fingerprint(recipe->info());
+  std::vector<std::vector<uint8_t>> frames;
+  ASSERT_EQ(run_capture(engine, *recipe, req, 32, [&](std::vector<uint8_t>&& f) { frames.push_back(std::move(f)); return true; }).status, "complete");
+  StateLayout layout;
+  for (int l = 0; l < recipe->info().n_layer; ++l) {
+    StateLayerTypes t;
+    t.n_embd_k = t.n_embd_v = uint32_t(recipe->info().n_embd_kv());
+    t.k_row_bytes = t.v_row_bytes = ggml_row_bytes(GgmlType::F16, t.n_embd_k);
+    layout.layers.push_back(t);
+  }
+  std::vector<uint8_t> stream;
+  for (auto& f : frames) stream.insert(stream.end(), f.begin(), f.end());
+  const std::string dir = test::temp_dir("corrupt");
+  std::vector<uint8_t> clean_file;
+  auto read_file = [](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::vector<uint8_t>{std::istreambuf_iterator<char>(in), {}};
+  };
+  // A stream is accepted only if it assembles into exactly the clean state file.
+  int harmless = 0;
+  auto accepted = [&](const std::vector<uint8_t>& s) {
+    try {
+      CaptureAssembler a(dir + "/s.bin", layout, tokens, req.fingerprint);
+      for (size_t off = 0; off < s.size(); off += 4096) a.feed(s.data() + off, std::min<size_t>(4096, s.size() - off));
+      a.finish();
+      auto got = read_file(dir + "/s.bin");
+      fs::remove(dir + "/s.bin");
+      if (clean_file.empty()) clean_file = got;
+      else EXPECT_EQ(got, clean_file) << "an accepted stream produced a different state file";
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  };
+  ASSERT_TRUE(accepted(stream));
+  std::mt19937_64 g(99);
+  int detected = 0, trials = 0;
+  for (int i = 0; i < 300; ++i, ++trials) {  // single bit flips anywhere
+    auto s = stream;
+    const size_t pos = g() % s.size();
+    s[pos] ^= uint8_t(1u << (g() % 8));
+    detected += !accepted(s);
+  }
+  for (int i = 0; i < 50; ++i, ++trials) {  // truncation
+    auto s = stream;
+    s.resize(g() % s.size());
+    detected += !accepted(s);
+  }
+  for (int i = 0; i < 30; ++i) {  // two frames swapped
+    auto f = frames;
+    const size_t a = 1 + g() % (f.size() - 2), b = 1 + g() % (f.size() - 2);
+    if (a == b) continue;
+    std::swap(f[a], f[b]);
+    std::vector<uint8_t> s;
+    for (auto& x : f) s.insert(s.end(), x.begin(), x.end());
+    // Frames of different layers may travel in any order (rows land at their own offsets); a swap
+    // that keeps every layer's rows in order is harmless and must give the identical file.
+    if (accepted(s)) ++harmless;
+    else { ++detected; ++trials; }
+  }
+  for (int i = 0; i < 20; ++i, ++trials) {  // a frame dropped or duplicated
+    auto f = frames;
+    const size_t a = 1 + g() % (f.size() - 2);
+    if (i % 2) f.erase(f.begin() + long(a)); else f.insert(f.begin() + long(a), f[a]);
+    std::vector<uint8_t> s;
+    for (auto& x : f) s.insert(s.end(), x.begin(), x.end());
+    detected += !accepted(s);
+  }
+  std::printf("corrupted streams detected: %d / %d (plus %d harmless cross-layer reorders assembled identically)\n", detected, trials, harmless);
+  EXPECT_EQ(detected, trials);
+  EXPECT_FALSE(fs::exists(dir + "/s.bin.partial"));
+}
+
+TEST(Hardening, SixteenConcurrentMixedRequestsOnFourSlots) {
+  test::StackOptions so;
+  so.model_dir = tiny();
+  so.parallel = 4;
+  so.ctx = 4096;
+  test::Stack st(so);
+  struct Job { std::string prompt; bool stream; };
+  std::vector<Job> jobs;
+  for (int i = 0; i < 16; ++i) {
+    const int kind = i % 4;  // 0 cold, 1 warm (repeat of a cold one), 2 short, 3 cold streaming
+    const std::string p = kind == 2 ? "short prompt " + std::to_string(i) : test::random_text(kind == 1 ? 2000 + uint64_t(i - 1) : 2000 + uint64_t(i), 600);
+    jobs.push_back({p, kind == 3});
+  }
+  std::vector<std::string> want;
+  for (const auto& j : jobs) want.push_back(native(st, j.prompt, 0));
+  std::vector<std::future<std::pair<std::string, std::string>>> futs;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& j : jobs)
+    futs.push_back(std::async(std::launch::async, [&st, j] {
+      auto b = body(j.prompt);
+      b["stream"] = j.stream;
+      auto r = st.post_front("/completion", b, 300);
+      if (r.status != 200) return std::make_pair(std::string("HTTP ") + std::to_string(r.status) + r.body, std::string());
+      std::string content;
+      if (!j.stream) content = r.json().value("content", "");
+      else {
+        size_t pos = 0;
+        while ((pos = r.body.find("data: ", pos)) != std::string::npos) {
+          const size_t end = r.body.find('\n', pos);
+          auto ev = json::parse(r.body.substr(pos + 6, end - pos - 6), nullptr, false);
+          if (!ev.is_discarded() && ev.contains("content")) content += ev["content"].get<std::string>();
+          pos = end;
+        }
+      }
+      return std::make_pair(content, r.verdict().value("verdict", ""));
+    }));
+  std::map<std::string, int> verdicts;
+  for (size_t i = 0; i < futs.size(); ++i) {
+    ASSERT_EQ(futs[i].wait_for(std::chrono::seconds(300)), std::future_status::ready) << "request " << i << " hangs";
+    auto [content, verdict] = futs[i].get();
+    EXPECT_EQ(content, want[i]) << "request " << i << " (" << verdict << ")";
+    verdicts[verdict.substr(0, verdict.find(':'))]++;
+  }
+  std::printf("16 concurrent requests in %.1fs:", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  for (auto& [v, n] : verdicts) std::printf(" %s=%d", v.c_str(), n);
+  std::printf("\n");
+  EXPECT_GE(verdicts["complete"], 4);
+  EXPECT_EQ(files_in(st.slot_dir), 0u);
+}
+
+}  // namespace pdb
