@@ -172,7 +172,12 @@ int64_t GgufTensorInfo::n_elements() const {
   return n;
 }
 
-size_t GgufTensorInfo::n_bytes() const { return ggml_row_bytes(type, ne.empty() ? 1 : ne[0]) * size_t(rows()); }
+size_t GgufTensorInfo::n_bytes() const {
+  const size_t rb = ggml_row_bytes(type, ne.empty() ? 1 : ne[0]);
+  const size_t r = size_t(rows());
+  if (r && rb > SIZE_MAX / r) throw std::runtime_error("tensor " + name + " is too large");
+  return rb * r;
+}
 
 std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
   std::unique_ptr<GgufFile> g(new GgufFile());
@@ -186,7 +191,25 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
   g->map_ = mmap(nullptr, g->map_size_, PROT_READ, MAP_SHARED, fd, 0);
   ::close(fd);
   if (g->map_ == MAP_FAILED) { g->map_ = nullptr; fail(path, "mmap failed"); }
+  g->mapped_ = true;
+  g->parse();
+  return g;
+}
 
+std::unique_ptr<GgufFile> GgufFile::from_bytes(std::vector<uint8_t> bytes, const std::string& name) {
+  std::unique_ptr<GgufFile> g(new GgufFile());
+  g->path_ = name;
+  g->owned_ = std::move(bytes);
+  g->map_ = g->owned_.data();
+  g->map_size_ = g->owned_.size();
+  if (g->map_size_ < 24) fail(name, fmt::format("file of {} bytes is too small to be GGUF", g->map_size_));
+  g->parse();
+  return g;
+}
+
+void GgufFile::parse() {
+  GgufFile* g = this;
+  const std::string& path = path_;
   Cursor c{static_cast<const uint8_t*>(g->map_), g->map_size_, 0, g->path_};
   const uint32_t magic = c.read<uint32_t>("magic");
   if (magic != kGgufMagic) fail(path, fmt::format("bad magic 0x{:08x} (not a GGUF file)", magic));
@@ -250,11 +273,10 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
       fail(path, fmt::format("tensor '{}' ({} bytes at {}) runs past the end of the file", t.name, nb, t.offset));
     expect = pad_to(t.offset + nb, g->alignment_);
   }
-  return g;
 }
 
 GgufFile::~GgufFile() {
-  if (map_) munmap(map_, map_size_);
+  if (map_ && mapped_) munmap(map_, map_size_);
 }
 
 const GgufValue* GgufFile::find(const std::string& key) const {

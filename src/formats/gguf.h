@@ -52,12 +52,13 @@ struct GgufTensorInfo {
   uint64_t offset = 0;      // from the start of the data section
   int64_t n_elements() const;
   size_t n_bytes() const;
-  int64_t rows() const { return ne.empty() ? 1 : n_elements() / ne[0]; }
+  int64_t rows() const { return ne.empty() || ne[0] == 0 ? 0 : n_elements() / ne[0]; }
 };
 
 class GgufFile {
  public:
   static std::unique_ptr<GgufFile> open(const std::string& path);  // throws std::runtime_error with reason
+  static std::unique_ptr<GgufFile> from_bytes(std::vector<uint8_t> bytes, const std::string& name = "<memory>");
 
   uint32_t version() const { return version_; }
   size_t alignment() const { return alignment_; }
@@ -84,6 +85,9 @@ class GgufFile {
 
  private:
   GgufFile() = default;
+  void parse();
+  std::vector<uint8_t> owned_;
+  bool mapped_ = false;
   std::string path_;
   void* map_ = nullptr;
   size_t map_size_ = 0;

@@ -74,7 +74,7 @@ ParsedState parse_state_bytes(std::vector<uint8_t> bytes, const std::string& nam
   const uint32_t n_tok = r.get<uint32_t>("token count");
   const auto* tp = r.take(uint64_t(n_tok) * 4, "tokens");
   std::vector<int32_t> raw(n_tok);
-  std::memcpy(raw.data(), tp, size_t(n_tok) * 4);
+  if (n_tok) std::memcpy(raw.data(), tp, size_t(n_tok) * 4);
   try { s.tokens = decode_state_tokens(raw, &s.packed_tokens); } catch (const std::exception& e) { fail(name, e.what()); }
 
   s.layout.n_stream = r.get<uint32_t>("n_stream");
@@ -87,6 +87,7 @@ ParsedState parse_state_bytes(std::vector<uint8_t> bytes, const std::string& nam
     found = true;
     s.layout.stream = st;
     s.cell_count = cells;
+    if (uint64_t(cells) * 12 > r.n - r.pos) fail(name, fmt::format("{} cells do not fit in the file", cells));
     s.positions.resize(cells);
     for (uint32_t c = 0; c < cells; ++c) {
       s.positions[c] = r.get<int32_t>("pos");
