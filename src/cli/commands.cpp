@@ -112,6 +112,8 @@ void register_prefill(CLI::App& app) {
   cmd->add_option("--max-queue-wait", o->max_queue_wait_s, "Seconds a capture may wait before it is declined")->capture_default_str();
   cmd->add_option("--max-tokens", o->max_tokens, "Longest prompt accepted (tokens)")->capture_default_str();
   cmd->add_option("--max-body-mb", o->max_body_mb, "Largest request body")->capture_default_str();
+  cmd->add_option("--memory-limit-mb", o->memory_limit_mb, "Capture backlog limit; past it the capture seals a valid prefix (default: MemAvailable/4, >= 256)");
+  cmd->add_option("--link-gbps", o->link_gbps, "Pace the sender to this link rate (emulation for tests and benchmarks)");
   cmd->add_flag("--allow-config-mismatch", o->allow_config_mismatch, "Start even if config.json and the decoder GGUF disagree");
   cmd->callback([o] { guarded("prefill", [&] { return run_prefill_server(*o); }); });
 }

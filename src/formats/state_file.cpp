@@ -268,6 +268,32 @@ void StateFileWriter::write_v_rows(uint32_t layer, uint32_t cell, uint32_t rows,
   }
 }
 
+void StateFileWriter::pread_all(void* p, size_t n, uint64_t off) const {
+  auto* b = static_cast<uint8_t*>(p);
+  while (n) {
+    const ssize_t r = ::pread(fd_, b, n, off_t(off));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) throw std::runtime_error(fmt::format("read from {} failed", partial_));
+    b += r; n -= size_t(r); off += uint64_t(r);
+  }
+}
+
+void StateFileWriter::read_k_rows(uint32_t layer, uint32_t cell, uint32_t rows, uint8_t* out) const {
+  pread_all(out, size_t(geo_.layout().layers[layer].k_row_bytes) * rows, geo_.k_row_offset(layer, cell));
+}
+
+void StateFileWriter::read_v_rows(uint32_t layer, uint32_t cell, uint32_t rows, uint8_t* out) const {
+  const auto& lay = geo_.layout();
+  const auto& L = lay.layers[layer];
+  if (!lay.v_trans) { pread_all(out, size_t(L.v_row_bytes) * rows, geo_.v_row_offset(layer, cell)); return; }
+  const uint32_t el = uint32_t(L.v_row_bytes / L.n_embd_v);
+  std::vector<uint8_t> col(size_t(rows) * el);
+  for (uint32_t j = 0; j < L.n_embd_v; ++j) {
+    pread_all(col.data(), col.size(), geo_.v_elem_offset(layer, cell, j));
+    for (uint32_t r = 0; r < rows; ++r) std::memcpy(out + size_t(r) * L.v_row_bytes + size_t(j) * el, col.data() + size_t(r) * el, el);
+  }
+}
+
 void StateFileWriter::commit() {
   if (fd_ >= 0) { ::close(fd_); fd_ = -1; }
   std::filesystem::rename(partial_, path_);

@@ -85,6 +85,9 @@ class StateFileWriter {
   // `rows` consecutive cells starting at `cell`, each `row_bytes` (K, or non-transposed V).
   void write_k_rows(uint32_t layer, uint32_t cell, uint32_t rows, const uint8_t* data);
   void write_v_rows(uint32_t layer, uint32_t cell, uint32_t rows, const uint8_t* data);
+  // Reads rows back (for compaction into a shorter file when a capture was sealed early).
+  void read_k_rows(uint32_t layer, uint32_t cell, uint32_t rows, uint8_t* out) const;
+  void read_v_rows(uint32_t layer, uint32_t cell, uint32_t rows, uint8_t* out) const;
   void commit();  // fsync-free rename: the decoder reads it right after, on the same host
   void abandon();
   const std::string& path() const { return path_; }
@@ -92,6 +95,7 @@ class StateFileWriter {
 
  private:
   void pwrite_all(const void* p, size_t n, uint64_t off);
+  void pread_all(void* p, size_t n, uint64_t off) const;
   std::string path_, partial_;
   StateFileGeometry geo_;
   int fd_ = -1;

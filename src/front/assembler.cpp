@@ -1,5 +1,7 @@
 #include "front/assembler.h"
 
+#include <filesystem>
+
 #include <fmt/format.h>
 
 namespace pdb {
@@ -10,7 +12,39 @@ CaptureAssembler::CaptureAssembler(const std::string& path, const StateLayout& l
     : layout_(layout), T_(int64_t(tokens.size())), fingerprint_(std::move(fingerprint)),
       writer_(path, layout, tokens, uint32_t(tokens.size())),
       parser_([this](const wire::FrameHeader& h, const uint8_t* p) { on_frame(h, p); }),
-      k_next_(layout.layers.size(), 0), v_next_(layout.layers.size(), 0) {}
+      k_next_(layout.layers.size(), 0), v_next_(layout.layers.size(), 0), tokens_(tokens) {}
+
+bool CaptureAssembler::partial() const { return trailer_ && trailer_->value("status", "") == "partial"; }
+
+int64_t CaptureAssembler::finish_partial(const std::string& path) {
+  if (!partial()) throw std::runtime_error("capture is not partial");
+  if (!parser_.idle()) throw std::runtime_error("capture stream ended inside a frame");
+  const int64_t tp = trailer_->value("tokens", int64_t(0));
+  if (tp <= 0 || tp > T_) throw std::runtime_error(fmt::format("partial trailer with {} of {} tokens", tp, T_));
+  for (size_t l = 0; l < layout_.layers.size(); ++l)
+    if (k_next_[l] < tp || v_next_[l] < tp)
+      throw std::runtime_error(fmt::format("partial capture: layer {} covers K {} V {} of the sealed {} rows", l, k_next_[l], v_next_[l], tp));
+  std::vector<int32_t> prefix(tokens_.begin(), tokens_.begin() + tp);
+  // A different temporary name: `path`.partial is the file being read.
+  StateFileWriter out(path + ".sealed", layout_, prefix, uint32_t(tp));
+  constexpr uint32_t kBatch = 4096;
+  std::vector<uint8_t> buf;
+  for (uint32_t l = 0; l < layout_.layers.size(); ++l) {
+    const auto& L = layout_.layers[l];
+    for (uint32_t c = 0; c < uint32_t(tp); c += kBatch) {
+      const uint32_t n = std::min<uint32_t>(kBatch, uint32_t(tp) - c);
+      buf.resize(size_t(std::max(L.k_row_bytes, L.v_row_bytes)) * n);
+      writer_.read_k_rows(l, c, n, buf.data());
+      out.write_k_rows(l, c, n, buf.data());
+      writer_.read_v_rows(l, c, n, buf.data());
+      out.write_v_rows(l, c, n, buf.data());
+    }
+  }
+  out.commit();
+  writer_.abandon();
+  std::filesystem::rename(path + ".sealed", path);
+  return tp;
+}
 
 void CaptureAssembler::feed(const uint8_t* data, size_t n) { parser_.feed(data, n); }
 

@@ -20,6 +20,10 @@ class CaptureAssembler {
   void feed(const uint8_t* data, size_t n);  // throws wire::Error on any bad frame
   // Checks the trailer and coverage, then renames the file into place. Throws with the reason.
   void finish();
+  // For a trailer `partial T'` (a capture sealed at its memory limit): checks that every layer covers
+  // [0, T') and writes a T'-cell state file at `path` (compacting the per-layer sections). Returns T'.
+  int64_t finish_partial(const std::string& path);
+  bool partial() const;
   uint64_t wire_bytes() const { return parser_.bytes(); }
   double engine_s() const { return trailer_ ? trailer_->value("engine_s", 0.0) : 0.0; }
   const std::optional<nlohmann::json>& trailer() const { return trailer_; }
@@ -34,6 +38,7 @@ class CaptureAssembler {
   std::vector<int64_t> k_next_, v_next_;
   bool hello_ = false;
   std::optional<nlohmann::json> trailer_;
+  std::vector<int32_t> tokens_;
 };
 
 }  // namespace pdb

@@ -245,7 +245,9 @@ void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
   }
   v.bytes = assembler.wire_bytes();
   v.t_engine = assembler.engine_s();
-  assembler.finish();
+  int64_t mounted = T;
+  if (assembler.partial()) mounted = assembler.finish_partial(path);  // sealed early: mount the valid prefix
+  else assembler.finish();
   const auto tr = Clock::now();
   json r;
   try {
@@ -255,8 +257,8 @@ void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
     throw;
   }
   v.t_restore = secs(tr);
-  if (r.value("n_restored", int64_t(-1)) != T) throw std::runtime_error("decoder restored " + r.dump());
-  v.bridged_tokens = T;
+  if (r.value("n_restored", int64_t(-1)) != mounted) throw std::runtime_error("decoder restored " + r.dump());
+  v.bridged_tokens = mounted;
   v.t_bridge = secs(t0);
 }
 
@@ -362,7 +364,7 @@ void Front::handle_generation(const std::string& path, const httplib::Request& r
   else {
     try {
       bridge(slot, tokens, v);
-      v.verdict = "complete";
+      v.verdict = v.bridged_tokens == v.tokens ? "complete" : fmt::format("partial {}/{}", v.bridged_tokens, v.tokens);
     } catch (const std::exception& e) {
       v.verdict = std::string("declined: ") + e.what();
       v.bridged_tokens = 0;

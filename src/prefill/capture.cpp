@@ -8,12 +8,16 @@ namespace pdb {
 
 CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::PrefillRequest& req, int64_t chunk,
                           const std::function<bool(std::vector<uint8_t>&&)>& emit) {
+  return run_capture(engine, recipe, req, chunk, EmitFn([&](std::vector<uint8_t>&& f, bool) { return emit(std::move(f)) ? Emit::Ok : Emit::Gone; }));
+}
+
+CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto& info = recipe.info();
   CacheSpec spec{req.k_type, req.v_type, req.rot_k, req.rot_v, req.simd_width};
   const int64_t T = int64_t(req.tokens.size());
   CaptureResult res;
-  bool aborted = false;
+  bool aborted = false, sealed = false;
   {
     std::vector<uint8_t> hello;
     wire::encode_json_frame(wire::FrameKind::Hello,
@@ -24,7 +28,7 @@ CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::P
                              {"v_row_bytes", ggml_row_bytes(spec.v_type, info.n_embd_kv())},
                              {"rot_k", spec.rot_k}, {"rot_v", spec.rot_v}, {"chunk", chunk}},
                             hello);
-    if (!emit(std::move(hello))) aborted = true;
+    if (emit(std::move(hello), true) == Emit::Gone) aborted = true;
   }
   // A chunk is complete when its last layer's rows are out; track the contiguous prefix sent.
   int64_t done = 0;
@@ -33,7 +37,7 @@ CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::P
       engine.prefill(
           req.tokens, chunk, spec.simd_width,
           [&](int layer, const float* h, int64_t rows, int64_t pos0) {
-            if (aborted) return;
+            if (aborted || sealed) return;
             std::vector<uint8_t> k, v, frame;
             recipe.kv_rows(layer, h, rows, pos0, spec, k, v);
             wire::FrameHeader fh;
@@ -47,10 +51,12 @@ CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::P
             fh.kind = wire::FrameKind::V;
             fh.type = uint8_t(spec.v_type);
             wire::encode_frame(fh, v.data(), v.size(), frame);
-            if (!emit(std::move(frame))) { aborted = true; return; }
+            const Emit e = emit(std::move(frame), false);
+            if (e == Emit::Gone) { aborted = true; return; }
+            if (e == Emit::Seal) { sealed = true; return; }
             if (layer == info.n_layer - 1) done = pos0 + rows;
           },
-          [&] { return aborted; },
+          [&] { return aborted || sealed; },
           [&](float* rows, int64_t n, int64_t kv_dim, bool is_v) {
             // Attend over what the decoder's cache will hold: K/V through the cache type (and rotation).
             const GgmlType t = is_v ? spec.v_type : spec.k_type;
@@ -67,6 +73,7 @@ CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::P
           });
     }
     if (aborted) { res.status = "error"; res.reason = "receiver went away"; }
+    else if (sealed) { res.status = done > 0 ? "partial" : "error"; res.reason = "memory limit reached: sealed the prefix sent so far"; }
     else if (done == T) res.status = "complete";
     else { res.status = "partial"; res.reason = "engine stopped early"; }
   } catch (const std::exception& e) {
@@ -81,7 +88,7 @@ CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::P
                             {{"status", res.status}, {"tokens", res.tokens}, {"n_tokens", T}, {"reason", res.reason},
                              {"engine_s", res.engine_s}, {"tok_s", res.engine_s > 0 ? double(res.tokens) / res.engine_s : 0.0}},
                             tr);
-    emit(std::move(tr));
+    emit(std::move(tr), true);
   }
   return res;
 }

@@ -19,7 +19,16 @@ struct CaptureResult {
   double engine_s = 0;
 };
 
-// `emit` receives encoded frames (HELLO first, TRAILER last) and returns false to abort.
+// What the receiver of a frame says: keep going, seal the capture at the last complete chunk (memory
+// limit reached: the prefix sent so far is still a valid cache), or stop (the receiver is gone).
+enum class Emit { Ok, Seal, Gone };
+
+// `emit` receives encoded frames (HELLO first, TRAILER last). `force` frames (the trailer) must be
+// accepted whatever the memory limit says.
+using EmitFn = std::function<Emit(std::vector<uint8_t>&& frame, bool force)>;
+CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit);
+
+// Convenience for in-process use: every frame accepted.
 CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::PrefillRequest& req, int64_t chunk,
                           const std::function<bool(std::vector<uint8_t>&&)>& emit);
 

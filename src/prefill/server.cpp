@@ -37,15 +37,19 @@ struct FrameQueue {
   size_t bytes = 0, limit;
   bool closed = false, receiver_gone = false;
   explicit FrameQueue(size_t l) : limit(l) {}
-  bool push(std::vector<uint8_t>&& f) {
-    std::unique_lock<std::mutex> l(m);
-    cv.wait(l, [&] { return receiver_gone || bytes < limit; });
-    if (receiver_gone) return false;
+  // Never blocks on memory: past the limit the capture seals instead (the engine must not stall or
+  // grow without bound behind a slow link); forced frames (the trailer) always go in.
+  Emit push(std::vector<uint8_t>&& f, bool force) {
+    std::lock_guard<std::mutex> l(m);
+    if (receiver_gone) return Emit::Gone;
+    if (!force && !q.empty() && bytes + f.size() > limit) return Emit::Seal;
     bytes += f.size();
+    peak = std::max(peak, bytes);
     q.push_back(std::move(f));
     cv.notify_all();
-    return true;
+    return Emit::Ok;
   }
+  size_t peak = 0;
   void close() { std::lock_guard<std::mutex> l(m); closed = true; cv.notify_all(); }
   void gone() { std::lock_guard<std::mutex> l(m); receiver_gone = true; cv.notify_all(); }
   bool pop(std::vector<uint8_t>& out) {  // false when closed and drained
@@ -199,6 +203,11 @@ int run_prefill_server(const PrefillServerOptions& o) {
     return metrics.counter("pdbridge_prefill_rejected_total", "Requests refused before capture", {{"reason", reason}});
   };
   FifoGate gate(o.max_queue, o.max_queue_wait_s);
+  int64_t limit_mb = o.memory_limit_mb;
+  if (limit_mb <= 0) limit_mb = std::max<int64_t>(256, mem_available_mb() / 4);
+  const size_t queue_limit = size_t(limit_mb) << 20;
+  spdlog::info("prefill: capture memory limit {} MiB{}", limit_mb, o.link_gbps > 0 ? fmt::format(", sender paced to {} Gbit/s", o.link_gbps) : "");
+  auto& m_peak = metrics.gauge("pdbridge_prefill_capture_peak_bytes", "Largest frame backlog of the last capture");
 
   httplib::Server srv;
   install_json_error_handler(srv);
@@ -248,7 +257,9 @@ int run_prefill_server(const PrefillServerOptions& o) {
       return json_error(res, 503, "prefill busy: " + refused, "queue_full");
     }
     const int64_t chunk = pr.chunk > 0 ? pr.chunk : o.chunk;
-    auto queue = std::make_shared<FrameQueue>(o.max_queue_bytes);
+    auto queue = std::make_shared<FrameQueue>(queue_limit);
+    auto pace_start = std::make_shared<Clock::time_point>();
+    auto paced_bytes = std::make_shared<double>(0);
     auto worker = std::make_shared<std::thread>();
     auto started = std::make_shared<bool>(false);
     auto left = std::make_shared<std::atomic<bool>>(false);
@@ -256,12 +267,14 @@ int run_prefill_server(const PrefillServerOptions& o) {
     res.set_header("X-PD-Wire-Version", std::to_string(wire::kWireVersion));
     res.set_chunked_content_provider(
         "application/x-pdbridge-frames",
-        [=, &m_active, &m_engine, &m_tokens, &m_bytes, &m_tok_s, &result_counter, &engine, &recipe](size_t, httplib::DataSink& sink) {
+        [=, &m_active, &m_engine, &m_tokens, &m_bytes, &m_tok_s, &m_peak, &result_counter, &engine, &recipe](size_t, httplib::DataSink& sink) {
           if (!*started) {
             *started = true;
-            *worker = std::thread([=, &m_active, &m_engine, &m_tokens, &m_tok_s, &result_counter, &engine, &recipe] {
+            *pace_start = Clock::now();
+            *worker = std::thread([=, &m_active, &m_engine, &m_tokens, &m_tok_s, &m_peak, &result_counter, &engine, &recipe] {
               m_active.Increment();
-              auto r = run_capture(*engine, *recipe, pr, chunk, [&](std::vector<uint8_t>&& f) { return queue->push(std::move(f)); });
+              auto r = run_capture(*engine, *recipe, pr, chunk, EmitFn([&](std::vector<uint8_t>&& f, bool force) { return queue->push(std::move(f), force); }));
+              m_peak.Set(double(queue->peak));
               m_active.Decrement();
               m_engine.Observe(r.engine_s);
               m_tokens.Increment(double(r.tokens));
@@ -277,6 +290,11 @@ int run_prefill_server(const PrefillServerOptions& o) {
           if (!queue->pop(f)) {
             sink.done();
             return true;
+          }
+          if (o.link_gbps > 0) {  // link emulation: hold the frame until the link would have carried it
+            *paced_bytes += double(f.size());
+            const auto due = *pace_start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*paced_bytes * 8 / (o.link_gbps * 1e9)));
+            std::this_thread::sleep_until(due);
           }
           if (!sink.write(reinterpret_cast<const char*>(f.data()), f.size())) {
             queue->gone();

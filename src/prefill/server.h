@@ -10,7 +10,8 @@ struct PrefillServerOptions {
   int port = 8090;
   int64_t chunk = 512;
   int threads = 0;
-  size_t max_queue_bytes = size_t(256) << 20;  // frames buffered ahead of a slow receiver
+  int64_t memory_limit_mb = 0;  // frames buffered ahead of a slow receiver; past it the capture is sealed (0: from MemAvailable)
+  double link_gbps = 0;         // pace the sender to this rate (link emulation); 0: unpaced
   std::string api_key;                         // bearer token required on /v1/bridge/prefill
   int max_queue = 8;                           // captures waiting behind the running one
   double max_queue_wait_s = 30;                // waited longer: declined, the front serves natively
