@@ -167,6 +167,41 @@ TEST(Hardening, CaptureSlowerThanTheTimeoutIsDeclined) {
   EXPECT_EQ(files_in(st.slot_dir), 0u);
 }
 
+TEST(Hardening, SlotDirectoryFullIsDeclinedAndLeavesNothing) {
+  test::StackOptions so;
+  so.model_dir = tiny();
+  test::Stack st(so);
+  // a 2 MiB tmpfs over the slot directory: room for the calibration probe, not for a 3K-token cache
+  const std::string cmd = "mount -t tmpfs -o size=2m pdbridge-test " + st.slot_dir + " 2>/dev/null";
+  if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "cannot mount a tmpfs here (needs root): slot-dir-full not exercised";
+  struct Unmount { std::string d; ~Unmount() { std::system(("umount " + d + " 2>/dev/null").c_str()); } } unmount{st.slot_dir};
+  const std::string prompt = test::random_text(31, 2400);
+  auto r = st.post_front("/completion", body(prompt));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.verdict().value("verdict", "").rfind("declined: ", 0), 0u) << r.verdict().dump();
+  EXPECT_EQ(r.json()["content"].get<std::string>(), native(st, prompt));
+  EXPECT_EQ(files_in(st.slot_dir), 0u);
+}
+
+TEST(Hardening, DecoderRestartedMidRequestStillAnswersCorrectly) {
+  test::StackOptions so;
+  so.model_dir = tiny();
+  so.prefill_extra = {"--link-gbps", "0.004"};  // a ~3 s capture
+  test::Stack st(so);
+  const std::string prompt = test::random_text(32, 1200);
+  const std::string want = native(st, prompt);
+  auto fut = std::async(std::launch::async, [&] { return st.post_front("/completion", body(prompt)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  st.restart_decoder(false);
+  auto r = fut.get();
+  ASSERT_EQ(r.status, 200) << r.body << st.logs();
+  const std::string v = r.verdict().value("verdict", "");
+  if (v == "complete") EXPECT_GE(r.json()["timings"]["cache_n"].get<int64_t>(), r.verdict()["tokens"].get<int64_t>() - 1);
+  else EXPECT_EQ(v.rfind("declined: ", 0), 0u) << v;
+  EXPECT_EQ(r.json()["content"].get<std::string>(), want) << v;
+  EXPECT_EQ(files_in(st.slot_dir), 0u);
+}
+
 TEST(Hardening, EveryFrameCorruptionIsDetected) {
   const std::string mdir = tiny();
   CpuEngine engine(mdir + "/hf", 2);

@@ -170,6 +170,17 @@ class Front {
   void handle_generation(const std::string& path, const httplib::Request& req, httplib::Response& res);
   void proxy(const httplib::Request& req, httplib::Response& res);
   void record(const Verdict& v, double total_s, int status);
+  bool wait_for_decoder(double timeout_s) {
+    const auto end = Clock::now() + std::chrono::duration<double>(timeout_s);
+    httplib::Client c(dec_.target().host, dec_.target().port);
+    c.set_connection_timeout(1, 0);
+    while (Clock::now() < end) {
+      auto r = c.Get("/health");
+      if (r && r->status == 200) { forget_layout(); return true; }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return false;
+  }
 
   FrontOptions o_;
   DecoderClient dec_;
@@ -382,6 +393,10 @@ void Front::handle_generation(const std::string& path, const httplib::Request& r
     httplib::Client c(upstream.host, upstream.port);
     c.set_read_timeout(3600, 0);
     auto r = c.Post(path.c_str(), body.dump(), "application/json");
+    if (!r || r->status == 503) {
+      // The decoder is restarting: wait for it (bounded) and send the request once more.
+      if (wait_for_decoder(120)) r = c.Post(path.c_str(), body.dump(), "application/json");
+    }
     if (!r) {
       release(std::vector<int32_t>{});
       res.set_header("X-PD-Bridge", v.to_json().dump());

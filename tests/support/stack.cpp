@@ -32,6 +32,7 @@ Stack::Stack(const StackOptions& o) {
                                  slot_dir, "--ctx", std::to_string(o.ctx), "--parallel", std::to_string(o.parallel), "--cache-type",
                                  o.cache_type, "--threads", "2"};
   if (!o.decoder_extra.empty()) { da.push_back("--"); da.insert(da.end(), o.decoder_extra.begin(), o.decoder_extra.end()); }
+  decoder_argv_ = da;
   decoder_ = std::make_unique<Child>(da, dir + "/decoder.log");
   prefill_port = free_port();
   prefill_argv_ = {pdbridge_bin(), "prefill", "--model", o.hf_dir.empty() ? o.model_dir + "/hf" : o.hf_dir, "--recipe", recipe, "--port",
@@ -68,6 +69,12 @@ void Stack::start_prefill() {
   prefill_ = std::make_unique<Child>(prefill_argv_, dir + "/prefill-" + std::to_string(++prefill_starts_) + ".log");
   if (!wait_http_ok("127.0.0.1", prefill_port, "/health", 120)) throw std::runtime_error("prefill did not restart:\n" + prefill_->log());
 }
+void Stack::restart_decoder(bool wait_healthy) {
+  decoder_->stop();
+  decoder_ = std::make_unique<Child>(decoder_argv_, dir + "/decoder-restarted.log");
+  if (wait_healthy && !wait_http_ok("127.0.0.1", decoder_port, "/health", 120)) throw std::runtime_error("decoder did not restart");
+}
+
 int Stack::run_doctor(std::string* output) {
   Child d({pdbridge_bin(), "doctor", "--front", "http://127.0.0.1:" + std::to_string(front_port)}, dir + "/doctor.log");
   const int rc = d.stop(0, 120);

@@ -42,12 +42,13 @@ class Stack {
   HttpReply post_decoder(const std::string& path, const nlohmann::json& body, int timeout_s = 600);
   void stop_prefill();
   void start_prefill();  // (re)starts it on the same port
+  void restart_decoder(bool wait_healthy = true);
   int run_doctor(std::string* output);
   std::string logs() const;
 
  private:
   std::unique_ptr<Child> decoder_, prefill_, front_;
-  std::vector<std::string> prefill_argv_;
+  std::vector<std::string> prefill_argv_, decoder_argv_;
   int prefill_starts_ = 0;
 };
 
