@@ -11,6 +11,7 @@
 #include "formats/gguf.h"
 #include "front/front.h"
 #include "prefill/server.h"
+#include "tools/bench_cold.h"
 #include "tools/doctor.h"
 #include "tools/make_model.h"
 #include "tools/verify_state.h"
@@ -181,6 +182,36 @@ void register_doctor(CLI::App& app) {
   cmd->callback([o] { guarded("doctor", [&] { return run_doctor(*o) == 0 ? 0 : 1; }); });
 }
 
+void register_bench(CLI::App& app) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  auto* cold = bench->add_subcommand("cold", "Cold-prompt benchmark: native vs bridged TTFT, needle check, fresh seeds");
+  auto o = std::make_shared<BenchColdOptions>();
+  auto chars = std::make_shared<std::string>("32000");
+  cold->add_option("--front", o->front_url, "Front door URL (bridged leg)")->required();
+  cold->add_option("--native-url", o->native_url, "llama-server URL (native leg)");
+  cold->add_flag("--skip-native", o->skip_native, "Only the bridged leg");
+  cold->add_option("--chars", *chars, "Document sizes in characters, comma separated")->capture_default_str();
+  cold->add_option("--runs", o->runs, "Runs per size (each with a fresh seed)")->capture_default_str();
+  cold->add_option("--max-tokens", o->max_tokens, "Token budget of the answer")->capture_default_str();
+  cold->add_option("--seed", o->seed, "First seed (default: from the clock)");
+  cold->add_option("--corpus", o->corpus_dir, "Directory of .py files for the haystack (default: the system's Python stdlib)");
+  cold->add_option("--out", o->out, "JSONL output (appended)")->capture_default_str();
+  cold->add_option("--api-key", o->api_key, "Bearer key for the front door")->envname("PDBRIDGE_API_KEY");
+  cold->callback([o, chars] {
+    guarded("bench cold", [&] {
+      o->chars.clear();
+      for (const auto& c : split_csv(*chars)) o->chars.push_back(std::stoll(c));
+      return run_bench_cold(*o);
+    });
+  });
+  auto* plot = bench->add_subcommand("plot", "Plot a bench cold JSONL to PNG (TTFT vs length; stage breakdown)");
+  auto in = std::make_shared<std::string>(), out = std::make_shared<std::string>("bench-cold.png");
+  plot->add_option("--in", *in, "JSONL from bench cold")->required();
+  plot->add_option("--out", *out, "PNG")->capture_default_str();
+  plot->callback([in, out] { guarded("bench plot", [&] { return run_bench_plot(*in, *out); }); });
+}
+
 void register_device_info(CLI::App& app) {
   auto* cmd = app.add_subcommand("device-info", "Show whether a CUDA device is usable by the prefill engine");
   cmd->callback([] {
@@ -200,6 +231,7 @@ void register_commands(CLI::App& app) {
   register_make_model(app);
   register_verify_state(app);
   register_doctor(app);
+  register_bench(app);
   register_gguf_info(app);
   register_device_info(app);
 }

@@ -371,7 +371,7 @@ void Front::handle_generation(const std::string& path, const httplib::Request& r
     if (!slot_released) { slots_.release(slot, std::move(holds)); slot_released = true; }
   };
   if (v.tokens < o_.min_tokens) v.verdict = "native: short";
-  else if (int64_t(tokens.size() - cached) < o_.min_tail) v.verdict = "native: warm";
+  else if (cached > 0 && int64_t(tokens.size() - cached) < o_.min_tail) v.verdict = "native: warm";
   else {
     try {
       bridge(slot, tokens, v);

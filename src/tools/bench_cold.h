@@ -1,0 +1,21 @@
+// `pdbridge bench cold` / `bench plot`: the seed's cold-prompt protocol. Documents of shuffled Python
+// standard-library sources with a ZEBRA-<seed>-<n> marker in the middle, a fresh seed per run, the
+// native leg straight to the decoder and the bridged leg through the front door, streaming, T=0.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace pdb {
+
+struct BenchColdOptions {
+  std::string front_url, native_url, out = "bench-cold.jsonl", corpus_dir, api_key;
+  std::vector<int64_t> chars = {32000};
+  int runs = 3, max_tokens = 300;
+  uint64_t seed = 0;  // 0: from the clock (fresh seeds every invocation)
+  bool skip_native = false;
+};
+
+int run_bench_cold(const BenchColdOptions& o);
+int run_bench_plot(const std::string& jsonl, const std::string& png);
+
+}  // namespace pdb

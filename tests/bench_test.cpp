@@ -1,0 +1,45 @@
+// `bench cold` runs the seed's protocol against a real stack and records truthful rows; `bench plot` draws them.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "support/stack.h"
+
+namespace pdb {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+TEST(BenchCold, RecordsBothLegsWithVerdictsAndPlots) {
+  test::StackOptions so;
+  so.model_dir = test::models_dir() + "/qwen3-tiny";
+  test::Stack st(so);
+  const std::string out = st.dir + "/bench.jsonl";
+  test::Child b({test::pdbridge_bin(), "bench", "cold", "--front", "http://127.0.0.1:" + std::to_string(st.front_port), "--native-url",
+                 "http://127.0.0.1:" + std::to_string(st.decoder_port), "--chars", "6000", "--runs", "1", "--max-tokens", "8", "--out", out},
+                st.dir + "/bench.log");
+  ASSERT_EQ(b.stop(0, 300), 0) << b.log();
+  std::ifstream in(out);
+  std::vector<json> rows;
+  for (std::string line; std::getline(in, line);) rows.push_back(json::parse(line));
+  ASSERT_EQ(rows.size(), 2u);
+  const json& bridged = rows[0]["leg"] == "bridged" ? rows[0] : rows[1];
+  const json& native = rows[0]["leg"] == "native" ? rows[0] : rows[1];
+  EXPECT_EQ(bridged["verdict"], "complete") << bridged.dump();
+  EXPECT_GE(bridged["cached_tokens"].get<int64_t>(), bridged["prompt_tokens"].get<int64_t>() - 1);
+  EXPECT_EQ(native["cached_tokens"].get<int64_t>(), 0);
+  EXPECT_NE(rows[0]["seed"], rows[1]["seed"]) << "every prompt needs a fresh seed";
+  for (const auto& r : rows) {
+    EXPECT_GT(r["ttft_s"].get<double>(), 0.0);
+    EXPECT_TRUE(r.contains("marker_found"));
+    EXPECT_NE(r["marker"].get<std::string>().find("ZEBRA-"), std::string::npos);
+  }
+  test::Child p({test::pdbridge_bin(), "bench", "plot", "--in", out, "--out", st.dir + "/bench.png"}, st.dir + "/plot.log");
+  ASSERT_EQ(p.stop(0, 60), 0) << p.log();
+  std::ifstream png(st.dir + "/bench.png", std::ios::binary);
+  char magic[4] = {};
+  png.read(magic, 4);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+}
+
+}  // namespace pdb
