@@ -13,6 +13,7 @@
 #include "prefill/server.h"
 #include "tools/bench_cold.h"
 #include "tools/doctor.h"
+#include "tools/eval_parity.h"
 #include "tools/make_model.h"
 #include "tools/verify_state.h"
 
@@ -212,6 +213,23 @@ void register_bench(CLI::App& app) {
   plot->callback([in, out] { guarded("bench plot", [&] { return run_bench_plot(*in, *out); }); });
 }
 
+void register_eval(CLI::App& app) {
+  auto* ev = app.add_subcommand("eval", "Evaluations");
+  ev->require_subcommand(1);
+  auto* parity = ev->add_subcommand("parity", "Output parity: next-token distributions bridged vs native (KL, top-1, greedy)");
+  auto o = std::make_shared<EvalParityOptions>();
+  parity->add_option("--front", o->front_url, "Front door URL (bridged)")->required();
+  parity->add_option("--decoder", o->decoder_url, "llama-server URL (native)")->required();
+  parity->add_option("--ref-decoder", o->ref_decoder_url, "A second llama-server with another quantization, for context");
+  parity->add_option("--prompts", o->prompts, "Prompts (fresh seeds)")->capture_default_str();
+  parity->add_option("--chars", o->chars, "Prompt length in characters")->capture_default_str();
+  parity->add_option("--n-probs", o->n_probs, "Top-K probabilities per token")->capture_default_str();
+  parity->add_option("--n-predict", o->n_predict, "Greedy continuation length")->capture_default_str();
+  parity->add_option("--seed", o->seed, "First seed (default: from the clock)");
+  parity->add_option("--out", o->out, "Per-prompt JSONL (appended)");
+  parity->callback([o] { guarded("eval parity", [&] { return run_eval_parity(*o); }); });
+}
+
 void register_device_info(CLI::App& app) {
   auto* cmd = app.add_subcommand("device-info", "Show whether a CUDA device is usable by the prefill engine");
   cmd->callback([] {
@@ -232,6 +250,7 @@ void register_commands(CLI::App& app) {
   register_verify_state(app);
   register_doctor(app);
   register_bench(app);
+  register_eval(app);
   register_gguf_info(app);
   register_device_info(app);
 }
