@@ -46,10 +46,11 @@ std::vector<uint8_t> slurp(const std::string& p) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
-// min_pct_all: the whole-model floor. Layer 0 is bit-exact; deeper layers inherit the difference
-// between our engine's attention/MLP arithmetic and llama.cpp's (tiled f32 flash attention over the
-// f16 cache, ggml's vectorized expf/SiLU, tinyBLAS accumulation order), which f16 rounding mostly
-// hides and q8_0 rounding mostly exposes (one quantization step). With F16 weights on both sides the
+// min_pct_all: the whole-model floor. With an f16 cache the engine's decoder-faithful mode mirrors
+// llama.cpp's whole CPU forward (tinyBLAS order, its RoPE recurrence, its tiled flash attention over
+// the f16 cache, its vectorized SwiGLU) and the state is bit-identical. Quantized, bf16 and f32 caches
+// take llama.cpp's other attention path (per-key online softmax over q8_0-quantized Q), which we do
+// not mirror yet: there deeper layers differ by one quantization step on the flipped elements. With F16 weights on both sides the
 // deeper layers agree less (~75%): an unexplained gap in how we mirror the decoder's F16 path (open item).
 struct ParityCase { std::string model, gguf, cache; double min_pct_all; int64_t max_ulp_all; double max_abs_all; };
 void PrintTo(const ParityCase& c, std::ostream* os) { *os << c.model << "/" << c.gguf << "/" << c.cache; }
@@ -98,8 +99,8 @@ TEST_P(Parity, BridgedStateMatchesTheDecodersOwn) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Caches, Parity,
-                         ::testing::Values(ParityCase{"llama-tiny", "f32", "f16", 99.0, 64, 0.01}, ParityCase{"llama-tiny", "f32", "q8_0", 85.0, 1, 0.1},
-                                           ParityCase{"llama-tiny-h16", "f16", "f16", 70.0, 8192, 0.01}, ParityCase{"qwen3-tiny", "f32", "f16", 99.0, 64, 0.01},
+                         ::testing::Values(ParityCase{"llama-tiny", "f32", "f16", 99.9, 1, 0.01}, ParityCase{"llama-tiny", "f32", "q8_0", 85.0, 1, 0.1},
+                                           ParityCase{"llama-tiny-h16", "f16", "f16", 70.0, 8192, 0.01}, ParityCase{"qwen3-tiny", "f32", "f16", 99.9, 1, 0.01},
                                            ParityCase{"qwen3-tiny", "f32", "q8_0", 85.0, 1, 0.1},
                                            ParityCase{"llama-tiny", "f32", "q4_0", 55.0, 1, 1.0}, ParityCase{"qwen3-tiny", "f32", "q4_0", 55.0, 1, 1.0},
                                            ParityCase{"llama-tiny", "f32", "bf16", 95.0, 1 << 30, 0.05}, ParityCase{"llama-tiny", "f32", "f32", 0.0, 1 << 30, 0.01}),

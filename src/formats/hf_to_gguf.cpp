@@ -74,6 +74,27 @@ const char* kChatmlTemplate =
     "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
 }  // namespace
 
+std::vector<float> llama3_rope_factors(const HfConfig& c) {
+  // as convert_hf_to_gguf.py's llama3 branch computes it
+  const auto& rs = c.rope_scaling;
+  std::vector<float> factors;
+  for (int64_t i = 0; i < c.head_dim / 2; ++i) {
+    const double freq = 1.0 / std::pow(c.rope_theta, double(2 * i) / double(c.head_dim));
+    const double wl = 2 * std::numbers::pi / freq;
+    const double octx = double(rs.original_max_position_embeddings);
+    const double low_wl = octx / rs.low_freq_factor, high_wl = octx / rs.high_freq_factor;
+    double f;
+    if (wl < high_wl) f = 1;
+    else if (wl > low_wl) f = rs.factor;
+    else {
+      const double smooth = (octx / wl - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
+      f = 1 / ((1 - smooth) / rs.factor + smooth);
+    }
+    factors.push_back(float(f));
+  }
+  return factors;
+}
+
 void write_decoder_gguf(const HfConfig& c, const HfWeightSource& src, const GgufConvertOptions& o, const std::string& path) {
   if (o.type != GgmlType::F32 && o.type != GgmlType::F16 && o.type != GgmlType::BF16)
     throw std::invalid_argument("write_decoder_gguf writes f32, f16 or bf16; use llama-quantize for quantized types");
@@ -121,22 +142,7 @@ void write_decoder_gguf(const HfConfig& c, const HfWeightSource& src, const Gguf
 
   auto specs = hf_tensor_specs(c);
   if (rs.type == RopeScalingType::Llama3) {
-    // rope_freqs holds the per-pair divisor of theta, as convert_hf_to_gguf.py's llama3 branch computes it.
-    std::vector<float> factors;
-    for (int64_t i = 0; i < c.head_dim / 2; ++i) {
-      const double freq = 1.0 / std::pow(c.rope_theta, double(2 * i) / double(c.head_dim));
-      const double wl = 2 * std::numbers::pi / freq;
-      const double octx = double(rs.original_max_position_embeddings);
-      const double low_wl = octx / rs.low_freq_factor, high_wl = octx / rs.high_freq_factor;
-      double f;
-      if (wl < high_wl) f = 1;
-      else if (wl > low_wl) f = rs.factor;
-      else {
-        const double smooth = (octx / wl - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
-        f = 1 / ((1 - smooth) / rs.factor + smooth);
-      }
-      factors.push_back(float(f));
-    }
+    std::vector<float> factors = llama3_rope_factors(c);
     std::vector<uint8_t> bytes(factors.size() * 4);
     std::memcpy(bytes.data(), factors.data(), bytes.size());
     w.add_tensor_bytes("rope_freqs.weight", GgmlType::F32, {int64_t(factors.size())}, std::move(bytes));

@@ -35,6 +35,9 @@ struct GgufConvertOptions {
   int threads = 1;
 };
 
+// The per-pair divisors of theta llama.cpp stores as rope_freqs.weight for llama3 scaling.
+std::vector<float> llama3_rope_factors(const HfConfig& c);
+
 void write_decoder_gguf(const HfConfig& c, const HfWeightSource& src, const GgufConvertOptions& o, const std::string& path);
 
 // The vocab GGUF llama.cpp ships for an architecture's tokenizer: llama -> llama-bpe, qwen3 -> qwen2.

@@ -12,6 +12,8 @@
 #include "formats/ggml_types.h"
 #include "formats/numeric.h"
 #include "formats/safetensors.h"
+#include "formats/hf_to_gguf.h"
+#include "model/decoder_numerics.h"
 #include "model/gemm_lanes.h"
 #include "model/rmsnorm.h"
 
@@ -92,6 +94,33 @@ CpuEngine::CpuEngine(const std::string& hf_dir, int threads) : cfg_(HfConfig::lo
   }
   for (double f : c.inv_freq()) inv_freq_.push_back(float(f));
   rope_scale_ = float(c.attention_scaling());
+  // The decoder's view of the same RoPE (what llama.cpp derives from the converted GGUF).
+  auto& r = ggml_rope_;
+  r.n_dims = int(hd);
+  r.freq_base = float(c.rope_theta);
+  r.mode = c.arch == "qwen3" ? RopeMode::Neox : RopeMode::Norm;
+  r.n_ctx_orig = int(c.rope_scaling.original_max_position_embeddings ? c.rope_scaling.original_max_position_embeddings : c.max_position_embeddings);
+  faithful_ok_ = true;
+  switch (c.rope_scaling.type) {
+    case RopeScalingType::None: break;
+    case RopeScalingType::Linear: r.freq_scale = float(1.0 / c.rope_scaling.factor); break;
+    case RopeScalingType::Yarn:
+      r.freq_scale = float(1.0 / c.rope_scaling.factor);
+      r.ext_factor = 1.0f;
+      r.beta_fast = float(c.rope_scaling.beta_fast);
+      r.beta_slow = float(c.rope_scaling.beta_slow);
+      if (c.rope_scaling.attention_factor) faithful_ok_ = false;  // llama.cpp folds it differently
+      break;
+    case RopeScalingType::Llama3: r.freq_factors = llama3_rope_factors(c); break;
+  }
+  if (c.arch == "llama")
+    for (auto& L : layers_) {  // the converter's row order, so attention sums in the decoder's order
+      std::vector<float> q(L->wq.size()), k(L->wk.size());
+      permute_qk_rows(L->wq.data(), q.data(), c.num_heads, hd, H);
+      permute_qk_rows(L->wk.data(), k.data(), c.num_kv_heads, hd, H);
+      wq_perm_.push_back(std::move(q));
+      wk_perm_.push_back(std::move(k));
+    }
 }
 
 CpuEngine::~CpuEngine() = default;
@@ -134,13 +163,25 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, in
       q.resize(size_t(n * qd));
       k.resize(size_t(n * kvd));
       v.resize(size_t(n * kvd));
-      gemm(x.data(), L.wq, n, H, qd, q.data());
-      gemm(x.data(), L.wk, n, H, kvd, k.data());
+      const bool faithful = lanes && faithful_ok_;
+      const bool permuted = faithful && c.arch == "llama";
+      gemm(x.data(), permuted ? wq_perm_[size_t(l)] : L.wq, n, H, qd, q.data());
+      gemm(x.data(), permuted ? wk_perm_[size_t(l)] : L.wk, n, H, kvd, k.data());
       gemm(x.data(), L.wv, n, H, kvd, v.data());
       if (c.arch == "qwen3") {
         rmsnorm_rows(q.data(), L.q_norm.data(), q.data(), n * nh, hd, eps);
         rmsnorm_rows(k.data(), L.k_norm.data(), k.data(), n * nkv, hd, eps);
       }
+      if (faithful) {
+        parallel_for(n, threads_, [&](int64_t b, int64_t e) {
+          std::vector<float> cache(static_cast<size_t>(hd));
+          for (int64_t r = b; r < e; ++r) {
+            ggml_rope_cache(ggml_rope_, p0 + r, cache.data());
+            for (int64_t hh = 0; hh < nh; ++hh) ggml_rope_apply(ggml_rope_, cache.data(), q.data() + r * qd + hh * hd);
+            for (int64_t hh = 0; hh < nkv; ++hh) ggml_rope_apply(ggml_rope_, cache.data(), k.data() + r * kvd + hh * hd);
+          }
+        });
+      } else
       // HF rotate_half RoPE on both q and k
       parallel_for(n, threads_, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) {
@@ -169,7 +210,15 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, in
       att.assign(size_t(n * qd), 0.0f);
       const float* K = kcache[size_t(l)].data();
       const float* V = vcache[size_t(l)].data();
-      if (lanes) {
+      if (faithful) {
+        parallel_for(n * nh, threads_, [&](int64_t b, int64_t e) {
+          for (int64_t idx = b; idx < e; ++idx) {
+            const int64_t r = idx / nh, hh = idx % nh, kvh = hh / group;
+            ggmlnum::flash_attn_row(q.data() + r * qd + hh * hd, K + kvh * hd, V + kvh * hd, kvd, p0 + r + 1, hd, scale,
+                                    att.data() + r * qd + hh * hd);
+          }
+        });
+      } else if (lanes) {
         // Row-independent attention: every query sums its keys in one fixed order.
         parallel_for(n * nh, threads_, [&](int64_t b, int64_t e) {
           std::vector<float> sc(static_cast<size_t>(nk));
@@ -224,7 +273,8 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, in
       u.resize(size_t(n * F));
       gemm(x.data(), L.wg, n, H, F, g.data());
       gemm(x.data(), L.wu, n, H, F, u.data());
-      for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      if (faithful) ggmlnum::swiglu(int64_t(g.size()), g.data(), g.data(), u.data());
+      else for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
       gemm(g.data(), L.wd, n, F, H, o.data());
       for (size_t i = 0; i < h.size(); ++i) h[i] += o[i];
     }

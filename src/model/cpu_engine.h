@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "formats/hf_config.h"
+#include "recipes/rope_ggml.h"
 
 namespace pdb {
 
@@ -39,7 +40,12 @@ class CpuEngine {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<float> inv_freq_;
   float rope_scale_ = 1.0f;
-  int act_precision_ = 32;  // 16: f16 weights, 17: bf16 weights: matmul inputs rounded as a half-precision engine does
+  int act_precision_ = 32;
+  // Decoder-faithful mode (lanes != 0): llama.cpp's RoPE recurrence on Q/K in the GGUF's row order
+  // (llama's Q/K rows permuted as the converter does), its tiled flash attention and its SwiGLU.
+  GgmlRopeParams ggml_rope_;
+  bool faithful_ok_ = false;
+  std::vector<std::vector<float>> wq_perm_, wk_perm_;  // 16: f16 weights, 17: bf16 weights: matmul inputs rounded as a half-precision engine does
 };
 
 }  // namespace pdb

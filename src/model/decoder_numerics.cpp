@@ -1,0 +1,86 @@
+#include "model/decoder_numerics.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace pdb::ggmlnum {
+namespace {
+inline uint32_t bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float from_bits(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+constexpr int64_t kTile = 64;  // GGML_FA_TILE_KV
+}  // namespace
+
+float v_expf(float x) {
+  const float r = 0x1.8p23f;
+  const float z = std::fma(x, 0x1.715476p+0f, r);
+  const float n = z - r;
+  const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
+  const uint32_t e = bits(z) << 23;
+  const float k = from_bits(e + bits(1.0f));
+  const bool c = std::fabs(n) > 126.0f;
+  const float u = b * b;
+  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
+                           0x1.ffffecp-1f * b);
+  if (!c) return std::fma(j, k, k);
+  const uint32_t g = n <= 0.0f ? 0x82000000u : 0u;
+  const float s1 = from_bits(g + 0x7f000000u);
+  const float s2 = from_bits(e - g);
+  if (std::fabs(n) > 192.0f) return s1 * s1;
+  return std::fma(s2, j, s2) * s1;
+}
+
+float silu(float x) {
+  const float e = v_expf(0.0f - x);
+  return x / (1.0f + e);
+}
+
+void swiglu(int64_t n, float* y, const float* gate, const float* up) {
+  for (int64_t i = 0; i < n; ++i) y[i] = silu(gate[i]) * up[i];
+}
+
+void flash_attn_row(const float* q, const float* k, const float* v, int64_t stride, int64_t n_valid, int64_t hd, float scale,
+                    float* out) {
+  float M = -INFINITY, S = 0.0f;
+  std::vector<float> acc(static_cast<size_t>(hd), 0.0f);
+  float p[kTile];
+  for (int64_t t0 = 0; t0 < n_valid; t0 += kTile) {
+    const int64_t nt = std::min(kTile, n_valid - t0);
+    float tile_max = -INFINITY;
+    for (int64_t j = 0; j < nt; ++j) {
+      const float* kr = k + (t0 + j) * stride;
+      float s = 0.0f;
+      for (int64_t d = 0; d < hd; ++d) s = std::fma(q[d], kr[d], s);
+      p[j] = s * scale;
+      tile_max = std::max(tile_max, p[j]);
+    }
+    const float Mnew = std::fmax(M, tile_max);
+    if (Mnew > M) {
+      const float ms = expf(M - Mnew);
+      for (int64_t d = 0; d < hd; ++d) acc[size_t(d)] *= ms;
+      S *= ms;
+    }
+    M = Mnew;
+    // ggml_vec_soft_max_f32 over the 64-wide tile: masked entries (past the causal limit) are exp(-inf) = 0
+    double sum = 0;
+    for (int64_t g8 = 0; g8 < kTile; g8 += 8) {
+      float e[8];
+      for (int i = 0; i < 8; ++i) {
+        const int64_t j = g8 + i;
+        e[i] = j < nt ? v_expf(p[j] - M) : 0.0f;
+        if (j < nt) p[j] = e[i];
+      }
+      const float t0_ = e[4] + e[0], t1 = e[5] + e[1], t2 = e[6] + e[2], t3 = e[7] + e[3];
+      sum += double((t0_ + t2) + (t1 + t3));
+    }
+    S = float(double(S) + sum);
+    for (int64_t j = 0; j < nt; ++j) {
+      const float* vr = v + (t0 + j) * stride;
+      for (int64_t d = 0; d < hd; ++d) acc[size_t(d)] = std::fma(p[j], vr[d], acc[size_t(d)]);
+    }
+  }
+  const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+  for (int64_t d = 0; d < hd; ++d) out[d] = acc[size_t(d)] * inv;
+}
+
+}  // namespace pdb::ggmlnum
