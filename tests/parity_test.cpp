@@ -48,9 +48,9 @@ std::vector<uint8_t> slurp(const std::string& p) {
 
 // min_pct_all: the whole-model floor. With an f16 cache the engine's decoder-faithful mode mirrors
 // llama.cpp's whole CPU forward (tinyBLAS order, its RoPE recurrence, its tiled flash attention over
-// the f16 cache, its vectorized SwiGLU) and the state is bit-identical. Quantized, bf16 and f32 caches
-// take llama.cpp's other attention path (per-key online softmax over q8_0-quantized Q), which we do
-// not mirror yet: there deeper layers differ by one quantization step on the flipped elements. With F16 weights on both sides the
+// the f16 cache, its vectorized SwiGLU) and the state is bit-identical; with a Q8_0 cache it mirrors
+// the per-key attention over rotated Q8_0 K/V as well. q4_0, bf16 and f32 caches are not mirrored yet:
+// there deeper layers differ by one quantization step (or a few f32 ulps) on the flipped elements. With F16 weights on both sides the
 // deeper layers agree less (~75%): an unexplained gap in how we mirror the decoder's F16 path (open item).
 struct ParityCase { std::string model, gguf, cache; double min_pct_all; int64_t max_ulp_all; double max_abs_all; };
 void PrintTo(const ParityCase& c, std::ostream* os) { *os << c.model << "/" << c.gguf << "/" << c.cache; }
@@ -99,9 +99,9 @@ TEST_P(Parity, BridgedStateMatchesTheDecodersOwn) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Caches, Parity,
-                         ::testing::Values(ParityCase{"llama-tiny", "f32", "f16", 99.9, 1, 0.01}, ParityCase{"llama-tiny", "f32", "q8_0", 85.0, 1, 0.1},
+                         ::testing::Values(ParityCase{"llama-tiny", "f32", "f16", 99.9, 1, 0.01}, ParityCase{"llama-tiny", "f32", "q8_0", 99.9, 1, 0.1},
                                            ParityCase{"llama-tiny-h16", "f16", "f16", 70.0, 8192, 0.01}, ParityCase{"qwen3-tiny", "f32", "f16", 99.9, 1, 0.01},
-                                           ParityCase{"qwen3-tiny", "f32", "q8_0", 85.0, 1, 0.1},
+                                           ParityCase{"qwen3-tiny", "f32", "q8_0", 99.9, 1, 0.1},
                                            ParityCase{"llama-tiny", "f32", "q4_0", 55.0, 1, 1.0}, ParityCase{"qwen3-tiny", "f32", "q4_0", 55.0, 1, 1.0},
                                            ParityCase{"llama-tiny", "f32", "bf16", 95.0, 1 << 30, 0.05}, ParityCase{"llama-tiny", "f32", "f32", 0.0, 1 << 30, 0.01}),
                          [](const auto& info) {

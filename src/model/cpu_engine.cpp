@@ -14,6 +14,7 @@
 #include "formats/safetensors.h"
 #include "formats/hf_to_gguf.h"
 #include "model/decoder_numerics.h"
+#include "recipes/recipe.h"
 #include "model/gemm_lanes.h"
 #include "model/rmsnorm.h"
 
@@ -126,7 +127,7 @@ CpuEngine::CpuEngine(const std::string& hf_dir, int threads) : cfg_(HfConfig::lo
 CpuEngine::~CpuEngine() = default;
 
 int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, int lanes, const LayerHook& hook,
-                           const std::function<bool()>& cancelled, const KvRounding& kv_round) {
+                           const std::function<bool()>& cancelled, const KvRounding& kv_round, const DecoderCacheSpec& cache) {
   const auto& c = cfg_;
   const int64_t T = int64_t(tokens.size()), H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
   const int64_t nh = c.num_heads, nkv = c.num_kv_heads, qd = nh * hd, kvd = nkv * hd, group = nh / nkv;
@@ -136,6 +137,10 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, in
     if (t < 0 || t >= c.vocab_size) throw std::invalid_argument(fmt::format("token id {} outside the vocabulary ({})", t, c.vocab_size));
   // The engine's own K/V for the whole prompt (f32), per layer.
   std::vector<std::vector<float>> kcache(size_t(c.num_layers)), vcache(size_t(c.num_layers));
+  const size_t q8_row = size_t(kvd / 32 * 34);
+  const bool q8_path = lanes && faithful_ok_ && cache.q8_0 && hd % 32 == 0;
+  std::vector<std::vector<uint8_t>> kq8(q8_path ? size_t(c.num_layers) : 0);
+  for (auto& kq : kq8) kq.resize(size_t(T) * q8_row);
   for (auto& k : kcache) k.resize(size_t(T * kvd));
   for (auto& v : vcache) v.resize(size_t(T * kvd));
   if (lanes && (H % lanes || F % lanes || qd % lanes || hd % lanes)) lanes = 0;
@@ -199,7 +204,19 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, in
           }
         }
       });
-      if (kv_round) {
+      if (q8_path) {
+        // what llama.cpp stores: rotated, Q8_0-quantized rows (V kept dequantized, still rotated)
+        std::vector<uint8_t> tmp(q8_row);
+        for (int64_t r = 0; r < n; ++r) {
+          float* kr = k.data() + r * kvd;
+          float* vr = v.data() + r * kvd;
+          if (cache.rot_k) hadamard_rows(kr, kvd, cache.k_rot_n);
+          if (cache.rot_v) hadamard_rows(vr, kvd, cache.v_rot_n);
+          quantize_row(GgmlType::Q8_0, kr, kq8[size_t(l)].data() + size_t(p0 + r) * q8_row, kvd, Q8Rounding::TiesEven);
+          quantize_row(GgmlType::Q8_0, vr, tmp.data(), kvd, Q8Rounding::TiesEven);
+          dequantize_row(GgmlType::Q8_0, tmp.data(), vr, kvd);
+        }
+      } else if (kv_round) {
         kv_round(k.data(), n, kvd, false);
         kv_round(v.data(), n, kvd, true);
       }
@@ -210,7 +227,22 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, in
       att.assign(size_t(n * qd), 0.0f);
       const float* K = kcache[size_t(l)].data();
       const float* V = vcache[size_t(l)].data();
-      if (faithful) {
+      if (q8_path) {
+        parallel_for(n * nh, threads_, [&](int64_t b, int64_t e) {
+          std::vector<float> qh(static_cast<size_t>(hd));
+          std::vector<uint8_t> qq(size_t(hd / 32 * 34));
+          for (int64_t idx = b; idx < e; ++idx) {
+            const int64_t r = idx / nh, hh = idx % nh, kvh = hh / group;
+            std::copy_n(q.data() + r * qd + hh * hd, hd, qh.data());
+            if (cache.rot_k) hadamard_rows(qh.data(), hd, cache.k_rot_n);
+            quantize_row(GgmlType::Q8_0, qh.data(), qq.data(), hd, Q8Rounding::TiesEven);
+            float* out = att.data() + r * qd + hh * hd;
+            ggmlnum::flash_attn_row_q8(qq.data(), kq8[size_t(l)].data() + size_t(kvh * hd / 32 * 34), int64_t(q8_row), V + kvh * hd, kvd,
+                                       p0 + r + 1, hd, scale, out);
+            if (cache.rot_v) hadamard_rows(out, hd, cache.v_rot_n);
+          }
+        });
+      } else if (faithful) {
         parallel_for(n * nh, threads_, [&](int64_t b, int64_t e) {
           for (int64_t idx = b; idx < e; ++idx) {
             const int64_t r = idx / nh, hh = idx % nh, kvh = hh / group;

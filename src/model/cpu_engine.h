@@ -20,6 +20,13 @@ using LayerHook = std::function<void(int layer, const float* h, int64_t rows, in
 // them, so the engine attends over the values the decoder's cache holds (e.g. f16).
 using KvRounding = std::function<void(float* rows, int64_t n_rows, int64_t kv_dim, bool is_v)>;
 
+// The decoder's cache, for the decoder-faithful attention over a quantized (Q8_0) cache.
+struct DecoderCacheSpec {
+  bool q8_0 = false;               // K and V caches are Q8_0
+  bool rot_k = false, rot_v = false;
+  int64_t k_rot_n = 64, v_rot_n = 64;
+};
+
 class CpuEngine {
  public:
   CpuEngine(const std::string& hf_dir, int threads);
@@ -30,7 +37,8 @@ class CpuEngine {
   // `lanes` (4, 8, 16): matmuls summed in tinyBLAS order (batch-independent, decoder-like bits);
   // 0: OpenBLAS (faster, but bits may depend on the chunking).
   int64_t prefill(const std::vector<int32_t>& tokens, int64_t chunk, int lanes, const LayerHook& hook,
-                  const std::function<bool()>& cancelled = {}, const KvRounding& kv_round = {});
+                  const std::function<bool()>& cancelled = {}, const KvRounding& kv_round = {},
+                  const DecoderCacheSpec& cache = {});
 
  private:
   struct Layer;

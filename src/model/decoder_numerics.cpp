@@ -1,5 +1,7 @@
 #include "model/decoder_numerics.h"
 
+#include "formats/numeric.h"
+
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -78,6 +80,53 @@ void flash_attn_row(const float* q, const float* k, const float* v, int64_t stri
       const float* vr = v + (t0 + j) * stride;
       for (int64_t d = 0; d < hd; ++d) acc[size_t(d)] = std::fma(p[j], vr[d], acc[size_t(d)]);
     }
+  }
+  const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+  for (int64_t d = 0; d < hd; ++d) out[d] = acc[size_t(d)] * inv;
+}
+
+}  // namespace pdb::ggmlnum
+
+namespace pdb::ggmlnum {
+
+float vec_dot_q8_0(const uint8_t* x, const uint8_t* y, int64_t n) {
+  float acc[8] = {};
+  for (int64_t b = 0; b < n / 32; ++b) {
+    const uint8_t* xb = x + b * 34;
+    const uint8_t* yb = y + b * 34;
+    uint16_t dx, dy;
+    std::memcpy(&dx, xb, 2);
+    std::memcpy(&dy, yb, 2);
+    const float d = fp16_to_f32(dx) * fp16_to_f32(dy);
+    for (int l = 0; l < 8; ++l) {
+      int32_t s = 0;
+      for (int t = 0; t < 4; ++t) s += int32_t(int8_t(xb[2 + 4 * l + t])) * int32_t(int8_t(yb[2 + 4 * l + t]));
+      acc[l] = std::fma(d, float(s), acc[l]);
+    }
+  }
+  const float r0 = acc[4] + acc[0], r1 = acc[5] + acc[1], r2 = acc[6] + acc[2], r3 = acc[7] + acc[3];
+  return (r0 + r2) + (r1 + r3);
+}
+
+void flash_attn_row_q8(const uint8_t* q_q8, const uint8_t* k_q8, int64_t k_stride, const float* v, int64_t v_stride, int64_t n_valid,
+                       int64_t hd, float scale, float* out) {
+  float S = 0.0f, M = -INFINITY;
+  std::vector<float> acc(static_cast<size_t>(hd), 0.0f);
+  for (int64_t ic = 0; ic < n_valid; ++ic) {
+    float s = vec_dot_q8_0(k_q8 + ic * k_stride, q_q8, hd);
+    s = s * scale;
+    const float Mold = M;
+    float ms = 1.0f, vs = 1.0f;
+    if (s > M) {
+      M = s;
+      ms = expf(Mold - M);
+      for (int64_t d = 0; d < hd; ++d) acc[size_t(d)] *= ms;
+    } else {
+      vs = expf(s - M);
+    }
+    const float* vr = v + ic * v_stride;
+    for (int64_t d = 0; d < hd; ++d) acc[size_t(d)] = std::fma(vr[d], vs, acc[size_t(d)]);
+    S = S * ms + vs;
   }
   const float inv = S == 0.0f ? 0.0f : 1.0f / S;
   for (int64_t d = 0; d < hd; ++d) out[d] = acc[size_t(d)] * inv;

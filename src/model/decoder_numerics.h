@@ -17,3 +17,17 @@ void flash_attn_row(const float* q, const float* k, const float* v, int64_t stri
                     float scale, float* out);
 
 }  // namespace pdb::ggmlnum
+
+namespace pdb::ggmlnum {
+
+// ggml_vec_dot_q8_0_q8_0 (AVX2): per block, 8 lanes of 4-product integer sums scaled by d_x*d_y and
+// FMA-accumulated, then folded. `n` elements, both rows in Q8_0 blocks.
+float vec_dot_q8_0(const uint8_t* x, const uint8_t* y, int64_t n);
+
+// One query row of ggml_compute_forward_flash_attn_ext_f16_one_chunk for a Q8_0 K cache: `q_q8` is
+// the (already rotated) query in Q8_0, `k_q8` rows of Q8_0 keys with `k_stride` bytes between rows,
+// `v` dequantized value rows (`v_stride` floats apart). Per-key online softmax, as llama.cpp does.
+void flash_attn_row_q8(const uint8_t* q_q8, const uint8_t* k_q8, int64_t k_stride, const float* v, int64_t v_stride,
+                       int64_t n_valid, int64_t head_dim, float scale, float* out);
+
+}  // namespace pdb::ggmlnum

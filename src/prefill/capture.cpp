@@ -70,7 +70,9 @@ CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::P
               dequantize_row(t, tmp.data(), rows + r * kv_dim, kv_dim);
             }
             if (rot) hadamard_rows(rows, n * kv_dim, rn);  // orthonormal and symmetric: its own inverse
-          });
+          },
+          DecoderCacheSpec{spec.k_type == GgmlType::Q8_0 && spec.v_type == GgmlType::Q8_0, spec.rot_k, spec.rot_v,
+                           k_rotation_size(info.head_dim), kVRotationSize});
     }
     if (aborted) { res.status = "error"; res.reason = "receiver went away"; }
     else if (sealed) { res.status = done > 0 ? "partial" : "error"; res.reason = "memory limit reached: sealed the prefix sent so far"; }
