@@ -135,7 +135,10 @@ TEST(Hardening, PrefillKilledMidCaptureIsServedCorrectly) {
   so.prefill_extra = {"--chunk", "64"};
   test::Stack st(so);
   std::mt19937 g(1234);
-  for (int trial = 0; trial < 3; ++trial) {
+  // 3 trials in CI; PDBRIDGE_FAULT_TRIALS=50 for the longer local job recorded in docs/RESULTS.md
+  const int trials = std::getenv("PDBRIDGE_FAULT_TRIALS") ? std::atoi(std::getenv("PDBRIDGE_FAULT_TRIALS")) : 3;
+  int complete = 0, declined = 0;
+  for (int trial = 0; trial < trials; ++trial) {
     const std::string prompt = test::random_text(1000 + uint64_t(trial), 2500);
     const std::string want = native(st, prompt, 1);
     auto fut = std::async(std::launch::async, [&] { return st.post_front("/completion", body(prompt)); });
@@ -145,12 +148,14 @@ TEST(Hardening, PrefillKilledMidCaptureIsServedCorrectly) {
     ASSERT_EQ(r.status, 200) << r.body;
     const std::string v = r.verdict().value("verdict", "");
     // either the capture finished before the kill (complete) or it was declined; never a lie
-    if (v == "complete") EXPECT_GE(r.json()["timings"]["cache_n"].get<int64_t>(), r.verdict()["tokens"].get<int64_t>() - 1);
-    else EXPECT_EQ(v.rfind("declined: ", 0), 0u) << v;
+    if (v == "complete") { ++complete; EXPECT_GE(r.json()["timings"]["cache_n"].get<int64_t>(), r.verdict()["tokens"].get<int64_t>() - 1); }
+    else { ++declined; EXPECT_EQ(v.rfind("declined: ", 0), 0u) << v; }
     EXPECT_EQ(r.json()["content"].get<std::string>(), want) << "trial " << trial << " verdict " << v;
     EXPECT_EQ(files_in(st.slot_dir), 0u);
     st.start_prefill();
   }
+  std::printf("prefill killed mid-capture: %d trials, %d complete before the kill, %d declined, all answers correct unless reported above\n",
+              trials, complete, declined);
 }
 
 TEST(Hardening, CaptureSlowerThanTheTimeoutIsDeclined) {
