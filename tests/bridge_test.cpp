@@ -15,11 +15,7 @@ using json = nlohmann::json;
 
 namespace {
 
-size_t files_in(const std::string& dir) {
-  size_t n = 0;
-  for (const auto& e : fs::directory_iterator(dir)) { (void)e; ++n; }
-  return n;
-}
+using test::files_in;
 
 json completion_body(const std::string& prompt) { return {{"prompt", prompt}, {"n_predict", 24}, {"temperature", 0}}; }
 

@@ -24,11 +24,7 @@ using json = nlohmann::json;
 
 namespace {
 
-size_t files_in(const std::string& dir) {
-  size_t n = 0;
-  for (const auto& e : fs::directory_iterator(dir)) { (void)e; ++n; }
-  return n;
-}
+using test::files_in;
 json body(const std::string& prompt, int n = 16) { return {{"prompt", prompt}, {"n_predict", n}, {"temperature", 0}}; }
 std::string native(test::Stack& st, const std::string& prompt, int slot = 0) {
   auto b = body(prompt);

@@ -51,15 +51,6 @@ std::vector<float> load_vector(const SafetensorsCheckpoint& ck, const std::strin
   return v;
 }
 
-float dot_lanes_f(const float* a, const float* b, int64_t k, int kn) {
-  float acc[16] = {};
-  for (int64_t l = 0; l < k; l += kn)
-    for (int i = 0; i < kn; ++i) acc[i] = std::fma(a[l + i], b[l + i], acc[i]);
-  for (int w = kn / 2; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) acc[i] = acc[i + w] + acc[i];
-  return acc[0];
-}
-
 // y[rows x out] = x[rows x in] W^T
 void gemm_xwt(const float* x, const std::vector<float>& w, int64_t rows, int64_t in, int64_t out, float* y) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(out), int(in), 1.0f, x, int(in), w.data(), int(in), 0.0f, y, int(out));
@@ -259,7 +250,7 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, in
             const float* qr = q.data() + r * qd + hh * hd;
             float m = -INFINITY;
             for (int64_t j = 0; j < lim; ++j) {
-              sc[size_t(j)] = dot_lanes_f(qr, K + j * kvd + kvh * hd, hd, lanes) * scale;
+              sc[size_t(j)] = dot_lanes(qr, K + j * kvd + kvh * hd, hd, lanes) * scale;
               m = std::max(m, sc[size_t(j)]);
             }
             double sum = 0;

@@ -35,6 +35,12 @@ std::string temp_dir(const std::string& tag) {
   return p.string();
 }
 
+size_t files_in(const std::string& dir) {
+  size_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) { (void)e; ++n; }
+  return n;
+}
+
 int free_port() {
   const int s = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
