@@ -112,7 +112,8 @@ TEST(Hardening, BusyPrefillDeclinesFastInsteadOfQueueing) {
   for (int i = 0; i < 5000; ++i) toks.push_back(1000 + (i * 7919) % 50000);
   json pr = {{"wire_version", 1}, {"tokens", toks}, {"fingerprint", h["fingerprint"]}, {"k_type", "f16"}, {"v_type", "f16"}};
   auto hog = std::async(std::launch::async, [&] { return test::http_post(st.prefill_port, "/v1/bridge/prefill", pr.dump(), 300); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  for (int i = 0; i < 200 && json::parse(get(st.prefill_port, "/health")).value("active", 0.0) < 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // until the hog holds the engine
   const auto t0 = std::chrono::steady_clock::now();
   const std::string prompt = test::random_text(14, 600);
   auto r = st.post_front("/completion", body(prompt));
@@ -289,6 +290,7 @@ TEST(Hardening, SixteenConcurrentMixedRequestsOnFourSlots) {
   so.model_dir = tiny();
   so.parallel = 4;
   so.ctx = 4096;
+  so.prefill_extra = {"--max-concurrent", "4"};
   test::Stack st(so);
   struct Job { std::string prompt; bool stream; };
   std::vector<Job> jobs;
@@ -332,6 +334,14 @@ TEST(Hardening, SixteenConcurrentMixedRequestsOnFourSlots) {
   std::printf("\n");
   EXPECT_GE(verdicts["complete"], 4);
   EXPECT_EQ(files_in(st.slot_dir), 0u);
+  // bridges on different slots ran side by side, not one behind the other
+  const std::string pm = get(st.prefill_port, "/metrics");
+  const std::string key = "\npdbridge_prefill_peak_concurrent_captures ";
+  const auto at = pm.find(key);
+  ASSERT_NE(at, std::string::npos) << pm;
+  const double peak = std::stod(pm.substr(at + key.size()));
+  std::printf("peak concurrent captures: %.0f\n", peak);
+  EXPECT_GE(peak, 2.0);
 }
 
 }  // namespace pdb

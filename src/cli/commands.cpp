@@ -111,6 +111,7 @@ void register_prefill(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)");
   cmd->add_option("--api-key", o->api_key, "Require Authorization: Bearer <key> (default: $PDBRIDGE_API_KEY)")->envname("PDBRIDGE_API_KEY");
   cmd->add_option("--max-queue", o->max_queue, "Captures allowed to wait behind the running one")->capture_default_str();
+  cmd->add_option("--max-concurrent", o->max_concurrent, "Captures running at once")->capture_default_str();
   cmd->add_option("--max-queue-wait", o->max_queue_wait_s, "Seconds a capture may wait before it is declined")->capture_default_str();
   cmd->add_option("--max-tokens", o->max_tokens, "Longest prompt accepted (tokens)")->capture_default_str();
   cmd->add_option("--max-body-mb", o->max_body_mb, "Largest request body")->capture_default_str();

@@ -64,17 +64,19 @@ struct FrameQueue {
   }
 };
 
-// One capture runs at a time; the rest wait in arrival order, bounded in number and in time.
+// Up to `max_running` captures run at once; the rest wait in arrival order, bounded in number and in time.
 class FifoGate {
  public:
-  FifoGate(int max_waiting, double max_wait_s) : max_waiting_(max_waiting), max_wait_(max_wait_s) {}
+  FifoGate(int max_waiting, double max_wait_s, int max_running)
+      : max_waiting_(max_waiting), max_wait_(max_wait_s), max_running_(std::max(1, max_running)) {}
   // Returns "" once admitted, else the reason it was refused.
   std::string enter(double* waited_s) {
     std::unique_lock<std::mutex> l(m_);
     const auto t0 = Clock::now();
-    if (int64_t(next_ - serving_) > max_waiting_) return fmt::format("queue full ({} waiting)", next_ - serving_ - 1);
+    if (running_ >= max_running_ && int64_t(next_ - serving_) >= max_waiting_)
+      return fmt::format("queue full ({} waiting, {} running)", next_ - serving_, running_);
     const uint64_t ticket = next_++;
-    const bool ok = cv_.wait_for(l, std::chrono::duration<double>(max_wait_), [&] { return serving_ == ticket && !busy_; });
+    const bool ok = cv_.wait_for(l, std::chrono::duration<double>(max_wait_), [&] { return serving_ == ticket && running_ < max_running_; });
     *waited_s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (!ok) {
       abandoned_.push_back(ticket);
@@ -82,33 +84,37 @@ class FifoGate {
       cv_.notify_all();
       return fmt::format("waited {:.1f}s in the queue", *waited_s);
     }
-    busy_ = true;
+    ++serving_;
+    ++running_;
+    peak_ = std::max(peak_, running_);
+    skip_abandoned();
+    cv_.notify_all();
     return "";
   }
   void leave() {
     std::lock_guard<std::mutex> l(m_);
-    busy_ = false;
-    ++serving_;
-    skip_abandoned();
+    --running_;
     cv_.notify_all();
   }
-  int64_t depth() { std::lock_guard<std::mutex> l(m_); return int64_t(next_ - serving_) - (busy_ ? 1 : 0); }
+  int64_t depth() { std::lock_guard<std::mutex> l(m_); return int64_t(next_ - serving_); }
+  int peak() { std::lock_guard<std::mutex> l(m_); return peak_; }
 
  private:
   void skip_abandoned() {
     for (bool again = true; again;) {
       again = false;
       for (auto it = abandoned_.begin(); it != abandoned_.end(); ++it)
-        if (*it == serving_ && !busy_) { ++serving_; abandoned_.erase(it); again = true; break; }
+        if (*it == serving_) { ++serving_; abandoned_.erase(it); again = true; break; }
     }
   }
   std::mutex m_;
   std::condition_variable cv_;
   uint64_t next_ = 0, serving_ = 0;
-  bool busy_ = false;
+  int running_ = 0, peak_ = 0;
   std::vector<uint64_t> abandoned_;
   int max_waiting_;
   double max_wait_;
+  int max_running_;
 };
 
 int64_t mem_available_mb() {
@@ -202,7 +208,7 @@ int run_prefill_server(const PrefillServerOptions& o) {
   auto reject_counter = [&](const std::string& reason) -> prometheus::Counter& {
     return metrics.counter("pdbridge_prefill_rejected_total", "Requests refused before capture", {{"reason", reason}});
   };
-  FifoGate gate(o.max_queue, o.max_queue_wait_s);
+  FifoGate gate(o.max_queue, o.max_queue_wait_s, o.max_concurrent);
   int64_t limit_mb = o.memory_limit_mb;
   if (limit_mb <= 0) limit_mb = std::max<int64_t>(256, mem_available_mb() / 4);
   const size_t queue_limit = size_t(limit_mb) << 20;
@@ -218,8 +224,10 @@ int run_prefill_server(const PrefillServerOptions& o) {
                          {"config_mismatches", mism}}.dump(),
                     "application/json");
   });
+  auto& m_peak_conc = metrics.gauge("pdbridge_prefill_peak_concurrent_captures", "Most captures that ran at once");
   srv.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
     m_queue.Set(double(gate.depth()));
+    m_peak_conc.Set(double(gate.peak()));
     res.set_content(metrics.render(), "text/plain; version=0.0.4");
   });
   srv.Post("/v1/bridge/prefill", [&](const httplib::Request& req, httplib::Response& res) {

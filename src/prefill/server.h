@@ -13,7 +13,8 @@ struct PrefillServerOptions {
   int64_t memory_limit_mb = 0;  // frames buffered ahead of a slow receiver; past it the capture is sealed (0: from MemAvailable)
   double link_gbps = 0;         // pace the sender to this rate (link emulation); 0: unpaced
   std::string api_key;                         // bearer token required on /v1/bridge/prefill
-  int max_queue = 8;                           // captures waiting behind the running one
+  int max_queue = 8;                           // captures waiting behind the running ones
+  int max_concurrent = 1;                      // captures running at once (each holds the engine's per-prompt K/V)
   double max_queue_wait_s = 30;                // waited longer: declined, the front serves natively
   int64_t max_tokens = 2'000'000;              // per request
   size_t max_body_mb = 64;
