@@ -3,7 +3,6 @@
 // No row permutation: qwen3 GGUFs keep HF's rotate-half layout, which is ggml's NEOX mode.
 #include <fmt/format.h>
 
-#include "common/parallel.h"
 #include "formats/gguf.h"
 #include "model/rmsnorm.h"
 #include "recipes/recipe.h"
@@ -23,24 +22,9 @@ class Qwen3Recipe final : public Recipe {
     }
   }
 
-  void kv_f32(int layer, const float* h, int64_t rows, int64_t pos0, int simd, float* k, float* v) const override {
-    const int64_t E = info_.n_embd, C = info_.n_embd_kv(), hd = info_.head_dim;
-    std::vector<float> x(static_cast<size_t>(rows * E));
-    attn_input(layer, h, rows, x.data());
-    project(wk_[size_t(layer)], x.data(), rows, simd, k);
-    project(wv_[size_t(layer)], x.data(), rows, simd, v);
-    const float* kn = k_norm_[size_t(layer)].data();
-    parallel_for(rows, threads_, [&](int64_t b, int64_t e) {
-      std::vector<float> cache(static_cast<size_t>(hd));
-      for (int64_t r = b; r < e; ++r) {
-        ggml_rope_cache(info_.rope, pos0 + r, cache.data());
-        for (int64_t head = 0; head < info_.n_head_kv; ++head) {
-          float* kh = k + r * C + head * hd;
-          rmsnorm_rows(kh, kn, kh, 1, hd, info_.norm_eps);
-          ggml_rope_apply(info_.rope, cache.data(), kh);
-        }
-      }
-    });
+  // qwen3 normalizes each K head (over head_dim, weight attn_k_norm) before RoPE.
+  void k_head_before_rope(int layer, float* kh) const override {
+    rmsnorm_rows(kh, k_norm_[size_t(layer)].data(), kh, 1, info_.head_dim, info_.norm_eps);
   }
 
  private:

@@ -191,6 +191,25 @@ void Recipe::project(const RecipeWeight& w, const float* x, int64_t rows, int si
       for (int64_t o = 0; o < w.rows; ++o) y[r * w.rows + o] += w.bias[o];
 }
 
+void Recipe::kv_f32(int layer, const float* h, int64_t rows, int64_t pos0, int simd, float* k, float* v) const {
+  const int64_t E = info_.n_embd, C = info_.n_embd_kv(), hd = info_.head_dim;
+  std::vector<float> x(static_cast<size_t>(rows * E));
+  attn_input(layer, h, rows, x.data());
+  project(wk_[size_t(layer)], x.data(), rows, simd, k);
+  project(wv_[size_t(layer)], x.data(), rows, simd, v);
+  parallel_for(rows, threads_, [&](int64_t b, int64_t e) {
+    std::vector<float> cache(static_cast<size_t>(hd));
+    for (int64_t r = b; r < e; ++r) {
+      ggml_rope_cache(info_.rope, pos0 + r, cache.data());
+      for (int64_t head = 0; head < info_.n_head_kv; ++head) {
+        float* kh = k + r * C + head * hd;
+        k_head_before_rope(layer, kh);
+        ggml_rope_apply(info_.rope, cache.data(), kh);
+      }
+    }
+  });
+}
+
 void Recipe::kv_rows(int layer, const float* h, int64_t rows, int64_t pos0, const CacheSpec& spec,
                      std::vector<uint8_t>& k_out, std::vector<uint8_t>& v_out) const {
   if (layer < 0 || layer >= loaded_layers_) throw std::out_of_range(fmt::format("recipe layer {} not loaded", layer));

@@ -62,8 +62,9 @@ class Recipe {
   const RecipeInfo& info() const { return info_; }
 
   // h: [rows x n_embd] residual stream entering `layer`, positions pos0.. ; writes the layer's K and
-  // V rows as f32, before rotation and type conversion: K post-RoPE, head-major.
-  virtual void kv_f32(int layer, const float* h, int64_t rows, int64_t pos0, int simd_width, float* k, float* v) const = 0;
+  // V rows as f32, before rotation and type conversion: K post-RoPE, head-major. Shared by every dense
+  // architecture: x = rms_norm(h)*attn_norm; K = RoPE(k_head(Wk x)); V = Wv x.
+  void kv_f32(int layer, const float* h, int64_t rows, int64_t pos0, int simd_width, float* k, float* v) const;
 
   // Rows in the decoder's cache format: k_out/v_out get rows * row_bytes(type) bytes each.
   void kv_rows(int layer, const float* h, int64_t rows, int64_t pos0, const CacheSpec& spec,
@@ -78,6 +79,8 @@ class Recipe {
   std::vector<RecipeWeight> wk_, wv_;
 
   void load_common(const GgufFile& g, const std::string& arch, int max_layers);
+  // What an architecture does to one K head between the projection and RoPE (qwen3: its K norm).
+  virtual void k_head_before_rope(int layer, float* k_head) const {}
   int64_t loaded_layers_ = 0;
   // x = rms_norm(h) * attn_norm[layer]  (ggml-cpu order of operations)
   void attn_input(int layer, const float* h, int64_t rows, float* x) const;
