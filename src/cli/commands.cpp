@@ -12,6 +12,7 @@
 #include "front/front.h"
 #include "prefill/server.h"
 #include "tools/bench_cold.h"
+#include "tools/bench_prefill.h"
 #include "tools/doctor.h"
 #include "tools/eval_parity.h"
 #include "tools/make_model.h"
@@ -207,6 +208,20 @@ void register_bench(CLI::App& app) {
       return run_bench_cold(*o);
     });
   });
+  auto* pre = bench->add_subcommand("prefill", "Prefill throughput: engine, engine+recipe (wire frames), full forward; TFLOP/s vs a bf16 GEMM measured now");
+  auto po = std::make_shared<BenchPrefillOptions>();
+  pre->add_option("--model", po->model, "HF checkpoint directory")->required();
+  pre->add_option("--recipe", po->recipe, "Decoder GGUF (the recipe's weights)")->required();
+  pre->add_option("--device", po->device, "cuda or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
+  pre->add_option("--tokens", po->tokens, "Prompt lengths")->delimiter(',');
+  pre->add_option("--chunk", po->chunk, "Chunk size");
+  pre->add_option("--reps", po->reps, "Timed runs per mode (median reported)");
+  pre->add_option("--cache-type", po->cache_type, "Decoder cache type for the recipe's rows");
+  pre->add_option("--threads", po->threads, "Host threads");
+  pre->add_option("--seed", po->seed, "First prompt seed (0: from the clock)");
+  pre->add_option("--label", po->label, "Label stored in each JSONL row");
+  pre->add_option("--out", po->out, "JSONL output (appended)");
+  pre->callback([po] { guarded("bench prefill", [&] { return run_bench_prefill(*po); }); });
   auto* plot = bench->add_subcommand("plot", "Plot a bench cold JSONL to PNG (TTFT vs length; stage breakdown)");
   auto in = std::make_shared<std::string>(), out = std::make_shared<std::string>("bench-cold.png");
   plot->add_option("--in", *in, "JSONL from bench cold")->required();

@@ -1,5 +1,9 @@
 #include "cuda/rmsnorm.cuh"
 
+#include <stdexcept>
+
+#include "cuda/common.cuh"
+
 namespace pdb::cuda {
 namespace {
 
@@ -27,11 +31,44 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restr
   }
 }
 
+__global__ void rmsnorm_bf16_kernel(const float* __restrict__ x, const float* __restrict__ w, __nv_bfloat16* __restrict__ y,
+                                    int64_t dim, float eps) {
+  const int64_t row = blockIdx.x;
+  const float4* xr = reinterpret_cast<const float4*>(x + row * dim);
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim / 4; i += kThreads) {
+    const float4 v = xr[i];
+    sum += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  __shared__ float warp_sums[kThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  float total = 0.0f;
+  for (int i = 0; i < kThreads / 32; ++i) total += warp_sums[i];
+  const float scale = rsqrtf(total / float(dim) + eps);
+  const float4* wr = reinterpret_cast<const float4*>(w);
+  __nv_bfloat162* yr = reinterpret_cast<__nv_bfloat162*>(y + row * dim);
+  for (int64_t i = threadIdx.x; i < dim / 4; i += kThreads) {
+    const float4 v = xr[i], g = wr[i];
+    yr[2 * i] = __floats2bfloat162_rn(v.x * scale * g.x, v.y * scale * g.y);
+    yr[2 * i + 1] = __floats2bfloat162_rn(v.z * scale * g.z, v.w * scale * g.w);
+  }
+}
+
 }  // namespace
+
+void rmsnorm_rows_bf16(const float* x, const float* w, __nv_bfloat16* y, int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
+  if (rows == 0) return;
+  if (dim % 4) throw std::invalid_argument("rmsnorm_rows_bf16: dim must be a multiple of 4");
+  rmsnorm_bf16_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, w, y, dim, eps);
+  PDB_CUDA_LAUNCHED();
+}
 
 void rmsnorm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
   if (rows == 0) return;
   rmsnorm_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, w, y, dim, eps);
+  PDB_CUDA_LAUNCHED();
 }
 
 }  // namespace pdb::cuda

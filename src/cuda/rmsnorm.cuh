@@ -1,5 +1,6 @@
 // RMSNorm on the GPU: one block per row, f32 statistics. CPU twin: model/rmsnorm.h.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -8,6 +9,8 @@ namespace pdb::cuda {
 
 // y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w   (w may be null)
 void rmsnorm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps, cudaStream_t stream);
+// The engine's variant: f32 residual in, bf16 matmul input out (f32 statistics; float sum).
+void rmsnorm_rows_bf16(const float* x, const float* w, __nv_bfloat16* y, int64_t rows, int64_t dim, float eps, cudaStream_t stream);
 
 }  // namespace pdb::cuda
 

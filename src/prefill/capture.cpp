@@ -1,5 +1,6 @@
 #include "prefill/capture.h"
 
+#include <atomic>
 #include <chrono>
 
 #include <fmt/format.h>
@@ -12,12 +13,19 @@ CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::P
 }
 
 CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit) {
+  // Non-owning views of the caller's engine and recipe.
+  auto backend = make_cpu_backend(std::shared_ptr<CpuEngine>(&engine, [](CpuEngine*) {}), std::shared_ptr<const Recipe>(&recipe, [](const Recipe*) {}));
+  return run_capture(*backend, req, chunk, emit);
+}
+
+CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit) {
+  const Recipe& recipe = backend.recipe();
   const auto t0 = std::chrono::steady_clock::now();
   const auto& info = recipe.info();
   CacheSpec spec{req.k_type, req.v_type, req.rot_k, req.rot_v, req.simd_width};
   const int64_t T = int64_t(req.tokens.size());
   CaptureResult res;
-  bool aborted = false, sealed = false;
+  std::atomic<bool> aborted{false}, sealed{false};  // the sink may run on a backend's delivery thread
   {
     std::vector<uint8_t> hello;
     wire::encode_json_frame(wire::FrameKind::Hello,
@@ -34,45 +42,29 @@ CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::P
   int64_t done = 0;
   try {
     if (!aborted) {
-      engine.prefill(
-          req.tokens, chunk, spec.simd_width,
-          [&](int layer, const float* h, int64_t rows, int64_t pos0) {
-            if (aborted || sealed) return;
-            std::vector<uint8_t> k, v, frame;
-            recipe.kv_rows(layer, h, rows, pos0, spec, k, v);
+      backend.check_fits(T, chunk);
+      backend.capture(
+          req.tokens, chunk, spec,
+          [&](const KvBlock& b) {
+            std::vector<uint8_t> frame;
             wire::FrameHeader fh;
-            fh.layer = uint32_t(layer);
-            fh.pos0 = uint32_t(pos0);
-            fh.n_rows = uint32_t(rows);
+            fh.layer = uint32_t(b.layer);
+            fh.pos0 = uint32_t(b.pos0);
+            fh.n_rows = uint32_t(b.rows);
             fh.kind = wire::FrameKind::K;
             fh.type = uint8_t(spec.k_type);
-            frame.reserve(k.size() + v.size() + 2 * wire::kHeaderBytes);
-            wire::encode_frame(fh, k.data(), k.size(), frame);
+            frame.reserve(b.k_bytes + b.v_bytes + 2 * wire::kHeaderBytes);
+            wire::encode_frame(fh, b.k, b.k_bytes, frame);
             fh.kind = wire::FrameKind::V;
             fh.type = uint8_t(spec.v_type);
-            wire::encode_frame(fh, v.data(), v.size(), frame);
+            wire::encode_frame(fh, b.v, b.v_bytes, frame);
             const Emit e = emit(std::move(frame), false);
-            if (e == Emit::Gone) { aborted = true; return; }
-            if (e == Emit::Seal) { sealed = true; return; }
-            if (layer == info.n_layer - 1) done = pos0 + rows;
+            if (e == Emit::Gone) { aborted = true; return false; }
+            if (e == Emit::Seal) { sealed = true; return false; }
+            if (b.layer == info.n_layer - 1) done = b.pos0 + b.rows;
+            return true;
           },
-          [&] { return aborted || sealed; },
-          [&](float* rows, int64_t n, int64_t kv_dim, bool is_v) {
-            // Attend over what the decoder's cache will hold: K/V through the cache type (and rotation).
-            const GgmlType t = is_v ? spec.v_type : spec.k_type;
-            if (t == GgmlType::F32) return;
-            const bool rot = is_v ? spec.rot_v : spec.rot_k;
-            const int64_t rn = is_v ? kVRotationSize : k_rotation_size(info.head_dim);
-            if (rot) hadamard_rows(rows, n * kv_dim, rn);
-            std::vector<uint8_t> tmp(ggml_row_bytes(t, kv_dim));
-            for (int64_t r = 0; r < n; ++r) {
-              quantize_row(t, rows + r * kv_dim, tmp.data(), kv_dim, Q8Rounding::TiesEven);
-              dequantize_row(t, tmp.data(), rows + r * kv_dim, kv_dim);
-            }
-            if (rot) hadamard_rows(rows, n * kv_dim, rn);  // orthonormal and symmetric: its own inverse
-          },
-          DecoderCacheSpec{spec.k_type == GgmlType::Q8_0 && spec.v_type == GgmlType::Q8_0, spec.rot_k, spec.rot_v,
-                           k_rotation_size(info.head_dim), kVRotationSize});
+          [&] { return aborted || sealed; });
     }
     if (aborted) { res.status = "error"; res.reason = "receiver went away"; }
     else if (sealed) { res.status = done > 0 ? "partial" : "error"; res.reason = "memory limit reached: sealed the prefix sent so far"; }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/cpu_engine.h"
+#include "prefill/backend.h"
 #include "recipes/recipe.h"
 #include "wire/protocol.h"
 
@@ -26,6 +27,7 @@ enum class Emit { Ok, Seal, Gone };
 // `emit` receives encoded frames (HELLO first, TRAILER last). `force` frames (the trailer) must be
 // accepted whatever the memory limit says.
 using EmitFn = std::function<Emit(std::vector<uint8_t>&& frame, bool force)>;
+CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit);
 CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit);
 
 // Convenience for in-process use: every frame accepted.

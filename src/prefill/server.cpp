@@ -175,11 +175,7 @@ std::vector<std::string> config_mismatches(const std::string& hf_dir, const std:
 }
 
 int run_prefill_server(const PrefillServerOptions& o) {
-  if (o.device == "cuda") {
-    if (cuda::device_count() == 0) throw std::runtime_error("--device cuda: " + cuda::device_summary());
-    throw std::runtime_error("--device cuda: the CUDA engine is not part of this build yet; use --device cpu");
-  }
-  if (o.device != "cpu") throw std::invalid_argument("--device must be cpu or cuda");
+  if (o.device != "cpu" && o.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda");
   const auto mism = config_mismatches(o.model, o.recipe);
   for (const auto& m : mism) spdlog::error("prefill: config mismatch: {}", m);
   if (!mism.empty() && !o.allow_config_mismatch)
@@ -187,8 +183,11 @@ int run_prefill_server(const PrefillServerOptions& o) {
                                          mism.size(), o.model, o.recipe, mism[0]));
   const int threads = o.threads > 0 ? o.threads : default_threads();
   spdlog::info("prefill: loading model {} and recipe {}", o.model, o.recipe);
-  auto engine = std::make_shared<CpuEngine>(o.model, threads);
-  std::shared_ptr<Recipe> recipe = Recipe::load(o.recipe, threads);
+  std::shared_ptr<const Recipe> recipe = Recipe::load(o.recipe, threads);
+  std::shared_ptr<PrefillBackend> engine;
+  if (o.device == "cuda") engine = make_cuda_backend(o.model, recipe, threads, o.chunk > 0 ? o.chunk : 2048);
+  else engine = make_cpu_backend(std::make_shared<CpuEngine>(o.model, threads), recipe);
+  spdlog::info("prefill: engine on {}", engine->device());
   const auto& ri = recipe->info();
   const auto& hc = engine->config();
   const std::string fingerprint = recipe_fingerprint(ri);
@@ -218,7 +217,7 @@ int run_prefill_server(const PrefillServerOptions& o) {
   httplib::Server srv;
   install_json_error_handler(srv);
   srv.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
-    res.set_content(json{{"ok", true}, {"role", "prefill"}, {"device", o.device}, {"arch", ri.arch}, {"fingerprint", fingerprint},
+    res.set_content(json{{"ok", true}, {"role", "prefill"}, {"device", engine->device()}, {"arch", ri.arch}, {"fingerprint", fingerprint},
                          {"geometry", recipe_geometry(ri)}, {"model", o.model}, {"recipe", o.recipe},
                          {"active", m_active.Value()}, {"queue", gate.depth()}, {"mem_available_mb", mem_available_mb()},
                          {"config_mismatches", mism}}.dump(),
@@ -281,7 +280,7 @@ int run_prefill_server(const PrefillServerOptions& o) {
             *pace_start = Clock::now();
             *worker = std::thread([=, &m_active, &m_engine, &m_tokens, &m_tok_s, &m_peak, &result_counter, &engine, &recipe] {
               m_active.Increment();
-              auto r = run_capture(*engine, *recipe, pr, chunk, EmitFn([&](std::vector<uint8_t>&& f, bool force) { return queue->push(std::move(f), force); }));
+              auto r = run_capture(*engine, pr, chunk, EmitFn([&](std::vector<uint8_t>&& f, bool force) { return queue->push(std::move(f), force); }));
               m_peak.Set(double(queue->peak));
               m_active.Decrement();
               m_engine.Observe(r.engine_s);

@@ -22,6 +22,8 @@ class Qwen3Recipe final : public Recipe {
     }
   }
 
+  const float* k_head_norm(int layer) const override { return k_norm_.at(size_t(layer)).data(); }
+
   // qwen3 normalizes each K head (over head_dim, weight attn_k_norm) before RoPE.
   void k_head_before_rope(int layer, float* kh) const override {
     rmsnorm_rows(kh, k_norm_[size_t(layer)].data(), kh, 1, info_.head_dim, info_.norm_eps);

@@ -71,6 +71,14 @@ class Recipe {
                std::vector<uint8_t>& k_out, std::vector<uint8_t>& v_out) const;
 
   int threads() const { return threads_; }
+  int64_t loaded_layers() const { return loaded_layers_; }
+
+  // What a GPU implementation of the same math needs (recipes/recipe_gpu.h).
+  const RecipeWeight& k_weight(int layer) const { return wk_.at(size_t(layer)); }
+  const RecipeWeight& v_weight(int layer) const { return wv_.at(size_t(layer)); }
+  const float* attn_norm(int layer) const { return attn_norm_all_.data() + int64_t(layer) * info_.n_embd; }
+  // Per-head RMSNorm weights applied to K before RoPE (qwen3), or null.
+  virtual const float* k_head_norm(int layer) const { return nullptr; }
 
  protected:
   RecipeInfo info_;

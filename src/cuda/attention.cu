@@ -1,0 +1,243 @@
+#include "cuda/attention.cuh"
+
+#include <stdexcept>
+#include <string>
+
+#include "cuda/common.cuh"
+
+namespace pdb::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kBlockQ = 16 * kWarps;  // each warp owns 16 query rows
+constexpr int kBlockK = 64;           // keys per tile
+constexpr int kThreads = 32 * kWarps;
+
+// Shared tiles are rows of head_dim bf16 split into 16-byte chunks; chunk c of row r lives at
+// chunk (c ^ (r & 7)) so that the 8 rows an ldmatrix reads fall in 8 different bank groups.
+__device__ __forceinline__ int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+__device__ __forceinline__ uint32_t swz(int row, int chunk, int chunks_per_row) {
+  return uint32_t((row * chunks_per_row + (chunk ^ (row & 7))) * 16);
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t smem, const void* gmem, bool valid) {
+  const int bytes = valid ? 16 : 0;  // 0: the copy engine writes zeros (rows past the end)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+// D(16x8, f32) += A(16x16, bf16, row) * B(16x8, bf16, col)
+__device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Copies `rows` rows (row stride `stride` elements) of a head_dim-wide tile into swizzled shared memory;
+// rows at or past `valid` are zero-filled.
+template <int D>
+__device__ __forceinline__ void load_tile(uint32_t smem, const __nv_bfloat16* g, int64_t stride, int rows, int valid) {
+  constexpr int C = D / 8;
+  for (int i = threadIdx.x; i < rows * C; i += kThreads) {
+    const int r = i / C, c = i % C;
+    const bool ok = r < valid;
+    cp_async16(smem + swz(r, c, C), g + (ok ? int64_t(r) * stride + c * 8 : 0), ok);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 2)
+flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                       const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out, AttentionShape s) {
+  constexpr int C = D / 8;           // 16-byte chunks per row
+  constexpr int KSTEPS = D / 16;     // mma k-steps over head_dim
+  constexpr int DTILES = D / 8;      // output n-tiles
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  const uint32_t sbase = uint32_t(__cvta_generic_to_shared(smem_raw));
+  const uint32_t sQ = sbase;
+  const uint32_t sK[2] = {sQ + kBlockQ * D * 2, sQ + kBlockQ * D * 2 + kBlockK * D * 2};
+  const uint32_t sV[2] = {sK[1] + kBlockK * D * 2, sK[1] + 2 * kBlockK * D * 2};
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Heaviest query tiles (most keys) first, so the tail of the grid is short.
+  const int qtile = int(gridDim.x) - 1 - int(blockIdx.x);
+  const int head = blockIdx.y;
+  const int kvh = head / (s.n_heads / s.n_kv_heads);
+  const int64_t q_first = int64_t(qtile) * kBlockQ;  // row within the chunk
+  const int q_valid = int(imin64(kBlockQ, s.n_q - q_first));
+  const int64_t q_stride = int64_t(s.n_heads) * D;
+  const int64_t n_keys = s.pos0 + imin64(s.n_q, q_first + kBlockQ);  // keys this tile can see
+  const int n_tiles = int((n_keys + kBlockK - 1) / kBlockK);
+  const __nv_bfloat16* kh = k + int64_t(kvh) * s.kv_capacity * D;
+  const __nv_bfloat16* vh = v + int64_t(kvh) * s.kv_capacity * D;
+
+  load_tile<D>(sQ, q + q_first * q_stride + int64_t(head) * D, q_stride, kBlockQ, q_valid);
+  cp_async_commit();
+  auto load_kv = [&](int t, int stage) {
+    const int64_t k0 = int64_t(t) * kBlockK;
+    const int valid = int(imin64(kBlockK, n_keys - k0));
+    load_tile<D>(sK[stage], kh + k0 * D, D, kBlockK, valid);
+    load_tile<D>(sV[stage], vh + k0 * D, D, kBlockK, valid);
+    cp_async_commit();
+  };
+  load_kv(0, 0);
+  cp_async_wait<1>();
+  __syncthreads();
+
+  uint32_t qf[KSTEPS][4];
+  {
+    const int mat = lane / 8, r = lane % 8;
+    const int row = warp * 16 + r + (mat & 1) * 8;
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; ++kk)
+      ldmatrix_x4(sQ + swz(row, kk * 2 + (mat >> 1), C), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+  }
+
+  float o[DTILES][4];
+#pragma unroll
+  for (int j = 0; j < DTILES; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  const float scale_log2 = s.scale * 1.4426950408889634f;
+  // Absolute positions of this thread's two query rows.
+  const int64_t qpos0 = s.pos0 + q_first + warp * 16 + lane / 4;
+  const int64_t qpos[2] = {qpos0, qpos0 + 8};
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const int stage = t & 1;
+    if (t + 1 < n_tiles) { load_kv(t + 1, stage ^ 1); cp_async_wait<1>(); }
+    else cp_async_wait<0>();
+    __syncthreads();
+
+    // S = Q K^T for 16 rows x 64 keys.
+    float sc[kBlockK / 8][4];
+#pragma unroll
+    for (int j = 0; j < kBlockK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+    {
+      const int mat = lane / 8, r = lane % 8;
+#pragma unroll
+      for (int kk = 0; kk < KSTEPS; ++kk)
+#pragma unroll
+        for (int j = 0; j < kBlockK / 8; j += 2) {
+          uint32_t b0, b1, b2, b3;
+          const int key = (j + (mat >> 1)) * 8 + r;
+          ldmatrix_x4(sK[stage] + swz(key, kk * 2 + (mat & 1), C), b0, b1, b2, b3);
+          mma_bf16(sc[j], qf[kk], b0, b1);
+          mma_bf16(sc[j + 1], qf[kk], b2, b3);
+        }
+    }
+    // Causal mask where the tile reaches past the first query row of the block.
+    const int64_t key0 = int64_t(t) * kBlockK;
+    const bool needs_mask = key0 + kBlockK - 1 > s.pos0 + q_first;
+#pragma unroll
+    for (int j = 0; j < kBlockK / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = sc[j][e] * scale_log2;
+        if (needs_mask) {
+          const int64_t kpos = key0 + j * 8 + 2 * (lane % 4) + (e & 1);
+          if (kpos > qpos[e >> 1]) x = -INFINITY;
+        }
+        sc[j][e] = x;
+      }
+    // Online softmax (base 2): rows are shared by the 4 lanes of a quad.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = m_run[h];
+#pragma unroll
+      for (int j = 0; j < kBlockK / 8; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * h], sc[j][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float corr = exp2f(m_run[h] - mx);  // m_run = -inf on the first tile: corr = 0
+      m_run[h] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kBlockK / 8; ++j) {
+        sc[j][2 * h] = exp2f(sc[j][2 * h] - mx);
+        sc[j][2 * h + 1] = exp2f(sc[j][2 * h + 1] - mx);
+        sum += sc[j][2 * h] + sc[j][2 * h + 1];
+      }
+      l_run[h] = l_run[h] * corr + sum;  // per-lane partial; reduced across the quad at the end
+#pragma unroll
+      for (int j = 0; j < DTILES; ++j) { o[j][2 * h] *= corr; o[j][2 * h + 1] *= corr; }
+    }
+    // O += P V: the S accumulators of two neighbouring key tiles are exactly one A fragment.
+    {
+      const int mat = lane / 8, r = lane % 8;
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / 16; ++kk) {
+        uint32_t a[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                         pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+        for (int j = 0; j < DTILES; j += 2) {
+          uint32_t b0, b1, b2, b3;
+          const int key = kk * 16 + (mat & 1) * 8 + r;
+          ldmatrix_x4_trans(sV[stage] + swz(key, j + (mat >> 1), C), b0, b1, b2, b3);
+          mma_bf16(o[j], a, b0, b1);
+          mma_bf16(o[j + 1], a, b2, b3);
+        }
+      }
+    }
+    __syncthreads();  // the next iteration's prefetch overwrites this stage
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int64_t row = q_first + warp * 16 + lane / 4 + h * 8;
+    if (row >= s.n_q) continue;
+    __nv_bfloat16* orow = out + row * q_stride + int64_t(head) * D;
+#pragma unroll
+    for (int j = 0; j < DTILES; ++j) {
+      const int col = j * 8 + 2 * (lane % 4);
+      *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+    }
+  }
+}
+
+template <int D>
+void launch(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out, const AttentionShape& s,
+            cudaStream_t stream) {
+  const int smem = (kBlockQ + 4 * kBlockK) * D * 2;
+  static bool configured = false;  // attribute set once per process and instantiation
+  if (!configured) {
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_causal<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    configured = true;
+  }
+  const dim3 grid(unsigned((s.n_q + kBlockQ - 1) / kBlockQ), unsigned(s.n_heads));
+  flash_attention_causal<D><<<grid, kThreads, smem, stream>>>(q, k, v, out, s);
+  PDB_CUDA_LAUNCHED();
+}
+
+}  // namespace
+
+void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
+                      const AttentionShape& s, cudaStream_t stream) {
+  if (s.n_q <= 0) return;
+  if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0) throw std::invalid_argument("attention: heads not a multiple of kv heads");
+  if (s.pos0 + s.n_q > s.kv_capacity) throw std::invalid_argument("attention: keys past the cache capacity");
+  switch (s.head_dim) {
+    case 64: launch<64>(q, k, v, out, s, stream); break;
+    case 128: launch<128>(q, k, v, out, s, stream); break;
+    default: throw std::invalid_argument("attention: head_dim " + std::to_string(s.head_dim) + " not supported (64, 128)");
+  }
+}
+
+}  // namespace pdb::cuda

@@ -1,0 +1,26 @@
+// Causal flash attention for prefill (FlashAttention-2 style) on sm_80+ tensor cores, bf16 in/out,
+// f32 scores and softmax statistics, GQA, head_dim 64 or 128. Keys are tiled (64 at a time) with an
+// online softmax, so memory is O(tile) whatever the context: no T x T scores anywhere.
+// CPU twin: model/reference_ops.h causal_attention_ref.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace pdb::cuda {
+
+struct AttentionShape {
+  int64_t n_q = 0;        // queries in this chunk, at positions pos0 .. pos0 + n_q - 1
+  int64_t pos0 = 0;       // keys are positions 0 .. pos0 + n_q - 1 (causal)
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  int64_t kv_capacity = 0;  // rows per head in the K/V cache
+  float scale = 0;          // softmax scale (1/sqrt(head_dim) for llama and qwen3)
+};
+
+// q: [n_q x n_heads x head_dim]; k, v: [n_kv_heads x kv_capacity x head_dim] (cache, rows 0..pos0+n_q-1
+// valid); out: [n_q x n_heads x head_dim]. Throws for an unsupported head_dim.
+void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
+                      const AttentionShape& s, cudaStream_t stream);
+
+}  // namespace pdb::cuda

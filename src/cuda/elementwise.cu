@@ -1,0 +1,104 @@
+#include "cuda/elementwise.cuh"
+
+#include "cuda/common.cuh"
+
+namespace pdb::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+unsigned blocks_for(int64_t n, int per_thread = 1) {
+  const int64_t b = (n + int64_t(kThreads) * per_thread - 1) / (int64_t(kThreads) * per_thread);
+  return unsigned(b < 1 ? 1 : (b > 65535LL * 32 ? 65535LL * 32 : b));
+}
+
+__global__ void embed_kernel(const float* __restrict__ table, const int32_t* __restrict__ tokens, int64_t dim,
+                             float* __restrict__ h) {
+  const int64_t r = blockIdx.x;
+  const float* src = table + int64_t(tokens[r]) * dim;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) h[r * dim + i] = src[i];
+}
+
+__global__ void swiglu_kernel(const __nv_bfloat16* __restrict__ gu, __nv_bfloat16* __restrict__ out, int64_t rows, int64_t ff) {
+  const int64_t pairs = ff / 2;  // two elements per thread: 4-byte loads and stores
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * pairs; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / pairs, c = (i % pairs) * 2;
+    const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(gu + r * 2 * ff + c));
+    const float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(gu + r * 2 * ff + ff + c));
+    const float a = g.x / (1.0f + expf(-g.x)) * u.x, b = g.y / (1.0f + expf(-g.y)) * u.y;
+    *reinterpret_cast<__nv_bfloat162*>(out + r * ff + c) = __floats2bfloat162_rn(a, b);
+  }
+}
+
+__global__ void f32_to_f16_kernel(const float* __restrict__ x, __half* __restrict__ y, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) y[i] = __float2half_rn(x[i]);
+}
+__global__ void f32_to_bf16_kernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ y, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) y[i] = __float2bfloat16_rn(x[i]);
+}
+__global__ void f16_to_f32_kernel(const __half* __restrict__ x, float* __restrict__ y, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) y[i] = __half2float(x[i]);
+}
+
+// One warp per 32-element block: lane i owns element i.
+__global__ void q8_0_kernel(float* __restrict__ x, int64_t n_blocks) {
+  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (b >= n_blocks) return;
+  float v = x[b * 32 + lane];
+  float amax = fabsf(v);
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float d = amax / 127.0f;
+  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  const float q = rintf(__fmul_rn(v, id));  // no contraction: the CPU multiplies, then rounds
+  x[b * 32 + lane] = __fmul_rn(q, __half2float(__float2half_rn(d)));
+}
+
+__global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t rows, int64_t cols) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * cols; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += bias[i % cols];
+}
+
+}  // namespace
+
+void embed_rows(const float* table, const int32_t* tokens, int64_t rows, int64_t dim, float* h, cudaStream_t s) {
+  if (rows == 0) return;
+  embed_kernel<<<unsigned(rows), kThreads, 0, s>>>(table, tokens, dim, h);
+  PDB_CUDA_LAUNCHED();
+}
+
+void swiglu_rows(const __nv_bfloat16* gu, __nv_bfloat16* out, int64_t rows, int64_t ff, cudaStream_t s) {
+  if (rows == 0) return;
+  swiglu_kernel<<<blocks_for(rows * ff / 2), kThreads, 0, s>>>(gu, out, rows, ff);
+  PDB_CUDA_LAUNCHED();
+}
+
+void f32_to_f16(const float* x, __half* y, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  f32_to_f16_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, y, n);
+  PDB_CUDA_LAUNCHED();
+}
+void f32_to_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  f32_to_bf16_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, y, n);
+  PDB_CUDA_LAUNCHED();
+}
+void f16_to_f32(const __half* x, float* y, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  f16_to_f32_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, y, n);
+  PDB_CUDA_LAUNCHED();
+}
+
+void q8_0_round_trip(float* x, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  const int64_t nb = n / 32;
+  q8_0_kernel<<<unsigned((nb * 32 + kThreads - 1) / kThreads), kThreads, 0, s>>>(x, nb);
+  PDB_CUDA_LAUNCHED();
+}
+
+void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows * cols == 0) return;
+  add_bias_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(y, bias, rows, cols);
+  PDB_CUDA_LAUNCHED();
+}
+
+}  // namespace pdb::cuda

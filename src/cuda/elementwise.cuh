@@ -1,0 +1,26 @@
+// The engine's small fused kernels: embedding gather, SwiGLU, precision conversions, and the
+// decoder's Q8_0 activation round trip. CPU twins: model/reference_ops.h.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace pdb::cuda {
+
+// h[r] = table[tokens[r]]  (rows x dim; f32 table: the residual stream starts exact)
+void embed_rows(const float* table, const int32_t* tokens, int64_t rows, int64_t dim, float* h, cudaStream_t s);
+// out[r][i] = silu(gu[r][i]) * gu[r][ff + i]   with gu = [gate | up] per row; f32 math, bf16 result
+void swiglu_rows(const __nv_bfloat16* gu, __nv_bfloat16* out, int64_t rows, int64_t ff, cudaStream_t s);
+// Round-to-nearest-even conversions (what F16C and ggml's bf16 conversion do).
+void f32_to_f16(const float* x, __half* y, int64_t n, cudaStream_t s);
+void f32_to_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t s);
+void f16_to_f32(const __half* x, float* y, int64_t n, cudaStream_t s);
+// x <- dequantize(quantize_q8_0(x)) per 32-element block, with ggml-cpu's x86 quantizer
+// (d = amax/127, q = round-half-even(x * 127/amax), d stored as f16).
+void q8_0_round_trip(float* x, int64_t n, cudaStream_t s);
+// y[r][c] += bias[c]
+void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
+
+}  // namespace pdb::cuda

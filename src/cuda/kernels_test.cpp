@@ -1,0 +1,261 @@
+// Every CUDA kernel against its CPU twin (model/reference_ops.h, model/rmsnorm.h, the codecs) on
+// fresh random inputs, outputs poisoned before each run. Error budgets follow the device tool's
+// METHOD.md: bf16 operands 1e-3..1e-2 relative, f32 far under 1e-3, exact where the math is exact.
+// Runs where a GPU is present; skips (saying why) elsewhere.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "cuda/device.h"
+#include "formats/ggml_types.h"
+#include "formats/numeric.h"
+#include "model/reference_ops.h"
+#include "model/rmsnorm.h"
+#include "recipes/rope_ggml.h"
+#ifdef PDBRIDGE_HAVE_CUDA
+#include <cuda_bf16.h>
+
+#include "cuda/attention.cuh"
+#include "cuda/common.cuh"
+#include "cuda/elementwise.cuh"
+#include "cuda/gemm.cuh"
+#include "cuda/rmsnorm.cuh"
+#include "cuda/rope.cuh"
+#endif
+
+namespace pdb {
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary()
+
+#ifdef PDBRIDGE_HAVE_CUDA
+std::mt19937& rng() {
+  static std::mt19937 g(std::random_device{}());
+  return g;
+}
+std::vector<float> randn(size_t n, float sd = 1.0f) {
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng());
+  return v;
+}
+// Values as bf16 holds them (what the kernel sees) and the device copy.
+std::vector<float> round_bf16(std::vector<float> v) {
+  for (auto& x : v) x = bf16_to_f32(f32_to_bf16(x));
+  return v;
+}
+cuda::DeviceBuffer to_device_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
+  cuda::DeviceBuffer b(h.size() * 2);
+  b.upload(h.data(), h.size() * 2);
+  return b;
+}
+cuda::DeviceBuffer to_device_f32(const std::vector<float>& v) {
+  cuda::DeviceBuffer b(v.size() * 4);
+  b.upload(v.data(), v.size() * 4);
+  return b;
+}
+cuda::DeviceBuffer poisoned(size_t bytes) {
+  cuda::DeviceBuffer b(bytes);
+  PDB_CUDA_CHECK(cudaMemset(b.get(), 0xff, bytes));  // NaN in f32, bf16 and f16
+  return b;
+}
+std::vector<float> from_device_bf16(const cuda::DeviceBuffer& b, size_t n) {
+  std::vector<uint16_t> h(n);
+  b.download(h.data(), n * 2);
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = bf16_to_f32(h[i]);
+  return v;
+}
+std::vector<float> from_device_f32(const cuda::DeviceBuffer& b, size_t n) {
+  std::vector<float> v(n);
+  b.download(v.data(), n * 4);
+  return v;
+}
+#endif
+
+}  // namespace
+
+TEST(CudaKernels, FlashAttentionMatchesTheF64TwinForEveryShapeAndChunk) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  struct Case { int H, KV, D; int64_t pos0, n_q; };
+  for (const Case c : {Case{8, 2, 64, 0, 300}, Case{8, 8, 128, 0, 129}, Case{4, 1, 128, 200, 137}, Case{6, 2, 64, 1000, 1}, Case{4, 2, 128, 64, 64}}) {
+    const int64_t cap = c.pos0 + c.n_q + 5;
+    auto q = round_bf16(randn(size_t(c.n_q * c.H * c.D)));
+    auto k = round_bf16(randn(size_t(c.KV * cap * c.D)));
+    auto v = round_bf16(randn(size_t(c.KV * cap * c.D)));
+    for (int h = 0; h < c.KV; ++h)  // rows past the keys hold NaN: the kernel must never read them
+      for (int64_t j = c.pos0 + c.n_q; j < cap; ++j)
+        for (int d = 0; d < c.D; ++d) k[size_t((h * cap + j) * c.D + d)] = v[size_t((h * cap + j) * c.D + d)] = NAN;
+    const float scale = 1.0f / std::sqrt(float(c.D));
+    std::vector<float> ref;
+    ref::causal_attention(q, k, v, ref, c.n_q, c.pos0, c.H, c.KV, c.D, cap, scale);
+    auto dq = to_device_bf16(q), dk = to_device_bf16(k), dv = to_device_bf16(v);
+    auto dout = poisoned(ref.size() * 2);
+    cuda::AttentionShape s{c.n_q, c.pos0, c.H, c.KV, c.D, cap, scale};
+    cuda::causal_attention(dq.as<__nv_bfloat16>(), dk.as<__nv_bfloat16>(), dv.as<__nv_bfloat16>(), dout.as<__nv_bfloat16>(), s, nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    const double err = ref::rel_error(from_device_bf16(dout, ref.size()), ref);
+    std::printf("attention H=%d KV=%d D=%d pos0=%lld n_q=%lld: rel err %.2e\n", c.H, c.KV, c.D, (long long)c.pos0, (long long)c.n_q, err);
+    EXPECT_LT(err, 1e-2);
+  }
+#endif
+}
+
+TEST(CudaKernels, QkvRopeMatchesItsTwinWithAndWithoutHeadNorms) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  for (bool norms : {false, true}) {
+    const int H = 4, KV = 2, D = 128;
+    const int64_t rows = 33, pos0 = 70000, cap = pos0 + rows;
+    auto qkv = round_bf16(randn(size_t(rows * (H + 2 * KV) * D)));
+    std::vector<float> inv(D / 2);
+    for (int i = 0; i < D / 2; ++i) inv[size_t(i)] = float(std::pow(500000.0, -2.0 * i / D));
+    auto qn = randn(D, 0.2f), kn = randn(D, 0.2f);
+    for (auto& x : qn) x += 1.0f;
+    for (auto& x : kn) x += 1.0f;
+    std::vector<float> rq, rk(size_t(KV * cap * D), 0.0f), rv(rk.size(), 0.0f);
+    ref::qkv_rope_to_cache(qkv, rq, rk, rv, rows, pos0, H, KV, D, inv, 1.0f, norms ? qn.data() : nullptr, norms ? kn.data() : nullptr, 1e-6f, cap);
+    auto dqkv = to_device_bf16(qkv), dinv = to_device_f32(inv), dqn = to_device_f32(qn), dkn = to_device_f32(kn);
+    auto dq = poisoned(rq.size() * 2), dkc = poisoned(rk.size() * 2), dvc = poisoned(rv.size() * 2);
+    cuda::QkvRopeArgs a;
+    a.rows = rows; a.pos0 = pos0; a.n_heads = H; a.n_kv_heads = KV; a.head_dim = D; a.inv_freq = dinv.as<float>();
+    a.q_norm = norms ? dqn.as<float>() : nullptr; a.k_norm = norms ? dkn.as<float>() : nullptr; a.eps = 1e-6f; a.kv_capacity = cap;
+    cuda::qkv_rope_to_cache(dqkv.as<__nv_bfloat16>(), dq.as<__nv_bfloat16>(), dkc.as<__nv_bfloat16>(), dvc.as<__nv_bfloat16>(), a, nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    auto slice = [&](const std::vector<float>& cache) {  // rows pos0.. of every head
+      std::vector<float> o;
+      for (int h = 0; h < KV; ++h) o.insert(o.end(), cache.begin() + (h * cap + pos0) * D, cache.begin() + (h * cap + pos0 + rows) * D);
+      return o;
+    };
+    const double eq = ref::rel_error(from_device_bf16(dq, rq.size()), rq);
+    const double ek = ref::rel_error(slice(from_device_bf16(dkc, rk.size())), slice(rk));
+    const double ev = ref::rel_error(slice(from_device_bf16(dvc, rv.size())), slice(rv));
+    std::printf("qkv rope norms=%d: q %.2e k %.2e v %.2e\n", norms, eq, ek, ev);
+    EXPECT_LT(eq, 1e-2);
+    EXPECT_LT(ek, 1e-2);
+    EXPECT_LT(ev, 1e-2);
+  }
+#endif
+}
+
+TEST(CudaKernels, SwigluRmsnormAndQ8RoundTripMatchTheirTwins) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  {
+    const int64_t rows = 37, ff = 384;
+    auto gu = round_bf16(randn(size_t(rows * 2 * ff), 2.0f));
+    std::vector<float> ref;
+    ref::swiglu_rows(gu, ref, rows, ff);
+    auto dgu = to_device_bf16(gu);
+    auto dout = poisoned(ref.size() * 2);
+    cuda::swiglu_rows(dgu.as<__nv_bfloat16>(), dout.as<__nv_bfloat16>(), rows, ff, nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    const double e = ref::rel_error(from_device_bf16(dout, ref.size()), ref);
+    std::printf("swiglu rel err %.2e\n", e);
+    EXPECT_LT(e, 1e-2);
+  }
+  {
+    const int64_t rows = 19, dim = 4096;
+    auto x = randn(size_t(rows * dim), 3.0f), w = randn(size_t(dim), 0.1f);
+    for (auto& e : w) e += 1.0f;
+    std::vector<float> ref(x.size());
+    rmsnorm_rows(x.data(), w.data(), ref.data(), rows, dim, 1e-5f);
+    auto dx = to_device_f32(x), dw = to_device_f32(w);
+    auto dy = poisoned(ref.size() * 2);
+    cuda::rmsnorm_rows_bf16(dx.as<float>(), dw.as<float>(), dy.as<__nv_bfloat16>(), rows, dim, 1e-5f, nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    const double e = ref::rel_error(from_device_bf16(dy, ref.size()), ref);
+    std::printf("rmsnorm->bf16 rel err %.2e\n", e);
+    EXPECT_LT(e, 1e-2);
+  }
+  {
+    const int64_t n = 32 * 1000;
+    auto x = randn(size_t(n), 5.0f);
+    for (int i = 0; i < 32; ++i) x[size_t(64 + i)] = 0.0f;  // an all-zero block
+    std::vector<float> ref(x.size());
+    std::vector<uint8_t> q(ggml_row_bytes(GgmlType::Q8_0, n));
+    quantize_row(GgmlType::Q8_0, x.data(), q.data(), n, Q8Rounding::TiesEven);
+    dequantize_row(GgmlType::Q8_0, q.data(), ref.data(), n);
+    auto dx = to_device_f32(x);
+    cuda::q8_0_round_trip(dx.as<float>(), n, nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    auto y = from_device_f32(dx, size_t(n));
+    size_t same = 0;
+    for (size_t i = 0; i < y.size(); ++i) same += y[i] == ref[i];
+    std::printf("q8_0 round trip: %zu/%zu identical\n", same, y.size());
+    EXPECT_EQ(same, y.size());
+  }
+#endif
+}
+
+TEST(CudaKernels, GemmsMatchTheF64TwinInEveryPrecision) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  cuda::Gemm gemm;
+  const int64_t rows = 77, in = 512, out = 320;
+  auto x = round_bf16(randn(size_t(rows * in))), w = round_bf16(randn(size_t(out * in), 0.05f));
+  std::vector<float> ref;
+  ref::matmul_xwt(x, w, ref, rows, in, out);
+  {  // bf16 -> f32 with accumulation into Y (beta = 1)
+    auto dx = to_device_bf16(x), dw = to_device_bf16(w);
+    std::vector<float> y0 = randn(ref.size());
+    auto dy = to_device_f32(y0);
+    gemm.xwt(cuda::DType::BF16, dx.get(), dw.get(), cuda::DType::F32, dy.get(), rows, in, out, 1.0f, nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    auto y = from_device_f32(dy, ref.size());
+    std::vector<float> want(ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) want[i] = ref[i] + y0[i];
+    const double e = ref::rel_error(y, want);
+    std::printf("gemm bf16->f32 (+=) rel err %.2e\n", e);
+    EXPECT_LT(e, 1e-5);  // exact products, f32 sums
+  }
+  {  // f32 (no TF32)
+    auto xf = randn(size_t(rows * in)), wf = randn(size_t(out * in), 0.05f);
+    std::vector<float> rf;
+    ref::matmul_xwt(xf, wf, rf, rows, in, out);
+    auto dx = to_device_f32(xf), dw = to_device_f32(wf);
+    auto dy = poisoned(rf.size() * 4);
+    gemm.xwt(cuda::DType::F32, dx.get(), dw.get(), cuda::DType::F32, dy.get(), rows, in, out, 0.0f, nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    const double e = ref::rel_error(from_device_f32(dy, rf.size()), rf);
+    std::printf("gemm f32 rel err %.2e\n", e);
+    EXPECT_LT(e, 1e-5);
+  }
+#endif
+}
+
+TEST(CudaKernels, DecoderRopeMatchesTheCpuRecipeBitForBit) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  for (RopeMode mode : {RopeMode::Norm, RopeMode::Neox}) {
+    GgmlRopeParams p;
+    p.n_dims = 128;
+    p.freq_base = 500000.0f;
+    p.mode = mode;
+    const int heads = 3;
+    const int64_t rows = 40, pos0 = 12345;
+    auto k = randn(size_t(rows * heads * 128));
+    std::vector<float> cs(size_t(rows * 128)), ref = k;
+    for (int64_t r = 0; r < rows; ++r) {
+      ggml_rope_cache(p, pos0 + r, cs.data() + r * 128);
+      for (int h = 0; h < heads; ++h) ggml_rope_apply(p, cs.data() + r * 128, ref.data() + (r * heads + h) * 128);
+    }
+    auto dk = to_device_f32(k), dcs = to_device_f32(cs);
+    cuda::rope_ggml_rows(dk.as<float>(), dcs.as<float>(), rows, heads, 128, 128, mode == RopeMode::Neox, nullptr, 1e-6f, nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    auto y = from_device_f32(dk, k.size());
+    size_t same = 0;
+    for (size_t i = 0; i < y.size(); ++i) same += y[i] == ref[i];
+    std::printf("ggml rope mode %d: %.4f%% identical, rel err %.2e\n", int(mode), 100.0 * double(same) / double(y.size()), ref::rel_error(y, ref));
+    EXPECT_GE(double(same) / double(y.size()), 0.999);
+    EXPECT_LT(ref::rel_error(y, ref), 1e-6);
+  }
+#endif
+}
+
+}  // namespace pdb

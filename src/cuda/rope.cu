@@ -1,0 +1,125 @@
+#include "cuda/rope.cuh"
+
+#include <stdexcept>
+
+#include "cuda/common.cuh"
+
+namespace pdb::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+constexpr int kMaxHeadDim = 256;
+
+// One warp per (row, head). Lane i holds channels i, i+32, ...: the rotate-half partner of
+// channel c < D/2 is c + D/2, held by the same lane (D/2 is a multiple of 32).
+template <int D>
+__global__ void qkv_rope_kernel(const __nv_bfloat16* __restrict__ qkv, __nv_bfloat16* __restrict__ q_out,
+                                __nv_bfloat16* __restrict__ k_cache, __nv_bfloat16* __restrict__ v_cache, QkvRopeArgs a) {
+  constexpr int PER = D / 32;
+  const int heads = a.n_heads + 2 * a.n_kv_heads;
+  const int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (item >= a.rows * heads) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t r = item / heads;
+  const int h = int(item % heads);
+  const __nv_bfloat16* src = qkv + (r * heads + h) * D;
+  float x[PER];
+#pragma unroll
+  for (int i = 0; i < PER; ++i) x[i] = __bfloat162float(src[lane + 32 * i]);
+  const int64_t pos = a.pos0 + r;
+  if (h >= a.n_heads + a.n_kv_heads) {  // V: straight into the cache
+    __nv_bfloat16* dst = v_cache + (int64_t(h - a.n_heads - a.n_kv_heads) * a.kv_capacity + pos) * D;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) dst[lane + 32 * i] = __float2bfloat16_rn(x[i]);
+    return;
+  }
+  const bool is_q = h < a.n_heads;
+  const float* norm = is_q ? a.q_norm : a.k_norm;
+  if (norm) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) ss += x[i] * x[i];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float sc = rsqrtf(ss / float(D) + a.eps);
+#pragma unroll
+    for (int i = 0; i < PER; ++i) x[i] = x[i] * sc * norm[lane + 32 * i];
+  }
+  float y[PER];
+#pragma unroll
+  for (int i = 0; i < PER / 2; ++i) {
+    const int c = lane + 32 * i;  // c < D/2
+    float sn, cs;
+    sincosf(float(pos) * a.inv_freq[c], &sn, &cs);
+    cs *= a.attn_scale;
+    sn *= a.attn_scale;
+    const float x0 = x[i], x1 = x[i + PER / 2];
+    y[i] = x0 * cs - x1 * sn;
+    y[i + PER / 2] = x1 * cs + x0 * sn;
+  }
+  __nv_bfloat16* dst = is_q ? q_out + (r * a.n_heads + h) * D : k_cache + (int64_t(h - a.n_heads) * a.kv_capacity + pos) * D;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) dst[lane + 32 * i] = __float2bfloat16_rn(y[i]);
+}
+
+// One block (head_dim threads) per (row, head).
+__global__ void rope_ggml_kernel(float* __restrict__ k, const float* __restrict__ cs, int n_heads, int head_dim, int n_dims,
+                                 bool neox, const float* __restrict__ k_norm, float eps) {
+  const int64_t r = blockIdx.x / n_heads;
+  const int h = blockIdx.x % n_heads;
+  float* x = k + (r * n_heads + h) * head_dim;
+  __shared__ float buf[kMaxHeadDim];
+  __shared__ double red[kMaxHeadDim];
+  const int t = threadIdx.x;
+  float v = x[t];
+  if (k_norm) {
+    red[t] = double(v * v);
+    __syncthreads();
+    if (t == 0) {  // sequential double sum: ggml-cpu's order
+      double s = 0.0;
+      for (int i = 0; i < head_dim; ++i) s += red[i];
+      red[0] = s;
+    }
+    __syncthreads();
+    const float mean = float(red[0] / double(head_dim));
+    const float scale = 1.0f / sqrtf(mean + eps);
+    v = __fmul_rn(__fmul_rn(v, scale), k_norm[t]);
+  }
+  buf[t] = v;
+  __syncthreads();
+  if (t < n_dims / 2) {
+    const int i0 = 2 * t;
+    const float c = cs[r * n_dims + i0], s = cs[r * n_dims + i0 + 1];
+    const int ia = neox ? t : i0, ib = neox ? t + n_dims / 2 : i0 + 1;
+    const float x0 = buf[ia], x1 = buf[ib];
+    x[ia] = x0 * c - x1 * s;
+    x[ib] = x0 * s + x1 * c;
+  } else if (t >= n_dims) {
+    x[t] = v;
+  }
+}
+
+}  // namespace
+
+void qkv_rope_to_cache(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
+                       const QkvRopeArgs& a, cudaStream_t s) {
+  if (a.rows == 0) return;
+  if (a.pos0 + a.rows > a.kv_capacity) throw std::invalid_argument("qkv_rope_to_cache: rows past the cache capacity");
+  const int64_t items = a.rows * (a.n_heads + 2 * a.n_kv_heads);
+  const unsigned grid = unsigned((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  switch (a.head_dim) {
+    case 64: qkv_rope_kernel<64><<<grid, 32 * kWarpsPerBlock, 0, s>>>(qkv, q_out, k_cache, v_cache, a); break;
+    case 128: qkv_rope_kernel<128><<<grid, 32 * kWarpsPerBlock, 0, s>>>(qkv, q_out, k_cache, v_cache, a); break;
+    default: throw std::invalid_argument("qkv_rope_to_cache: head_dim must be 64 or 128");
+  }
+  PDB_CUDA_LAUNCHED();
+}
+
+void rope_ggml_rows(float* k, const float* cs, int64_t rows, int n_heads, int head_dim, int n_dims, bool neox,
+                    const float* k_norm, float eps, cudaStream_t s) {
+  if (rows == 0) return;
+  if (head_dim > kMaxHeadDim || n_dims > head_dim || n_dims % 2) throw std::invalid_argument("rope_ggml_rows: bad head_dim/n_dims");
+  rope_ggml_kernel<<<unsigned(rows * n_heads), unsigned(head_dim), 0, s>>>(k, cs, n_heads, head_dim, n_dims, neox, k_norm, eps);
+  PDB_CUDA_LAUNCHED();
+}
+
+}  // namespace pdb::cuda

@@ -1,0 +1,39 @@
+// RoPE on the GPU, two flavours:
+//  - the engine's own (HF rotate-half with the checkpoint's inverse frequencies and attention
+//    scaling, incl. linear/yarn/llama3), fused with the QKV split, qwen3's per-head Q/K norms and
+//    the write of K/V into the engine's cache;
+//  - the recipe's (the decoder's: ggml's pair layout and its cos/sin values, computed on the host by
+//    recipes/rope_ggml.cpp so that every angle is the decoder's to the bit).
+// CPU twins: model/reference_ops.h.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace pdb::cuda {
+
+struct QkvRopeArgs {
+  int64_t rows = 0, pos0 = 0;
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  const float* inv_freq = nullptr;  // [head_dim/2]
+  float attn_scale = 1.0f;          // multiplies cos and sin (yarn's mscale), 1 otherwise
+  const float* q_norm = nullptr;    // [head_dim] per-head RMSNorm weights (qwen3), or null
+  const float* k_norm = nullptr;
+  float eps = 1e-6f;
+  int64_t kv_capacity = 0;          // rows per head in the caches
+};
+
+// qkv: [rows x (n_heads + 2 n_kv_heads) x head_dim] (one GEMM's output: Q heads, K heads, V heads).
+// Writes q_out [rows x n_heads x head_dim], and K/V rows pos0.. into k_cache/v_cache
+// [n_kv_heads x kv_capacity x head_dim].
+void qkv_rope_to_cache(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
+                       const QkvRopeArgs& a, cudaStream_t s);
+
+// The decoder's RoPE on K rows [rows x n_heads x head_dim] (f32, in place). cs: [rows x n_dims]
+// interleaved cos, sin per pair (ggml_rope_cache's layout). k_norm: per-head RMSNorm applied first
+// (qwen3's attn_k_norm, ggml's order: double sum, x*scale, then *w), or null.
+void rope_ggml_rows(float* k, const float* cs, int64_t rows, int n_heads, int head_dim, int n_dims, bool neox,
+                    const float* k_norm, float eps, cudaStream_t s);
+
+}  // namespace pdb::cuda

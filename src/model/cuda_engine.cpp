@@ -1,0 +1,260 @@
+#include "model/cuda_engine.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/parallel.h"
+#include "cuda/attention.cuh"
+#include "cuda/common.cuh"
+#include "cuda/device.h"
+#include "cuda/elementwise.cuh"
+#include "cuda/gemm.cuh"
+#include "cuda/rmsnorm.cuh"
+#include "cuda/rope.cuh"
+#include "formats/ggml_types.h"
+#include "formats/numeric.h"
+#include "formats/safetensors.h"
+
+namespace pdb {
+
+using cuda::DeviceBuffer;
+using bf16 = __nv_bfloat16;
+
+struct CudaEngine::Weights {
+  DeviceBuffer embed;  // [vocab x hidden] f32 (exact for every checkpoint dtype)
+  struct Layer {
+    DeviceBuffer in_norm, post_norm, q_norm, k_norm;  // f32
+    DeviceBuffer wqkv, wo, wgu, wd;                   // bf16 [out x in]; qkv and gate|up fused along out
+  };
+  std::vector<Layer> layers;
+  DeviceBuffer inv_freq;  // f32 [head_dim/2]
+  // Per-prompt state, grown on demand and kept for the next prompt.
+  DeviceBuffer kcache, vcache;  // [layers x kv_heads x capacity x head_dim] bf16
+  int64_t capacity = 0;
+  DeviceBuffer tokens, h, x, qkv, q, att, gu, act;
+};
+
+namespace {
+
+// HF tensor -> bf16 bytes (bf16 as is; f32/f16 rounded; block FP8 dequantized with its scales).
+std::vector<uint16_t> to_bf16(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& name, int64_t rows, int64_t cols,
+                              int threads) {
+  const StTensor& t = ck.get(name);
+  if (t.shape.size() != 2 || t.shape[0] != rows || t.shape[1] != cols)
+    throw std::runtime_error(fmt::format("{}: shape does not match config.json ({} x {})", name, rows, cols));
+  std::vector<uint16_t> out(size_t(rows * cols));
+  const int64_t n = rows * cols;
+  switch (t.dtype) {
+    case StDtype::BF16: std::memcpy(out.data(), t.data, size_t(n) * 2); break;
+    case StDtype::F16:
+      parallel_for(n, threads, [&](int64_t b, int64_t e) {
+        const auto* s = reinterpret_cast<const uint16_t*>(t.data);
+        for (int64_t i = b; i < e; ++i) out[size_t(i)] = f32_to_bf16(fp16_to_f32(s[i]));
+      });
+      break;
+    case StDtype::F32:
+      parallel_for(n, threads, [&](int64_t b, int64_t e) {
+        const auto* s = reinterpret_cast<const float*>(t.data);
+        for (int64_t i = b; i < e; ++i) out[size_t(i)] = f32_to_bf16(s[i]);
+      });
+      break;
+    case StDtype::F8_E4M3: {
+      const std::string sname = name.substr(0, name.size() - 6) + "weight_scale_inv";
+      if (!ck.find(sname)) throw std::runtime_error(name + " is FP8 but " + sname + " is missing");
+      auto s = ck.to_f32(sname);
+      std::vector<float> w(static_cast<size_t>(n));
+      dequantize_block_fp8(t.data, rows, cols, s.data(), c.fp8_block_rows, c.fp8_block_cols, w.data());
+      parallel_for(n, threads, [&](int64_t b, int64_t e) { for (int64_t i = b; i < e; ++i) out[size_t(i)] = f32_to_bf16(w[size_t(i)]); });
+      break;
+    }
+    default: throw std::runtime_error(fmt::format("{}: dtype {} not supported by the CUDA engine", name, st_dtype_name(t.dtype)));
+  }
+  return out;
+}
+
+DeviceBuffer upload_f32(const std::vector<float>& v) {
+  DeviceBuffer b(v.size() * 4);
+  b.upload(v.data(), v.size() * 4);
+  return b;
+}
+
+// Uploads tensors stacked along their output dimension into one bf16 buffer.
+DeviceBuffer upload_stacked(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::vector<std::pair<std::string, int64_t>>& parts,
+                            int64_t cols, int threads, size_t& total) {
+  int64_t rows = 0;
+  for (const auto& p : parts) rows += p.second;
+  DeviceBuffer b(size_t(rows * cols) * 2);
+  size_t off = 0;
+  for (const auto& [name, r] : parts) {
+    auto w = to_bf16(ck, c, name, r, cols, threads);
+    b.upload(w.data(), w.size() * 2, off);
+    off += w.size() * 2;
+  }
+  total += b.bytes();
+  return b;
+}
+
+}  // namespace
+
+CudaEngine::CudaEngine(const std::string& hf_dir, int threads) : cfg_(HfConfig::load(hf_dir)), w_(std::make_unique<Weights>()) {
+  const auto& c = cfg_;
+  if (c.head_dim != 64 && c.head_dim != 128) throw std::runtime_error(fmt::format("CUDA engine: head_dim {} not supported (64, 128)", c.head_dim));
+  if (c.hidden_size % 8 || c.intermediate_size % 8) throw std::runtime_error("CUDA engine: hidden and intermediate sizes must be multiples of 8");
+  if (c.attention_bias) throw std::runtime_error("CUDA engine: attention biases are not supported");
+  if (cuda::device_count() == 0) throw std::runtime_error("CUDA engine: no CUDA device");
+  PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  gemm_ = std::make_unique<cuda::Gemm>();
+  auto ck = SafetensorsCheckpoint::open(hf_dir);
+  const int64_t H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
+  const StDtype wdt = ck->get("model.layers.0.self_attn.k_proj.weight").dtype;
+  weights_note_ = wdt == StDtype::BF16 ? "bf16 weights" : fmt::format("{} weights converted to bf16 on load", st_dtype_name(wdt));
+  size_t total = 0;
+  {
+    const StTensor& et = ck->get("model.embed_tokens.weight");
+    if (et.shape.size() != 2 || et.shape[0] != c.vocab_size || et.shape[1] != H) throw std::runtime_error("model.embed_tokens.weight: shape does not match config.json");
+    if (et.dtype == StDtype::F8_E4M3) throw std::runtime_error("model.embed_tokens.weight: FP8 embeddings are not supported");
+    auto e = ck->to_f32("model.embed_tokens.weight");
+    w_->embed = upload_f32(e);
+    total += w_->embed.bytes();
+  }
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    Weights::Layer L;
+    L.in_norm = upload_f32(ck->to_f32(p + "input_layernorm.weight"));
+    L.post_norm = upload_f32(ck->to_f32(p + "post_attention_layernorm.weight"));
+    if (c.arch == "qwen3") {
+      L.q_norm = upload_f32(ck->to_f32(p + "self_attn.q_norm.weight"));
+      L.k_norm = upload_f32(ck->to_f32(p + "self_attn.k_norm.weight"));
+    }
+    L.wqkv = upload_stacked(*ck, c, {{p + "self_attn.q_proj.weight", nh * hd}, {p + "self_attn.k_proj.weight", nkv * hd},
+                                     {p + "self_attn.v_proj.weight", nkv * hd}}, H, threads, total);
+    L.wo = upload_stacked(*ck, c, {{p + "self_attn.o_proj.weight", H}}, nh * hd, threads, total);
+    L.wgu = upload_stacked(*ck, c, {{p + "mlp.gate_proj.weight", F}, {p + "mlp.up_proj.weight", F}}, H, threads, total);
+    L.wd = upload_stacked(*ck, c, {{p + "mlp.down_proj.weight", H}}, F, threads, total);
+    w_->layers.push_back(std::move(L));
+  }
+  std::vector<float> inv;
+  for (double f : c.inv_freq()) inv.push_back(float(f));
+  w_->inv_freq = upload_f32(inv);
+  weight_bytes_ = total;
+  spdlog::info("cuda engine: {} layers, {:.2f} GiB of weights on {} ({})", c.num_layers, double(total) / (1 << 30), cuda::device_summary(), weights_note_);
+}
+
+CudaEngine::~CudaEngine() {
+  w_.reset();
+  gemm_.reset();
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+size_t CudaEngine::bytes_for_prompt(int64_t T, int64_t chunk) const {
+  const auto& c = cfg_;
+  const int64_t H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
+  chunk = std::min(chunk, T);
+  const size_t kv = size_t(2) * size_t(std::max<int64_t>(c.num_layers - 1, 1)) * size_t(nkv * T * hd) * 2;
+  const size_t work = size_t(chunk) * size_t(4 + H * 4 + H * 2 + (nh + 2 * nkv) * hd * 2 + 2 * nh * hd * 2 + 2 * F * 2 + F * 2);
+  return kv + work;
+}
+
+void CudaEngine::check_fits(int64_t T, int64_t chunk, size_t extra) const {
+  const size_t need = bytes_for_prompt(T, chunk) + extra;
+  const auto mem = cuda::device_memory();
+  // What is already ours counts as available (the buffers are reused).
+  const size_t ours = w_->kcache.bytes() + w_->vcache.bytes() + w_->h.bytes() + w_->x.bytes() + w_->qkv.bytes() + w_->q.bytes() +
+                      w_->att.bytes() + w_->gu.bytes() + w_->act.bytes();
+  const size_t margin = size_t(512) << 20;
+  if (need + margin > mem.free + ours)
+    throw std::runtime_error(fmt::format("prompt of {} tokens needs {:.1f} GiB of GPU memory for the engine's K/V and buffers; "
+                                         "{:.1f} GiB is free on {} (weights take {:.1f} GiB): use a shorter prompt or a smaller chunk",
+                                         T, double(need) / (1 << 30), double(mem.free + ours) / (1 << 30), cuda::device_summary(),
+                                         double(weight_bytes_) / (1 << 30)));
+}
+
+int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, const DeviceHook& hook,
+                            const std::function<bool()>& cancelled, bool full_last_layer) {
+  const auto& c = cfg_;
+  const int64_t T = int64_t(tokens.size()), H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
+  const int64_t nh = c.num_heads, nkv = c.num_kv_heads, L = c.num_layers;
+  if (T == 0) return 0;
+  if (chunk <= 0) chunk = 2048;
+  chunk = std::min(chunk, T);
+  for (int32_t t : tokens)
+    if (t < 0 || t >= c.vocab_size) throw std::invalid_argument(fmt::format("token id {} outside the vocabulary ({})", t, c.vocab_size));
+  check_fits(T, chunk);
+  auto& W = *w_;
+  const int64_t cache_layers = full_last_layer ? L : std::max<int64_t>(L - 1, 1);
+  if (W.capacity < T || W.kcache.bytes() < size_t(cache_layers * nkv * T * hd * 2)) {
+    W.kcache.release();
+    W.vcache.release();
+    W.kcache.resize(size_t(cache_layers * nkv * T * hd * 2));
+    W.vcache.resize(size_t(cache_layers * nkv * T * hd * 2));
+    W.capacity = T;
+  }
+  const int64_t cap = W.capacity;
+  const int64_t qkv_dim = (nh + 2 * nkv) * hd;
+  W.tokens.resize(size_t(chunk) * 4);
+  W.h.resize(size_t(chunk * H) * 4);
+  W.x.resize(size_t(chunk * H) * 2);
+  W.qkv.resize(size_t(chunk * qkv_dim) * 2);
+  W.q.resize(size_t(chunk * nh * hd) * 2);
+  W.att.resize(size_t(chunk * nh * hd) * 2);
+  W.gu.resize(size_t(chunk * 2 * F) * 2);
+  W.act.resize(size_t(chunk * F) * 2);
+  cudaStream_t s = stream_;
+  auto& gemm = *gemm_;
+  const float eps = float(c.rms_norm_eps);
+  for (int64_t p0 = 0; p0 < T; p0 += chunk) {
+    const int64_t n = std::min(chunk, T - p0);
+    PDB_CUDA_CHECK(cudaMemcpyAsync(W.tokens.get(), tokens.data() + p0, size_t(n) * 4, cudaMemcpyHostToDevice, s));
+    float* h = W.h.as<float>();
+    cuda::embed_rows(W.embed.as<float>(), W.tokens.as<int32_t>(), n, H, h, s);
+    for (int64_t l = 0; l < L; ++l) {
+      if (cancelled && cancelled()) { PDB_CUDA_CHECK(cudaStreamSynchronize(s)); return p0; }
+      if (hook) hook(int(l), h, n, p0, s);
+      if (l == L - 1 && !full_last_layer) break;
+      auto& Lw = W.layers[size_t(l)];
+      bf16* x = W.x.as<bf16>();
+      cuda::rmsnorm_rows_bf16(h, Lw.in_norm.as<float>(), x, n, H, eps, s);
+      gemm.xwt(cuda::DType::BF16, x, Lw.wqkv.get(), cuda::DType::BF16, W.qkv.get(), n, H, qkv_dim, 0.0f, s);
+      bf16* kc = W.kcache.as<bf16>() + l * nkv * cap * hd;
+      bf16* vc = W.vcache.as<bf16>() + l * nkv * cap * hd;
+      cuda::QkvRopeArgs ra;
+      ra.rows = n;
+      ra.pos0 = p0;
+      ra.n_heads = int(nh);
+      ra.n_kv_heads = int(nkv);
+      ra.head_dim = int(hd);
+      ra.inv_freq = W.inv_freq.as<float>();
+      ra.attn_scale = float(c.attention_scaling());
+      ra.q_norm = Lw.q_norm.bytes() ? Lw.q_norm.as<float>() : nullptr;
+      ra.k_norm = Lw.k_norm.bytes() ? Lw.k_norm.as<float>() : nullptr;
+      ra.eps = eps;
+      ra.kv_capacity = cap;
+      cuda::qkv_rope_to_cache(W.qkv.as<bf16>(), W.q.as<bf16>(), kc, vc, ra, s);
+      cuda::AttentionShape as;
+      as.n_q = n;
+      as.pos0 = p0;
+      as.n_heads = int(nh);
+      as.n_kv_heads = int(nkv);
+      as.head_dim = int(hd);
+      as.kv_capacity = cap;
+      as.scale = 1.0f / std::sqrt(float(hd));
+      cuda::causal_attention(W.q.as<bf16>(), kc, vc, W.att.as<bf16>(), as, s);
+      gemm.xwt(cuda::DType::BF16, W.att.get(), Lw.wo.get(), cuda::DType::F32, h, n, nh * hd, H, 1.0f, s);
+      cuda::rmsnorm_rows_bf16(h, Lw.post_norm.as<float>(), x, n, H, eps, s);
+      gemm.xwt(cuda::DType::BF16, x, Lw.wgu.get(), cuda::DType::BF16, W.gu.get(), n, H, 2 * F, 0.0f, s);
+      cuda::swiglu_rows(W.gu.as<bf16>(), W.act.as<bf16>(), n, F, s);
+      gemm.xwt(cuda::DType::BF16, W.act.get(), Lw.wd.get(), cuda::DType::F32, h, n, F, H, 1.0f, s);
+    }
+  }
+  PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+  return T;
+}
+
+}  // namespace pdb

@@ -1,0 +1,57 @@
+// The prefill engine's CUDA backend: a chunked causal forward on the GPU for llama and qwen3 HF
+// checkpoints. bf16 weights and activations through cuBLASLt (f32 accumulation), an f32 residual
+// stream (the o_proj and down_proj products accumulate into it, fused via beta = 1), our flash
+// attention over the engine's own bf16 K/V cache, and fused RMSNorm / RoPE / SwiGLU kernels.
+// Like the CPU backend it exposes only the per-layer hook: the residual stream entering each layer,
+// here on the device, for the GPU recipe to read on the same stream.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "formats/hf_config.h"
+
+namespace pdb {
+
+namespace cuda { class Gemm; }
+
+class CudaEngine {
+ public:
+  // (layer, d_h: [rows x hidden] f32 on the device, rows, first position, stream). Work the hook
+  // enqueues on `stream` sees d_h as it enters the layer; d_h changes after the hook returns.
+  using DeviceHook = std::function<void(int layer, const float* d_h, int64_t rows, int64_t pos0, cudaStream_t stream)>;
+
+  CudaEngine(const std::string& hf_dir, int threads);
+  ~CudaEngine();
+  const HfConfig& config() const { return cfg_; }
+  cuda::Gemm& gemm() { return *gemm_; }
+  cudaStream_t stream() const { return stream_; }
+  std::string weights_note() const { return weights_note_; }
+
+  // Device bytes a prompt of `tokens` needs beyond the weights (engine K/V + chunk buffers).
+  size_t bytes_for_prompt(int64_t tokens, int64_t chunk) const;
+  // Throws std::runtime_error with a clear message when the prompt cannot fit on this GPU now.
+  void check_fits(int64_t tokens, int64_t chunk, size_t extra_bytes = 0) const;
+
+  // Forward over `tokens` in chunks; calls hook for every layer of every chunk. After the last
+  // layer's hook nothing more is computed (the bridge needs only what enters each layer).
+  // `full_last_layer` computes it anyway (benchmarks comparing with engines that do).
+  // `cancelled` is polled between layers. Returns tokens fully processed; synchronizes the stream.
+  int64_t prefill(const std::vector<int32_t>& tokens, int64_t chunk, const DeviceHook& hook,
+                  const std::function<bool()>& cancelled = {}, bool full_last_layer = false);
+
+ private:
+  struct Weights;
+  HfConfig cfg_;
+  std::unique_ptr<Weights> w_;
+  std::unique_ptr<cuda::Gemm> gemm_;
+  cudaStream_t stream_ = nullptr;
+  std::string weights_note_;
+  size_t weight_bytes_ = 0;
+};
+
+}  // namespace pdb

@@ -1,0 +1,54 @@
+// A prefill backend: an engine and a recipe that together turn a prompt into the decoder's K/V rows,
+// layer by layer, chunk by chunk. CPU (model/cpu_engine + the CPU recipe) and CUDA
+// (model/cuda_engine + recipes/recipe_gpu) implement it; capture.cpp turns its rows into wire frames.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "formats/hf_config.h"
+#include "recipes/recipe.h"
+
+namespace pdb {
+
+class CpuEngine;
+
+// One layer of one chunk in the decoder's cache format (pointers valid during the sink call).
+struct KvBlock {
+  int layer = 0;
+  int64_t pos0 = 0, rows = 0;
+  const uint8_t* k = nullptr;
+  size_t k_bytes = 0;
+  const uint8_t* v = nullptr;
+  size_t v_bytes = 0;
+};
+// Called in (chunk, layer) order; returns false to stop the capture.
+using KvSink = std::function<bool(const KvBlock&)>;
+
+class PrefillBackend {
+ public:
+  virtual ~PrefillBackend() = default;
+  virtual const HfConfig& config() const = 0;
+  virtual const Recipe& recipe() const = 0;
+  virtual std::string device() const = 0;  // "cpu" or "cuda: <GPU>"
+  // Throws (with a message for the user) when a prompt of `tokens` cannot be served at all.
+  virtual void check_fits(int64_t tokens, int64_t chunk) const {}
+  // Runs the forward and the recipe; `stop` is polled between layers. Returns tokens processed.
+  virtual int64_t capture(const std::vector<int32_t>& tokens, int64_t chunk, const CacheSpec& spec, const KvSink& sink,
+                          const std::function<bool()>& stop) = 0;
+  // The engine alone, no recipe (benchmarks measure the recipe's cost against it).
+  // `full_last_layer`: also compute the last layer (what an engine producing logits does).
+  virtual int64_t forward_only(const std::vector<int32_t>& tokens, int64_t chunk, bool full_last_layer = false) = 0;
+};
+
+// Non-owning views work too (tests keep their engine and recipe on the stack).
+std::unique_ptr<PrefillBackend> make_cpu_backend(std::shared_ptr<CpuEngine> engine, std::shared_ptr<const Recipe> recipe);
+// Loads the HF checkpoint onto the GPU; `recipe` supplies the decoder's weights. Throws where CUDA
+// is not built in or no GPU is present.
+std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads,
+                                                  int64_t max_chunk);
+bool cuda_backend_available();
+
+}  // namespace pdb

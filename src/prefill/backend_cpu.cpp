@@ -1,0 +1,62 @@
+#include <vector>
+
+#include "model/cpu_engine.h"
+#include "prefill/backend.h"
+
+namespace pdb {
+namespace {
+
+class CpuBackend final : public PrefillBackend {
+ public:
+  CpuBackend(std::shared_ptr<CpuEngine> e, std::shared_ptr<const Recipe> r) : engine_(std::move(e)), recipe_(std::move(r)) {}
+  const HfConfig& config() const override { return engine_->config(); }
+  const Recipe& recipe() const override { return *recipe_; }
+  std::string device() const override { return "cpu"; }
+
+  int64_t capture(const std::vector<int32_t>& tokens, int64_t chunk, const CacheSpec& spec, const KvSink& sink,
+                  const std::function<bool()>& stop) override {
+    const auto& info = recipe_->info();
+    bool stopped = false;
+    return engine_->prefill(
+        tokens, chunk, spec.simd_width,
+        [&](int layer, const float* h, int64_t rows, int64_t pos0) {
+          if (stopped) return;
+          std::vector<uint8_t> k, v;
+          recipe_->kv_rows(layer, h, rows, pos0, spec, k, v);
+          if (!sink(KvBlock{layer, pos0, rows, k.data(), k.size(), v.data(), v.size()})) stopped = true;
+        },
+        [&] { return stopped || (stop && stop()); },
+        [&](float* rows, int64_t n, int64_t kv_dim, bool is_v) {
+          // Attend over what the decoder's cache will hold: K/V through the cache type (and rotation).
+          const GgmlType t = is_v ? spec.v_type : spec.k_type;
+          if (t == GgmlType::F32) return;
+          const bool rot = is_v ? spec.rot_v : spec.rot_k;
+          const int64_t rn = is_v ? kVRotationSize : k_rotation_size(info.head_dim);
+          if (rot) hadamard_rows(rows, n * kv_dim, rn);
+          std::vector<uint8_t> tmp(ggml_row_bytes(t, kv_dim));
+          for (int64_t r = 0; r < n; ++r) {
+            quantize_row(t, rows + r * kv_dim, tmp.data(), kv_dim, Q8Rounding::TiesEven);
+            dequantize_row(t, tmp.data(), rows + r * kv_dim, kv_dim);
+          }
+          if (rot) hadamard_rows(rows, n * kv_dim, rn);  // orthonormal and symmetric: its own inverse
+        },
+        DecoderCacheSpec{spec.k_type == GgmlType::Q8_0 && spec.v_type == GgmlType::Q8_0, spec.rot_k, spec.rot_v,
+                         k_rotation_size(info.head_dim), kVRotationSize});
+  }
+
+  int64_t forward_only(const std::vector<int32_t>& tokens, int64_t chunk, bool) override {
+    return engine_->prefill(tokens, chunk, 0, [](int, const float*, int64_t, int64_t) {});
+  }
+
+ private:
+  std::shared_ptr<CpuEngine> engine_;
+  std::shared_ptr<const Recipe> recipe_;
+};
+
+}  // namespace
+
+std::unique_ptr<PrefillBackend> make_cpu_backend(std::shared_ptr<CpuEngine> engine, std::shared_ptr<const Recipe> recipe) {
+  return std::make_unique<CpuBackend>(std::move(engine), std::move(recipe));
+}
+
+}  // namespace pdb

@@ -1,0 +1,206 @@
+// The CUDA backend: the GPU engine's forward with the GPU recipe on its hook. Rows leave the GPU
+// without stalling the forward: the recipe's kernels run on the engine's stream (they must read the
+// residual before the layer changes it), each layer's rows go to a ring of pinned host slots on a
+// second stream, and a delivery thread hands finished slots to the sink in order. The engine only
+// waits when every slot is still on its way out (backpressure from the wire).
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include <cuda_fp16.h>
+#include <fmt/format.h>
+
+#include "common/parallel.h"
+#include "cuda/common.cuh"
+#include "cuda/device.h"
+#include "cuda/elementwise.cuh"
+#include "model/cuda_engine.h"
+#include "prefill/backend.h"
+#include "recipes/recipe_gpu.h"
+
+namespace pdb {
+namespace {
+
+constexpr int kSlots = 6;
+
+class CudaBackend final : public PrefillBackend {
+ public:
+  CudaBackend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads, int64_t max_chunk)
+      : recipe_(std::move(recipe)), engine_(hf_dir, threads), gpu_recipe_(*recipe_, engine_.gemm(), max_chunk), max_chunk_(max_chunk),
+        threads_(threads) {
+    PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    const int64_t C = recipe_->info().n_embd_kv();
+    for (auto& s : slots_) {
+      s.dk.resize(size_t(max_chunk * C) * 4);
+      s.dv.resize(size_t(max_chunk * C) * 4);
+      s.dk16.resize(size_t(max_chunk * C) * 2);
+      s.dv16.resize(size_t(max_chunk * C) * 2);
+      s.hk.resize(size_t(max_chunk * C) * 4);
+      s.hv.resize(size_t(max_chunk * C) * 4);
+      PDB_CUDA_CHECK(cudaEventCreateWithFlags(&s.computed, cudaEventDisableTiming));
+      PDB_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming | cudaEventBlockingSync));
+    }
+  }
+  ~CudaBackend() override {
+    for (auto& s : slots_) {
+      cudaEventDestroy(s.computed);
+      cudaEventDestroy(s.copied);
+    }
+    cudaStreamDestroy(copy_stream_);
+  }
+
+  const HfConfig& config() const override { return engine_.config(); }
+  const Recipe& recipe() const override { return *recipe_; }
+  std::string device() const override { return "cuda: " + cuda::device_summary(); }
+  void check_fits(int64_t tokens, int64_t chunk) const override { engine_.check_fits(tokens, std::min(chunk, max_chunk_)); }
+  CudaEngine& engine() { return engine_; }
+
+  int64_t capture(const std::vector<int32_t>& tokens, int64_t chunk, const CacheSpec& spec, const KvSink& sink,
+                  const std::function<bool()>& stop) override {
+    std::lock_guard<std::mutex> one_at_a_time(capture_mu_);  // the slots and the engine's K/V are per capture
+    chunk = std::min(chunk <= 0 ? max_chunk_ : chunk, max_chunk_);
+    const auto& info = recipe_->info();
+    const int64_t C = info.n_embd_kv();
+    for (auto& s : slots_) s.state = Slot::Free;
+    std::atomic<bool> stopped{false};
+    bool finished = false;
+    std::exception_ptr delivery_error;
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t next_fill = 0;
+
+    std::thread delivery([&] {
+      std::vector<uint8_t> kq, vq;
+      for (uint64_t seq = 0;; ++seq) {
+        Slot& s = slots_[seq % kSlots];
+        {
+          std::unique_lock<std::mutex> l(mu);
+          cv.wait(l, [&] { return s.state == Slot::Enqueued || (finished && seq >= next_fill); });
+          if (s.state != Slot::Enqueued) return;
+        }
+        try {
+          PDB_CUDA_CHECK(cudaEventSynchronize(s.copied));
+          if (!stopped) {
+            const uint8_t* k = nullptr;
+            const uint8_t* v = nullptr;
+            size_t kb = 0, vb = 0;
+            convert(s, spec.k_type, spec.rot_k, k_rotation_size(info.head_dim), s.hk, kq, k, kb, C);
+            convert(s, spec.v_type, spec.rot_v, kVRotationSize, s.hv, vq, v, vb, C);
+            if (!sink(KvBlock{s.layer, s.pos0, s.rows, k, kb, v, vb})) stopped = true;
+          }
+        } catch (...) {
+          delivery_error = std::current_exception();
+          stopped = true;
+        }
+        std::lock_guard<std::mutex> l(mu);
+        s.state = Slot::Free;
+        cv.notify_all();
+      }
+    });
+
+    int64_t done = 0;
+    std::exception_ptr engine_error;
+    try {
+      done = engine_.prefill(
+          tokens, chunk,
+          [&](int layer, const float* d_h, int64_t rows, int64_t pos0, cudaStream_t st) {
+            if (stopped) return;
+            if (layer == 0) gpu_recipe_.set_positions(pos0, rows, st);
+            Slot& s = slots_[next_fill % kSlots];
+            {
+              std::unique_lock<std::mutex> l(mu);
+              cv.wait(l, [&] { return s.state == Slot::Free; });
+            }
+            s.layer = layer;
+            s.pos0 = pos0;
+            s.rows = rows;
+            gpu_recipe_.kv_f32(layer, d_h, rows, st, s.dk.as<float>(), s.dv.as<float>());
+            const bool k16 = spec.k_type == GgmlType::F16, v16 = spec.v_type == GgmlType::F16;
+            if (k16) cuda::f32_to_f16(s.dk.as<float>(), s.dk16.as<__half>(), rows * C, st);
+            if (v16) cuda::f32_to_f16(s.dv.as<float>(), s.dv16.as<__half>(), rows * C, st);
+            PDB_CUDA_CHECK(cudaEventRecord(s.computed, st));
+            PDB_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, s.computed, 0));
+            const size_t kbytes = size_t(rows * C) * (k16 ? 2 : 4), vbytes = size_t(rows * C) * (v16 ? 2 : 4);
+            PDB_CUDA_CHECK(cudaMemcpyAsync(s.hk.as<uint8_t>(), k16 ? s.dk16.get() : s.dk.get(), kbytes, cudaMemcpyDeviceToHost, copy_stream_));
+            PDB_CUDA_CHECK(cudaMemcpyAsync(s.hv.as<uint8_t>(), v16 ? s.dv16.get() : s.dv.get(), vbytes, cudaMemcpyDeviceToHost, copy_stream_));
+            PDB_CUDA_CHECK(cudaEventRecord(s.copied, copy_stream_));
+            std::lock_guard<std::mutex> l(mu);
+            s.state = Slot::Enqueued;
+            ++next_fill;
+            cv.notify_all();
+          },
+          [&] { return stopped.load() || (stop && stop()); });
+    } catch (...) {
+      engine_error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> l(mu);
+      finished = true;
+      cv.notify_all();
+    }
+    delivery.join();
+    cudaStreamSynchronize(copy_stream_);
+    if (engine_error) std::rethrow_exception(engine_error);
+    if (delivery_error) std::rethrow_exception(delivery_error);
+    return done;
+  }
+
+  int64_t forward_only(const std::vector<int32_t>& tokens, int64_t chunk, bool full_last_layer) override {
+    std::lock_guard<std::mutex> one_at_a_time(capture_mu_);
+    return engine_.prefill(tokens, std::min(chunk <= 0 ? max_chunk_ : chunk, max_chunk_), {}, {}, full_last_layer);
+  }
+
+ private:
+  struct Slot {
+    enum State { Free, Enqueued } state = Free;
+    int layer = 0;
+    int64_t pos0 = 0, rows = 0;
+    cuda::DeviceBuffer dk, dv, dk16, dv16;
+    cuda::PinnedBuffer hk, hv;
+    cudaEvent_t computed = nullptr, copied = nullptr;
+  };
+
+  // F16 rows arrive converted; F32 as they are; other types are rotated and quantized here, with
+  // the decoder's own conversion (the same code as the CPU recipe).
+  void convert(Slot& s, GgmlType t, bool rot, int64_t rot_n, cuda::PinnedBuffer& host, std::vector<uint8_t>& scratch, const uint8_t*& out,
+               size_t& bytes, int64_t C) const {
+    const int64_t rows = s.rows;
+    if (t == GgmlType::F16 || t == GgmlType::F32) {
+      out = host.as<uint8_t>();
+      bytes = size_t(rows * C) * (t == GgmlType::F16 ? 2 : 4);
+      return;
+    }
+    float* x = host.as<float>();
+    const size_t rb = ggml_row_bytes(t, C);
+    scratch.resize(rb * size_t(rows));
+    parallel_for(rows, threads_, [&](int64_t b, int64_t e) {
+      if (rot) hadamard_rows(x + b * C, (e - b) * C, rot_n);
+      rows_to_cache_type(t, x + b * C, e - b, C, scratch.data() + size_t(b) * rb);
+    });
+    out = scratch.data();
+    bytes = scratch.size();
+  }
+
+  std::shared_ptr<const Recipe> recipe_;
+  CudaEngine engine_;
+  GpuRecipe gpu_recipe_;
+  int64_t max_chunk_;
+  int threads_;
+  cudaStream_t copy_stream_ = nullptr;
+  Slot slots_[kSlots];
+  std::mutex capture_mu_;
+};
+
+}  // namespace
+
+bool cuda_backend_available() { return cuda::device_count() > 0; }
+
+std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads,
+                                                  int64_t max_chunk) {
+  if (cuda::device_count() == 0) throw std::runtime_error("--device cuda: " + cuda::device_summary());
+  return std::make_unique<CudaBackend>(hf_dir, std::move(recipe), threads, max_chunk);
+}
+
+}  // namespace pdb

@@ -1,0 +1,112 @@
+#include "recipes/recipe_gpu.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "common/parallel.h"
+#include "cuda/elementwise.cuh"
+#include "cuda/gemm.cuh"
+#include "cuda/rmsnorm.cuh"
+#include "cuda/rope.cuh"
+#include "formats/numeric.h"
+
+namespace pdb {
+
+GpuRecipe::GpuRecipe(const Recipe& cpu, cuda::Gemm& gemm, int64_t max_rows) : cpu_(cpu), gemm_(gemm), max_rows_(max_rows) {
+  const auto& in = cpu.info();
+  const int64_t E = in.n_embd;
+  auto upload = [&](const RecipeWeight& rw) {
+    Weight w;
+    w.type = rw.type;
+    w.rows = rw.rows;
+    w.cols = rw.cols;
+    const size_t n = rw.w.size();
+    if (rw.type == GgmlType::F16 || rw.type == GgmlType::BF16) {
+      std::vector<uint16_t> half(n);
+      const bool f16 = rw.type == GgmlType::F16;
+      parallel_for(int64_t(n), cpu.threads(), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) half[size_t(i)] = f16 ? f32_to_fp16(rw.w[size_t(i)]) : f32_to_bf16(rw.w[size_t(i)]);
+      });
+      w.w.resize(n * 2);
+      w.w.upload(half.data(), n * 2);
+    } else {  // F32, and block-quantized weights dequantized exactly to f32 at load
+      w.w.resize(n * 4);
+      w.w.upload(rw.w.data(), n * 4);
+    }
+    if (!rw.bias.empty()) {
+      w.bias.resize(rw.bias.size() * 4);
+      w.bias.upload(rw.bias.data(), rw.bias.size() * 4);
+    }
+    bytes_ += w.w.bytes() + w.bias.bytes();
+    return w;
+  };
+  for (int64_t l = 0; l < cpu.loaded_layers(); ++l) {
+    wk_.push_back(upload(cpu.k_weight(int(l))));
+    wv_.push_back(upload(cpu.v_weight(int(l))));
+    cuda::DeviceBuffer nb(size_t(E) * 4);
+    nb.upload(cpu.attn_norm(int(l)), size_t(E) * 4);
+    norm_.push_back(std::move(nb));
+    if (const float* kn = cpu.k_head_norm(int(l))) {
+      cuda::DeviceBuffer kb(size_t(in.head_dim) * 4);
+      kb.upload(kn, size_t(in.head_dim) * 4);
+      k_norm_.push_back(std::move(kb));
+    }
+  }
+  x_.resize(size_t(max_rows * E) * 4);
+  xa_.resize(size_t(max_rows * E) * 4);
+  cs_.resize(size_t(max_rows * in.rope.n_dims) * 4);
+  bytes_ += x_.bytes() + xa_.bytes() + cs_.bytes();
+}
+
+GpuRecipe::~GpuRecipe() = default;
+
+void GpuRecipe::set_positions(int64_t pos0, int64_t rows, cudaStream_t s) {
+  if (rows > max_rows_) throw std::invalid_argument(fmt::format("GPU recipe: {} rows, sized for {}", rows, max_rows_));
+  const auto& r = cpu_.info().rope;
+  cs_host_.resize(size_t(rows * r.n_dims));
+  parallel_for(rows, cpu_.threads(), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) ggml_rope_cache(r, pos0 + i, cs_host_.data() + i * r.n_dims);
+  });
+  // Pageable source: the call returns once the bytes are staged, so the host vector is free again.
+  PDB_CUDA_CHECK(cudaMemcpyAsync(cs_.get(), cs_host_.data(), cs_host_.size() * 4, cudaMemcpyHostToDevice, s));
+}
+
+void GpuRecipe::project(const Weight& w, const float* x, int64_t rows, cudaStream_t s, float* y) {
+  const int64_t n = rows * w.cols;
+  switch (w.type) {
+    case GgmlType::F16:
+      cuda::f32_to_f16(x, xa_.as<__half>(), n, s);
+      gemm_.xwt(cuda::DType::F16, xa_.get(), w.w.get(), cuda::DType::F32, y, rows, w.cols, w.rows, 0.0f, s);
+      break;
+    case GgmlType::BF16:
+      cuda::f32_to_bf16(x, xa_.as<__nv_bfloat16>(), n, s);
+      gemm_.xwt(cuda::DType::BF16, xa_.get(), w.w.get(), cuda::DType::F32, y, rows, w.cols, w.rows, 0.0f, s);
+      break;
+    case GgmlType::F32: gemm_.xwt(cuda::DType::F32, x, w.w.get(), cuda::DType::F32, y, rows, w.cols, w.rows, 0.0f, s); break;
+    default:
+      if (w.cols % 32) throw std::runtime_error("quantized weight with a row not a multiple of 32");
+      PDB_CUDA_CHECK(cudaMemcpyAsync(xa_.get(), x, size_t(n) * 4, cudaMemcpyDeviceToDevice, s));
+      cuda::q8_0_round_trip(xa_.as<float>(), n, s);
+      gemm_.xwt(cuda::DType::F32, xa_.get(), w.w.get(), cuda::DType::F32, y, rows, w.cols, w.rows, 0.0f, s);
+  }
+  if (w.bias.bytes()) cuda::add_bias_rows(y, w.bias.as<float>(), rows, w.rows, s);
+}
+
+void GpuRecipe::kv_f32(int layer, const float* d_h, int64_t rows, cudaStream_t s, float* d_k, float* d_v) {
+  const auto& in = cpu_.info();
+  if (layer < 0 || layer >= int64_t(wk_.size())) throw std::out_of_range(fmt::format("GPU recipe layer {} not loaded", layer));
+  if (rows > max_rows_) throw std::invalid_argument(fmt::format("GPU recipe: {} rows, sized for {}", rows, max_rows_));
+  cuda::rmsnorm_rows(d_h, norm_[size_t(layer)].as<float>(), x_.as<float>(), rows, in.n_embd, in.norm_eps, s);
+  PDB_CUDA_LAUNCHED();
+  project(wk_[size_t(layer)], x_.as<float>(), rows, s, d_k);
+  project(wv_[size_t(layer)], x_.as<float>(), rows, s, d_v);
+  const float* kn = k_norm_.empty() ? nullptr : k_norm_[size_t(layer)].as<float>();
+  cuda::rope_ggml_rows(d_k, cs_.as<float>(), rows, int(in.n_head_kv), int(in.head_dim), in.rope.n_dims, in.rope.mode == RopeMode::Neox, kn,
+                       in.norm_eps, s);
+}
+
+}  // namespace pdb

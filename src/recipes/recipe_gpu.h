@@ -1,0 +1,53 @@
+// The recipe's math on the GPU, on the engine's device hidden states: the decoder's attention norm,
+// its K/V projections with its activation numerics per weight type (F16: activation rounded to f16,
+// f16 x f16 products, f32 sums; BF16 likewise; F32: true f32; block-quantized weights: dequantized
+// once at load, activation through Q8_0 like ggml-cpu's vec_dot), qwen3's K norm, and the decoder's
+// RoPE with cos/sin from recipes/rope_ggml.cpp. Weights come from the CPU recipe (one loader).
+// Sums run in cuBLASLt's order, not the decoder's: rows can differ from the CPU recipe's in the last
+// bit; tests/kernels report how many elements are identical.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "cuda/common.cuh"
+#include "recipes/recipe.h"
+
+namespace pdb {
+
+namespace cuda { class Gemm; }
+
+class GpuRecipe {
+ public:
+  GpuRecipe(const Recipe& cpu, cuda::Gemm& gemm, int64_t max_rows);
+  ~GpuRecipe();
+  const Recipe& cpu() const { return cpu_; }
+  const RecipeInfo& info() const { return cpu_.info(); }
+  size_t device_bytes() const { return bytes_; }
+
+  // Once per chunk, before kv_f32: the decoder's cos/sin for positions [pos0, pos0 + rows).
+  void set_positions(int64_t pos0, int64_t rows, cudaStream_t s);
+  // d_k, d_v: [rows x n_embd_kv] f32 on the device: K after RoPE, V; before rotation and type.
+  void kv_f32(int layer, const float* d_h, int64_t rows, cudaStream_t s, float* d_k, float* d_v);
+
+ private:
+  struct Weight {
+    GgmlType type = GgmlType::F32;
+    int64_t rows = 0, cols = 0;
+    cuda::DeviceBuffer w, bias;
+  };
+  void project(const Weight& w, const float* d_x, int64_t rows, cudaStream_t s, float* d_y);
+
+  const Recipe& cpu_;
+  cuda::Gemm& gemm_;
+  int64_t max_rows_ = 0;
+  size_t bytes_ = 0;
+  std::vector<Weight> wk_, wv_;
+  std::vector<cuda::DeviceBuffer> norm_, k_norm_;
+  cuda::DeviceBuffer x_, xa_, cs_;
+  std::vector<float> cs_host_;
+};
+
+}  // namespace pdb

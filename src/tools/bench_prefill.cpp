@@ -1,0 +1,106 @@
+#include "tools/bench_prefill.h"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <random>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "common/parallel.h"
+#include "cuda/device.h"
+#include "prefill/backend.h"
+#include "prefill/capture.h"
+
+namespace pdb {
+using json = nlohmann::json;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+template <class F>
+double seconds(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int run_bench_prefill(const BenchPrefillOptions& o) {
+  const int threads = o.threads > 0 ? o.threads : default_threads();
+  std::shared_ptr<const Recipe> recipe = Recipe::load(o.recipe, threads);
+  const int64_t max_t = *std::max_element(o.tokens.begin(), o.tokens.end());
+  std::unique_ptr<PrefillBackend> be;
+  if (o.device == "cuda") be = make_cuda_backend(o.model, recipe, threads, o.chunk);
+  else if (o.device == "cpu") be = make_cpu_backend(std::make_shared<CpuEngine>(o.model, threads), recipe);
+  else throw std::invalid_argument("--device must be cuda or cpu");
+  const auto& c = be->config();
+  const double H = double(c.hidden_size), F = double(c.intermediate_size), D = double(c.head_dim), NH = double(c.num_heads),
+               KV = double(c.num_kv_heads), L = double(c.num_layers);
+  const double layer_params = H * (NH + 2 * KV) * D + NH * D * H + 3 * H * F;
+  const double gemm_rate = o.device == "cuda" ? cuda::measure_bf16_gemm_tflops() : 0.0;
+  const auto ctype = ggml_type_from_name(o.cache_type);
+  if (!ctype) throw std::invalid_argument("--cache-type: unknown type " + o.cache_type);
+  const GgmlType ct = *ctype;
+  const CacheSpec spec = CacheSpec::decoder_default(ct, ct, recipe->info().head_dim);
+  uint64_t seed = o.seed ? o.seed : uint64_t(std::chrono::system_clock::now().time_since_epoch().count());
+  std::ofstream out(o.out, std::ios::app);
+  std::printf("# pdbridge bench prefill: %s, %s, %s; chunk %lld; cache %s; bf16 GEMM rate measured now: %.0f TFLOP/s\n", be->device().c_str(),
+              c.arch.c_str(), o.model.c_str(), (long long)o.chunk, o.cache_type.c_str(), gemm_rate);
+  std::printf("%-8s %-16s %10s %12s %10s %10s\n", "tokens", "mode", "seconds", "tok/s", "TFLOP/s", "of GEMM");
+  (void)max_t;
+  for (int64_t T : o.tokens) {
+    be->check_fits(T, o.chunk);
+    auto prompt = [&] {  // a fresh random prompt per run
+      std::mt19937_64 g(seed++);
+      std::vector<int32_t> t(static_cast<size_t>(T));
+      for (auto& x : t) x = int32_t(g() % uint64_t(c.vocab_size));
+      return t;
+    };
+    // Warm-up: plans, handles, the engine's K/V allocation at this size.
+    be->forward_only(prompt(), o.chunk, true);
+    struct Mode { std::string name; double layers; };
+    for (const Mode& m : {Mode{"full-forward", L}, Mode{"engine", L - 1}, Mode{"engine+recipe", L - 1}}) {
+      std::vector<double> ts;
+      int64_t bytes = 0;
+      for (int r = 0; r < o.reps; ++r) {
+        auto toks = prompt();
+        if (m.name == "engine+recipe") {
+          wire::PrefillRequest req;
+          req.tokens = std::move(toks);
+          req.fingerprint = recipe_fingerprint(recipe->info());
+          req.k_type = spec.k_type; req.v_type = spec.v_type; req.rot_k = spec.rot_k; req.rot_v = spec.rot_v;
+          req.simd_width = host_simd_width() ? host_simd_width() : 8;
+          CaptureResult cr;
+          bytes = 0;
+          ts.push_back(seconds([&] {
+            cr = run_capture(*be, req, o.chunk, EmitFn([&](std::vector<uint8_t>&& f, bool) { bytes += int64_t(f.size()); return Emit::Ok; }));
+          }));
+          if (cr.status != "complete") throw std::runtime_error("capture " + cr.status + ": " + cr.reason);
+        } else {
+          ts.push_back(seconds([&] { be->forward_only(toks, o.chunk, m.name == "full-forward"); }));
+        }
+      }
+      const double t = median(ts);
+      const double flops = 2.0 * layer_params * m.layers * double(T) + 2.0 * double(T) * double(T) * NH * D * m.layers;
+      const double tflops = flops / t / 1e12;
+      std::printf("%-8lld %-16s %10.3f %12.0f %10.1f %9.0f%%\n", (long long)T, m.name.c_str(), t, double(T) / t, tflops,
+                  gemm_rate > 0 ? 100.0 * tflops / gemm_rate : 0.0);
+      std::fflush(stdout);
+      json row = {{"label", o.label}, {"device", be->device()}, {"arch", c.arch}, {"model", o.model}, {"tokens", T}, {"mode", m.name},
+                  {"chunk", o.chunk}, {"cache_type", o.cache_type}, {"seconds_median", t}, {"seconds_all", ts}, {"tok_s", double(T) / t},
+                  {"tflops", tflops}, {"gemm_tflops", gemm_rate}, {"wire_bytes", bytes}};
+      out << row.dump() << "\n";
+    }
+  }
+  return 0;
+}
+
+}  // namespace pdb

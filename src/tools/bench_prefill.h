@@ -1,0 +1,22 @@
+// `pdbridge bench prefill`: prefill throughput of a backend (CUDA or CPU) on random prompts (fresh
+// seed per run): the engine alone, the engine with the recipe and wire frames (the product), and a
+// full forward (every layer, like an engine producing logits) for comparisons with other engines;
+// achieved TFLOP/s against a bf16 GEMM rate measured in the same run.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pdb {
+
+struct BenchPrefillOptions {
+  std::string model, recipe, device = "cuda", out = "bench-prefill.jsonl", cache_type = "f16", label;
+  std::vector<int64_t> tokens = {8192, 32768};
+  int64_t chunk = 4096;
+  int reps = 3, threads = 0;
+  uint64_t seed = 0;  // 0: from the clock
+};
+
+int run_bench_prefill(const BenchPrefillOptions& o);
+
+}  // namespace pdb

@@ -1,0 +1,194 @@
+// The CUDA backend against the CPU backend and against the real llama-server: GPU recipe rows vs CPU
+// recipe rows on the same hidden states, the GPU forward vs the CPU forward layer by layer, and a
+// bridge served end to end with `pdbridge prefill --device cuda`. Skipped (saying why) without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "cuda/device.h"
+#include "formats/numeric.h"
+#include "front/assembler.h"
+#include "model/cpu_engine.h"
+#include "model/reference_ops.h"
+#include "prefill/backend.h"
+#include "prefill/capture.h"
+#include "support/stack.h"
+#include "tools/verify_state.h"
+#ifdef PDBRIDGE_HAVE_CUDA
+#include "cuda/common.cuh"
+#include "cuda/gemm.cuh"
+#include "model/cuda_engine.h"
+#include "recipes/recipe_gpu.h"
+#endif
+
+namespace pdb {
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary()
+
+std::vector<int32_t> random_tokens(uint64_t seed, int n, int vocab) {
+  std::mt19937_64 g(seed);
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(int32_t(1000 + g() % uint64_t(std::min(vocab, 100000) - 1000)));
+  return t;
+}
+
+int64_t f16_ulp_distance(uint16_t a, uint16_t b) {
+  auto ord = [](uint16_t x) { return (x & 0x8000) ? -int64_t(x & 0x7fff) : int64_t(x); };
+  return std::llabs(ord(a) - ord(b));
+}
+
+}  // namespace
+
+// Same hidden states through both recipes; rows compared as the decoder stores them (f16).
+TEST(GpuRecipe, RowsMatchTheCpuRecipeOnTheSameHiddenStates) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  struct Case { std::string model, gguf; double min_pct; };
+  cuda::Gemm gemm;
+  for (const Case& c : {Case{"llama-tiny", "f32", 99.0}, Case{"llama-tiny", "f16", 99.0}, Case{"llama-tiny", "q8_0", 97.0},
+                       Case{"llama-tiny", "q4_0", 97.0}, Case{"qwen3-tiny", "f32", 99.0}, Case{"qwen3-tiny", "q8_0", 97.0}}) {
+    auto recipe = Recipe::load(test::models_dir() + "/" + c.model + "/decoder-" + c.gguf + ".gguf", 2);
+    const auto& in = recipe->info();
+    const int64_t rows = 300, pos0 = 1000, E = in.n_embd, C = in.n_embd_kv();
+    GpuRecipe gpu(*recipe, gemm, rows);
+    std::mt19937 g(std::random_device{}());
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    std::vector<float> h(size_t(rows * E));
+    for (auto& x : h) x = d(g);
+    cuda::DeviceBuffer dh(h.size() * 4), dk(size_t(rows * C) * 4), dv(size_t(rows * C) * 4);
+    dh.upload(h.data(), h.size() * 4);
+    size_t same = 0, total = 0;
+    int64_t worst = 0;
+    for (int layer = 0; layer < in.n_layer; ++layer) {
+      std::vector<float> ck(size_t(rows * C)), cv(ck.size()), gk(ck.size()), gv(ck.size());
+      recipe->kv_f32(layer, h.data(), rows, pos0, host_simd_width() ? host_simd_width() : 8, ck.data(), cv.data());
+      gpu.set_positions(pos0, rows, nullptr);
+      gpu.kv_f32(layer, dh.as<float>(), rows, nullptr, dk.as<float>(), dv.as<float>());
+      PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      dk.download(gk.data(), gk.size() * 4);
+      dv.download(gv.data(), gv.size() * 4);
+      for (size_t i = 0; i < ck.size(); ++i)
+        for (auto [a, b] : {std::pair{ck[i], gk[i]}, std::pair{cv[i], gv[i]}}) {
+          const int64_t u = f16_ulp_distance(f32_to_fp16(a), f32_to_fp16(b));
+          same += u == 0;
+          worst = std::max(worst, u);
+          ++total;
+        }
+    }
+    const double pct = 100.0 * double(same) / double(total);
+    std::printf("GPU RECIPE %s %s: %.4f%% of f16 cache elements identical to the CPU recipe, worst %lld ulp\n", c.model.c_str(), c.gguf.c_str(),
+                pct, (long long)worst);
+    EXPECT_GE(pct, c.min_pct);
+    EXPECT_LE(worst, 2);
+  }
+#endif
+}
+
+// The residual stream entering every layer, GPU engine (bf16) vs CPU engine (f32).
+TEST(CudaEngine, ForwardTracksTheCpuEngineLayerByLayer) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  for (const std::string model : {"llama-tiny", "qwen3-tiny"}) {
+    const std::string hf = test::models_dir() + "/" + model + "/hf";
+    CpuEngine cpu(hf, 2);
+    CudaEngine gpu(hf, 2);
+    const int64_t T = 700;
+    auto tokens = random_tokens(std::random_device{}(), int(T), int(cpu.config().vocab_size));
+    const int64_t E = cpu.config().hidden_size, L = cpu.config().num_layers;
+    std::vector<std::vector<float>> want(size_t(L), std::vector<float>(size_t(T * E))), got = want;
+    cpu.prefill(tokens, 256, 0, [&](int l, const float* h, int64_t rows, int64_t p0) { std::copy_n(h, rows * E, want[size_t(l)].begin() + p0 * E); });
+    gpu.prefill(tokens, 300, [&](int l, const float* dh, int64_t rows, int64_t p0, cudaStream_t s) {
+      PDB_CUDA_CHECK(cudaMemcpyAsync(got[size_t(l)].data() + p0 * E, dh, size_t(rows * E) * 4, cudaMemcpyDeviceToHost, s));
+      PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+    });
+    for (int64_t l = 0; l < L; ++l) {
+      const double e = ref::rel_error(got[size_t(l)], want[size_t(l)]);
+      std::printf("CUDA ENGINE %s layer %lld input: rel err vs CPU engine %.2e\n", model.c_str(), (long long)l, e);
+      EXPECT_LT(e, l == 0 ? 1e-7 : 3e-2);
+    }
+  }
+#endif
+}
+
+// `pdbridge prefill --device cuda` behind the front door, llama-server as the decoder: the bridge is
+// complete, the decoder's cache hit is real, and the bridged state is close to the decoder's own.
+TEST(CudaBridge, ServesTheBridgeEndToEndWithARealCacheHit) {
+  SKIP_WITHOUT_GPU();
+  for (const std::string gguf : {"f32", "q8_0"}) {
+    test::StackOptions so;
+    so.model_dir = test::models_dir() + "/llama-tiny";
+    so.decoder_type = gguf;
+    so.prefill_extra = {"--device", "cuda"};
+    test::Stack st(so);
+    const std::string prompt = test::random_text(std::random_device{}(), 1200);
+    nlohmann::json body = {{"prompt", prompt}, {"n_predict", 24}, {"temperature", 0}};
+    auto r = st.post_front("/completion", body);
+    ASSERT_EQ(r.status, 200) << r.body << st.logs();
+    auto v = r.verdict();
+    ASSERT_EQ(v.value("verdict", ""), "complete") << v.dump() << st.logs();
+    const int64_t T = v["tokens"].get<int64_t>();
+    const auto timings = r.json()["timings"];
+    EXPECT_GE(timings["cache_n"].get<int64_t>(), T - 1) << timings.dump();
+    EXPECT_LE(timings["prompt_n"].get<int64_t>(), 1) << timings.dump();
+    body["cache_prompt"] = false;
+    body["id_slot"] = 0;
+    auto n = st.post_decoder("/completion", body);
+    ASSERT_EQ(n.status, 200);
+    const bool same = n.json()["content"] == r.json()["content"];
+    std::printf("CUDA BRIDGE llama-tiny %s: %lld tokens complete, cache_n %lld, answer %s native\n", gguf.c_str(), (long long)T,
+                (long long)timings["cache_n"].get<int64_t>(), same ? "==" : "!=");
+  }
+}
+
+// The GPU-bridged state against the state llama-server saves itself (the parity table's GPU rows).
+TEST(CudaParity, BridgedStateAgainstTheDecodersOwn) {
+  SKIP_WITHOUT_GPU();
+  struct Case { std::string model, gguf, cache; };
+  for (const Case& c : {Case{"llama-tiny", "f32", "f16"}, Case{"qwen3-tiny", "f32", "f16"}, Case{"llama-tiny", "f32", "q8_0"},
+                       Case{"llama-tiny", "f16", "f16"}}) {
+    const std::string mdir = test::models_dir() + "/" + c.model;
+    test::StackOptions so;
+    so.model_dir = mdir;
+    so.decoder_type = c.gguf;
+    so.cache_type = c.cache;
+    so.parallel = 1;
+    so.start_prefill = false;
+    test::Stack st(so);
+    const int T = 700;
+    auto tokens = random_tokens(std::random_device{}(), T, 100000);
+    auto r = st.post_decoder("/completion", {{"prompt", tokens}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", true}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    r = st.post_decoder("/slots/0?action=save", {{"filename", "native.bin"}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    ParsedState native = parse_state_file(st.slot_dir + "/native.bin");
+    std::shared_ptr<const Recipe> recipe = Recipe::load(st.decoder_gguf, 2);
+    auto backend = make_cuda_backend(mdir + "/hf", recipe, 2, 256);
+    const auto& L0 = native.layout.layers[0];
+    wire::PrefillRequest req;
+    req.tokens = tokens;
+    req.fingerprint = recipe_fingerprint(recipe->info());
+    CacheSpec spec = CacheSpec::decoder_default(L0.k_type, L0.v_type, recipe->info().head_dim);
+    req.k_type = spec.k_type; req.v_type = spec.v_type; req.rot_k = spec.rot_k; req.rot_v = spec.rot_v;
+    req.simd_width = host_simd_width() ? host_simd_width() : 8;
+    {
+      CaptureAssembler as(st.slot_dir + "/bridged.bin", native.layout, tokens, req.fingerprint);
+      auto cr = run_capture(*backend, req, 256, EmitFn([&](std::vector<uint8_t>&& f, bool) { as.feed(f.data(), f.size()); return Emit::Ok; }));
+      ASSERT_EQ(cr.status, "complete") << cr.reason;
+      as.finish();
+    }
+    ParsedState ours = parse_state_file(st.slot_dir + "/bridged.bin");
+    auto layer0 = diff_states(native, ours, 1);
+    auto all = diff_states(native, ours);
+    ASSERT_TRUE(all.same_layout) << all.layout_note;
+    std::printf("CUDA PARITY %s %s cache=%s layer0: %.4f%% identical, max ulp %lld | all: %.4f%% identical, max ulp %lld, max |d| %.3g\n",
+                c.model.c_str(), c.gguf.c_str(), c.cache.c_str(), layer0.pct_identical(), (long long)layer0.max_ulp(), all.pct_identical(),
+                (long long)all.max_ulp(), all.max_abs());
+    EXPECT_GE(layer0.pct_identical(), 99.0);
+    EXPECT_LT(all.max_abs(), 0.5);
+  }
+}
+
+}  // namespace pdb
