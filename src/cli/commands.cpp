@@ -185,6 +185,25 @@ void register_doctor(CLI::App& app) {
   cmd->callback([o] { guarded("doctor", [&] { return run_doctor(*o) == 0 ? 0 : 1; }); });
 }
 
+void register_convert(CLI::App& app) {
+  auto* cmd = app.add_subcommand("convert", "Convert an HF checkpoint (safetensors) to decoder GGUFs (float types directly, others via llama-quantize)");
+  auto o = std::make_shared<ConvertOptions>();
+  auto types = std::make_shared<std::string>("f16");
+  cmd->add_option("--hf", o->hf_dir, "HF checkpoint directory (config.json + safetensors)")->required()->check(CLI::ExistingDirectory);
+  cmd->add_option("--out", o->out, "Output directory for decoder-<type>.gguf")->required();
+  cmd->add_option("--types", *types, "GGUF types, comma separated (f32,f16,bf16,q8_0,q4_0,...)")->capture_default_str();
+  cmd->add_option("--vocab-gguf", o->vocab_gguf, "Tokenizer GGUF (default: <hf>/pdbridge-vocab.json, else llama.cpp's vocab for the arch)");
+  cmd->add_option("--name", o->name, "general.name");
+  cmd->add_option("--threads", o->threads, "Threads");
+  cmd->callback([o, types] {
+    guarded("convert", [&] {
+      o->gguf_types = split_csv(*types);
+      convert_model(*o);
+      return 0;
+    });
+  });
+}
+
 void register_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
@@ -266,6 +285,7 @@ void register_commands(CLI::App& app) {
   register_verify_state(app);
   register_doctor(app);
   register_bench(app);
+  register_convert(app);
   register_eval(app);
   register_gguf_info(app);
   register_device_info(app);

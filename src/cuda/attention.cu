@@ -1,5 +1,6 @@
 #include "cuda/attention.cuh"
 
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -8,10 +9,11 @@
 namespace pdb::cuda {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kBlockQ = 16 * kWarps;  // each warp owns 16 query rows
-constexpr int kBlockK = 64;           // keys per tile
-constexpr int kThreads = 32 * kWarps;
+// A block of W warps; each warp owns 16 query rows of one head. With GQA the block packs the
+// query heads that share a KV head (heads_per_block of them, W / heads_per_block warps each), so
+// every K/V tile brought into shared memory serves 16 * W query rows: twice the reuse of a
+// one-head block at W = 8, which is what keeps long contexts off the memory roof.
+constexpr int kBlockK = 64;  // keys per tile
 
 // Shared tiles are rows of head_dim bf16 split into 16-byte chunks; chunk c of row r lives at
 // chunk (c ^ (r & 7)) so that the 8 rows an ldmatrix reads fall in 8 different bank groups.
@@ -50,49 +52,61 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 // Copies `rows` rows (row stride `stride` elements) of a head_dim-wide tile into swizzled shared memory;
 // rows at or past `valid` are zero-filled.
-template <int D>
+template <int D, int W>
 __device__ __forceinline__ void load_tile(uint32_t smem, const __nv_bfloat16* g, int64_t stride, int rows, int valid) {
   constexpr int C = D / 8;
-  for (int i = threadIdx.x; i < rows * C; i += kThreads) {
+  for (int i = threadIdx.x; i < rows * C; i += 32 * W) {
     const int r = i / C, c = i % C;
     const bool ok = r < valid;
     cp_async16(smem + swz(r, c, C), g + (ok ? int64_t(r) * stride + c * 8 : 0), ok);
   }
 }
 
-template <int D>
-__global__ void __launch_bounds__(kThreads, 2)
+template <int D, int W>
+__global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1)
 flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-                       const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out, AttentionShape s) {
+                       const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out, AttentionShape s, int heads_per_block) {
+  constexpr int kBlockRows = 16 * W;  // query rows (head, position) per block
   constexpr int C = D / 8;           // 16-byte chunks per row
   constexpr int KSTEPS = D / 16;     // mma k-steps over head_dim
   constexpr int DTILES = D / 8;      // output n-tiles
   extern __shared__ __align__(128) uint8_t smem_raw[];
   const uint32_t sbase = uint32_t(__cvta_generic_to_shared(smem_raw));
   const uint32_t sQ = sbase;
-  const uint32_t sK[2] = {sQ + kBlockQ * D * 2, sQ + kBlockQ * D * 2 + kBlockK * D * 2};
-  const uint32_t sV[2] = {sK[1] + kBlockK * D * 2, sK[1] + 2 * kBlockK * D * 2};
+  // Stage s of K at sK0 + s * tile, of V at sV0 + s * tile (arithmetic, not an array: no stack frame).
+  constexpr uint32_t kTileBytes = kBlockK * D * 2;
+  const uint32_t sK0 = sQ + kBlockRows * D * 2;
+  const uint32_t sV0 = sK0 + 2 * kTileBytes;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Heaviest query tiles (most keys) first, so the tail of the grid is short.
   const int qtile = int(gridDim.x) - 1 - int(blockIdx.x);
-  const int head = blockIdx.y;
-  const int kvh = head / (s.n_heads / s.n_kv_heads);
-  const int64_t q_first = int64_t(qtile) * kBlockQ;  // row within the chunk
-  const int q_valid = int(imin64(kBlockQ, s.n_q - q_first));
+  const int warps_per_head = W / heads_per_block;
+  const int block_positions = 16 * warps_per_head;
+  const int head = int(blockIdx.y) * heads_per_block + warp / warps_per_head;  // this warp's head
+  const int sub = warp % warps_per_head;                                      // its 16-row slice
+  const int kvh = head / (s.n_heads / s.n_kv_heads);  // shared by the whole block
+  const int64_t q_first = int64_t(qtile) * block_positions;  // first position (within the chunk) of the block
   const int64_t q_stride = int64_t(s.n_heads) * D;
-  const int64_t n_keys = s.pos0 + imin64(s.n_q, q_first + kBlockQ);  // keys this tile can see
+  const int64_t n_keys = s.pos0 + imin64(s.n_q, q_first + block_positions);  // keys this block can see
   const int n_tiles = int((n_keys + kBlockK - 1) / kBlockK);
   const __nv_bfloat16* kh = k + int64_t(kvh) * s.kv_capacity * D;
   const __nv_bfloat16* vh = v + int64_t(kvh) * s.kv_capacity * D;
 
-  load_tile<D>(sQ, q + q_first * q_stride + int64_t(head) * D, q_stride, kBlockQ, q_valid);
+  // Q rows: smem row w*16 + r is position q_first + (w % warps_per_head)*16 + r of head (w / warps_per_head).
+  for (int i = threadIdx.x; i < kBlockRows * C; i += 32 * W) {
+    const int row = i / C, c = i % C, w = row / 16;
+    const int64_t pos = q_first + (w % warps_per_head) * 16 + row % 16;
+    const int h = int(blockIdx.y) * heads_per_block + w / warps_per_head;
+    const bool ok = pos < s.n_q;
+    cp_async16(sQ + swz(row, c, C), q + (ok ? pos * q_stride + int64_t(h) * D + c * 8 : 0), ok);
+  }
   cp_async_commit();
   auto load_kv = [&](int t, int stage) {
     const int64_t k0 = int64_t(t) * kBlockK;
     const int valid = int(imin64(kBlockK, n_keys - k0));
-    load_tile<D>(sK[stage], kh + k0 * D, D, kBlockK, valid);
-    load_tile<D>(sV[stage], vh + k0 * D, D, kBlockK, valid);
+    load_tile<D, W>(sK0 + stage * kTileBytes, kh + k0 * D, D, kBlockK, valid);
+    load_tile<D, W>(sV0 + stage * kTileBytes, vh + k0 * D, D, kBlockK, valid);
     cp_async_commit();
   };
   load_kv(0, 0);
@@ -114,7 +128,7 @@ flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   const float scale_log2 = s.scale * 1.4426950408889634f;
   // Absolute positions of this thread's two query rows.
-  const int64_t qpos0 = s.pos0 + q_first + warp * 16 + lane / 4;
+  const int64_t qpos0 = s.pos0 + q_first + sub * 16 + lane / 4;
   const int64_t qpos[2] = {qpos0, qpos0 + 8};
 
   for (int t = 0; t < n_tiles; ++t) {
@@ -135,7 +149,7 @@ flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
         for (int j = 0; j < kBlockK / 8; j += 2) {
           uint32_t b0, b1, b2, b3;
           const int key = (j + (mat >> 1)) * 8 + r;
-          ldmatrix_x4(sK[stage] + swz(key, kk * 2 + (mat & 1), C), b0, b1, b2, b3);
+          ldmatrix_x4(sK0 + stage * kTileBytes + swz(key, kk * 2 + (mat & 1), C), b0, b1, b2, b3);
           mma_bf16(sc[j], qf[kk], b0, b1);
           mma_bf16(sc[j + 1], qf[kk], b2, b3);
         }
@@ -186,7 +200,7 @@ flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
         for (int j = 0; j < DTILES; j += 2) {
           uint32_t b0, b1, b2, b3;
           const int key = kk * 16 + (mat & 1) * 8 + r;
-          ldmatrix_x4_trans(sV[stage] + swz(key, j + (mat >> 1), C), b0, b1, b2, b3);
+          ldmatrix_x4_trans(sV0 + stage * kTileBytes + swz(key, j + (mat >> 1), C), b0, b1, b2, b3);
           mma_bf16(o[j], a, b0, b1);
           mma_bf16(o[j + 1], a, b2, b3);
         }
@@ -201,7 +215,7 @@ flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const int64_t row = q_first + warp * 16 + lane / 4 + h * 8;
+    const int64_t row = q_first + sub * 16 + lane / 4 + h * 8;
     if (row >= s.n_q) continue;
     __nv_bfloat16* orow = out + row * q_stride + int64_t(head) * D;
 #pragma unroll
@@ -212,18 +226,30 @@ flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
   }
 }
 
-template <int D>
+template <int D, int W>
 void launch(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out, const AttentionShape& s,
             cudaStream_t stream) {
-  const int smem = (kBlockQ + 4 * kBlockK) * D * 2;
+  const int smem = (16 * W + 4 * kBlockK) * D * 2;
   static bool configured = false;  // attribute set once per process and instantiation
   if (!configured) {
-    PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_causal<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_causal<D, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = true;
   }
-  const dim3 grid(unsigned((s.n_q + kBlockQ - 1) / kBlockQ), unsigned(s.n_heads));
-  flash_attention_causal<D><<<grid, kThreads, smem, stream>>>(q, k, v, out, s);
+  const int group = s.n_heads / s.n_kv_heads;
+  // Pack the group's heads into one block where the group divides the block's warps.
+  const int heads_per_block = (W == 8 && 8 % group == 0) ? group : 1;
+  const int positions = 16 * (W / heads_per_block);
+  const dim3 grid(unsigned((s.n_q + positions - 1) / positions), unsigned(s.n_heads / heads_per_block));
+  flash_attention_causal<D, W><<<grid, 32 * W, smem, stream>>>(q, k, v, out, s, heads_per_block);
   PDB_CUDA_LAUNCHED();
+}
+
+int variant() {  // PDBRIDGE_ATTN_WARPS=4: one head per 4-warp block (the first version), for A/B runs
+  static const int w = [] {
+    const char* e = std::getenv("PDBRIDGE_ATTN_WARPS");
+    return e && std::string(e) == "4" ? 4 : 8;
+  }();
+  return w;
 }
 
 }  // namespace
@@ -234,8 +260,8 @@ void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv
   if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0) throw std::invalid_argument("attention: heads not a multiple of kv heads");
   if (s.pos0 + s.n_q > s.kv_capacity) throw std::invalid_argument("attention: keys past the cache capacity");
   switch (s.head_dim) {
-    case 64: launch<64>(q, k, v, out, s, stream); break;
-    case 128: launch<128>(q, k, v, out, s, stream); break;
+    case 64: variant() == 4 ? launch<64, 4>(q, k, v, out, s, stream) : launch<64, 8>(q, k, v, out, s, stream); break;
+    case 128: variant() == 4 ? launch<128, 4>(q, k, v, out, s, stream) : launch<128, 8>(q, k, v, out, s, stream); break;
     default: throw std::invalid_argument("attention: head_dim " + std::to_string(s.head_dim) + " not supported (64, 128)");
   }
 }

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -54,10 +55,17 @@ CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& r
             fh.kind = wire::FrameKind::K;
             fh.type = uint8_t(spec.k_type);
             frame.reserve(b.k_bytes + b.v_bytes + 2 * wire::kHeaderBytes);
+            // Large blocks: hash V on a helper thread while this one hashes and copies K (the GPU
+            // backend produces rows faster than one core frames them).
+            uint64_t v_hash = 0;
+            std::thread hasher;
+            if (b.v_bytes >= (size_t(1) << 20)) hasher = std::thread([&] { v_hash = wire::payload_hash(b.v, b.v_bytes); });
+            else v_hash = wire::payload_hash(b.v, b.v_bytes);
             wire::encode_frame(fh, b.k, b.k_bytes, frame);
+            if (hasher.joinable()) hasher.join();
             fh.kind = wire::FrameKind::V;
             fh.type = uint8_t(spec.v_type);
-            wire::encode_frame(fh, b.v, b.v_bytes, frame);
+            wire::encode_frame_hashed(fh, b.v, b.v_bytes, v_hash, frame);
             const Emit e = emit(std::move(frame), false);
             if (e == Emit::Gone) { aborted = true; return false; }
             if (e == Emit::Seal) { sealed = true; return false; }

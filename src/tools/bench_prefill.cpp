@@ -54,7 +54,7 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
   std::ofstream out(o.out, std::ios::app);
   std::printf("# pdbridge bench prefill: %s, %s, %s; chunk %lld; cache %s; bf16 GEMM rate measured now: %.0f TFLOP/s\n", be->device().c_str(),
               c.arch.c_str(), o.model.c_str(), (long long)o.chunk, o.cache_type.c_str(), gemm_rate);
-  std::printf("%-8s %-16s %10s %12s %10s %10s\n", "tokens", "mode", "seconds", "tok/s", "TFLOP/s", "of GEMM");
+  std::printf("%-8s %-22s %10s %12s %10s %10s\n", "tokens", "mode", "seconds", "tok/s", "TFLOP/s", "of GEMM");
   (void)max_t;
   for (int64_t T : o.tokens) {
     be->check_fits(T, o.chunk);
@@ -67,12 +67,19 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
     // Warm-up: plans, handles, the engine's K/V allocation at this size.
     be->forward_only(prompt(), o.chunk, true);
     struct Mode { std::string name; double layers; };
-    for (const Mode& m : {Mode{"full-forward", L}, Mode{"engine", L - 1}, Mode{"engine+recipe", L - 1}}) {
+    // engine+recipe: the GPU recipe's rows reach host memory in the decoder's format (the recipe's
+    // cost); +frames: and are framed for the wire (checksums and copies on the host).
+    for (const Mode& m : {Mode{"full-forward", L}, Mode{"engine", L - 1}, Mode{"engine+recipe", L - 1}, Mode{"engine+recipe+frames", L - 1}}) {
       std::vector<double> ts;
       int64_t bytes = 0;
       for (int r = 0; r < o.reps; ++r) {
         auto toks = prompt();
         if (m.name == "engine+recipe") {
+          bytes = 0;
+          ts.push_back(seconds([&] {
+            be->capture(toks, o.chunk, spec, [&](const KvBlock& b) { bytes += int64_t(b.k_bytes + b.v_bytes); return true; }, {});
+          }));
+        } else if (m.name == "engine+recipe+frames") {
           wire::PrefillRequest req;
           req.tokens = std::move(toks);
           req.fingerprint = recipe_fingerprint(recipe->info());
@@ -91,7 +98,7 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
       const double t = median(ts);
       const double flops = 2.0 * layer_params * m.layers * double(T) + 2.0 * double(T) * double(T) * NH * D * m.layers;
       const double tflops = flops / t / 1e12;
-      std::printf("%-8lld %-16s %10.3f %12.0f %10.1f %9.0f%%\n", (long long)T, m.name.c_str(), t, double(T) / t, tflops,
+      std::printf("%-8lld %-22s %10.3f %12.0f %10.1f %9.0f%%\n", (long long)T, m.name.c_str(), t, double(T) / t, tflops,
                   gemm_rate > 0 ? 100.0 * tflops / gemm_rate : 0.0);
       std::fflush(stdout);
       json row = {{"label", o.label}, {"device", be->device()}, {"arch", c.arch}, {"model", o.model}, {"tokens", T}, {"mode", m.name},

@@ -119,6 +119,54 @@ float master_weight(uint64_t seed, const std::string& name, int64_t i, int64_t n
   return float((double(r >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0) * 1.7320508075688772);
 }
 
+void write_decoder_ggufs(const HfConfig& c, const HfWeightSource& master, const std::string& vocab, const std::vector<std::string>& types,
+                         const std::string& out, const std::string& name, int threads, const std::string& llama_bin, const std::string& tool) {
+  // Decoder GGUFs: float types written directly from the master, quantized ones by llama-quantize
+  // from the most precise float GGUF written here (as users do: convert, then quantize).
+    std::string source_gguf;
+  std::vector<std::string> quantized, temporary;
+  for (const auto& t : types) {
+    if (t == "f32" || t == "f16" || t == "bf16") {
+      GgufConvertOptions co;
+      co.type = *ggml_type_from_name(t);
+      co.vocab_gguf = vocab;
+      co.name = name;
+      co.threads = threads;
+      const std::string path = fmt::format("{}/decoder-{}.gguf", out, t);
+      spdlog::info("{}: writing {}", tool, path);
+      write_decoder_gguf(c, master, co, path);
+      if (t == "f32" || source_gguf.empty() || (t == "f16" && source_gguf.find("bf16") != std::string::npos)) source_gguf = path;
+    } else {
+      quantized.push_back(t);
+    }
+  }
+  if (!quantized.empty()) {
+    if (source_gguf.empty() || source_gguf.find("-f32") == std::string::npos) {
+      // Quantize from F32 for exactness; keep it only if asked for.
+      source_gguf = out + "/.decoder-f32-source.gguf";
+      GgufConvertOptions co;
+      co.type = GgmlType::F32; co.vocab_gguf = vocab; co.name = name; co.threads = threads;
+      write_decoder_gguf(c, master, co, source_gguf);
+      temporary.push_back(source_gguf);
+    }
+    const std::string bin = (llama_bin.empty() ? self_dir() + "/llama/bin" : llama_bin) + "/llama-quantize";
+    if (!fs::exists(bin)) throw std::runtime_error("llama-quantize not found at " + bin + " (run scripts/setup.sh)");
+    for (const auto& t : quantized) {
+      std::string upper = t;
+      for (auto& ch : upper) ch = char(std::toupper(ch));
+      const std::string path = fmt::format("{}/decoder-{}.gguf", out, t);
+      spdlog::info("{}: llama-quantize {} -> {}", tool, upper, path);
+      auto r = run_capture({bin, source_gguf, path, upper, std::to_string(threads)});
+      if (r.exit_code != 0) {
+        for (auto& tmp : temporary) fs::remove(tmp);
+        throw std::runtime_error(fmt::format("llama-quantize {} failed (exit {}):\n{}", upper, r.exit_code,
+                                             r.output.size() > 4000 ? r.output.substr(r.output.size() - 4000) : r.output));
+      }
+    }
+  }
+  for (auto& tmp : temporary) fs::remove(tmp);
+}
+
 void make_model(const MakeModelOptions& o) {
   if (o.out.empty()) throw std::invalid_argument("--out is required");
   const int threads = o.threads > 0 ? o.threads : default_threads();
@@ -206,55 +254,69 @@ void make_model(const MakeModelOptions& o) {
   nlohmann::json gen = {{"bos_token_id", nullptr}, {"do_sample", false}};
   std::ofstream(o.out + "/hf/generation_config.json") << gen.dump(2) << "\n";
 
-  // Decoder GGUFs: float types written directly from the master, quantized ones by llama-quantize
-  // from the most precise float GGUF written here (as users do: convert, then quantize).
-  const std::string name = fmt::format("pdbridge-{}-{}-seed{}", o.arch, o.preset, seed);
-  std::string source_gguf;
-  std::vector<std::string> quantized, temporary;
-  for (const auto& t : o.gguf_types) {
-    if (t == "f32" || t == "f16" || t == "bf16") {
-      GgufConvertOptions co;
-      co.type = *ggml_type_from_name(t);
-      co.vocab_gguf = vocab;
-      co.name = name;
-      co.threads = threads;
-      const std::string path = fmt::format("{}/decoder-{}.gguf", o.out, t);
-      spdlog::info("make-model: writing {}", path);
-      write_decoder_gguf(c, master, co, path);
-      if (t == "f32" || source_gguf.empty() || (t == "f16" && source_gguf.find("bf16") != std::string::npos)) source_gguf = path;
-    } else {
-      quantized.push_back(t);
-    }
-  }
-  if (!quantized.empty()) {
-    if (source_gguf.empty() || source_gguf.find("-f32") == std::string::npos) {
-      // Quantize from F32 for exactness; keep it only if asked for.
-      source_gguf = o.out + "/.decoder-f32-source.gguf";
-      GgufConvertOptions co;
-      co.type = GgmlType::F32; co.vocab_gguf = vocab; co.name = name; co.threads = threads;
-      write_decoder_gguf(c, master, co, source_gguf);
-      temporary.push_back(source_gguf);
-    }
-    const std::string bin = (o.llama_bin.empty() ? self_dir() + "/llama/bin" : o.llama_bin) + "/llama-quantize";
-    if (!fs::exists(bin)) throw std::runtime_error("llama-quantize not found at " + bin + " (run scripts/setup.sh)");
-    for (const auto& t : quantized) {
-      std::string upper = t;
-      for (auto& ch : upper) ch = char(std::toupper(ch));
-      const std::string path = fmt::format("{}/decoder-{}.gguf", o.out, t);
-      spdlog::info("make-model: llama-quantize {} -> {}", upper, path);
-      auto r = run_capture({bin, source_gguf, path, upper, std::to_string(threads)});
-      if (r.exit_code != 0) {
-        for (auto& tmp : temporary) fs::remove(tmp);
-        throw std::runtime_error(fmt::format("llama-quantize {} failed (exit {}):\n{}", upper, r.exit_code,
-                                             r.output.size() > 4000 ? r.output.substr(r.output.size() - 4000) : r.output));
-      }
-    }
-  }
-  for (auto& tmp : temporary) fs::remove(tmp);
+  write_decoder_ggufs(c, master, vocab, o.gguf_types, o.out, fmt::format("pdbridge-{}-{}-seed{}", o.arch, o.preset, seed), threads, o.llama_bin,
+                      "make-model");
   nlohmann::json manifest = {{"arch", o.arch}, {"preset", o.preset}, {"seed", seed}, {"hf_dtype", o.hf_dtype},
                              {"gguf_types", o.gguf_types}, {"vocab", vocab_name_for_arch(o.arch)}, {"vocab_size", c.vocab_size}};
   std::ofstream(o.out + "/pdbridge-model.json") << manifest.dump(2) << "\n";
   spdlog::info("make-model: done");
+}
+
+void write_vocab_gguf_from_json(const std::string& json_path, const std::string& gguf_path) {
+  std::ifstream in(json_path);
+  if (!in) throw std::runtime_error("cannot read " + json_path);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  GgufWriter w;
+  const auto& toks = j.at("tokens");
+  const size_t n = toks.size();
+  std::vector<GgufValue> t, sc, ty;
+  for (size_t i = 0; i < n; ++i) {
+    t.push_back(GgufValue::of_str(toks[i].get<std::string>()));
+    sc.push_back(GgufValue::of_f32(j.contains("scores") ? j["scores"][i].get<float>() : 0.0f));
+    ty.push_back(GgufValue::of_i32(j.contains("token_type") ? j["token_type"][i].get<int32_t>() : 1));
+  }
+  w.set("tokenizer.ggml.model", GgufValue::of_str(j.value("model", "llama")));
+  w.set("tokenizer.ggml.pre", GgufValue::of_str(j.value("pre", "default")));
+  w.set("tokenizer.ggml.tokens", GgufValue::of_array(GgufType::STRING, std::move(t)));
+  w.set("tokenizer.ggml.scores", GgufValue::of_array(GgufType::F32, std::move(sc)));
+  w.set("tokenizer.ggml.token_type", GgufValue::of_array(GgufType::I32, std::move(ty)));
+  for (const char* k : {"bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"})
+    if (j.contains(k)) w.set(std::string("tokenizer.ggml.") + k, GgufValue::of_u32(j[k].get<uint32_t>()));
+  for (const char* k : {"add_bos_token", "add_eos_token", "add_space_prefix"})
+    if (j.contains(k)) w.set(std::string("tokenizer.ggml.") + k, GgufValue::of_bool(j[k].get<bool>()));
+  if (j.contains("chat_template")) w.set("tokenizer.chat_template", GgufValue::of_str(j["chat_template"].get<std::string>()));
+  w.write(gguf_path);
+}
+
+void convert_model(const ConvertOptions& o) {
+  const int threads = o.threads > 0 ? o.threads : default_threads();
+  const HfConfig c = HfConfig::load(o.hf_dir);
+  auto ck = SafetensorsCheckpoint::open(o.hf_dir);
+  fs::create_directories(o.out);
+  std::string vocab = o.vocab_gguf, temporary;
+  if (vocab.empty() && fs::exists(o.hf_dir + "/pdbridge-vocab.json")) {
+    temporary = o.out + "/.vocab.gguf";
+    write_vocab_gguf_from_json(o.hf_dir + "/pdbridge-vocab.json", temporary);
+    vocab = temporary;
+  }
+  if (vocab.empty()) vocab = (o.vocab_dir.empty() ? self_dir() + "/llama/src/models" : o.vocab_dir) + "/" + vocab_name_for_arch(c.arch);
+  HfWeightSource src = [&](const std::string& name, float* dst) {
+    const StTensor* t = ck->find(name);
+    if (!t && name == "lm_head.weight" && c.tie_word_embeddings) t = ck->find("model.embed_tokens.weight");
+    if (!t) throw std::runtime_error(o.hf_dir + ": tensor " + name + " missing");
+    if (t->dtype == StDtype::F8_E4M3) throw std::runtime_error(name + ": convert block-FP8 checkpoints with their scales is not supported; convert from bf16");
+    auto v = ck->to_f32(t->name);
+    std::copy(v.begin(), v.end(), dst);
+  };
+  const std::string name = o.name.empty() ? fs::path(o.hf_dir).filename().string() : o.name;
+  try {
+    write_decoder_ggufs(c, src, vocab, o.gguf_types, o.out, name, threads, o.llama_bin, "convert");
+  } catch (...) {
+    if (!temporary.empty()) fs::remove(temporary);
+    throw;
+  }
+  if (!temporary.empty()) fs::remove(temporary);
+  spdlog::info("convert: done ({} -> {})", o.hf_dir, o.out);
 }
 
 }  // namespace pdb

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "formats/hf_to_gguf.h"
+
 namespace pdb {
 
 struct MakeModelOptions {
@@ -17,6 +19,25 @@ struct MakeModelOptions {
 };
 
 void make_model(const MakeModelOptions& o);
+
+// `pdbridge convert`: a real HF checkpoint (safetensors, any float dtype) to the decoder's GGUFs, as
+// users do it (convert to a float GGUF, then llama-quantize). The tokenizer comes from --vocab-gguf,
+// else from <hf>/pdbridge-vocab.json (our own models' tokenizer), else llama.cpp's vocab for the arch.
+struct ConvertOptions {
+  std::string hf_dir, out, vocab_gguf, vocab_dir, llama_bin, name;
+  std::vector<std::string> gguf_types = {"f16"};
+  int threads = 0;
+};
+void convert_model(const ConvertOptions& o);
+
+// Writes a tokenizer-only GGUF (like llama.cpp's models/ggml-vocab-*.gguf) from pdbridge-vocab.json:
+// {"model": "llama", "tokens": [...], "scores": [...], "token_type": [...], "bos_token_id", "eos_token_id",
+//  "unknown_token_id", "add_bos_token", "add_eos_token", "add_space_prefix", "chat_template"}.
+void write_vocab_gguf_from_json(const std::string& json_path, const std::string& gguf_path);
+
+// The float and quantized decoder GGUFs (decoder-<type>.gguf) of one set of weights.
+void write_decoder_ggufs(const HfConfig& c, const HfWeightSource& src, const std::string& vocab, const std::vector<std::string>& types,
+                         const std::string& out, const std::string& name, int threads, const std::string& llama_bin, const std::string& tool);
 
 // The master weight value of element i of tensor `name` (also used by tests to check files).
 float master_weight(uint64_t seed, const std::string& name, int64_t i, int64_t n_layers);

@@ -29,9 +29,15 @@ uint32_t header_hash(const uint8_t* h) {
 }
 }  // namespace
 
+uint64_t payload_hash(const uint8_t* payload, size_t n) { return XXH3_64bits(payload, n); }
+
 void encode_frame(FrameHeader h, const uint8_t* payload, size_t n, std::vector<uint8_t>& out) {
+  encode_frame_hashed(h, payload, n, XXH3_64bits(payload, n), out);
+}
+
+void encode_frame_hashed(FrameHeader h, const uint8_t* payload, size_t n, uint64_t hash, std::vector<uint8_t>& out) {
   h.payload_bytes = n;
-  h.payload_hash = XXH3_64bits(payload, n);
+  h.payload_hash = hash;
   uint8_t b[kHeaderBytes] = {};
   const uint16_t ver = uint16_t(kWireVersion);
   std::memcpy(b, &kFrameMagic, 4);

@@ -31,6 +31,9 @@ struct FrameHeader {
 
 // Serializes header + payload into out (appends).
 void encode_frame(FrameHeader h, const uint8_t* payload, size_t n, std::vector<uint8_t>& out);
+// The same, with the payload hash computed by the caller (e.g. on another thread).
+void encode_frame_hashed(FrameHeader h, const uint8_t* payload, size_t n, uint64_t payload_hash, std::vector<uint8_t>& out);
+uint64_t payload_hash(const uint8_t* payload, size_t n);
 void encode_json_frame(FrameKind kind, const nlohmann::json& j, std::vector<uint8_t>& out);
 
 // Incremental parser: feed() any byte slices; complete frames go to the callback. Any corruption

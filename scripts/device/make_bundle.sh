@@ -1,0 +1,25 @@
+#!/bin/bash
+# Packs what the lent GPU machine needs to run pdbridge (it has CUDA and PyTorch but no apt): the
+# stripped binaries built here, their non-system shared libraries, the llama.cpp CPU tools and vocab
+# files, and the llama.cpp source (for its CUDA build there, the peer). Output: .dev/ (git-ignored),
+# named in the device tool's `carry`. Usage: scripts/device/make_bundle.sh  (after `make`)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+b=$(mktemp -d)
+trap 'rm -rf "$b"' EXIT
+mkdir -p .dev "$b/build/llama/bin" "$b/build/llama/src/models" "$b/build/tests" "$b/lib"
+cp build/pdbridge "$b/build/"
+cp build/tests/unit_tests build/tests/integration_tests "$b/build/tests/"
+strip "$b/build/pdbridge" "$b/build/tests/"*
+cp build/llama/bin/* "$b/build/llama/bin/"
+cp build/llama/COMMIT "$b/build/llama/"
+cp build/llama/src/models/ggml-vocab-llama-bpe.gguf build/llama/src/models/ggml-vocab-qwen2.gguf "$b/build/llama/src/models/"
+for f in build/pdbridge build/tests/integration_tests; do
+  ldd "$f" | awk '$3 ~ /^\// {print $3}' | grep -v -E 'cuda|cublas|libc\.so|libm\.so|libstdc|libgcc|libdl|libpthread|librt' | xargs -r -I{} cp -L {} "$b/lib/"
+done
+tar -C "$b" -cJf .dev/bundle.tar.xz .
+tar -C build/llama/src --exclude=./.git --exclude='./models/*' --exclude=docs --exclude=media --exclude='*.png' --exclude='*.jpg' -cJf .dev/llama-src.tar.xz .
+[ -f ../shared/peers/torch_prefill_peer.py ] && cp ../shared/peers/torch_prefill_peer.py .dev/ || true
+cp scripts/device/pipeline.sh scripts/device/drive.sh scripts/train/train_needle.py .dev/
+du -sh .dev

@@ -1,0 +1,52 @@
+#!/bin/bash
+# The GPU run behind docs/RESULTS.md (issue #4): kernel and engine tests, the CUDA bridge end to end
+# against llama-server (on the device's CPU), pdbridge bench prefill on the 8b presets, and the peers
+# in the same run: PyTorch (the device's torch/transformers, sdpa, bf16) and llama.cpp CUDA built
+# here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
+# past a failed stage. Usage: pipeline.sh <carried .dev folder> [all|tests|bench]
+DEV=$1; STAGES=${2:-all}
+R=/tmp/res; M=/tmp/m; P=/tmp/pdb; LC=/tmp/llama-cuda
+mkdir -p $R $M $P $LC
+T0=$(date +%s)
+ts() { echo "[$(date +%T) +$(( $(date +%s) - T0 ))s] $*"; }
+run() { local name=$1; shift; ts "start $name"; "$@" > $R/$name.log 2>&1; local rc=$?; ts "end $name rc=$rc"; tail -n 25 $R/$name.log | sed "s/^/  $name| /"; return $rc; }
+{ nvidia-smi; lscpu | head -20; free -g; df -h /tmp; } > $R/sysinfo.txt 2>&1
+tar -xJf $DEV/bundle.tar.xz -C $P || { ts "bundle extract failed"; touch $R/DONE; exit 1; }
+# the tests find the build where it was configured
+mkdir -p /work/main && ln -sfn $P/build /work/main/build
+export LD_LIBRARY_PATH=$P/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+PDB=$P/build/pdbridge
+run device_info $PDB device-info || { ts "pdbridge does not run here"; touch $R/DONE; exit 1; }
+# llama.cpp CUDA (peer), in the background
+( tar -xJf $DEV/llama-src.tar.xz -C $LC && cd $LC && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON \
+   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+   -DLLAMA_BUILD_SERVER=OFF -DGGML_CUDA_NCCL=OFF > $R/llama_cmake.log 2>&1 && nice -n 10 cmake --build build -j 10 --target llama-bench > $R/llama_build.log 2>&1
+  echo $? > $R/llama_build.rc ) &
+# the embedded default model (issue #6): trains while the tests and model generation use the CPU
+if [ -f $DEV/train_needle.py ] && { [ "$STAGES" = all ] || [ "$STAGES" = train ]; }; then
+  ( PYTHONUNBUFFERED=1 python3 $DEV/train_needle.py /tmp/needle --minutes ${TRAIN_MINUTES:-5} > $R/train.log 2>&1; echo $? > $R/train.rc ) &
+fi
+if [ "$STAGES" = all ] || [ "$STAGES" = tests ]; then
+  run unit_cuda $P/build/tests/unit_tests --gtest_filter='Cuda*'
+  TM=$P/build/test-models
+  run test_models bash -c "set -e; $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0,q4_0; \
+    $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny-h16 --hf-dtype f16 --gguf-types f16; \
+    $PDB make-model --arch qwen3 --preset tiny --seed 2 --out $TM/qwen3-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0"
+  run integration_cuda $P/build/tests/integration_tests --gtest_filter='GpuRecipe*:CudaEngine*:CudaBridge*:CudaParity*'
+fi
+if [ "$STAGES" = all ] || [ "$STAGES" = bench ]; then
+  run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16
+  if [ -f $DEV/train_needle.py ]; then ts "waiting for training"; while [ ! -e $R/train.rc ]; do sleep 5; done; ts "training rc=$(cat $R/train.rc)"; tail -n 12 $R/train.log; fi
+  [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
+  run bench_llama8b $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b --out $R/bench.jsonl
+  PDBRIDGE_ATTN_WARPS=4 run bench_llama8b_attn4 $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 32768 --reps 2 --chunk 4096 --label llama8b-attn4 --out $R/bench.jsonl
+  run bench_llama8b_128k $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 131072 --reps 1 --chunk 8192 --label llama8b --out $R/bench.jsonl
+  ts "waiting for the llama.cpp CUDA build"; while [ ! -e $R/llama_build.rc ]; do sleep 5; done; ts "llama build rc=$(cat $R/llama_build.rc)"
+  run llama_bench $LC/build/bin/llama-bench -m $M/llama8b/decoder-f16.gguf -ngl 99 -fa 1 -b 4096 -ub 2048 -p 8192,32768 -n 0 -r 2 -o md
+  rm -rf $M/llama8b/hf
+  run make_qwen8b $PDB make-model --arch qwen3 --preset 8b --seed 8 --out $M/qwen8b --hf-dtype bf16 --gguf-types f16
+  run bench_qwen8b $PDB bench prefill --model $M/qwen8b/hf --recipe $M/qwen8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label qwen3-8b --out $R/bench.jsonl
+fi
+if [ -f $DEV/train_needle.py ] && [ "$STAGES" = train ]; then while [ ! -e $R/train.rc ]; do sleep 5; done; fi
+ts ALLDONE
+touch $R/DONE
