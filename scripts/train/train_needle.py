@@ -154,6 +154,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--minutes", type=float, default=5.0)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--init", help="continue from this model.safetensors (phase 2: mixed lengths only)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     torch.manual_seed(a.seed)
@@ -172,8 +173,15 @@ def main():
     n_params = sum(p.numel() for p in model.parameters())
     say("model: llama, %d params, vocab %d, layers %d, hidden %d" % (n_params, len(TOKENS), cfg.num_hidden_layers, cfg.hidden_size))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
-    # curriculum: short haystacks first (the copy circuit forms fast), then up to 16K tokens
+    # curriculum: short haystacks first (the copy circuit forms fast), then up to 16K tokens;
+    # length 0 = every step a random length in [2K, 24K] (same tokens per step): no gaps between sizes
     stages = [(1024, 64, 0.20), (4096, 16, 0.30), (16384, 4, 0.50)]
+    if a.init:
+        from safetensors.torch import load_file
+        sd = load_file(a.init)
+        model.load_state_dict({k: v.float() for k, v in sd.items()})
+        say("phase 2: continuing from %s" % a.init)
+        stages = [(0, 0, 1.0)]
     budget = a.minutes * 60
     t0 = time.time()
     rng = random.Random(a.seed)
@@ -182,13 +190,17 @@ def main():
     for n_tok, bs, frac in stages:
         t_stage = time.time()
         while time.time() - t_stage < frac * budget:
-            lr = 1e-3 * min(1.0, (step + 1) / 200) * (0.3 if n_tok == 16384 else 1.0)
+            lr = 1e-3 * min(1.0, (step + 1) / 200) * (0.3 if n_tok in (0, 16384) else 1.0)
             for g in opt.param_groups:
                 g["lr"] = lr
-            x, m = batch(rng, texts, bs, n_tok, dev)
+            cur, cbs = n_tok, bs
+            if n_tok == 0:
+                cur = rng.choice([2048, 3072, 4096, 6144, 8192, 10240, 12288, 16384, 20480, 24576])
+                cbs = max(1, 65536 // cur)
+            x, m = batch(rng, texts, cbs, cur, dev)
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 logits = model(input_ids=x).logits
-            lp = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1), reduction="none").view(bs, -1)
+            lp = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1), reduction="none").view(cbs, -1)
             am = m[:, 1:]
             lm_loss = lp.mean()
             ans_loss = (lp * am).sum() / am.sum()
@@ -198,11 +210,12 @@ def main():
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             if step % 50 == 0:
-                say("step %5d  len %5d  lm_loss %.3f  answer_loss %.3f  lr %.1e  t %.0fs" % (step, n_tok, lm_loss.item(), ans_loss.item(), lr, time.time() - t0))
+                say("step %5d  len %5d  lm_loss %.3f  answer_loss %.3f  lr %.1e  t %.0fs" % (step, cur, lm_loss.item(), ans_loss.item(), lr, time.time() - t0))
             step += 1
-        acc = retrieval(model, texts, n_tok, range(10**6, 10**6 + 20), dev)
-        say("after stage len %d: retrieval %.0f%% at %d tokens (20 held-out seeds)" % (n_tok, 100 * acc, n_tok))
-    for n_tok in (4096, 8192, 16384, 24576):
+        if n_tok:
+            acc = retrieval(model, texts, n_tok, range(10**6, 10**6 + 20), dev)
+            say("after stage len %d: retrieval %.0f%% at %d tokens (20 held-out seeds)" % (n_tok, 100 * acc, n_tok))
+    for n_tok in (2048, 4096, 8192, 12288, 16384, 24576):
         acc = retrieval(model, texts, n_tok, range(2 * 10**6 + n_tok, 2 * 10**6 + n_tok + 40), dev)
         say("final retrieval at %d tokens: %.1f%% (40 fresh seeds, greedy, PyTorch)" % (n_tok, 100 * acc))
     # save: HF names, bf16

@@ -108,6 +108,7 @@ void register_prefill(CLI::App& app) {
   cmd->add_option("--port", o->port, "Port")->required();
   cmd->add_option("--host", o->host, "Bind address")->capture_default_str();
   cmd->add_option("--device", o->device, "cpu | cuda")->capture_default_str();
+  cmd->add_flag("--cpu-fast", o->cpu_fast, "CPU engine: OpenBLAS matmuls and attention (faster; caches equal to the decoder's up to rounding)");
   cmd->add_option("--chunk", o->chunk, "Prefill chunk size (tokens)")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)");
   cmd->add_option("--api-key", o->api_key, "Require Authorization: Bearer <key> (default: $PDBRIDGE_API_KEY)")->envname("PDBRIDGE_API_KEY");

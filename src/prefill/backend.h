@@ -44,7 +44,11 @@ class PrefillBackend {
 };
 
 // Non-owning views work too (tests keep their engine and recipe on the stack).
-std::unique_ptr<PrefillBackend> make_cpu_backend(std::shared_ptr<CpuEngine> engine, std::shared_ptr<const Recipe> recipe);
+// `faithful` (default): the engine's matmuls and attention follow the decoder's CPU arithmetic
+// (bit-identical caches, slow); false: OpenBLAS GEMMs and attention (several times faster, caches
+// equal up to rounding). The recipe itself is always faithful.
+std::unique_ptr<PrefillBackend> make_cpu_backend(std::shared_ptr<CpuEngine> engine, std::shared_ptr<const Recipe> recipe,
+                                                 bool faithful = true);
 // Loads the HF checkpoint onto the GPU; `recipe` supplies the decoder's weights. Throws where CUDA
 // is not built in or no GPU is present.
 std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads,

@@ -8,17 +8,18 @@ namespace {
 
 class CpuBackend final : public PrefillBackend {
  public:
-  CpuBackend(std::shared_ptr<CpuEngine> e, std::shared_ptr<const Recipe> r) : engine_(std::move(e)), recipe_(std::move(r)) {}
+  CpuBackend(std::shared_ptr<CpuEngine> e, std::shared_ptr<const Recipe> r, bool faithful)
+      : engine_(std::move(e)), recipe_(std::move(r)), faithful_(faithful) {}
   const HfConfig& config() const override { return engine_->config(); }
   const Recipe& recipe() const override { return *recipe_; }
-  std::string device() const override { return "cpu"; }
+  std::string device() const override { return faithful_ ? "cpu" : "cpu (fast numerics)"; }
 
   int64_t capture(const std::vector<int32_t>& tokens, int64_t chunk, const CacheSpec& spec, const KvSink& sink,
                   const std::function<bool()>& stop) override {
     const auto& info = recipe_->info();
     bool stopped = false;
     return engine_->prefill(
-        tokens, chunk, spec.simd_width,
+        tokens, chunk, faithful_ ? spec.simd_width : 0,
         [&](int layer, const float* h, int64_t rows, int64_t pos0) {
           if (stopped) return;
           std::vector<uint8_t> k, v;
@@ -51,12 +52,13 @@ class CpuBackend final : public PrefillBackend {
  private:
   std::shared_ptr<CpuEngine> engine_;
   std::shared_ptr<const Recipe> recipe_;
+  bool faithful_ = true;
 };
 
 }  // namespace
 
-std::unique_ptr<PrefillBackend> make_cpu_backend(std::shared_ptr<CpuEngine> engine, std::shared_ptr<const Recipe> recipe) {
-  return std::make_unique<CpuBackend>(std::move(engine), std::move(recipe));
+std::unique_ptr<PrefillBackend> make_cpu_backend(std::shared_ptr<CpuEngine> engine, std::shared_ptr<const Recipe> recipe, bool faithful) {
+  return std::make_unique<CpuBackend>(std::move(engine), std::move(recipe), faithful);
 }
 
 }  // namespace pdb

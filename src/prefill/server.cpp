@@ -186,7 +186,7 @@ int run_prefill_server(const PrefillServerOptions& o) {
   std::shared_ptr<const Recipe> recipe = Recipe::load(o.recipe, threads);
   std::shared_ptr<PrefillBackend> engine;
   if (o.device == "cuda") engine = make_cuda_backend(o.model, recipe, threads, o.chunk > 0 ? o.chunk : 2048);
-  else engine = make_cpu_backend(std::make_shared<CpuEngine>(o.model, threads), recipe);
+  else engine = make_cpu_backend(std::make_shared<CpuEngine>(o.model, threads), recipe, !o.cpu_fast);
   spdlog::info("prefill: engine on {}", engine->device());
   const auto& ri = recipe->info();
   const auto& hc = engine->config();

@@ -18,7 +18,8 @@ struct PrefillServerOptions {
   double max_queue_wait_s = 30;                // waited longer: declined, the front serves natively
   int64_t max_tokens = 2'000'000;              // per request
   size_t max_body_mb = 64;
-  bool allow_config_mismatch = false;          // start even if config.json and the GGUF disagree
+  bool allow_config_mismatch = false;
+  bool cpu_fast = false;                       // CPU engine: OpenBLAS numerics instead of the decoder-faithful ones          // start even if config.json and the GGUF disagree
 };
 
 int run_prefill_server(const PrefillServerOptions& o);
