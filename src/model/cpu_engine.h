@@ -32,6 +32,9 @@ class CpuEngine {
   CpuEngine(const std::string& hf_dir, int threads);
   ~CpuEngine();
   const HfConfig& config() const { return cfg_; }
+  // Rounds every matmul input to f16 (16), bf16 (17) or not at all (32) before the product: what
+  // the decoder does for its weight type. Defaults to the checkpoint's own dtype.
+  void set_activation_precision(int bits) { act_precision_ = bits; }
   // Runs the forward over `tokens` in chunks of `chunk`; calls hook for every layer of every chunk.
   // `cancelled` is polled between layers; returns the number of tokens fully processed.
   // `lanes` (4, 8, 16): matmuls summed in tinyBLAS order (batch-independent, decoder-like bits);

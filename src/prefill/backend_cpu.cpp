@@ -9,7 +9,16 @@ namespace {
 class CpuBackend final : public PrefillBackend {
  public:
   CpuBackend(std::shared_ptr<CpuEngine> e, std::shared_ptr<const Recipe> r, bool faithful)
-      : engine_(std::move(e)), recipe_(std::move(r)), faithful_(faithful) {}
+      : engine_(std::move(e)), recipe_(std::move(r)), faithful_(faithful) {
+    // The decoder rounds each matmul input to its weights' dot type; with the same weights in two
+    // dtypes (HF bf16, GGUF F16) the engine must round as the decoder does, not as its checkpoint.
+    if (faithful_ && recipe_->loaded_layers() > 0) {
+      const GgmlType t = recipe_->k_weight(0).type;
+      if (t == GgmlType::F16) engine_->set_activation_precision(16);
+      else if (t == GgmlType::BF16) engine_->set_activation_precision(17);
+      else if (t == GgmlType::F32) engine_->set_activation_precision(32);
+    }
+  }
   const HfConfig& config() const override { return engine_->config(); }
   const Recipe& recipe() const override { return *recipe_; }
   std::string device() const override { return faithful_ ? "cpu" : "cpu (fast numerics)"; }

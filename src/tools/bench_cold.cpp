@@ -131,6 +131,11 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
+NeedleDocument make_needle_document(int64_t chars, uint64_t seed, const std::string& corpus_dir) {
+  const auto d = make_document(python_sources(corpus_dir), chars, seed, 0);
+  return {d.text, d.marker};
+}
+
 int run_bench_cold(const BenchColdOptions& o) {
   if (o.front_url.empty()) throw std::invalid_argument("--front is required");
   if (o.native_url.empty() && !o.skip_native) throw std::invalid_argument("--native-url is required (or --skip-native)");

@@ -16,6 +16,11 @@ struct BenchColdOptions {
 };
 
 int run_bench_cold(const BenchColdOptions& o);
+
+// One cold needle prompt of the protocol (what bench cold, make demo and the shipped model's tests
+// send): `text` is the user message, `marker` the right answer.
+struct NeedleDocument { std::string text, marker; };
+NeedleDocument make_needle_document(int64_t chars, uint64_t seed, const std::string& corpus_dir = "");
 int run_bench_plot(const std::string& jsonl, const std::string& png);
 
 }  // namespace pdb

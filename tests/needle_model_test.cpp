@@ -1,0 +1,96 @@
+// The shipped model (models/needle-llama, converted by `make`): it answers the needle natively in
+// llama-server (Q4_0) and through the bridge with the decoder's cache mounted, and the bridged state
+// agrees with the decoder's own. Small sizes here; docs/RESULTS.md has the full evaluation.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "front/assembler.h"
+#include "prefill/capture.h"
+#include "support/stack.h"
+#include "tools/bench_cold.h"
+#include "tools/verify_state.h"
+
+namespace pdb {
+namespace {
+
+std::string repo_root() { return std::string(PDBRIDGE_TESTS_DIR) + "/.."; }
+
+test::StackOptions needle_stack(const std::string& type) {
+  test::StackOptions so;
+  so.model_dir = test::build_dir() + "/models/needle";
+  so.hf_dir = repo_root() + "/models/needle-llama";
+  so.decoder_type = type;
+  so.ctx = 16384;
+  return so;
+}
+
+nlohmann::json chat(const std::string& text) {
+  return {{"messages", {{{"role", "user"}, {"content", text}}}}, {"max_tokens", 24}, {"temperature", 0}};
+}
+
+std::string answer(const test::HttpReply& r) { return r.json()["choices"][0]["message"]["content"].get<std::string>(); }
+
+}  // namespace
+
+TEST(NeedleModel, AnswersNativelyAndThroughTheBridgeWithTheCacheMounted) {
+  test::Stack st(needle_stack("q4_0"));
+  std::mt19937_64 g(std::random_device{}());
+  for (int i = 0; i < 3; ++i) {
+    const uint64_t seed = g() % 1000000007ULL;
+    const auto doc = make_needle_document(2500, seed);
+    auto body = chat(doc.text);
+    auto n = st.post_decoder("/v1/chat/completions", [&] { auto b = body; b["cache_prompt"] = false; return b; }());
+    ASSERT_EQ(n.status, 200) << n.body;
+    EXPECT_EQ(answer(n), doc.marker) << "native, seed " << seed;
+    auto r = st.post_front("/v1/chat/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body << st.logs();
+    auto v = r.verdict();
+    ASSERT_EQ(v.value("verdict", ""), "complete") << v.dump() << st.logs();
+    EXPECT_GE(v["cached_tokens"].get<int64_t>(), v["tokens"].get<int64_t>() - 1);
+    EXPECT_EQ(answer(r), doc.marker) << "bridged, seed " << seed;
+    std::printf("NEEDLE seed %llu marker %s: native %s, bridged %s (%lld tokens, cached %lld)\n", (unsigned long long)seed, doc.marker.c_str(),
+                answer(n).c_str(), answer(r).c_str(), (long long)v["tokens"].get<int64_t>(), (long long)v["cached_tokens"].get<int64_t>());
+  }
+}
+
+TEST(NeedleModel, BridgedStateAgreesWithTheDecodersOwn) {
+  auto so = needle_stack("f16");
+  so.parallel = 1;
+  so.start_prefill = false;
+  test::Stack st(so);
+  const auto doc = make_needle_document(900, std::random_device{}());
+  auto tok = st.post_decoder("/tokenize", {{"content", doc.text}, {"add_special", true}});
+  ASSERT_EQ(tok.status, 200) << tok.body;
+  std::vector<int32_t> tokens = tok.json()["tokens"].get<std::vector<int32_t>>();
+  auto r = st.post_decoder("/completion", {{"prompt", tokens}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", true}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  r = st.post_decoder("/slots/0?action=save", {{"filename", "native.bin"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  ParsedState native = parse_state_file(st.slot_dir + "/native.bin");
+  CpuEngine engine(so.hf_dir, 2);
+  auto recipe = Recipe::load(st.decoder_gguf, 2);
+  const auto& L0 = native.layout.layers[0];
+  wire::PrefillRequest req;
+  req.tokens = tokens;
+  req.fingerprint = recipe_fingerprint(recipe->info());
+  CacheSpec spec = CacheSpec::decoder_default(L0.k_type, L0.v_type, recipe->info().head_dim);
+  req.k_type = spec.k_type; req.v_type = spec.v_type; req.rot_k = spec.rot_k; req.rot_v = spec.rot_v;
+  req.simd_width = host_simd_width() ? host_simd_width() : 8;
+  {
+    CaptureAssembler as(st.slot_dir + "/bridged.bin", native.layout, tokens, req.fingerprint);
+    auto cr = run_capture(engine, *recipe, req, 256, [&](std::vector<uint8_t>&& f) { as.feed(f.data(), f.size()); return true; });
+    ASSERT_EQ(cr.status, "complete") << cr.reason;
+    as.finish();
+  }
+  ParsedState ours = parse_state_file(st.slot_dir + "/bridged.bin");
+  auto layer0 = diff_states(native, ours, 1);
+  auto all = diff_states(native, ours);
+  ASSERT_TRUE(all.same_layout) << all.layout_note;
+  std::printf("NEEDLE PARITY (HF bf16 -> GGUF F16, f16 cache, %zu tokens) layer0: %.4f%% identical, max ulp %lld | all %zu layers: %.4f%% identical, max |d| %.3g\n",
+              tokens.size(), layer0.pct_identical(), (long long)layer0.max_ulp(), all.tensors.size() / 2, all.pct_identical(), all.max_abs());
+  EXPECT_GE(layer0.pct_identical(), 99.0);
+  EXPECT_GE(all.pct_identical(), 70.0);  // measured 75%: the F16-weights path is not mirrored bit for bit (open item)
+}
+
+}  // namespace pdb
