@@ -55,42 +55,55 @@ TEST(NeedleModel, AnswersNativelyAndThroughTheBridgeWithTheCacheMounted) {
 }
 
 TEST(NeedleModel, BridgedStateAgreesWithTheDecodersOwn) {
-  auto so = needle_stack("f16");
-  so.parallel = 1;
-  so.start_prefill = false;
-  test::Stack st(so);
-  const auto doc = make_needle_document(900, std::random_device{}());
-  auto tok = st.post_decoder("/tokenize", {{"content", doc.text}, {"add_special", true}});
-  ASSERT_EQ(tok.status, 200) << tok.body;
-  std::vector<int32_t> tokens = tok.json()["tokens"].get<std::vector<int32_t>>();
-  auto r = st.post_decoder("/completion", {{"prompt", tokens}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", true}});
-  ASSERT_EQ(r.status, 200) << r.body;
-  r = st.post_decoder("/slots/0?action=save", {{"filename", "native.bin"}});
-  ASSERT_EQ(r.status, 200) << r.body;
-  ParsedState native = parse_state_file(st.slot_dir + "/native.bin");
-  CpuEngine engine(so.hf_dir, 2);
-  auto recipe = Recipe::load(st.decoder_gguf, 2);
-  const auto& L0 = native.layout.layers[0];
-  wire::PrefillRequest req;
-  req.tokens = tokens;
-  req.fingerprint = recipe_fingerprint(recipe->info());
-  CacheSpec spec = CacheSpec::decoder_default(L0.k_type, L0.v_type, recipe->info().head_dim);
-  req.k_type = spec.k_type; req.v_type = spec.v_type; req.rot_k = spec.rot_k; req.rot_v = spec.rot_v;
-  req.simd_width = host_simd_width() ? host_simd_width() : 8;
-  {
-    CaptureAssembler as(st.slot_dir + "/bridged.bin", native.layout, tokens, req.fingerprint);
-    auto cr = run_capture(engine, *recipe, req, 256, [&](std::vector<uint8_t>&& f) { as.feed(f.data(), f.size()); return true; });
-    ASSERT_EQ(cr.status, "complete") << cr.reason;
-    as.finish();
+  struct Case { std::string gguf, cache; double min_pct_layer0, min_pct_all; };
+  // F16 decoder: the same weights on both sides (bf16 values are exact in f16); deeper layers are not
+  // mirrored bit for bit (measured 75-81%, open item). Q4_0 decoder: the decoder's own embedding and
+  // weights are quantized, its layer inputs differ from the bf16 checkpoint's by quantization noise
+  // from layer 0 on (the seed's situation); what matters there is the answer (test above) and the
+  // output parity in docs/RESULTS.md.
+  for (const Case& c : {Case{"f16", "f16", 99.0, 70.0}, Case{"f16", "q8_0", 99.0, 70.0}, Case{"q4_0", "f16", 0.0, 0.0}, Case{"q4_0", "q4_0", 0.0, 0.0}}) {
+    auto so = needle_stack(c.gguf);
+    so.parallel = 1;
+    so.start_prefill = false;
+    so.cache_type = c.cache;
+    test::Stack st(so);
+    const auto doc = make_needle_document(900, std::random_device{}());
+    auto tok = st.post_decoder("/tokenize", {{"content", doc.text}, {"add_special", true}});
+    ASSERT_EQ(tok.status, 200) << tok.body;
+    std::vector<int32_t> tokens = tok.json()["tokens"].get<std::vector<int32_t>>();
+    auto r = st.post_decoder("/completion", {{"prompt", tokens}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", true}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    r = st.post_decoder("/slots/0?action=save", {{"filename", "native.bin"}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    ParsedState native = parse_state_file(st.slot_dir + "/native.bin");
+    auto engine = std::make_shared<CpuEngine>(so.hf_dir, 2);
+    std::shared_ptr<const Recipe> recipe = Recipe::load(st.decoder_gguf, 2);
+    auto backend = make_cpu_backend(engine, recipe);
+    const auto& L0 = native.layout.layers[0];
+    wire::PrefillRequest req;
+    req.tokens = tokens;
+    req.fingerprint = recipe_fingerprint(recipe->info());
+    CacheSpec spec = CacheSpec::decoder_default(L0.k_type, L0.v_type, recipe->info().head_dim);
+    req.k_type = spec.k_type; req.v_type = spec.v_type; req.rot_k = spec.rot_k; req.rot_v = spec.rot_v;
+    req.simd_width = host_simd_width() ? host_simd_width() : 8;
+    {
+      CaptureAssembler as(st.slot_dir + "/bridged.bin", native.layout, tokens, req.fingerprint);
+      auto cr = run_capture(*backend, req, 256, EmitFn([&](std::vector<uint8_t>&& f, bool) { as.feed(f.data(), f.size()); return Emit::Ok; }));
+      ASSERT_EQ(cr.status, "complete") << cr.reason;
+      as.finish();
+    }
+    ParsedState ours = parse_state_file(st.slot_dir + "/bridged.bin");
+    auto layer0 = diff_states(native, ours, 1);
+    auto all = diff_states(native, ours);
+    ASSERT_TRUE(all.same_layout) << all.layout_note;
+    std::printf("NEEDLE PARITY HF bf16 -> GGUF %s, cache %s, %zu tokens: layer0 %.4f%% identical, max ulp %lld | all %zu layers: %.4f%% identical, max ulp %lld, max |d| %.3g\n",
+                c.gguf.c_str(), c.cache.c_str(), tokens.size(), layer0.pct_identical(), (long long)layer0.max_ulp(), all.tensors.size() / 2,
+                all.pct_identical(), (long long)all.max_ulp(), all.max_abs());
+    for (const auto& t : all.tensors) std::printf("  %-12s %.4f%% max ulp %lld\n", t.name.c_str(), t.pct_identical(), (long long)t.max_ulp);
+    EXPECT_GE(layer0.pct_identical(), c.min_pct_layer0);
+    EXPECT_GE(all.pct_identical(), c.min_pct_all);
+    EXPECT_LT(all.max_abs(), 4.0);
   }
-  ParsedState ours = parse_state_file(st.slot_dir + "/bridged.bin");
-  auto layer0 = diff_states(native, ours, 1);
-  auto all = diff_states(native, ours);
-  ASSERT_TRUE(all.same_layout) << all.layout_note;
-  std::printf("NEEDLE PARITY (HF bf16 -> GGUF F16, f16 cache, %zu tokens) layer0: %.4f%% identical, max ulp %lld | all %zu layers: %.4f%% identical, max |d| %.3g\n",
-              tokens.size(), layer0.pct_identical(), (long long)layer0.max_ulp(), all.tensors.size() / 2, all.pct_identical(), all.max_abs());
-  EXPECT_GE(layer0.pct_identical(), 99.0);
-  EXPECT_GE(all.pct_identical(), 70.0);  // measured 75%: the F16-weights path is not mirrored bit for bit (open item)
 }
 
 }  // namespace pdb
