@@ -57,11 +57,11 @@ TEST(NeedleModel, AnswersNativelyAndThroughTheBridgeWithTheCacheMounted) {
 TEST(NeedleModel, BridgedStateAgreesWithTheDecodersOwn) {
   struct Case { std::string gguf, cache; double min_pct_layer0, min_pct_all; };
   // F16 decoder: the same weights on both sides (bf16 values are exact in f16); deeper layers are not
-  // mirrored bit for bit (measured 75-81%, open item). Q4_0 decoder: the decoder's own embedding and
-  // weights are quantized, its layer inputs differ from the bf16 checkpoint's by quantization noise
-  // from layer 0 on (the seed's situation); what matters there is the answer (test above) and the
-  // output parity in docs/RESULTS.md.
-  for (const Case& c : {Case{"f16", "f16", 99.0, 70.0}, Case{"f16", "q8_0", 99.0, 70.0}, Case{"q4_0", "f16", 0.0, 0.0}, Case{"q4_0", "q4_0", 0.0, 0.0}}) {
+  // mirrored bit for bit (measured 74-82%, open item). Q4_0 decoder: layer 0 is the decoder's own (the
+  // recipe starts from the decoder's quantized embedding rows); deeper layers' inputs come from the bf16
+  // checkpoint and differ from the Q4_0 decoder's by quantization noise (the seed's situation, measured
+  // 17-23% identical): what matters there is the answer (test above) and the output parity (RESULTS.md).
+  for (const Case& c : {Case{"f16", "f16", 99.0, 70.0}, Case{"f16", "q8_0", 99.0, 70.0}, Case{"q4_0", "f16", 99.0, 10.0}, Case{"q4_0", "q4_0", 99.0, 10.0}}) {
     auto so = needle_stack(c.gguf);
     so.parallel = 1;
     so.start_prefill = false;

@@ -32,6 +32,12 @@ class CpuBackend final : public PrefillBackend {
         [&](int layer, const float* h, int64_t rows, int64_t pos0) {
           if (stopped) return;
           std::vector<uint8_t> k, v;
+          std::vector<float> h0;
+          if (layer == 0) {  // the decoder's own layer-0 input: its (possibly quantized) embedding rows
+            h0.resize(size_t(rows * recipe_->info().n_embd));
+            recipe_->decoder_embedding(tokens.data() + pos0, rows, h0.data());
+            h = h0.data();
+          }
           recipe_->kv_rows(layer, h, rows, pos0, spec, k, v);
           if (!sink(KvBlock{layer, pos0, rows, k.data(), k.size(), v.data(), v.size()})) stopped = true;
         },

@@ -30,11 +30,26 @@ CacheSpec CacheSpec::decoder_default(GgmlType k, GgmlType v, int64_t head_dim) {
 }
 
 std::unique_ptr<Recipe> Recipe::load(const std::string& gguf_path, int threads, int max_layers) {
-  auto g = GgufFile::open(gguf_path);
+  std::shared_ptr<const GgufFile> g = GgufFile::open(gguf_path);
   const std::string arch = g->architecture();
-  if (arch == "llama") return make_llama_recipe(*g, threads, max_layers);
-  if (arch == "qwen3") return make_qwen3_recipe(*g, threads, max_layers);
-  throw std::runtime_error(fmt::format("{}: no recipe for decoder architecture '{}' (llama, qwen3)", gguf_path, arch));
+  std::unique_ptr<Recipe> r;
+  if (arch == "llama") r = make_llama_recipe(*g, threads, max_layers);
+  else if (arch == "qwen3") r = make_qwen3_recipe(*g, threads, max_layers);
+  else throw std::runtime_error(fmt::format("{}: no recipe for decoder architecture '{}' (llama, qwen3)", gguf_path, arch));
+  const auto* te = g->find_tensor("token_embd.weight");
+  if (te && te->ne.size() == 2 && te->ne[0] == r->info_.n_embd && can_dequantize(te->type)) r->gguf_ = g;
+  return r;
+}
+
+void Recipe::decoder_embedding(const int32_t* tokens, int64_t rows, float* out) const {
+  if (!gguf_) throw std::runtime_error("the decoder GGUF's token_embd.weight is missing or unreadable");
+  const auto& t = gguf_->tensor("token_embd.weight");
+  const int64_t n = info_.n_embd, vocab = t.ne[1];
+  const size_t rb = ggml_row_bytes(t.type, n);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (tokens[r] < 0 || tokens[r] >= vocab) throw std::out_of_range(fmt::format("token {} outside the decoder's vocabulary", tokens[r]));
+    dequantize_row(t.type, gguf_->data(t) + size_t(tokens[r]) * rb, out + r * n, n);
+  }
 }
 
 RecipeWeight Recipe::load_weight(const GgufFile& g, const std::string& name, const std::string& bias_name) const {

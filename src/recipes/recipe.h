@@ -80,6 +80,11 @@ class Recipe {
   // Per-head RMSNorm weights applied to K before RoPE (qwen3), or null.
   virtual const float* k_head_norm(int layer) const { return nullptr; }
 
+  // The decoder's own layer-0 input for `rows` tokens: its token_embd rows, dequantized as ggml does
+  // (llama and qwen3 do not scale embeddings). With it layer 0 is the decoder's exactly, whatever its
+  // quantization (a Q4_0 decoder's embedding differs from the checkpoint's by quantization noise).
+  void decoder_embedding(const int32_t* tokens, int64_t rows, float* out) const;
+
  protected:
   RecipeInfo info_;
   int threads_ = 1;
@@ -90,6 +95,7 @@ class Recipe {
   // What an architecture does to one K head between the projection and RoPE (qwen3: its K norm).
   virtual void k_head_before_rope(int layer, float* k_head) const {}
   int64_t loaded_layers_ = 0;
+  std::shared_ptr<const GgufFile> gguf_;  // kept open (mmap) for the embedding rows
   // x = rms_norm(h) * attn_norm[layer]  (ggml-cpu order of operations)
   void attn_input(int layer, const float* h, int64_t rows, float* x) const;
   // y[rows x w.rows] = W x with the decoder's activation numerics for the weight's type.
