@@ -71,28 +71,8 @@ TEST(NeedleModel, BridgedStateAgreesWithTheDecodersOwn) {
     auto tok = st.post_decoder("/tokenize", {{"content", doc.text}, {"add_special", true}});
     ASSERT_EQ(tok.status, 200) << tok.body;
     std::vector<int32_t> tokens = tok.json()["tokens"].get<std::vector<int32_t>>();
-    auto r = st.post_decoder("/completion", {{"prompt", tokens}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", true}});
-    ASSERT_EQ(r.status, 200) << r.body;
-    r = st.post_decoder("/slots/0?action=save", {{"filename", "native.bin"}});
-    ASSERT_EQ(r.status, 200) << r.body;
-    ParsedState native = parse_state_file(st.slot_dir + "/native.bin");
-    auto engine = std::make_shared<CpuEngine>(so.hf_dir, 2);
-    std::shared_ptr<const Recipe> recipe = Recipe::load(st.decoder_gguf, 2);
-    auto backend = make_cpu_backend(engine, recipe);
-    const auto& L0 = native.layout.layers[0];
-    wire::PrefillRequest req;
-    req.tokens = tokens;
-    req.fingerprint = recipe_fingerprint(recipe->info());
-    CacheSpec spec = CacheSpec::decoder_default(L0.k_type, L0.v_type, recipe->info().head_dim);
-    req.k_type = spec.k_type; req.v_type = spec.v_type; req.rot_k = spec.rot_k; req.rot_v = spec.rot_v;
-    req.simd_width = host_simd_width() ? host_simd_width() : 8;
-    {
-      CaptureAssembler as(st.slot_dir + "/bridged.bin", native.layout, tokens, req.fingerprint);
-      auto cr = run_capture(*backend, req, 256, EmitFn([&](std::vector<uint8_t>&& f, bool) { as.feed(f.data(), f.size()); return Emit::Ok; }));
-      ASSERT_EQ(cr.status, "complete") << cr.reason;
-      as.finish();
-    }
-    ParsedState ours = parse_state_file(st.slot_dir + "/bridged.bin");
+    auto backend = make_cpu_backend(std::make_shared<CpuEngine>(so.hf_dir, 2), std::shared_ptr<const Recipe>(Recipe::load(st.decoder_gguf, 2)));
+    auto [native, ours] = test::native_and_bridged_states(st, *backend, tokens, 256);
     auto layer0 = diff_states(native, ours, 1);
     auto all = diff_states(native, ours);
     ASSERT_TRUE(all.same_layout) << all.layout_note;
@@ -102,7 +82,7 @@ TEST(NeedleModel, BridgedStateAgreesWithTheDecodersOwn) {
     for (const auto& t : all.tensors) std::printf("  %-12s %.4f%% max ulp %lld\n", t.name.c_str(), t.pct_identical(), (long long)t.max_ulp);
     EXPECT_GE(layer0.pct_identical(), c.min_pct_layer0);
     EXPECT_GE(all.pct_identical(), c.min_pct_all);
-    EXPECT_LT(all.max_abs(), 4.0);
+    EXPECT_LT(all.max_abs(), 8.0);  // measured up to 3.0 with the Q4_0 decoder
   }
 }
 

@@ -6,6 +6,9 @@
 
 #include <httplib.h>
 
+#include "front/assembler.h"
+#include "prefill/capture.h"
+
 namespace pdb::test {
 namespace fs = std::filesystem;
 
@@ -100,6 +103,31 @@ std::string random_text(uint64_t seed, int words) {
     s += kWords[g() % (sizeof kWords / sizeof *kWords)];
   }
   return s;
+}
+
+StatePair native_and_bridged_states(Stack& st, PrefillBackend& backend, const std::vector<int32_t>& tokens, int64_t chunk) {
+  auto r = st.post_decoder("/completion", {{"prompt", tokens}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", true}});
+  if (r.status != 200) throw std::runtime_error("native prefill failed: " + r.body);
+  r = st.post_decoder("/slots/0?action=save", {{"filename", "native.bin"}});
+  if (r.status != 200) throw std::runtime_error("slot save failed: " + r.body);
+  StatePair out;
+  out.native = parse_state_file(st.slot_dir + "/native.bin");
+  const Recipe& recipe = backend.recipe();
+  const auto& L0 = out.native.layout.layers.at(0);
+  wire::PrefillRequest req;
+  req.tokens = tokens;
+  req.fingerprint = recipe_fingerprint(recipe.info());
+  const CacheSpec spec = CacheSpec::decoder_default(L0.k_type, L0.v_type, recipe.info().head_dim);
+  req.k_type = spec.k_type; req.v_type = spec.v_type; req.rot_k = spec.rot_k; req.rot_v = spec.rot_v;
+  req.simd_width = host_simd_width() ? host_simd_width() : 8;
+  {
+    CaptureAssembler as(st.slot_dir + "/bridged.bin", out.native.layout, tokens, req.fingerprint);
+    auto cr = run_capture(backend, req, chunk, EmitFn([&](std::vector<uint8_t>&& f, bool) { as.feed(f.data(), f.size()); return Emit::Ok; }));
+    if (cr.status != "complete") throw std::runtime_error("capture " + cr.status + ": " + cr.reason);
+    as.finish();
+  }
+  out.bridged = parse_state_file(st.slot_dir + "/bridged.bin");
+  return out;
 }
 
 }  // namespace pdb::test

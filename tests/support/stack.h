@@ -8,7 +8,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/state_file.h"
 #include "support/test_env.h"
+
+namespace pdb { class PrefillBackend; }
 
 namespace pdb::test {
 
@@ -53,6 +56,12 @@ class Stack {
 };
 
 HttpReply http_post(int port, const std::string& path, const std::string& body, int timeout_s);
+
+// The decoder's own state for `tokens` (slot 0 prefilled, saved as native.bin) and the state the
+// backend bridges for the same tokens in the decoder's layout (bridged.bin, assembled in-process by
+// the front door's code), both parsed. Throws if a step fails.
+struct StatePair { ParsedState native, bridged; };
+StatePair native_and_bridged_states(Stack& st, PrefillBackend& backend, const std::vector<int32_t>& tokens, int64_t chunk);
 
 // Deterministic pseudo-random text the tokenizers split into many tokens.
 std::string random_text(uint64_t seed, int words);
