@@ -54,6 +54,24 @@ TEST(NeedleModel, AnswersNativelyAndThroughTheBridgeWithTheCacheMounted) {
   }
 }
 
+// The tokenizer contract the model was trained with (scripts/train/train_needle.py): one token per
+// printable ASCII character, U+2581 for space, byte fallback for everything else, no space prefix.
+TEST(NeedleModel, LlamaServerTokenizesAsTheTrainingScriptDid) {
+  auto so = needle_stack("q4_0");
+  so.start_prefill = false;
+  test::Stack st(so);
+  const std::string text = "def f(x):\n\treturn x  # caf\xc3\xa9 ZEBRA-12-3456.";
+  std::vector<int32_t> want;
+  for (unsigned char ch : text) {
+    if (ch == ' ') want.push_back(259);
+    else if (ch >= 0x21 && ch <= 0x7e) want.push_back(260 + (ch - 0x21));
+    else want.push_back(3 + ch);
+  }
+  auto r = st.post_decoder("/tokenize", {{"content", text}, {"add_special", false}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json()["tokens"].get<std::vector<int32_t>>(), want);
+}
+
 TEST(NeedleModel, BridgedStateAgreesWithTheDecodersOwn) {
   struct Case { std::string gguf, cache; double min_pct_layer0, min_pct_all; };
   // F16 decoder: the same weights on both sides (bf16 values are exact in f16); deeper layers are not
