@@ -116,7 +116,17 @@ class CudaBackend final : public PrefillBackend {
             s.layer = layer;
             s.pos0 = pos0;
             s.rows = rows;
-            gpu_recipe_.kv_f32(layer, d_h, rows, st, s.dk.as<float>(), s.dv.as<float>());
+            const float* src = d_h;
+            if (layer == 0) {  // the decoder's own layer-0 input: its (possibly quantized) embedding rows
+              const int64_t E = info.n_embd;
+              embed_host_.resize(size_t(rows * E));
+              recipe_->decoder_embedding(tokens.data() + pos0, rows, embed_host_.data());
+              embed_dev_.resize(size_t(max_chunk_ * E) * 4);
+              // Pageable source: returns once staged, so the host vector is free for the next chunk.
+              PDB_CUDA_CHECK(cudaMemcpyAsync(embed_dev_.get(), embed_host_.data(), size_t(rows * E) * 4, cudaMemcpyHostToDevice, st));
+              src = embed_dev_.as<float>();
+            }
+            gpu_recipe_.kv_f32(layer, src, rows, st, s.dk.as<float>(), s.dv.as<float>());
             const bool k16 = spec.k_type == GgmlType::F16, v16 = spec.v_type == GgmlType::F16;
             if (k16) cuda::f32_to_f16(s.dk.as<float>(), s.dk16.as<__half>(), rows * C, st);
             if (v16) cuda::f32_to_f16(s.dv.as<float>(), s.dv16.as<__half>(), rows * C, st);
@@ -190,6 +200,8 @@ class CudaBackend final : public PrefillBackend {
   int threads_;
   cudaStream_t copy_stream_ = nullptr;
   Slot slots_[kSlots];
+  std::vector<float> embed_host_;
+  cuda::DeviceBuffer embed_dev_;
   std::mutex capture_mu_;
 };
 
