@@ -3,7 +3,7 @@
 # against llama-server (on the device's CPU), pdbridge bench prefill on the 8b presets, and the peers
 # in the same run: PyTorch (the device's torch/transformers, sdpa, bf16) and llama.cpp CUDA built
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
-# past a failed stage. Usage: pipeline.sh <carried .dev folder> [all|tests|bench]
+# past a failed stage. Usage: pipeline.sh <carried .dev folder> [all|tests|bench|train|scale]
 DEV=$1; STAGES=${2:-all}
 R=/tmp/res; M=/tmp/m; P=/tmp/pdb; LC=/tmp/llama-cuda
 mkdir -p $R $M $P $LC
@@ -46,6 +46,22 @@ if [ "$STAGES" = all ] || [ "$STAGES" = bench ]; then
   rm -rf $M/llama8b/hf
   run make_qwen8b $PDB make-model --arch qwen3 --preset 8b --seed 8 --out $M/qwen8b --hf-dtype bf16 --gguf-types f16
   run bench_qwen8b $PDB bench prefill --model $M/qwen8b/hf --recipe $M/qwen8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label qwen3-8b --out $R/bench.jsonl
+fi
+# Issue 5's scale runs (not run yet): H200 prefill, llama-server on the device's CPU (8B Q4_0, q8_0 cache) as the
+# decoder; bridged TTFT at 8K-128K with fresh seeds, native at 8K; peak RSS (VmHWM) of prefill and front afterwards.
+if [ "$STAGES" = scale ]; then
+  run make_llama8b_q4 $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16,q4_0
+  G=$M/llama8b/decoder-q4_0.gguf; mkdir -p /tmp/slots
+  $PDB decoder --gguf $G --port 8080 --slot-dir /tmp/slots --ctx 140000 --parallel 1 --cache-type q8_0 --threads 16 > $R/scale_decoder.log 2>&1 &
+  $PDB prefill --model $M/llama8b/hf --recipe $G --device cuda --chunk 4096 --port 8090 > $R/scale_prefill.log 2>&1 &
+  PRE=$!
+  for _ in $(seq 1 600); do curl -sf localhost:8080/health > /dev/null && curl -sf localhost:8090/health > /dev/null && break; sleep 1; done
+  $PDB front --decoder http://127.0.0.1:8080 --decoder-gguf $G --slot-dir /tmp/slots --prefill http://127.0.0.1:8090 --port 8000 > $R/scale_front.log 2>&1 &
+  FR=$!
+  sleep 5
+  run scale_bridged $PDB bench cold --front http://127.0.0.1:8000 --skip-native --chars 32000,128000,512000 --runs 3 --max-tokens 300 --out $R/scale.jsonl
+  run scale_native $PDB bench cold --front http://127.0.0.1:8000 --native-url http://127.0.0.1:8080 --chars 32000 --runs 1 --max-tokens 300 --out $R/scale.jsonl
+  grep VmHWM /proc/$PRE/status /proc/$FR/status > $R/scale_rss.txt 2>&1
 fi
 if [ -f $DEV/train_needle.py ] && [ "$STAGES" = train ]; then while [ ! -e $R/train.rc ]; do sleep 5; done; fi
 ts ALLDONE
