@@ -150,13 +150,7 @@ TEST(CudaParity, BridgedStateAgainstTheDecodersOwn) {
   for (const Case& c : {Case{"llama-tiny", "f32", "f16"}, Case{"qwen3-tiny", "f32", "f16"}, Case{"llama-tiny", "f32", "q8_0"},
                        Case{"llama-tiny-h16", "f16", "f16"}}) {
     const std::string mdir = test::models_dir() + "/" + c.model;
-    test::StackOptions so;
-    so.model_dir = mdir;
-    so.decoder_type = c.gguf;
-    so.cache_type = c.cache;
-    so.parallel = 1;
-    so.start_prefill = false;
-    test::Stack st(so);
+    test::Stack st(test::parity_stack_options(mdir, c.gguf, c.cache));
     const int T = 700;
     auto tokens = random_tokens(std::random_device{}(), T, 100000);
     std::shared_ptr<const Recipe> recipe = Recipe::load(st.decoder_gguf, 2);

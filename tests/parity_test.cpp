@@ -62,27 +62,13 @@ class Parity : public ::testing::TestWithParam<ParityCase> {};
 TEST_P(Parity, BridgedStateMatchesTheDecodersOwn) {
   const auto& c = GetParam();
   const std::string mdir = test::models_dir() + "/" + c.model;
-  test::StackOptions so;
-  so.model_dir = mdir;
-  so.decoder_type = c.gguf;
-  so.cache_type = c.cache;
-  so.parallel = 1;
-  so.start_prefill = false;
-  test::Stack st(so);
+  test::Stack st(test::parity_stack_options(mdir, c.gguf, c.cache));
   const int T = 700;
   auto tokens = random_tokens(11, T, 100000);
-  // The decoder's own cache for the prompt
-  auto r = st.post_decoder("/completion", {{"prompt", tokens}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", true}});
-  ASSERT_EQ(r.status, 200) << r.body;
-  r = st.post_decoder("/slots/0?action=save", {{"filename", "native.bin"}});
-  ASSERT_EQ(r.status, 200) << r.body;
-  ParsedState native = parse_state_file(st.slot_dir + "/native.bin");
+  // The decoder's own cache for the prompt, and ours from the HF checkpoint and the decoder GGUF's recipe
+  auto backend = make_cpu_backend(std::make_shared<CpuEngine>(mdir + "/hf", 2), std::shared_ptr<const Recipe>(Recipe::load(st.decoder_gguf, 2)));
+  auto [native, ours] = test::native_and_bridged_states(st, *backend, tokens, 128);
   ASSERT_EQ(native.cell_count, uint32_t(T));
-  // Ours, from the HF checkpoint and the decoder GGUF's recipe
-  CpuEngine engine(mdir + "/hf", 2);
-  auto recipe = Recipe::load(st.decoder_gguf, 2);
-  bridged_state(engine, *recipe, native.layout, tokens, 128, st.slot_dir + "/bridged.bin");
-  ParsedState ours = parse_state_file(st.slot_dir + "/bridged.bin");
   auto layer0 = diff_states(native, ours, 1);
   auto all = diff_states(native, ours);
   ASSERT_TRUE(all.same_layout) << all.layout_note;

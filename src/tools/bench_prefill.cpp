@@ -36,7 +36,6 @@ double seconds(F&& f) {
 int run_bench_prefill(const BenchPrefillOptions& o) {
   const int threads = o.threads > 0 ? o.threads : default_threads();
   std::shared_ptr<const Recipe> recipe = Recipe::load(o.recipe, threads);
-  const int64_t max_t = *std::max_element(o.tokens.begin(), o.tokens.end());
   std::unique_ptr<PrefillBackend> be;
   if (o.device == "cuda") be = make_cuda_backend(o.model, recipe, threads, o.chunk);
   else if (o.device == "cpu") be = make_cpu_backend(std::make_shared<CpuEngine>(o.model, threads), recipe);
@@ -55,7 +54,6 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
   std::printf("# pdbridge bench prefill: %s, %s, %s; chunk %lld; cache %s; bf16 GEMM rate measured now: %.0f TFLOP/s\n", be->device().c_str(),
               c.arch.c_str(), o.model.c_str(), (long long)o.chunk, o.cache_type.c_str(), gemm_rate);
   std::printf("%-8s %-22s %10s %12s %10s %10s\n", "tokens", "mode", "seconds", "tok/s", "TFLOP/s", "of GEMM");
-  (void)max_t;
   for (int64_t T : o.tokens) {
     be->check_fits(T, o.chunk);
     auto prompt = [&] {  // a fresh random prompt per run

@@ -105,6 +105,16 @@ std::string random_text(uint64_t seed, int words) {
   return s;
 }
 
+StackOptions parity_stack_options(const std::string& model_dir, const std::string& decoder_type, const std::string& cache_type) {
+  StackOptions so;
+  so.model_dir = model_dir;
+  so.decoder_type = decoder_type;
+  so.cache_type = cache_type;
+  so.parallel = 1;
+  so.start_prefill = false;
+  return so;
+}
+
 StatePair native_and_bridged_states(Stack& st, PrefillBackend& backend, const std::vector<int32_t>& tokens, int64_t chunk) {
   auto r = st.post_decoder("/completion", {{"prompt", tokens}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", true}});
   if (r.status != 200) throw std::runtime_error("native prefill failed: " + r.body);

@@ -57,6 +57,9 @@ class Stack {
 
 HttpReply http_post(int port, const std::string& path, const std::string& body, int timeout_s);
 
+// A one-slot decoder without a prefill server: what the parity tests compare states on.
+StackOptions parity_stack_options(const std::string& model_dir, const std::string& decoder_type, const std::string& cache_type);
+
 // The decoder's own state for `tokens` (slot 0 prefilled, saved as native.bin) and the state the
 // backend bridges for the same tokens in the decoder's layout (bridged.bin, assembled in-process by
 // the front door's code), both parsed. Throws if a step fails.
