@@ -32,6 +32,7 @@ class CudaBackend final : public PrefillBackend {
         threads_(threads) {
     PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     const int64_t C = recipe_->info().n_embd_kv();
+    embed_dev_.resize(size_t(max_chunk * recipe_->info().n_embd) * 4);
     for (auto& s : slots_) {
       s.dk.resize(size_t(max_chunk * C) * 4);
       s.dv.resize(size_t(max_chunk * C) * 4);
@@ -121,7 +122,6 @@ class CudaBackend final : public PrefillBackend {
               const int64_t E = info.n_embd;
               embed_host_.resize(size_t(rows * E));
               recipe_->decoder_embedding(tokens.data() + pos0, rows, embed_host_.data());
-              embed_dev_.resize(size_t(max_chunk_ * E) * 4);
               // Pageable source: returns once staged, so the host vector is free for the next chunk.
               PDB_CUDA_CHECK(cudaMemcpyAsync(embed_dev_.get(), embed_host_.data(), size_t(rows * E) * 4, cudaMemcpyHostToDevice, st));
               src = embed_dev_.as<float>();
