@@ -4,7 +4,7 @@
 # RATE Gbit/s in both directions. Traffic stays inside the namespaces. It first measures the shaped
 # link with a raw TCP transfer, then sends bridged cold needle prompts through the front door and
 # reports, from the verdicts, bytes on the wire, wire time and wire rate against the link rate.
-# Needs root (ip netns, tc). Usage: scripts/netns_link.sh [RATE_GBIT=1] [CHARS=8000] [RUNS=2] [--device cuda]
+# PDBRIDGE_NETNS_OUT=FILE keeps the bench rows. Needs root (ip netns, tc). Usage: scripts/netns_link.sh [RATE_GBIT=1] [CHARS=8000] [RUNS=2] [DEVICE=cpu|cuda]
 set -euo pipefail
 RATE=${1:-1}; CHARS=${2:-8000}; RUNS=${3:-2}; DEVICE=${4:-cpu}
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -59,7 +59,7 @@ say "measured TCP throughput over the shaped link: $LINK Gbit/s (target $RATE)"
 
 # 2. the stack: prefill on the GPU side, decoder + front door on the decoder side
 mkdir -p $WORK/slots
-ip netns exec $B "$BIN" decoder --gguf "$G" --host 127.0.0.1 --port 8080 --slot-dir $WORK/slots --ctx 32768 --parallel 2 --cache-type f16 > $WORK/decoder.log 2>&1 &
+ip netns exec $B "$BIN" decoder --gguf "$G" --host 127.0.0.1 --port 8080 --slot-dir $WORK/slots --ctx $(( (CHARS + 4096) * 2 )) --parallel 2 --cache-type f16 > $WORK/decoder.log 2>&1 &
 ip netns exec $A "$BIN" prefill --model "$HF" --recipe "$G" --host $IPA --port 8090 --device $DEVICE $([[ $DEVICE == cpu ]] && echo --cpu-fast) > $WORK/prefill.log 2>&1 &
 for _ in $(seq 1 300); do ip netns exec $B curl -sf http://127.0.0.1:8080/health >/dev/null 2>&1 && break; sleep 0.2; done
 for _ in $(seq 1 300); do ip netns exec $B curl -sf http://$IPA:8090/health >/dev/null 2>&1 && break; sleep 0.2; done
@@ -83,4 +83,5 @@ for r in rows:
 print("[netns] link %.3f Gbit/s measured (%.0f%% of %s); the wire rate reaches the link only where the engine outpaces it" % (link, 100 * link / rate, rate))
 sys.exit(0 if ok else 1)
 PY
+[[ -n ${PDBRIDGE_NETNS_OUT:-} ]] && cp $WORK/bench.jsonl "$PDBRIDGE_NETNS_OUT"
 say "done (logs in $WORK)"

@@ -8,12 +8,13 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 b=$(mktemp -d)
 trap 'rm -rf "$b"' EXIT
-mkdir -p .dev "$b/build/llama/bin" "$b/build/llama/src/models" "$b/build/tests" "$b/lib"
+mkdir -p .dev "$b/build/models/needle" "$b/build/llama/bin" "$b/build/llama/src/models" "$b/build/tests" "$b/lib"
 cp build/pdbridge "$b/build/"
 cp build/tests/unit_tests build/tests/integration_tests "$b/build/tests/"
 strip "$b/build/pdbridge" "$b/build/tests/"*
 cp build/llama/bin/* "$b/build/llama/bin/"
 cp build/llama/COMMIT "$b/build/llama/"
+cp build/models/needle/*.gguf build/models/needle/KEY "$b/build/models/needle/"
 cp build/llama/src/models/ggml-vocab-llama-bpe.gguf build/llama/src/models/ggml-vocab-qwen2.gguf "$b/build/llama/src/models/"
 for f in build/pdbridge build/tests/integration_tests; do
   ldd "$f" | awk '$3 ~ /^\// {print $3}' | grep -v -E 'cuda|cublas|libc\.so|libm\.so|libstdc|libgcc|libdl|libpthread|librt' | xargs -r -I{} cp -L {} "$b/lib/"

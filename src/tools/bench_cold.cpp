@@ -139,16 +139,18 @@ NeedleDocument make_needle_document(int64_t chars, uint64_t seed, const std::str
 int run_bench_cold(const BenchColdOptions& o) {
   if (o.front_url.empty()) throw std::invalid_argument("--front is required");
   if (o.native_url.empty() && !o.skip_native) throw std::invalid_argument("--native-url is required (or --skip-native)");
+  if (o.skip_native && o.skip_bridged) throw std::invalid_argument("--skip-native and --skip-bridged leave nothing to run");
   const auto files = python_sources(o.corpus_dir);
   uint64_t seed = o.seed ? o.seed : uint64_t(std::chrono::system_clock::now().time_since_epoch().count());
   std::ofstream out(o.out, std::ios::app);
   if (!out) throw std::runtime_error("cannot write " + o.out);
   std::map<std::pair<int64_t, std::string>, std::vector<json>> rows;
-  const int legs = o.skip_native ? 1 : 2;
+  const int first_leg = o.skip_bridged ? 1 : 0, last_leg = o.skip_native ? 0 : 1;
+  const int legs = last_leg - first_leg + 1;
   int done = 0, total = int(o.chars.size()) * o.runs * legs;
   for (int64_t chars : o.chars)
     for (int run = 0; run < o.runs; ++run)
-      for (int leg = 0; leg < legs; ++leg) {
+      for (int leg = first_leg; leg <= last_leg; ++leg) {
         const bool native = leg == 1;
         const uint64_t s = ++seed;  // a fresh seed for every prompt: nothing is shared with an earlier one
         const Doc d = make_document(files, chars, s, run);

@@ -13,6 +13,7 @@ struct BenchColdOptions {
   int runs = 3, max_tokens = 300;
   uint64_t seed = 0;  // 0: from the clock (fresh seeds every invocation)
   bool skip_native = false;
+  bool skip_bridged = false;  // only the native leg (a baseline where bridged rows exist already)
 };
 
 int run_bench_cold(const BenchColdOptions& o);
