@@ -2,9 +2,9 @@
 # Needle retrieval of the shipped model (issue 6), natively and through the bridge, with the cold-prompt
 # protocol of `pdbridge bench cold` (fresh seed per run and leg). Starts its own stack on free ports
 # (llama-server with the model's Q4_0 GGUF, the prefill engine, the front door) and stops it on exit.
-# Usage: scripts/needle_eval.sh CHARS[,CHARS...] RUNS OUT.jsonl [cpu|cuda]
+# Usage: scripts/needle_eval.sh CHARS[,CHARS...] RUNS OUT.jsonl [cpu|cuda] [more bench cold options]
 set -euo pipefail
-CHARS=${1:?chars}; RUNS=${2:?runs}; OUTF=${3:?out.jsonl}; DEVICE=${4:-cpu}
+CHARS=${1:?chars}; RUNS=${2:?runs}; OUTF=${3:?out.jsonl}; DEVICE=${4:-cpu}; shift 4 || shift $#
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="$ROOT/build/pdbridge"; HF="$ROOT/models/needle-llama"; G="$ROOT/build/models/needle/decoder-q4_0.gguf"
 [[ -x $BIN && -f $G ]] || { echo "build first: make"; exit 2; }
@@ -26,4 +26,4 @@ PIDS+=($!); wait_ok "http://127.0.0.1:$P/health" "${PIDS[-1]}" "$WORK/prefill.lo
   --port "$F" --min-tokens 1024 >"$WORK/front.log" 2>&1 &
 PIDS+=($!); wait_ok "http://127.0.0.1:$F/health" "${PIDS[-1]}" "$WORK/front.log"
 "$BIN" bench cold --front "http://127.0.0.1:$F" --native-url "http://127.0.0.1:$D" --chars "$CHARS" --runs "$RUNS" \
-  --max-tokens 32 --out "$OUTF"
+  --max-tokens 32 --out "$OUTF" "$@"

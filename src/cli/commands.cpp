@@ -215,6 +215,7 @@ void register_bench(CLI::App& app) {
   cold->add_option("--native-url", o->native_url, "llama-server URL (native leg)");
   cold->add_flag("--skip-native", o->skip_native, "Only the bridged leg");
   cold->add_flag("--skip-bridged", o->skip_bridged, "Only the native leg");
+  cold->add_option("--stop-after", o->stop_after, "Hang up after this many streamed pieces (0: read the whole answer)")->capture_default_str();
   cold->add_option("--chars", *chars, "Document sizes in characters, comma separated")->capture_default_str();
   cold->add_option("--runs", o->runs, "Runs per size (each with a fresh seed)")->capture_default_str();
   cold->add_option("--max-tokens", o->max_tokens, "Token budget of the answer")->capture_default_str();

@@ -11,6 +11,7 @@ struct BenchColdOptions {
   std::string front_url, native_url, out = "bench-cold.jsonl", corpus_dir, api_key;
   std::vector<int64_t> chars = {32000};
   int runs = 3, max_tokens = 300;
+  int stop_after = 0;  // >0: hang up after this many streamed pieces (TTFT runs at very long contexts)
   uint64_t seed = 0;  // 0: from the clock (fresh seeds every invocation)
   bool skip_native = false;
   bool skip_bridged = false;  // only the native leg (a baseline where bridged rows exist already)
