@@ -42,4 +42,41 @@ TEST(BenchCold, RecordsBothLegsWithVerdictsAndPlots) {
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
 }
 
+TEST(BenchCold, HangsUpAfterStopAfterAndRecordsRefusedPromptsAsErrors) {
+  test::StackOptions so;
+  so.model_dir = test::models_dir() + "/qwen3-tiny";
+  so.parallel = 1;
+  so.ctx = 4096;
+  test::Stack st(so);
+  const std::string out = st.dir + "/bench.jsonl";
+  auto bench = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {test::pdbridge_bin(), "bench", "cold", "--front", "http://127.0.0.1:" + std::to_string(st.front_port),
+                                     "--native-url", "http://127.0.0.1:" + std::to_string(st.decoder_port), "--runs", "1", "--out", out};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    test::Child b(argv, st.dir + "/bench.log");
+    return b.stop(0, 300) == 0 ? std::string() : b.log();
+  };
+  // both legs, a real 300-token budget, hung up after 2 pieces: the counts still arrive
+  ASSERT_EQ(bench({"--chars", "3000", "--max-tokens", "300", "--stop-after", "2"}), "");
+  // only the native leg
+  ASSERT_EQ(bench({"--chars", "3000", "--max-tokens", "8", "--skip-bridged"}), "");
+  // a prompt longer than the decoder's slot: a row with the front door's message, and the bench goes on
+  ASSERT_EQ(bench({"--chars", "40000", "--max-tokens", "8", "--skip-native"}), "");
+  std::ifstream in(out);
+  std::vector<json> rows;
+  for (std::string line; std::getline(in, line);) rows.push_back(json::parse(line));
+  ASSERT_EQ(rows.size(), 4u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(rows[size_t(i)]["stopped_after"], 2) << rows[size_t(i)].dump();
+    EXPECT_EQ(rows[size_t(i)]["http_status"], 200) << rows[size_t(i)].dump();
+    EXPECT_GT(rows[size_t(i)]["prompt_tokens"].get<int64_t>(), 500) << rows[size_t(i)].dump();
+    EXPECT_LE(rows[size_t(i)]["generated_tokens"].get<int64_t>(), 3) << rows[size_t(i)].dump();
+  }
+  EXPECT_EQ(rows[0]["verdict"], "complete") << rows[0].dump();
+  EXPECT_EQ(rows[2]["leg"], "native");
+  EXPECT_FALSE(rows[2].contains("stopped_after"));
+  EXPECT_EQ(rows[3]["http_status"], 400) << rows[3].dump();
+  EXPECT_NE(rows[3].value("error", "").find("slots hold 4096"), std::string::npos) << rows[3].dump();
+}
+
 }  // namespace pdb

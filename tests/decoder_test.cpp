@@ -116,4 +116,17 @@ TEST(MakeModel, Fp8CheckpointDequantizesCloseToMaster) {
   EXPECT_EQ(ck->get("model.embed_tokens.weight").dtype, StDtype::BF16);
 }
 
+TEST(MakeModel, ContextLengthOverrideReachesConfigAndGguf) {
+  const std::string dir = test::temp_dir("ctxlen");
+  MakeModelOptions o;
+  o.arch = "llama"; o.preset = "tiny"; o.seed = 3; o.out = dir; o.hf_dtype = "bf16"; o.gguf_types = {"f16"};
+  o.vocab_dir = test::llama_src() + "/models";
+  o.context_length = 1100000;
+  make_model(o);
+  EXPECT_EQ(HfConfig::load(dir + "/hf").max_position_embeddings, 1100000);
+  EXPECT_EQ(GgufFile::open(dir + "/decoder-f16.gguf")->get_int("llama.context_length"), 1100000);
+  o.context_length = -1;
+  EXPECT_THROW(make_model(o), std::invalid_argument);
+}
+
 }  // namespace pdb

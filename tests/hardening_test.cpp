@@ -101,6 +101,27 @@ TEST(Hardening, MetricsCountVerdictsBytesAndTokens) {
   EXPECT_EQ(pm.find("pdbridge_prefill_wire_bytes_total 0\n"), std::string::npos) << pm;
 }
 
+TEST(Hardening, PromptLongerThanADecoderSlotIsRefusedBeforeAnyCapture) {
+  // llama-server caps a slot at -c / --parallel and at the model's training context: a prompt past
+  // that fits neither a restored cache nor a native prefill, so the front door says so up front
+  // instead of running the engine for nothing (what an H200 scale run ran into).
+  test::StackOptions so;
+  so.model_dir = tiny();
+  so.parallel = 1;
+  so.ctx = 1024;
+  test::Stack st(so);
+  const std::string prompt = test::random_text(14, 1400);
+  auto r = st.post_front("/completion", body(prompt));
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("the decoder's slots hold 1024"), std::string::npos) << r.body;
+  EXPECT_EQ(get(st.prefill_port, "/metrics").find("pdbridge_prefill_requests_total{status="), std::string::npos)
+      << "the engine ran for a prompt that could not be served";
+  // a prompt that fits is still bridged
+  r = st.post_front("/completion", body(test::random_text(15, 400)));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.verdict().value("verdict", ""), "complete") << r.verdict().dump() << st.logs();
+}
+
 TEST(Hardening, BusyPrefillDeclinesFastInsteadOfQueueing) {
   test::StackOptions so;
   so.model_dir = tiny();

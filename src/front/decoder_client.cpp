@@ -45,7 +45,6 @@ json DecoderClient::props() {
   return json::parse(r->body);
 }
 
-int DecoderClient::total_slots() { return props().value("total_slots", 1); }
 
 std::string DecoderClient::apply_template(const json& chat_body) {
   json req = {{"messages", chat_body.at("messages")}};

@@ -21,7 +21,6 @@ class DecoderClient {
   nlohmann::json props();                        // GET /props
   std::string apply_template(const nlohmann::json& chat_body);  // POST /apply-template -> prompt
   std::vector<int32_t> tokenize(const std::string& text);       // POST /tokenize, as the server tokenizes prompts
-  int total_slots();
   // POST /slots/{id}?action=...; returns the JSON reply or throws with the server's message
   nlohmann::json slot_action(int slot, const std::string& action, const std::string& filename = "");
   // Completes `tokens` on `slot` natively (n_predict 0), saves it under `filename`, parses and returns

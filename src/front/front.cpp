@@ -110,10 +110,15 @@ class Front {
   }
 
   void connect_decoder() {
-    const int n = dec_.total_slots();
+    const json props = dec_.props();
+    const int n = props.value("total_slots", 1);
+    // A slot's context, as llama-server reports it: its -c divided among the slots and capped at the
+    // model's training context. A longer prompt fits neither a restored cache nor a native prefill.
+    const json& gen = props.contains("default_generation_settings") ? props["default_generation_settings"] : json::object();
+    slot_ctx_ = gen.is_object() ? gen.value("n_ctx", int64_t(0)) : 0;
     std::lock_guard<std::mutex> l(slots_.m);
     slots_.slots.assign(size_t(n), {});
-    spdlog::info("front: decoder has {} slots; recipe {} fingerprint {}", n, info_.arch, fingerprint_);
+    spdlog::info("front: decoder has {} slots of {} tokens; recipe {} fingerprint {}", n, slot_ctx_.load(), info_.arch, fingerprint_);
   }
 
   void serve(httplib::Server& srv);
@@ -192,6 +197,7 @@ class Front {
   std::optional<StateLayout> layout_;
   std::string calibration_, calibration_error_;
   int64_t info_vocab_ = 0;
+  std::atomic<int64_t> slot_ctx_{0};  // tokens one decoder slot holds (0: unknown)
  public:
   Metrics metrics_;
  private:
@@ -364,6 +370,10 @@ void Front::handle_generation(const std::string& path, const httplib::Request& r
   if (tokens.empty()) return openai_error(res, 400, "the prompt is empty");
   if (o_.max_prompt_tokens > 0 && v.tokens > o_.max_prompt_tokens)
     return openai_error(res, 400, fmt::format("the prompt has {} tokens; this front door accepts at most {}", v.tokens, o_.max_prompt_tokens));
+  if (const int64_t ctx = slot_ctx_.load(); ctx > 0 && v.tokens >= ctx)
+    return openai_error(res, 400, fmt::format("the prompt has {} tokens; the decoder's slots hold {} (llama-server's -c per slot, capped at the "
+                                              "model's training context): it fits neither a bridged cache nor a native prefill",
+                                              v.tokens, ctx));
   size_t cached = 0;
   const int slot = slots_.acquire(tokens, &cached);
   bool slot_released = false;

@@ -82,11 +82,12 @@ json run_leg(const std::string& url, const std::string& key, const std::string& 
   if (!key.empty()) req.set_header("Authorization", "Bearer " + key);
   const auto t0 = Clock::now();
   double ttft = -1;
-  std::string text, buf, header;
-  json timings;
+  std::string text, buf, header, raw;
+  json timings = json::object();
   int status = 0, pieces = 0;
   req.response_handler = [&](const httplib::Response& r) { status = r.status; header = r.get_header_value("X-PD-Bridge"); return true; };
   req.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+    if (raw.size() < 2000) raw.append(d, std::min(n, 2000 - raw.size()));  // an error reply's message
     buf.append(d, n);
     size_t pos;
     while ((pos = buf.find('\n')) != std::string::npos) {
@@ -103,7 +104,7 @@ json run_leg(const std::string& url, const std::string& key, const std::string& 
         text += piece;
         if (!piece.empty()) ++pieces;
       }
-      if (ev.contains("timings")) timings = ev["timings"];
+      if (ev.contains("timings") && ev["timings"].is_object()) timings = ev["timings"];
     }
     return stop_after <= 0 || pieces < stop_after;
   };
@@ -112,6 +113,8 @@ json run_leg(const std::string& url, const std::string& key, const std::string& 
   const bool hung_up = stop_after > 0 && pieces >= stop_after;
   json row = {{"leg", native ? "native" : "bridged"}, {"http_status", r || hung_up ? status : 0}, {"ttft_s", ttft}, {"total_s", total}, {"answer", text}};
   if (stop_after > 0) row["stopped_after"] = pieces;
+  if (!r && !hung_up) row["error"] = httplib::to_string(r.error());
+  else if (status != 200) row["error"] = raw;
   row["prompt_tokens"] = timings.value("prompt_n", 0) + timings.value("cache_n", 0);
   row["cached_tokens"] = timings.value("cache_n", 0);
   row["decode_tok_s"] = timings.value("predicted_per_second", 0.0);
@@ -185,7 +188,7 @@ int run_bench_cold(const BenchColdOptions& o) {
       tot.push_back(r["total_s"].get<double>());
       dec.push_back(r["decode_tok_s"].get<double>());
       found += r["marker_found"].get<bool>();
-      verdicts[r.value("verdict", "")]++;
+      verdicts[r.contains("error") ? fmt::format("error (HTTP {})", r.value("http_status", 0)) : r.value("verdict", "")]++;
       tokens = r["prompt_tokens"].get<int64_t>();
       cached = r["cached_tokens"].get<int64_t>();
     }

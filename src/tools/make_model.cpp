@@ -171,6 +171,8 @@ void make_model(const MakeModelOptions& o) {
   if (o.out.empty()) throw std::invalid_argument("--out is required");
   const int threads = o.threads > 0 ? o.threads : default_threads();
   HfConfig c = preset_config(o.arch, o.preset);
+  if (o.context_length < 0) throw std::invalid_argument("--context-length must be positive");
+  if (o.context_length > 0) c.max_position_embeddings = o.context_length;
   const std::string vocab_dir = o.vocab_dir.empty() ? self_dir() + "/llama/src/models" : o.vocab_dir;
   const std::string vocab = vocab_dir + "/" + vocab_name_for_arch(o.arch);
   if (!fs::exists(vocab)) throw std::runtime_error("vocab GGUF not found: " + vocab + " (run scripts/setup.sh)");

@@ -16,6 +16,9 @@ struct MakeModelOptions {
   std::string vocab_dir;                          // llama.cpp models/ (default: next to the executable)
   std::string llama_bin;                          // llama-quantize's directory
   int threads = 0;
+  // max_position_embeddings override (0: the preset's). llama-server caps a slot at the model's
+  // training context, so scale runs past 128K tokens need a model that declares more.
+  int64_t context_length = 0;
 };
 
 void make_model(const MakeModelOptions& o);
