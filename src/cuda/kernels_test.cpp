@@ -12,11 +12,13 @@
 #include "formats/numeric.h"
 #include "model/reference_ops.h"
 #include "model/rmsnorm.h"
+#include "recipes/recipe.h"
 #include "recipes/rope_ggml.h"
 #ifdef PDBRIDGE_HAVE_CUDA
 #include <cuda_bf16.h>
 
 #include "cuda/attention.cuh"
+#include "cuda/cache_rows.cuh"
 #include "cuda/common.cuh"
 #include "cuda/elementwise.cuh"
 #include "cuda/gemm.cuh"
@@ -255,6 +257,48 @@ TEST(CudaKernels, DecoderRopeMatchesTheCpuRecipeBitForBit) {
     EXPECT_GE(double(same) / double(y.size()), 0.999);
     EXPECT_LT(ref::rel_error(y, ref), 1e-6);
   }
+#endif
+}
+
+TEST(CudaKernels, CacheRowsAreRotatedAndEncodedByteForByteAsOnTheCpu) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  const int64_t rows = 37, C = 1024;
+  auto x = randn(size_t(rows * C), 0.7f);
+  // blocks the encoders must get right: all zero, one signed extreme repeated with both signs (q4_0
+  // takes the first), exact ties for q8_0's rounding
+  for (int j = 0; j < 32; ++j) x[size_t(j)] = 0.0f;
+  for (int j = 0; j < 32; ++j) x[size_t(32 + j)] = (j % 2 ? 1.0f : -1.0f) * (j < 3 ? 2.0f : 0.25f * float(j % 7));
+  for (int j = 0; j < 32; ++j) x[size_t(64 + j)] = float(j - 16) * (127.0f / 16.0f) / 127.0f * 0.5f;
+  for (int64_t rot : {int64_t(64), int64_t(128)}) {
+    std::vector<float> ref = x;
+    hadamard_rows(ref.data(), int64_t(ref.size()), rot);
+    auto d = to_device_f32(x);
+    cuda::hadamard_rows(d.as<float>(), int64_t(x.size()), rot, nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    auto y = from_device_f32(d, x.size());
+    size_t same = 0;
+    for (size_t i = 0; i < y.size(); ++i) same += y[i] == ref[i];
+    std::printf("hadamard n=%lld: %zu/%zu identical\n", (long long)rot, same, y.size());
+    EXPECT_EQ(same, y.size());
+  }
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0}) {
+    const size_t rb = ggml_row_bytes(t, C);
+    std::vector<uint8_t> ref(rb * size_t(rows)), got(ref.size(), 0xA5);
+    rows_to_cache_type(t, x.data(), rows, C, ref.data());
+    auto dx = to_device_f32(x);
+    cuda::DeviceBuffer out(ref.size());
+    out.upload(got.data(), got.size());  // poisoned
+    cuda::encode_rows(t, dx.as<float>(), rows * C, out.as<uint8_t>(), nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    out.download(got.data(), got.size());
+    size_t same = 0;
+    for (size_t i = 0; i < got.size(); ++i) same += got[i] == ref[i];
+    std::printf("encode %s: %zu/%zu bytes identical\n", ggml_type_name(t).c_str(), same, got.size());
+    EXPECT_EQ(same, got.size()) << ggml_type_name(t);
+  }
+  EXPECT_FALSE(cuda::encodes_on_gpu(GgmlType::Q5_1));
+  EXPECT_THROW(cuda::hadamard_rows(nullptr, 100, 48, nullptr), std::invalid_argument);
 #endif
 }
 

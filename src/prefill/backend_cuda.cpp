@@ -2,7 +2,9 @@
 // without stalling the forward: the recipe's kernels run on the engine's stream (they must read the
 // residual before the layer changes it), each layer's rows go to a ring of pinned host slots on a
 // second stream, and a delivery thread hands finished slots to the sink in order. The engine only
-// waits when every slot is still on its way out (backpressure from the wire).
+// waits when every slot is still on its way out (backpressure from the wire). Rows of F32, F16, Q8_0
+// and Q4_0 caches are rotated and encoded on the GPU and leave in their final bytes; other cache
+// types leave as f32 and are rotated and quantized on the host by the CPU recipe's code.
 #include <condition_variable>
 #include <cstring>
 #include <exception>
@@ -13,9 +15,9 @@
 #include <fmt/format.h>
 
 #include "common/parallel.h"
+#include "cuda/cache_rows.cuh"
 #include "cuda/common.cuh"
 #include "cuda/device.h"
-#include "cuda/elementwise.cuh"
 #include "model/cuda_engine.h"
 #include "prefill/backend.h"
 #include "recipes/recipe_gpu.h"
@@ -36,8 +38,8 @@ class CudaBackend final : public PrefillBackend {
     for (auto& s : slots_) {
       s.dk.resize(size_t(max_chunk * C) * 4);
       s.dv.resize(size_t(max_chunk * C) * 4);
-      s.dk16.resize(size_t(max_chunk * C) * 2);
-      s.dv16.resize(size_t(max_chunk * C) * 2);
+      s.dkq.resize(size_t(max_chunk * C) * 4);  // any GPU-encoded row is at most 4 bytes per element
+      s.dvq.resize(size_t(max_chunk * C) * 4);
       s.hk.resize(size_t(max_chunk * C) * 4);
       s.hv.resize(size_t(max_chunk * C) * 4);
       PDB_CUDA_CHECK(cudaEventCreateWithFlags(&s.computed, cudaEventDisableTiming));
@@ -127,14 +129,14 @@ class CudaBackend final : public PrefillBackend {
               src = embed_dev_.as<float>();
             }
             gpu_recipe_.kv_f32(layer, src, rows, st, s.dk.as<float>(), s.dv.as<float>());
-            const bool k16 = spec.k_type == GgmlType::F16, v16 = spec.v_type == GgmlType::F16;
-            if (k16) cuda::f32_to_f16(s.dk.as<float>(), s.dk16.as<__half>(), rows * C, st);
-            if (v16) cuda::f32_to_f16(s.dv.as<float>(), s.dv16.as<__half>(), rows * C, st);
+            const size_t kbytes = encode(spec.k_type, spec.rot_k, k_rotation_size(info.head_dim), s.dk, s.dkq, rows, C, st);
+            const size_t vbytes = encode(spec.v_type, spec.rot_v, kVRotationSize, s.dv, s.dvq, rows, C, st);
             PDB_CUDA_CHECK(cudaEventRecord(s.computed, st));
             PDB_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, s.computed, 0));
-            const size_t kbytes = size_t(rows * C) * (k16 ? 2 : 4), vbytes = size_t(rows * C) * (v16 ? 2 : 4);
-            PDB_CUDA_CHECK(cudaMemcpyAsync(s.hk.as<uint8_t>(), k16 ? s.dk16.get() : s.dk.get(), kbytes, cudaMemcpyDeviceToHost, copy_stream_));
-            PDB_CUDA_CHECK(cudaMemcpyAsync(s.hv.as<uint8_t>(), v16 ? s.dv16.get() : s.dv.get(), vbytes, cudaMemcpyDeviceToHost, copy_stream_));
+            PDB_CUDA_CHECK(cudaMemcpyAsync(s.hk.as<uint8_t>(), cuda::encodes_on_gpu(spec.k_type) ? s.dkq.get() : s.dk.get(), kbytes,
+                                           cudaMemcpyDeviceToHost, copy_stream_));
+            PDB_CUDA_CHECK(cudaMemcpyAsync(s.hv.as<uint8_t>(), cuda::encodes_on_gpu(spec.v_type) ? s.dvq.get() : s.dv.get(), vbytes,
+                                           cudaMemcpyDeviceToHost, copy_stream_));
             PDB_CUDA_CHECK(cudaEventRecord(s.copied, copy_stream_));
             std::lock_guard<std::mutex> l(mu);
             s.state = Slot::Enqueued;
@@ -167,19 +169,29 @@ class CudaBackend final : public PrefillBackend {
     enum State { Free, Enqueued } state = Free;
     int layer = 0;
     int64_t pos0 = 0, rows = 0;
-    cuda::DeviceBuffer dk, dv, dk16, dv16;
+    cuda::DeviceBuffer dk, dv, dkq, dvq;  // f32 rows; their cache-type bytes when the GPU encodes them
     cuda::PinnedBuffer hk, hv;
     cudaEvent_t computed = nullptr, copied = nullptr;
   };
 
-  // F16 rows arrive converted; F32 as they are; other types are rotated and quantized here, with
-  // the decoder's own conversion (the same code as the CPU recipe).
+  // On the engine's stream: rotation and encoding of one slot's rows where the GPU encodes the type.
+  // Returns the bytes to copy out (the encoded rows, or the f32 rows for the host to convert).
+  static size_t encode(GgmlType t, bool rot, int64_t rot_n, cuda::DeviceBuffer& f32, cuda::DeviceBuffer& bytes, int64_t rows, int64_t C,
+                       cudaStream_t st) {
+    if (!cuda::encodes_on_gpu(t)) return size_t(rows * C) * 4;
+    if (rot) cuda::hadamard_rows(f32.as<float>(), rows * C, rot_n, st);
+    cuda::encode_rows(t, f32.as<float>(), rows * C, bytes.as<uint8_t>(), st);
+    return ggml_row_bytes(t, C) * size_t(rows);
+  }
+
+  // Rows the GPU encoded arrive as they go on the wire; other types are rotated and quantized here,
+  // with the decoder's own conversion (the same code as the CPU recipe).
   void convert(Slot& s, GgmlType t, bool rot, int64_t rot_n, cuda::PinnedBuffer& host, std::vector<uint8_t>& scratch, const uint8_t*& out,
                size_t& bytes, int64_t C) const {
     const int64_t rows = s.rows;
-    if (t == GgmlType::F16 || t == GgmlType::F32) {
+    if (cuda::encodes_on_gpu(t)) {
       out = host.as<uint8_t>();
-      bytes = size_t(rows * C) * (t == GgmlType::F16 ? 2 : 4);
+      bytes = ggml_row_bytes(t, C) * size_t(rows);
       return;
     }
     float* x = host.as<float>();
