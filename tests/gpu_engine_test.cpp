@@ -14,6 +14,7 @@
 #include "prefill/backend.h"
 #include "prefill/capture.h"
 #include "support/stack.h"
+#include "tools/make_model.h"
 #include "tools/verify_state.h"
 #ifdef PDBRIDGE_HAVE_CUDA
 #include "cuda/common.cuh"
@@ -109,6 +110,37 @@ TEST(CudaEngine, ForwardTracksTheCpuEngineLayerByLayer) {
       std::printf("CUDA ENGINE %s layer %lld input: rel err vs CPU engine %.2e\n", model.c_str(), (long long)l, e);
       EXPECT_LT(e, l == 0 ? 1e-7 : 3e-2);
     }
+  }
+#endif
+}
+
+// A block-FP8 checkpoint runs its products in FP8 (block-scaled cuBLASLt, activations quantized per
+// 1x128 block) and still tracks the CPU engine, which dequantizes the same weights exactly.
+TEST(CudaEngine, Fp8CheckpointRunsBlockScaledProductsAndTracksTheCpuEngine) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  const std::string dir = test::temp_dir("fp8-engine");
+  MakeModelOptions o;
+  o.arch = "qwen3"; o.preset = "tiny"; o.seed = 9; o.out = dir; o.hf_dtype = "fp8"; o.gguf_types = {};
+  o.vocab_dir = test::llama_src() + "/models";
+  make_model(o);
+  const std::string hf = dir + "/hf";
+  CpuEngine cpu(hf, 2);
+  CudaEngine gpu(hf, 2);
+  std::printf("FP8 ENGINE: %s\n", gpu.weights_note().c_str());
+  ASSERT_TRUE(gpu.fp8().has_value()) << gpu.weights_note();
+  const int64_t T = 520, E = cpu.config().hidden_size, L = cpu.config().num_layers;
+  auto tokens = random_tokens(std::random_device{}(), int(T), int(cpu.config().vocab_size));
+  std::vector<std::vector<float>> want(size_t(L), std::vector<float>(size_t(T * E))), got = want;
+  cpu.prefill(tokens, 256, 0, [&](int l, const float* h, int64_t rows, int64_t p0) { std::copy_n(h, rows * E, want[size_t(l)].begin() + p0 * E); });
+  gpu.prefill(tokens, 200, [&](int l, const float* dh, int64_t rows, int64_t p0, cudaStream_t s) {
+    PDB_CUDA_CHECK(cudaMemcpyAsync(got[size_t(l)].data() + p0 * E, dh, size_t(rows * E) * 4, cudaMemcpyDeviceToHost, s));
+    PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+  });
+  for (int64_t l = 0; l < L; ++l) {
+    const double e = ref::rel_error(got[size_t(l)], want[size_t(l)]);
+    std::printf("FP8 ENGINE layer %lld input: rel err vs CPU engine %.2e\n", (long long)l, e);
+    EXPECT_LT(e, l == 0 ? 1e-7 : 1e-1);  // e4m3 activations: 3 mantissa bits, averaged over each product
   }
 #endif
 }

@@ -8,8 +8,11 @@
 
 #include "cuda/common.cuh"
 #include "cuda/device.h"
+#include "formats/numeric.h"
 
 #include <algorithm>
+#include <cmath>
+#include <random>
 #include <vector>
 #include <cuda_bf16.h>
 
@@ -56,6 +59,26 @@ Gemm::~Gemm() {
   if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
+// The operand layouts of Y^T[out x rows] = op_T(W) * X^T and the library's first algorithm for them.
+bool Gemm::pick_algorithm(Plan& p, int ab_type, int y_type, int64_t rows, int64_t in, int64_t out) {
+  const auto ab = cudaDataType_t(ab_type), yt = cudaDataType_t(y_type);
+  check(cublasLtMatrixLayoutCreate(&p.a, ab, uint64_t(in), uint64_t(out), in), "layout a");
+  check(cublasLtMatrixLayoutCreate(&p.b, ab, uint64_t(in), uint64_t(rows), in), "layout b");
+  check(cublasLtMatrixLayoutCreate(&p.c, yt, uint64_t(out), uint64_t(rows), out), "layout c");
+  cublasLtMatmulPreference_t pref = nullptr;
+  check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_, sizeof workspace_bytes_),
+        "workspace");
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p.desc, p.a, p.b, p.c, p.c, pref, 1,
+                                                           &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) return false;
+  p.algo = result.algo;
+  return true;
+}
+
 // Column-major view: Y^T[out x rows] = W^T(op T of the [in x out] column-major W) * X^T([in x rows]).
 Gemm::Plan& Gemm::plan(DType ab, DType yt, int64_t rows, int64_t in, int64_t out, bool accumulate) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -68,21 +91,8 @@ Gemm::Plan& Gemm::plan(DType ab, DType yt, int64_t rows, int64_t in, int64_t out
   const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
   check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT), "transa");
   check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN), "transb");
-  check(cublasLtMatrixLayoutCreate(&p->a, cuda_type(ab), uint64_t(in), uint64_t(out), in), "layout a");
-  check(cublasLtMatrixLayoutCreate(&p->b, cuda_type(ab), uint64_t(in), uint64_t(rows), in), "layout b");
-  check(cublasLtMatrixLayoutCreate(&p->c, cuda_type(yt), uint64_t(out), uint64_t(rows), out), "layout c");
-  cublasLtMatmulPreference_t pref = nullptr;
-  check(cublasLtMatmulPreferenceCreate(&pref), "preference");
-  check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_, sizeof workspace_bytes_),
-        "workspace");
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), p->desc, p->a, p->b, p->c, p->c,
-                                                           pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+  if (!pick_algorithm(*p, cuda_type(ab), cuda_type(yt), rows, in, out))
     throw std::runtime_error(fmt::format("cuBLASLt has no algorithm for {}x{}x{} (types {} -> {})", rows, in, out, int(ab), int(yt)));
-  p->algo = result.algo;
   return *plans_.emplace(key, std::move(p)).first->second;
 }
 
@@ -95,6 +105,139 @@ void Gemm::xwt(DType ab, const void* x, const void* w, DType yt, void* y, int64_
   check(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
                        workspace_, workspace_bytes_, stream),
         "matmul");
+}
+
+// The FP8 product: A = W e4m3 (op T, one scale per 128x128 block), B = X e4m3 (one scale per row and
+// 128 columns), f32 compute. The scale pointers are per call (set on the descriptor under the lock).
+Gemm::Plan* Gemm::plan_fp8(DType yt, int64_t rows, int64_t in, int64_t out, bool accumulate) {
+  const Key key{-1, int(yt), rows, in, out, accumulate};
+  auto it = fp8_plans_.find(key);
+  if (it != fp8_plans_.end()) return it->second.get();
+  auto p = std::make_unique<Plan>();
+  check(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+  const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+  check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT), "transa");
+  check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN), "transb");
+  const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  if (cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof a_mode) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode) != CUBLAS_STATUS_SUCCESS)
+    return nullptr;
+  const void* dummy = workspace_;  // real scale pointers are set per call
+  check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy, sizeof dummy), "a scale");
+  check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dummy, sizeof dummy), "b scale");
+  if (!pick_algorithm(*p, CUDA_R_8F_E4M3, cuda_type(yt), rows, in, out)) return nullptr;
+  (void)accumulate;
+  return fp8_plans_.emplace(key, std::move(p)).first->second.get();
+}
+
+void Gemm::xwt_fp8(const Fp8ScaleLayout& L, const uint8_t* xq, const float* xs, const uint8_t* wq, const float* ws, DType yt, void* y,
+                   int64_t rows, int64_t in, int64_t out, float beta, cudaStream_t stream) {
+  (void)L;  // the grids were written in L's order; cuBLASLt reads them as it reads them
+  if (rows == 0) return;
+  if (in % 128 || out % 128) throw std::invalid_argument(fmt::format("FP8 product {}x{}: dimensions must be multiples of 128", out, in));
+  if (beta != 0.0f && yt != DType::F32) throw std::invalid_argument("FP8 products accumulate into f32 only");
+  std::lock_guard<std::mutex> lock(mu_);
+  Plan* p = plan_fp8(yt, rows, in, out, beta != 0.0f);
+  if (!p) throw std::runtime_error(fmt::format("cuBLASLt has no block-scaled FP8 algorithm for {}x{}x{} here", rows, in, out));
+  check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws, sizeof ws), "a scale");
+  check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof xs), "b scale");
+  const float alpha = 1.0f;
+  check(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p->desc, &alpha, wq, p->a, xq, p->b, &beta, y, p->c, y, p->c, &p->algo,
+                       workspace_, workspace_bytes_, stream),
+        "fp8 matmul");
+}
+
+std::string Fp8ScaleLayout::describe() const {
+  return fmt::format("X scales {}, W scales {}, {}", act_row_major ? "row-major" : fmt::format("column-major (ld aligned to {})", act_ld_align),
+                     weight_kb_fastest ? "[n-block][k-block]" : "[k-block][n-block]",
+                     f32_accumulate ? "f32 accumulation" : "bf16 output");
+}
+
+std::optional<Fp8ScaleLayout> probe_fp8_layout(Gemm& gemm, std::string* report) {
+  std::string log;
+  auto say = [&](const std::string& s) { log += s + "; "; };
+  // Shapes that tell the candidate orders apart: rows not a multiple of 4, 3 x 4 weight blocks.
+  const int64_t M = 258, K = 512, N = 384, KB = K / 128, NB = N / 128;
+  std::mt19937 g(20261130);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> ud(0.25f, 4.0f);
+  std::vector<uint8_t> xq(size_t(M * K)), wq(size_t(N * K));
+  for (auto& v : xq) v = f32_to_fp8_e4m3(2.0f * nd(g));
+  for (auto& v : wq) v = f32_to_fp8_e4m3(2.0f * nd(g));
+  std::vector<float> xs(size_t(M * KB)), ws(size_t(NB * KB)), y0(size_t(M * N));  // natural orders [r][kb], [nb][kb]
+  for (auto& v : xs) v = ud(g);
+  for (auto& v : ws) v = ud(g);
+  for (auto& v : y0) v = nd(g);
+  std::vector<double> ref(size_t(M * N), 0.0);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t o = 0; o < N; ++o) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k)
+        acc += double(fp8_e4m3_to_f32(xq[size_t(r * K + k)])) * xs[size_t(r * KB + k / 128)] * double(fp8_e4m3_to_f32(wq[size_t(o * K + k)])) *
+               ws[size_t((o / 128) * KB + k / 128)];
+      ref[size_t(r * N + o)] = acc;
+    }
+  DeviceBuffer dxq(xq.size()), dwq(wq.size()), dxs(size_t(KB * (M + 16)) * 4), dws(ws.size() * 4), dy(size_t(M * N) * 4);
+  dxq.upload(xq.data(), xq.size());
+  dwq.upload(wq.data(), wq.size());
+  std::vector<Fp8ScaleLayout> candidates;
+  for (bool w_kb : {true, false}) {
+    for (int align : {1, 4, 16}) {
+      Fp8ScaleLayout L;
+      L.act_row_major = false;
+      L.act_ld_align = align;
+      L.weight_kb_fastest = w_kb;
+      candidates.push_back(L);
+    }
+    Fp8ScaleLayout L;
+    L.act_row_major = true;
+    L.weight_kb_fastest = w_kb;
+    candidates.push_back(L);
+  }
+  for (DType yt : {DType::F32, DType::BF16}) {
+    const bool acc = yt == DType::F32;
+    for (Fp8ScaleLayout L : candidates) {
+      L.f32_accumulate = acc;
+      std::vector<float> hxs(size_t(KB * (M + 16)), 0.0f), hws(ws.size());
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t kb = 0; kb < KB; ++kb) hxs[size_t(L.act_index(r, kb, M, KB))] = xs[size_t(r * KB + kb)];
+      for (int64_t nb = 0; nb < NB; ++nb)
+        for (int64_t kb = 0; kb < KB; ++kb) hws[size_t(L.weight_index(nb, kb, NB, KB))] = ws[size_t(nb * KB + kb)];
+      dxs.upload(hxs.data(), hxs.size() * 4);
+      dws.upload(hws.data(), hws.size() * 4);
+      if (acc) dy.upload(y0.data(), y0.size() * 4);
+      try {
+        gemm.xwt_fp8(L, dxq.as<uint8_t>(), dxs.as<float>(), dwq.as<uint8_t>(), dws.as<float>(), yt, dy.get(), M, K, N, acc ? 1.0f : 0.0f,
+                     nullptr);
+        PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      } catch (const std::exception& e) {
+        say(fmt::format("{}: {}", acc ? "f32" : "bf16", e.what()));
+        break;  // no algorithm for this output type: no order will do better
+      }
+      std::vector<float> y(size_t(M * N));
+      if (acc) {
+        dy.download(y.data(), y.size() * 4);
+        for (size_t i = 0; i < y.size(); ++i) y[i] -= y0[i];
+      } else {
+        std::vector<uint16_t> yb(size_t(M * N));
+        dy.download(yb.data(), yb.size() * 2);
+        for (size_t i = 0; i < y.size(); ++i) y[i] = bf16_to_f32(yb[i]);
+      }
+      double num = 0, den = 0;
+      for (size_t i = 0; i < y.size(); ++i) {
+        num += (double(y[i]) - ref[i]) * (double(y[i]) - ref[i]);
+        den += ref[i] * ref[i];
+      }
+      const double rel = std::sqrt(num / std::max(den, 1e-30));
+      say(fmt::format("{} -> rel err {:.2e}", L.describe(), rel));
+      if (rel < 1e-2) {
+        if (report) *report = fmt::format("FP8 block-scaled products: {} (probe rel err {:.1e})", L.describe(), rel);
+        return L;
+      }
+    }
+  }
+  if (report) *report = "no block-scaled FP8 product reproduced the reference: " + log;
+  return std::nullopt;
 }
 
 namespace {

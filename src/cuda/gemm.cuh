@@ -8,11 +8,32 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <tuple>
 
 namespace pdb::cuda {
 
 enum class DType { BF16, F16, F32 };
+
+// How the FP8 product's scale grids are laid out in memory. cuBLASLt documents the scaling modes
+// (VEC128_32F: one f32 per row and 128 columns of X; BLK128x128_32F: one per 128x128 block of W) but
+// the grids' order is established by a probe product against a host reference (probe_fp8_layout).
+struct Fp8ScaleLayout {
+  bool act_row_major = false;     // X scales s[r * KB + kb]; else column-major s[kb * ld + r]
+  int act_ld_align = 1;           // column-major ld = rows rounded up to this
+  bool weight_kb_fastest = true;  // W scales s[nb * KB + kb] (the checkpoint's order); else s[kb * NB + nb]
+  bool f32_accumulate = true;     // f32 output with beta = 1 works (else bf16 output, added by the caller)
+  std::string describe() const;
+  int64_t act_ld(int64_t rows) const { return (rows + act_ld_align - 1) / act_ld_align * act_ld_align; }
+  // Element offset of X's scale for (row r, k-block kb) and of W's for (n-block nb, k-block kb).
+  int64_t act_index(int64_t r, int64_t kb, int64_t rows, int64_t kblocks) const {
+    return act_row_major ? r * kblocks + kb : kb * act_ld(rows) + r;
+  }
+  int64_t weight_index(int64_t nb, int64_t kb, int64_t nblocks, int64_t kblocks) const {
+    return weight_kb_fastest ? nb * kblocks + kb : kb * nblocks + nb;
+  }
+};
 
 class Gemm {
  public:
@@ -26,15 +47,27 @@ class Gemm {
   void xwt(DType ab, const void* x, const void* w, DType y_type, void* y, int64_t rows, int64_t in, int64_t out, float beta,
            cudaStream_t stream);
 
+  // FP8 e4m3 X [rows x in] and W [out x in] with their block scales (layout L), f32 accumulation;
+  // Y is bf16 or f32 (beta = 1 accumulates, f32 only). `in` and `out` are multiples of 128.
+  void xwt_fp8(const Fp8ScaleLayout& L, const uint8_t* xq, const float* xs, const uint8_t* wq, const float* ws, DType y_type, void* y,
+               int64_t rows, int64_t in, int64_t out, float beta, cudaStream_t stream);
+
  private:
   struct Plan;
   using Key = std::tuple<int, int, int64_t, int64_t, int64_t, bool>;
   Plan& plan(DType ab, DType y_type, int64_t rows, int64_t in, int64_t out, bool accumulate);
+  Plan* plan_fp8(DType y_type, int64_t rows, int64_t in, int64_t out, bool accumulate);  // nullptr: no algorithm
+  bool pick_algorithm(Plan& p, int ab_type, int y_type, int64_t rows, int64_t in, int64_t out);  // cudaDataType_t values
   void* handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   std::mutex mu_;
-  std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::map<Key, std::unique_ptr<Plan>> plans_, fp8_plans_;
 };
+
+// Finds the scale-grid order of this cuBLASLt's block-scaled FP8 product on this GPU with a small
+// product of known operands against a host reference; nullopt (and why, in *report) when no order
+// reproduces it or the library has no such kernel here.
+std::optional<Fp8ScaleLayout> probe_fp8_layout(Gemm& gemm, std::string* report);
 
 }  // namespace pdb::cuda

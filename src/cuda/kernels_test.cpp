@@ -21,6 +21,7 @@
 #include "cuda/cache_rows.cuh"
 #include "cuda/common.cuh"
 #include "cuda/elementwise.cuh"
+#include "cuda/fp8.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
@@ -300,6 +301,98 @@ TEST(CudaKernels, CacheRowsAreRotatedAndEncodedByteForByteAsOnTheCpu) {
   EXPECT_FALSE(cuda::encodes_on_gpu(GgmlType::Q5_1));
   EXPECT_THROW(cuda::hadamard_rows(nullptr, 100, 48, nullptr), std::invalid_argument);
 #endif
+}
+
+TEST(CudaKernels, Fp8ActivationsMatchTheirTwinAndTheBlockScaledProductMatchesF64) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  cuda::Gemm gemm;
+  std::string report;
+  const auto layout = cuda::probe_fp8_layout(gemm, &report);
+  std::printf("%s\n", report.c_str());
+  ASSERT_TRUE(layout.has_value()) << report;
+  const cuda::Fp8ScaleLayout& L = *layout;
+  const int64_t rows = 77, K = 384, N = 256;
+  auto x = round_bf16(randn(size_t(rows * K), 3.0f));
+  for (int i = 0; i < 128; ++i) x[size_t(i)] = 0.0f;  // an all-zero block: scale 1
+  std::vector<uint8_t> q_ref;
+  std::vector<float> s_ref;
+  ref::quantize_rows_fp8(x, rows, K, q_ref, s_ref);
+  auto dx = to_device_bf16(x);
+  cuda::DeviceBuffer dq(size_t(rows * K)), ds(cuda::fp8_scale_bytes(rows, K, L));
+  cuda::quantize_rows_fp8(dx.as<__nv_bfloat16>(), rows, K, dq.as<uint8_t>(), ds.as<float>(), L, nullptr);
+  PDB_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint8_t> q(q_ref.size());
+  dq.download(q.data(), q.size());
+  std::vector<float> s(ds.bytes() / 4);
+  ds.download(s.data(), ds.bytes());
+  size_t same_q = 0, same_s = 0;
+  for (size_t i = 0; i < q.size(); ++i) same_q += q[i] == q_ref[i];
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t kb = 0; kb < K / 128; ++kb) same_s += s[size_t(L.act_index(r, kb, rows, K / 128))] == s_ref[size_t(r * (K / 128) + kb)];
+  std::printf("fp8 activations: %zu/%zu codes, %zu/%zu scales identical\n", same_q, q.size(), same_s, s_ref.size());
+  EXPECT_EQ(same_q, q.size());
+  EXPECT_EQ(same_s, s_ref.size());
+  // the product on those operands against f64 over the dequantized values
+  std::vector<uint8_t> wq(size_t(N * K));
+  std::vector<float> wscale(size_t((N / 128) * (K / 128))), wgrid(wscale.size());
+  for (auto& v : wq) v = f32_to_fp8_e4m3(randn(1, 2.0f)[0]);
+  for (size_t i = 0; i < wscale.size(); ++i) wscale[i] = 0.01f * float(1 + i);
+  for (int64_t nb = 0; nb < N / 128; ++nb)
+    for (int64_t kb = 0; kb < K / 128; ++kb) wgrid[size_t(L.weight_index(nb, kb, N / 128, K / 128))] = wscale[size_t(nb * (K / 128) + kb)];
+  std::vector<float> xd(size_t(rows * K)), wd(size_t(N * K)), want;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < K; ++k) xd[size_t(r * K + k)] = fp8_e4m3_to_f32(q_ref[size_t(r * K + k)]) * s_ref[size_t(r * (K / 128) + k / 128)];
+  for (int64_t o = 0; o < N; ++o)
+    for (int64_t k = 0; k < K; ++k) wd[size_t(o * K + k)] = fp8_e4m3_to_f32(wq[size_t(o * K + k)]) * wscale[size_t((o / 128) * (K / 128) + k / 128)];
+  ref::matmul_xwt(xd, wd, want, rows, K, N);
+  cuda::DeviceBuffer dw(wq.size()), dws(wgrid.size() * 4), dy(size_t(rows * N) * 4);
+  dw.upload(wq.data(), wq.size());
+  dws.upload(wgrid.data(), wgrid.size() * 4);
+  const cuda::DType yt = L.f32_accumulate ? cuda::DType::F32 : cuda::DType::BF16;
+  gemm.xwt_fp8(L, dq.as<uint8_t>(), ds.as<float>(), dw.as<uint8_t>(), dws.as<float>(), yt, dy.get(), rows, K, N, 0.0f, nullptr);
+  PDB_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> got(size_t(rows * N));
+  if (L.f32_accumulate) {
+    dy.download(got.data(), got.size() * 4);
+  } else {
+    std::vector<uint16_t> b(got.size());
+    dy.download(b.data(), b.size() * 2);
+    for (size_t i = 0; i < b.size(); ++i) got[i] = bf16_to_f32(b[i]);
+  }
+  const double e = ref::rel_error(got, want);
+  std::printf("fp8 block-scaled product: rel err %.2e\n", e);
+  EXPECT_LT(e, 5e-3);  // Hopper sums FP8 products with reduced precision inside each 128-wide block
+#endif
+}
+
+// The FP8 twin itself (runs everywhere): the largest element of each block maps to 448, every value
+// comes back within e4m3's half-step (2^-4 relative), and an all-zero block keeps scale 1.
+TEST(ReferenceOps, Fp8ActivationQuantizationRoundTripsWithinE4m3Precision) {
+  std::mt19937 g(7);
+  std::normal_distribution<float> nd(0.0f, 5.0f);
+  const int64_t rows = 3, K = 256;
+  std::vector<float> x(size_t(rows * K));
+  for (auto& v : x) v = nd(g);
+  for (int i = 128; i < 256; ++i) x[size_t(i)] = 0.0f;
+  std::vector<uint8_t> q;
+  std::vector<float> s;
+  ref::quantize_rows_fp8(x, rows, K, q, s);
+  ASSERT_EQ(s.size(), size_t(rows * 2));
+  EXPECT_EQ(s[1], 1.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t kb = 0; kb < 2; ++kb) {
+      float amax = 0.0f, qmax = 0.0f;
+      for (int i = 0; i < 128; ++i) {
+        const size_t at = size_t(r * K + kb * 128 + i);
+        const float back = fp8_e4m3_to_f32(q[at]) * s[size_t(r * 2 + kb)];
+        amax = std::max(amax, std::fabs(x[at]));
+        qmax = std::max(qmax, std::fabs(fp8_e4m3_to_f32(q[at])));
+        // normal e4m3 values keep 3 mantissa bits; subnormals (below 2^-6 of the scale) an absolute half-step
+        EXPECT_LE(std::fabs(back - x[at]), std::max(std::fabs(x[at]) / 16.0f, s[size_t(r * 2 + kb)] * 0.0009765625f)) << at;
+      }
+      if (amax > 0) { EXPECT_EQ(qmax, 448.0f); }
+    }
 }
 
 }  // namespace pdb

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -15,6 +16,7 @@
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/elementwise.cuh"
+#include "cuda/fp8.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
@@ -31,7 +33,8 @@ struct CudaEngine::Weights {
   DeviceBuffer embed;  // [vocab x hidden] f32 (exact for every checkpoint dtype)
   struct Layer {
     DeviceBuffer in_norm, post_norm, q_norm, k_norm;  // f32
-    DeviceBuffer wqkv, wo, wgu, wd;                   // bf16 [out x in]; qkv and gate|up fused along out
+    DeviceBuffer wqkv, wo, wgu, wd;                   // bf16 [out x in], or e4m3 on the FP8 path; qkv and gate|up fused along out
+    DeviceBuffer wqkv_s, wo_s, wgu_s, wd_s;           // FP8 path: f32 scale per 128x128 block, in the product's order
   };
   std::vector<Layer> layers;
   DeviceBuffer inv_freq;  // f32 [head_dim/2]
@@ -39,6 +42,7 @@ struct CudaEngine::Weights {
   DeviceBuffer kcache, vcache;  // [layers x kv_heads x capacity x head_dim] bf16
   int64_t capacity = 0;
   DeviceBuffer tokens, h, x, qkv, q, att, gu, act;
+  DeviceBuffer xq, xs, ybf;  // FP8 path: quantized activations, their scales, bf16 product for the residual add
 };
 
 namespace {
@@ -101,6 +105,48 @@ DeviceBuffer upload_stacked(const SafetensorsCheckpoint& ck, const HfConfig& c, 
   return b;
 }
 
+// Block-FP8 tensors stacked along their output dimension: e4m3 bytes as they are, and the
+// checkpoint's [out/128 x in/128] scale grids (weight_scale_inv: w = code * scale) concatenated and
+// written in the order the product reads them.
+void upload_stacked_fp8(const SafetensorsCheckpoint& ck, const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols,
+                        const cuda::Fp8ScaleLayout& L, DeviceBuffer& w, DeviceBuffer& scales, size_t& total) {
+  int64_t rows = 0;
+  for (const auto& p : parts) rows += p.second;
+  const int64_t KB = cols / 128, NB = rows / 128;
+  w.resize(size_t(rows * cols));
+  std::vector<float> grid(size_t(NB * KB));
+  size_t off = 0;
+  int64_t nb0 = 0;
+  for (const auto& [name, r] : parts) {
+    const StTensor& t = ck.get(name);
+    if (t.dtype != StDtype::F8_E4M3 || t.shape.size() != 2 || t.shape[0] != r || t.shape[1] != cols)
+      throw std::runtime_error(fmt::format("{}: expected F8_E4M3 [{} x {}]", name, r, cols));
+    w.upload(t.data, size_t(r * cols), off);
+    off += size_t(r * cols);
+    const auto s = ck.to_f32(name.substr(0, name.size() - 6) + "weight_scale_inv");
+    if (int64_t(s.size()) != (r / 128) * KB) throw std::runtime_error(name + ": weight_scale_inv does not hold one scale per 128x128 block");
+    for (int64_t nb = 0; nb < r / 128; ++nb)
+      for (int64_t kb = 0; kb < KB; ++kb) grid[size_t(L.weight_index(nb0 + nb, kb, NB, KB))] = s[size_t(nb * KB + kb)];
+    nb0 += r / 128;
+  }
+  scales.resize(grid.size() * 4);
+  scales.upload(grid.data(), grid.size() * 4);
+  total += w.bytes() + scales.bytes();
+}
+
+// Why the FP8 products cannot run for this checkpoint ("" when they can).
+std::string fp8_unsupported(const HfConfig& c, const SafetensorsCheckpoint& ck) {
+  if (!c.fp8) return "not an FP8 checkpoint";
+  if (c.fp8_block_rows != 128 || c.fp8_block_cols != 128)
+    return fmt::format("weight_block_size [{}, {}] (the products take [128, 128])", c.fp8_block_rows, c.fp8_block_cols);
+  for (int64_t d : {c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim})
+    if (d % 128) return fmt::format("a dimension of {} is not a multiple of 128", d);
+  for (const char* n : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
+    if (ck.get(fmt::format("model.layers.0.{}.weight", n)).dtype != StDtype::F8_E4M3) return fmt::format("{} is not F8_E4M3", n);
+  if (const char* e = std::getenv("PDBRIDGE_FP8"); e && std::string(e) == "0") return "PDBRIDGE_FP8=0";
+  return "";
+}
+
 }  // namespace
 
 CudaEngine::CudaEngine(const std::string& hf_dir, int threads) : cfg_(HfConfig::load(hf_dir)), w_(std::make_unique<Weights>()) {
@@ -115,6 +161,14 @@ CudaEngine::CudaEngine(const std::string& hf_dir, int threads) : cfg_(HfConfig::
   const int64_t H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
   const StDtype wdt = ck->get("model.layers.0.self_attn.k_proj.weight").dtype;
   weights_note_ = wdt == StDtype::BF16 ? "bf16 weights" : fmt::format("{} weights converted to bf16 on load", st_dtype_name(wdt));
+  if (c.fp8) {
+    std::string why = fp8_unsupported(c, *ck), report;
+    if (why.empty()) {
+      fp8_ = cuda::probe_fp8_layout(*gemm_, &report);
+      if (!fp8_) why = report;
+    }
+    weights_note_ = fp8_ ? report : "block-FP8 weights dequantized to bf16 (" + why + ")";
+  }
   size_t total = 0;
   {
     const StTensor& et = ck->get("model.embed_tokens.weight");
@@ -133,11 +187,22 @@ CudaEngine::CudaEngine(const std::string& hf_dir, int threads) : cfg_(HfConfig::
       L.q_norm = upload_f32(ck->to_f32(p + "self_attn.q_norm.weight"));
       L.k_norm = upload_f32(ck->to_f32(p + "self_attn.k_norm.weight"));
     }
-    L.wqkv = upload_stacked(*ck, c, {{p + "self_attn.q_proj.weight", nh * hd}, {p + "self_attn.k_proj.weight", nkv * hd},
-                                     {p + "self_attn.v_proj.weight", nkv * hd}}, H, threads, total);
-    L.wo = upload_stacked(*ck, c, {{p + "self_attn.o_proj.weight", H}}, nh * hd, threads, total);
-    L.wgu = upload_stacked(*ck, c, {{p + "mlp.gate_proj.weight", F}, {p + "mlp.up_proj.weight", F}}, H, threads, total);
-    L.wd = upload_stacked(*ck, c, {{p + "mlp.down_proj.weight", H}}, F, threads, total);
+    const std::vector<std::pair<std::string, int64_t>> qkv = {
+        {p + "self_attn.q_proj.weight", nh * hd}, {p + "self_attn.k_proj.weight", nkv * hd}, {p + "self_attn.v_proj.weight", nkv * hd}};
+    const std::vector<std::pair<std::string, int64_t>> o = {{p + "self_attn.o_proj.weight", H}};
+    const std::vector<std::pair<std::string, int64_t>> gu = {{p + "mlp.gate_proj.weight", F}, {p + "mlp.up_proj.weight", F}};
+    const std::vector<std::pair<std::string, int64_t>> d = {{p + "mlp.down_proj.weight", H}};
+    if (fp8_) {
+      upload_stacked_fp8(*ck, qkv, H, *fp8_, L.wqkv, L.wqkv_s, total);
+      upload_stacked_fp8(*ck, o, nh * hd, *fp8_, L.wo, L.wo_s, total);
+      upload_stacked_fp8(*ck, gu, H, *fp8_, L.wgu, L.wgu_s, total);
+      upload_stacked_fp8(*ck, d, F, *fp8_, L.wd, L.wd_s, total);
+    } else {
+      L.wqkv = upload_stacked(*ck, c, qkv, H, threads, total);
+      L.wo = upload_stacked(*ck, c, o, nh * hd, threads, total);
+      L.wgu = upload_stacked(*ck, c, gu, H, threads, total);
+      L.wd = upload_stacked(*ck, c, d, F, threads, total);
+    }
     w_->layers.push_back(std::move(L));
   }
   std::vector<float> inv;
@@ -158,7 +223,11 @@ size_t CudaEngine::bytes_for_prompt(int64_t T, int64_t chunk) const {
   const int64_t H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
   chunk = std::min(chunk, T);
   const size_t kv = size_t(2) * size_t(std::max<int64_t>(c.num_layers - 1, 1)) * size_t(nkv * T * hd) * 2;
-  const size_t work = size_t(chunk) * size_t(4 + H * 4 + H * 2 + (nh + 2 * nkv) * hd * 2 + 2 * nh * hd * 2 + 2 * F * 2 + F * 2);
+  size_t work = size_t(chunk) * size_t(4 + H * 4 + H * 2 + (nh + 2 * nkv) * hd * 2 + 2 * nh * hd * 2 + 2 * F * 2 + F * 2);
+  if (fp8_) {
+    const int64_t K = std::max({H, nh * hd, F});
+    work += size_t(chunk * K) + cuda::fp8_scale_bytes(chunk, K, *fp8_) + size_t(chunk * H) * 2;
+  }
   return kv + work;
 }
 
@@ -167,7 +236,7 @@ void CudaEngine::check_fits(int64_t T, int64_t chunk, size_t extra) const {
   const auto mem = cuda::device_memory();
   // What is already ours counts as available (the buffers are reused).
   const size_t ours = w_->kcache.bytes() + w_->vcache.bytes() + w_->h.bytes() + w_->x.bytes() + w_->qkv.bytes() + w_->q.bytes() +
-                      w_->att.bytes() + w_->gu.bytes() + w_->act.bytes();
+                      w_->att.bytes() + w_->gu.bytes() + w_->act.bytes() + w_->xq.bytes() + w_->xs.bytes() + w_->ybf.bytes();
   const size_t margin = size_t(512) << 20;
   if (need + margin > mem.free + ours)
     throw std::runtime_error(fmt::format("prompt of {} tokens needs {:.1f} GiB of GPU memory for the engine's K/V and buffers; "
@@ -208,6 +277,25 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
   W.act.resize(size_t(chunk * F) * 2);
   cudaStream_t s = stream_;
   auto& gemm = *gemm_;
+  if (fp8_) {
+    const int64_t K = std::max({H, nh * hd, F});
+    W.xq.resize(size_t(chunk * K));
+    W.xs.resize(cuda::fp8_scale_bytes(chunk, K, *fp8_));
+    if (!fp8_->f32_accumulate) W.ybf.resize(size_t(chunk * H) * 2);
+  }
+  // Y = X W^T for a bf16 activation X [n x in]: a bf16 product, or on the FP8 path X quantized per
+  // 1x128 block and a block-scaled FP8 product. beta = 1 adds into the f32 residual.
+  auto mm = [&](const void* x, const DeviceBuffer& w, const DeviceBuffer& ws, int64_t n, int64_t in, int64_t out, cuda::DType yt, void* y,
+                float beta) {
+    if (!fp8_) return gemm.xwt(cuda::DType::BF16, x, w.get(), yt, y, n, in, out, beta, s);
+    cuda::quantize_rows_fp8(static_cast<const bf16*>(x), n, in, W.xq.as<uint8_t>(), W.xs.as<float>(), *fp8_, s);
+    if (beta != 0.0f && !fp8_->f32_accumulate) {
+      gemm.xwt_fp8(*fp8_, W.xq.as<uint8_t>(), W.xs.as<float>(), w.as<uint8_t>(), ws.as<float>(), cuda::DType::BF16, W.ybf.get(), n, in, out,
+                   0.0f, s);
+      return cuda::add_bf16_into_f32(W.ybf.as<bf16>(), static_cast<float*>(y), n * out, s);
+    }
+    gemm.xwt_fp8(*fp8_, W.xq.as<uint8_t>(), W.xs.as<float>(), w.as<uint8_t>(), ws.as<float>(), yt, y, n, in, out, beta, s);
+  };
   const float eps = float(c.rms_norm_eps);
   // Kernel arguments that only change per chunk (rows, positions) or per layer (qwen3's norms).
   cuda::QkvRopeArgs ra;
@@ -238,18 +326,18 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
       auto& Lw = W.layers[size_t(l)];
       bf16* x = W.x.as<bf16>();
       cuda::rmsnorm_rows_bf16(h, Lw.in_norm.as<float>(), x, n, H, eps, s);
-      gemm.xwt(cuda::DType::BF16, x, Lw.wqkv.get(), cuda::DType::BF16, W.qkv.get(), n, H, qkv_dim, 0.0f, s);
+      mm(x, Lw.wqkv, Lw.wqkv_s, n, H, qkv_dim, cuda::DType::BF16, W.qkv.get(), 0.0f);
       bf16* kc = W.kcache.as<bf16>() + l * nkv * cap * hd;
       bf16* vc = W.vcache.as<bf16>() + l * nkv * cap * hd;
       ra.q_norm = Lw.q_norm.bytes() ? Lw.q_norm.as<float>() : nullptr;
       ra.k_norm = Lw.k_norm.bytes() ? Lw.k_norm.as<float>() : nullptr;
       cuda::qkv_rope_to_cache(W.qkv.as<bf16>(), W.q.as<bf16>(), kc, vc, ra, s);
       cuda::causal_attention(W.q.as<bf16>(), kc, vc, W.att.as<bf16>(), as, s);
-      gemm.xwt(cuda::DType::BF16, W.att.get(), Lw.wo.get(), cuda::DType::F32, h, n, nh * hd, H, 1.0f, s);
+      mm(W.att.get(), Lw.wo, Lw.wo_s, n, nh * hd, H, cuda::DType::F32, h, 1.0f);
       cuda::rmsnorm_rows_bf16(h, Lw.post_norm.as<float>(), x, n, H, eps, s);
-      gemm.xwt(cuda::DType::BF16, x, Lw.wgu.get(), cuda::DType::BF16, W.gu.get(), n, H, 2 * F, 0.0f, s);
+      mm(x, Lw.wgu, Lw.wgu_s, n, H, 2 * F, cuda::DType::BF16, W.gu.get(), 0.0f);
       cuda::swiglu_rows(W.gu.as<bf16>(), W.act.as<bf16>(), n, F, s);
-      gemm.xwt(cuda::DType::BF16, W.act.get(), Lw.wd.get(), cuda::DType::F32, h, n, F, H, 1.0f, s);
+      mm(W.act.get(), Lw.wd, Lw.wd_s, n, F, H, cuda::DType::F32, h, 1.0f);
     }
   }
   PDB_CUDA_CHECK(cudaStreamSynchronize(s));

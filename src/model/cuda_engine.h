@@ -1,5 +1,6 @@
 // The prefill engine's CUDA backend: a chunked causal forward on the GPU for llama and qwen3 HF
-// checkpoints. bf16 weights and activations through cuBLASLt (f32 accumulation), an f32 residual
+// checkpoints. bf16 weights and activations through cuBLASLt (f32 accumulation; block-FP8 checkpoints
+// through block-scaled FP8 products, activations quantized per 1x128 block), an f32 residual
 // stream (the o_proj and down_proj products accumulate into it, fused via beta = 1), our flash
 // attention over the engine's own bf16 K/V cache, and fused RMSNorm / RoPE / SwiGLU kernels.
 // Like the CPU backend it exposes only the per-layer hook: the residual stream entering each layer,
@@ -10,14 +11,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "cuda/gemm.cuh"
 #include "formats/hf_config.h"
 
 namespace pdb {
-
-namespace cuda { class Gemm; }
 
 class CudaEngine {
  public:
@@ -31,6 +32,8 @@ class CudaEngine {
   cuda::Gemm& gemm() { return *gemm_; }
   cudaStream_t stream() const { return stream_; }
   std::string weights_note() const { return weights_note_; }
+  // Set when the checkpoint is block-FP8 and its products run in FP8 (else its weights were dequantized).
+  const std::optional<cuda::Fp8ScaleLayout>& fp8() const { return fp8_; }
 
   // Device bytes a prompt of `tokens` needs beyond the weights (engine K/V + chunk buffers).
   size_t bytes_for_prompt(int64_t tokens, int64_t chunk) const;
@@ -52,6 +55,7 @@ class CudaEngine {
   cudaStream_t stream_ = nullptr;
   std::string weights_note_;
   size_t weight_bytes_ = 0;
+  std::optional<cuda::Fp8ScaleLayout> fp8_;
 };
 
 }  // namespace pdb

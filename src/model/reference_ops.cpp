@@ -1,7 +1,10 @@
 #include "model/reference_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+
+#include "formats/numeric.h"
 
 namespace pdb::ref {
 
@@ -91,6 +94,21 @@ double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
     den += double(b[i]) * b[i];
   }
   return std::sqrt(num / std::max(den, 1e-300));
+}
+
+void quantize_rows_fp8(const std::vector<float>& x, int64_t rows, int64_t k, std::vector<uint8_t>& q, std::vector<float>& scales) {
+  const int64_t kb_n = k / 128;
+  q.assign(size_t(rows * k), 0);
+  scales.assign(size_t(rows * kb_n), 0.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t kb = 0; kb < kb_n; ++kb) {
+      const float* xb = x.data() + r * k + kb * 128;
+      float amax = 0.0f;
+      for (int i = 0; i < 128; ++i) amax = std::max(amax, std::fabs(xb[i]));
+      const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+      for (int i = 0; i < 128; ++i) q[size_t(r * k + kb * 128 + i)] = f32_to_fp8_e4m3(xb[i] / scale);
+      scales[size_t(r * kb_n + kb)] = scale;
+    }
 }
 
 }  // namespace pdb::ref

@@ -21,6 +21,10 @@ void swiglu_rows(const std::vector<float>& gu, std::vector<float>& out, int64_t 
 // y[rows x out] = x[rows x in] W[out x in]^T in f64
 void matmul_xwt(const std::vector<float>& x, const std::vector<float>& w, std::vector<float>& y, int64_t rows, int64_t in, int64_t out);
 
+// Activations into FP8 e4m3 per row and 128 columns: scale = amax / 448 (1 for an all-zero block),
+// code = e4m3(x / scale) (nearest, ties to even, saturating). scales: [rows x k/128] row-major.
+void quantize_rows_fp8(const std::vector<float>& x, int64_t rows, int64_t k, std::vector<uint8_t>& q, std::vector<float>& scales);
+
 // ||a - b|| / ||b||; NaN anywhere gives +inf
 double rel_error(const std::vector<float>& a, const std::vector<float>& b);
 

@@ -33,6 +33,7 @@ class PrefillBackend {
   virtual const HfConfig& config() const = 0;
   virtual const Recipe& recipe() const = 0;
   virtual std::string device() const = 0;  // "cpu" or "cuda: <GPU>"
+  virtual std::string weights() const { return ""; }  // how the engine holds its weights (e.g. FP8 products or bf16)
   // Throws (with a message for the user) when a prompt of `tokens` cannot be served at all.
   virtual void check_fits(int64_t tokens, int64_t chunk) const {}
   // Runs the forward and the recipe; `stop` is polled between layers. Returns tokens processed.

@@ -57,6 +57,7 @@ class CudaBackend final : public PrefillBackend {
   const HfConfig& config() const override { return engine_.config(); }
   const Recipe& recipe() const override { return *recipe_; }
   std::string device() const override { return "cuda: " + cuda::device_summary(); }
+  std::string weights() const override { return engine_.weights_note(); }
   void check_fits(int64_t tokens, int64_t chunk) const override { engine_.check_fits(tokens, std::min(chunk, max_chunk_)); }
   CudaEngine& engine() { return engine_; }
 

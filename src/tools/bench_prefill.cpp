@@ -53,6 +53,7 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
   std::ofstream out(o.out, std::ios::app);
   std::printf("# pdbridge bench prefill: %s, %s, %s; chunk %lld; cache %s; bf16 GEMM rate measured now: %.0f TFLOP/s\n", be->device().c_str(),
               c.arch.c_str(), o.model.c_str(), (long long)o.chunk, o.cache_type.c_str(), gemm_rate);
+  if (!be->weights().empty()) std::printf("# weights: %s\n", be->weights().c_str());
   std::printf("%-8s %-22s %10s %12s %10s %10s\n", "tokens", "mode", "seconds", "tok/s", "TFLOP/s", "of GEMM");
   for (int64_t T : o.tokens) {
     be->check_fits(T, o.chunk);
@@ -99,7 +100,7 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
       std::printf("%-8lld %-22s %10.3f %12.0f %10.1f %9.0f%%\n", (long long)T, m.name.c_str(), t, double(T) / t, tflops,
                   gemm_rate > 0 ? 100.0 * tflops / gemm_rate : 0.0);
       std::fflush(stdout);
-      json row = {{"label", o.label}, {"device", be->device()}, {"arch", c.arch}, {"model", o.model}, {"tokens", T}, {"mode", m.name},
+      json row = {{"label", o.label}, {"device", be->device()}, {"weights", be->weights()}, {"arch", c.arch}, {"model", o.model}, {"tokens", T}, {"mode", m.name},
                   {"chunk", o.chunk}, {"cache_type", o.cache_type}, {"seconds_median", t}, {"seconds_all", ts}, {"tok_s", double(T) / t},
                   {"tflops", tflops}, {"gemm_tflops", gemm_rate}, {"wire_bytes", bytes}};
       out << row.dump() << "\n";

@@ -1,0 +1,64 @@
+#include "cuda/fp8.cuh"
+
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "cuda/common.cuh"
+
+namespace pdb::cuda {
+namespace {
+
+// One warp per (row, 128-column block); lane i owns columns 4i..4i+3 of the block.
+__global__ void quantize_fp8_kernel(const __nv_bfloat16* __restrict__ x, int64_t rows, int64_t k, uint8_t* __restrict__ q,
+                                    float* __restrict__ scales, bool row_major, int64_t ld) {
+  const int64_t kblocks = k / 128;
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (w >= rows * kblocks) return;
+  const int64_t r = w / kblocks, kb = w % kblocks;
+  const __nv_bfloat16* xb = x + r * k + kb * 128 + lane * 4;
+  float v[4];
+  float amax = 0.0f;
+  for (int i = 0; i < 4; ++i) {
+    v[i] = __bfloat162float(xb[i]);
+    amax = fmaxf(amax, fabsf(v[i]));
+  }
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float scale = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+  uint8_t* qb = q + r * k + kb * 128 + lane * 4;
+  for (int i = 0; i < 4; ++i) qb[i] = uint8_t(__nv_cvt_float_to_fp8(__fdiv_rn(v[i], scale), __NV_SATFINITE, __NV_E4M3));
+  if (lane == 0) scales[row_major ? r * kblocks + kb : kb * ld + r] = scale;
+}
+
+__global__ void add_bf16_kernel(const __nv_bfloat16* __restrict__ x, float* __restrict__ y, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += __bfloat162float(x[i]);
+}
+
+}  // namespace
+
+size_t fp8_scale_bytes(int64_t rows, int64_t k, const Fp8ScaleLayout& L) {
+  const int64_t kblocks = k / 128;
+  return size_t(kblocks * (L.act_row_major ? rows : L.act_ld(rows))) * 4;
+}
+
+void quantize_rows_fp8(const __nv_bfloat16* x, int64_t rows, int64_t k, uint8_t* q, float* scales, const Fp8ScaleLayout& L,
+                       cudaStream_t s) {
+  if (k % 128) throw std::invalid_argument("quantize_rows_fp8: width must be a multiple of 128");
+  if (rows == 0) return;
+  const int64_t warps = rows * (k / 128);
+  const int threads = 256;
+  quantize_fp8_kernel<<<unsigned((warps * 32 + threads - 1) / threads), threads, 0, s>>>(x, rows, k, q, scales, L.act_row_major,
+                                                                                         L.act_ld(rows));
+  PDB_CUDA_LAUNCHED();
+}
+
+void add_bf16_into_f32(const __nv_bfloat16* x, float* y, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  add_bf16_kernel<<<unsigned(std::min<int64_t>((n + 255) / 256, 65535)), 256, 0, s>>>(x, y, n);
+  PDB_CUDA_LAUNCHED();
+}
+
+}  // namespace pdb::cuda
