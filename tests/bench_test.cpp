@@ -27,6 +27,10 @@ TEST(BenchCold, RecordsBothLegsWithVerdictsAndPlots) {
   const json& native = rows[0]["leg"] == "native" ? rows[0] : rows[1];
   EXPECT_EQ(bridged["verdict"], "complete") << bridged.dump();
   EXPECT_GE(bridged["cached_tokens"].get<int64_t>(), bridged["prompt_tokens"].get<int64_t>() - 1);
+  // the first bridge on a front learns the decoder's layout; that time is its own stage, not the wire's
+  EXPECT_GT(bridged["t_probe_s"].get<double>(), 0.0) << bridged.dump();
+  EXPECT_LE(bridged["t_probe_s"].get<double>() + bridged["t_wire_s"].get<double>() + bridged["t_restore_s"].get<double>(),
+            bridged["t_bridge_s"].get<double>() + 1e-3) << bridged.dump();
   EXPECT_EQ(native["cached_tokens"].get<int64_t>(), 0);
   EXPECT_NE(rows[0]["seed"], rows[1]["seed"]) << "every prompt needs a fresh seed";
   for (const auto& r : rows) {

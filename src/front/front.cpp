@@ -89,11 +89,13 @@ struct Verdict {
   int64_t tokens = 0, bridged_tokens = 0;
   std::optional<int64_t> cached_tokens;
   uint64_t bytes = 0;
-  double t_tokenize = 0, t_engine = 0, t_wire = 0, t_restore = 0, t_bridge = 0;
+  // t_probe: learning the decoder's state layout (a probe prefill + calibration; once per decoder, again
+  // after a failed restore); t_wire: from the capture request to its last byte (the engine runs inside it).
+  double t_tokenize = 0, t_probe = 0, t_engine = 0, t_wire = 0, t_restore = 0, t_bridge = 0;
   json to_json() const {
     json j = {{"verdict", verdict}, {"tokens", tokens}, {"bridged_tokens", bridged_tokens}, {"bytes", bytes},
-              {"t_tokenize_s", t_tokenize}, {"t_engine_s", t_engine}, {"t_wire_s", t_wire}, {"t_restore_s", t_restore},
-              {"t_bridge_s", t_bridge}};
+              {"t_tokenize_s", t_tokenize}, {"t_probe_s", t_probe}, {"t_engine_s", t_engine}, {"t_wire_s", t_wire},
+              {"t_restore_s", t_restore}, {"t_bridge_s", t_bridge}};
     j["cached_tokens"] = cached_tokens ? json(*cached_tokens) : json(nullptr);
     return j;
   }
@@ -208,6 +210,7 @@ class Front {
 void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
   const auto t0 = Clock::now();
   const StateLayout L = layout(slot);
+  v.t_probe = secs(t0);
   const CacheSpec spec = cache_spec(L);
   const int64_t T = int64_t(tokens.size());
   std::string name;
@@ -251,8 +254,9 @@ void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
     }
     return true;
   };
+  const auto tw = Clock::now();
   auto result = cli.send(req);
-  v.t_wire = secs(t0);
+  v.t_wire = secs(tw);
   if (!frame_error.empty()) throw std::runtime_error("bad frame: " + frame_error);
   if (!result) throw std::runtime_error(fmt::format("prefill server {}:{}: {}", prefill_.host, prefill_.port, httplib::to_string(result.error())));
   if (status != 200) {
@@ -332,11 +336,17 @@ void Front::record(const Verdict& v, double total_s, int status) {
   auto stage = [&](const char* st, double x) {
     metrics_.histogram("pdbridge_front_stage_seconds", "Time per stage", Metrics::seconds_buckets(), {{"stage", st}}).Observe(x);
   };
-  if (v.bridged_tokens > 0) { stage("engine", v.t_engine); stage("wire", v.t_wire); stage("restore", v.t_restore); stage("bridge", v.t_bridge); }
+  if (v.bridged_tokens > 0) {
+    stage("probe", v.t_probe);
+    stage("engine", v.t_engine);
+    stage("wire", v.t_wire);
+    stage("restore", v.t_restore);
+    stage("bridge", v.t_bridge);
+  }
   stage("total", total_s);
-  spdlog::info("front: request verdict=\"{}\" status={} tokens={} bridged={} cached={} bytes={} t_tokenize={:.3f} t_engine={:.3f} t_wire={:.3f} t_restore={:.3f} t_bridge={:.3f} t_total={:.3f}",
-               v.verdict, status, v.tokens, v.bridged_tokens, v.cached_tokens ? *v.cached_tokens : -1, v.bytes, v.t_tokenize, v.t_engine,
-               v.t_wire, v.t_restore, v.t_bridge, total_s);
+  spdlog::info("front: request verdict=\"{}\" status={} tokens={} bridged={} cached={} bytes={} t_tokenize={:.3f} t_probe={:.3f} t_engine={:.3f} t_wire={:.3f} t_restore={:.3f} t_bridge={:.3f} t_total={:.3f}",
+               v.verdict, status, v.tokens, v.bridged_tokens, v.cached_tokens ? *v.cached_tokens : -1, v.bytes, v.t_tokenize, v.t_probe,
+               v.t_engine, v.t_wire, v.t_restore, v.t_bridge, total_s);
 }
 
 void Front::handle_generation(const std::string& path, const httplib::Request& req, httplib::Response& res) {

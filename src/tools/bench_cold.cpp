@@ -123,7 +123,7 @@ json run_leg(const std::string& url, const std::string& key, const std::string& 
     auto v = json::parse(header, nullptr, false);
     if (!v.is_discarded()) {
       row["verdict"] = v.value("verdict", "");
-      for (const char* k : {"t_tokenize_s", "t_engine_s", "t_wire_s", "t_restore_s", "t_bridge_s", "bytes", "bridged_tokens"})
+      for (const char* k : {"t_tokenize_s", "t_probe_s", "t_engine_s", "t_wire_s", "t_restore_s", "t_bridge_s", "bytes", "bridged_tokens"})
         if (v.contains(k)) row[k] = v[k];
     }
   } else {
@@ -215,7 +215,7 @@ int run_bench_plot(const std::string& jsonl, const std::string& png) {
     const bool native = r.value("leg", "") == "native";
     (native ? nat : bri) << r.value("prompt_tokens", 0) << " " << r.value("ttft_s", 0.0) << "\n";
     if (!native)
-      stages << r.value("prompt_tokens", 0) << " " << r.value("t_tokenize_s", 0.0) << " " << r.value("t_engine_s", 0.0) << " "
+      stages << r.value("prompt_tokens", 0) << " " << r.value("t_tokenize_s", 0.0) + r.value("t_probe_s", 0.0) << " " << r.value("t_engine_s", 0.0) << " "
              << std::max(0.0, r.value("t_wire_s", 0.0) - r.value("t_engine_s", 0.0)) << " " << r.value("t_restore_s", 0.0) << " "
              << std::max(0.0, r.value("ttft_s", 0.0) - r.value("t_bridge_s", 0.0) - r.value("t_tokenize_s", 0.0)) << "\n";
   }
@@ -230,7 +230,7 @@ plot "{1}.native.dat" using 1:2 with points pt 7 title "native (decoder alone)",
 set title "bridged TTFT breakdown"
 set style data histograms; set style histogram rowstacked; set style fill solid 0.8; set boxwidth 0.7
 set xlabel "run (prompt tokens)"; set ylabel "seconds"; set xtics rotate by -45
-plot "{1}.stages.dat" using 2:xtic(1) title "tokenize", "" using 3 title "engine", "" using 4 title "wire beyond engine", "" using 5 title "restore", "" using 6 title "first decode"
+plot "{1}.stages.dat" using 2:xtic(1) title "tokenize + layout probe", "" using 3 title "engine", "" using 4 title "wire beyond engine", "" using 5 title "restore", "" using 6 title "first decode"
 unset multiplot
 )GP", png, base);
   std::ofstream(base + ".gnuplot") << script;
