@@ -13,7 +13,12 @@ if [ ! -e $R/STARTED ]; then
 else
   echo "pipeline already running"
 fi
-while [ ! -e $R/DONE ] && [ $(( $(date +%s) - T )) -lt $LIMIT ]; do sleep 5; done
+# Results come back even if this call is cut off: they are copied to $OUT every 30 s while waiting.
+N=0
+while [ ! -e $R/DONE ] && [ $(( $(date +%s) - T )) -lt $LIMIT ]; do
+  sleep 5; N=$((N + 1))
+  [ $((N % 6)) = 0 ] && tar czf $OUT/res.tgz -C /tmp res 2>/dev/null
+done
 [ -e $R/DONE ] && echo "pipeline DONE" || echo "pipeline still running"
 tar czf $OUT/res.tgz -C /tmp res 2>/dev/null
 cp $R/pipeline.log $OUT/ 2>/dev/null

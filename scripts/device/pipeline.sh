@@ -3,10 +3,10 @@
 # against llama-server (on the device's CPU), pdbridge bench prefill on the 8b presets, and the peers
 # in the same run: PyTorch (the device's torch/transformers, sdpa, bf16) and llama.cpp CUDA built
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
-# past a failed stage. Usage: pipeline.sh <carried .dev folder> [all|tests|bench|train|scale]
+# past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all, or a comma-separated list of tests,bench,train,fp8,demo,scale,needle1m,link
-has() { [ "$STAGES" = all ] && [ "$1" != fp8 ] && [ "$1" != scale ] && [ "$1" != needle1m ] && [ "$1" != link ] && [ "$1" != demo ] && return 0; [[ ",$STAGES," == *",$1,"* ]]; }
+# STAGES: all, or a comma-separated list of tests,bench,train,fp8,demo,link
+has() { [ "$STAGES" = all ] && [ "$1" != fp8 ] && [ "$1" != link ] && [ "$1" != demo ] && return 0; [[ ",$STAGES," == *",$1,"* ]]; }
 R=/tmp/res; M=/tmp/m; P=/tmp/pdb; LC=/tmp/llama-cuda
 mkdir -p $R $M $P $LC
 T0=$(date +%s)
@@ -64,46 +64,7 @@ fi
 # Issue 6 on the GPU: the demo with CUDA prefill (the bundle's prebuilt binaries stand in for `make`,
 # which needs apt and cannot run there), on a 24K-character haystack.
 has demo && run demo env PDBRIDGE_DEMO_CHARS=24000 bash $REPO/scripts/demo.sh
-# Issue 5's scale runs: H200 prefill, llama-server on the device's CPU (8B Q4_0, q8_0 cache, 16 threads) as
-# the decoder; bridged TTFT at ~8K/32K/128K tokens (3 fresh seeds each), ~256K (1 seed), native at ~8K;
-# VmRSS of the prefill server and the front door sampled every 0.5 s (windows per size in scale_windows.txt).
-if has scale; then
-  run make_llama8b_q4 bash -c "$PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types q4_0 && rm -f $M/llama8b/decoder-f16.gguf $M/llama8b/decoder-f32.gguf; ls -la $M/llama8b; df -h /tmp"
-  G=$M/llama8b/decoder-q4_0.gguf; mkdir -p /tmp/slots
-  $PDB decoder --gguf $G --port 8080 --slot-dir /tmp/slots --ctx 272000 --parallel 1 --cache-type q8_0 --threads 16 > $R/scale_decoder.log 2>&1 &
-  DEC=$!
-  $PDB prefill --model $M/llama8b/hf --recipe $G --device cuda --chunk 4096 --port 8090 > $R/scale_prefill.log 2>&1 &
-  PRE=$!
-  for _ in $(seq 1 900); do curl -sf localhost:8080/health > /dev/null && curl -sf localhost:8090/health > /dev/null && break; sleep 1; done
-  $PDB front --decoder http://127.0.0.1:8080 --decoder-gguf $G --slot-dir /tmp/slots --prefill http://127.0.0.1:8090 --port 8000 > $R/scale_front.log 2>&1 &
-  FR=$!
-  for _ in $(seq 1 300); do curl -sf localhost:8000/health > /dev/null && break; sleep 1; done
-  ( while kill -0 $PRE 2>/dev/null; do echo "$(date +%s.%N) $(awk '/VmRSS/{print $2}' /proc/$PRE/status) $(awk '/VmRSS/{print $2}' /proc/$FR/status 2>/dev/null)"; sleep 0.5; done ) > $R/scale_rss.txt &
-  window() { local label=$1; shift; local t0=$(date +%s.%N); run "scale_$label" "$@"; echo "$label $t0 $(date +%s.%N)" >> $R/scale_windows.txt; }
-  window b8k $PDB bench cold --front http://127.0.0.1:8000 --skip-native --chars 36000 --runs 3 --max-tokens 300 --out $R/scale.jsonl
-  window b32k $PDB bench cold --front http://127.0.0.1:8000 --skip-native --chars 143000 --runs 3 --max-tokens 300 --out $R/scale.jsonl
-  window n8k $PDB bench cold --front http://127.0.0.1:8000 --native-url http://127.0.0.1:8080 --skip-bridged --chars 36000 --runs 1 --max-tokens 300 --out $R/scale.jsonl
-  window b128k $PDB bench cold --front http://127.0.0.1:8000 --skip-native --chars 573000 --runs 3 --max-tokens 300 --out $R/scale.jsonl
-  window b256k $PDB bench cold --front http://127.0.0.1:8000 --skip-native --chars 1146000 --runs 1 --max-tokens 300 --out $R/scale.jsonl
-  grep -H VmHWM /proc/$PRE/status /proc/$FR/status > $R/scale_hwm.txt 2>&1
-  kill $FR $PRE $DEC 2>/dev/null; sleep 2
-fi
-# Issue 5's million-token prompt, on the shipped model (an 8B cache for 1M tokens is ~74 GB even as q4_0:
-# more than this machine's 64 GB of disk): CUDA prefill, decoder with a 1.1M context, bridged only.
-if has needle1m; then
-  NG=$REPO/build/models/needle/decoder-q4_0.gguf; mkdir -p /tmp/slots1m
-  $PDB decoder --gguf $NG --port 8180 --slot-dir /tmp/slots1m --ctx 1100000 --parallel 1 --cache-type f16 --threads 16 > $R/m1_decoder.log 2>&1 &
-  DEC=$!
-  $PDB prefill --model $REPO/models/needle-llama --recipe $NG --device cuda --chunk 8192 --port 8190 > $R/m1_prefill.log 2>&1 &
-  PRE=$!
-  for _ in $(seq 1 300); do curl -sf localhost:8180/health > /dev/null && curl -sf localhost:8190/health > /dev/null && break; sleep 1; done
-  $PDB front --decoder http://127.0.0.1:8180 --decoder-gguf $NG --slot-dir /tmp/slots1m --prefill http://127.0.0.1:8190 --port 8100 > $R/m1_front.log 2>&1 &
-  FR=$!
-  for _ in $(seq 1 300); do curl -sf localhost:8100/health > /dev/null && break; sleep 1; done
-  run needle1m $PDB bench cold --front http://127.0.0.1:8100 --skip-native --chars 1000000 --runs 1 --max-tokens 32 --out $R/needle1m.jsonl
-  grep -H VmHWM /proc/$PRE/status /proc/$FR/status > $R/needle1m_hwm.txt 2>&1
-  kill $FR $PRE $DEC 2>/dev/null; sleep 2
-fi
+# Issue 5's scale runs and the million-token prompt: scripts/device/scale.sh (one call of their own).
 # Issue 5's link emulation on the device (needs ip/tc and CAP_NET_ADMIN there): 10 and 1 Gbit.
 if has link; then
   PDBRIDGE_NETNS_OUT=$R/link10.jsonl run link10 bash $REPO/scripts/netns_link.sh 10 300000 2 cuda
