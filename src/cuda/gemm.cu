@@ -156,83 +156,88 @@ std::string Fp8ScaleLayout::describe() const {
 std::optional<Fp8ScaleLayout> probe_fp8_layout(Gemm& gemm, std::string* report) {
   std::string log;
   auto say = [&](const std::string& s) { log += s + "; "; };
-  // Shapes that tell the candidate orders apart: rows not a multiple of 4, 3 x 4 weight blocks.
-  const int64_t M = 258, K = 512, N = 384, KB = K / 128, NB = N / 128;
-  std::mt19937 g(20261130);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::uniform_real_distribution<float> ud(0.25f, 4.0f);
-  std::vector<uint8_t> xq(size_t(M * K)), wq(size_t(N * K));
-  for (auto& v : xq) v = f32_to_fp8_e4m3(2.0f * nd(g));
-  for (auto& v : wq) v = f32_to_fp8_e4m3(2.0f * nd(g));
-  std::vector<float> xs(size_t(M * KB)), ws(size_t(NB * KB)), y0(size_t(M * N));  // natural orders [r][kb], [nb][kb]
-  for (auto& v : xs) v = ud(g);
-  for (auto& v : ws) v = ud(g);
-  for (auto& v : y0) v = nd(g);
-  std::vector<double> ref(size_t(M * N), 0.0);
-  for (int64_t r = 0; r < M; ++r)
-    for (int64_t o = 0; o < N; ++o) {
-      double acc = 0;
-      for (int64_t k = 0; k < K; ++k)
-        acc += double(fp8_e4m3_to_f32(xq[size_t(r * K + k)])) * xs[size_t(r * KB + k / 128)] * double(fp8_e4m3_to_f32(wq[size_t(o * K + k)])) *
-               ws[size_t((o / 128) * KB + k / 128)];
-      ref[size_t(r * N + o)] = acc;
-    }
-  DeviceBuffer dxq(xq.size()), dwq(wq.size()), dxs(size_t(KB * (M + 16)) * 4), dws(ws.size() * 4), dy(size_t(M * N) * 4);
-  dxq.upload(xq.data(), xq.size());
-  dwq.upload(wq.data(), wq.size());
-  std::vector<Fp8ScaleLayout> candidates;
-  for (bool w_kb : {true, false}) {
-    for (int align : {1, 4, 16}) {
+  // Shapes that tell the candidate orders apart: rows not a multiple of 4, 3 x 4 weight blocks. Where
+  // the library takes no such row count, a second round with 272 rows finds the order for rows
+  // padded to multiples of 16 (the engine pads then).
+  for (const int64_t M : {int64_t(258), int64_t(272)}) {
+    const int64_t K = 512, N = 384, KB = K / 128, NB = N / 128;
+    std::mt19937 g(20261130);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::uniform_real_distribution<float> ud(0.25f, 4.0f);
+    std::vector<uint8_t> xq(size_t(M * K)), wq(size_t(N * K));
+    for (auto& v : xq) v = f32_to_fp8_e4m3(2.0f * nd(g));
+    for (auto& v : wq) v = f32_to_fp8_e4m3(2.0f * nd(g));
+    std::vector<float> xs(size_t(M * KB)), ws(size_t(NB * KB)), y0(size_t(M * N));  // natural orders [r][kb], [nb][kb]
+    for (auto& v : xs) v = ud(g);
+    for (auto& v : ws) v = ud(g);
+    for (auto& v : y0) v = nd(g);
+    std::vector<double> ref(size_t(M * N), 0.0);
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t o = 0; o < N; ++o) {
+        double acc = 0;
+        for (int64_t k = 0; k < K; ++k)
+          acc += double(fp8_e4m3_to_f32(xq[size_t(r * K + k)])) * xs[size_t(r * KB + k / 128)] * double(fp8_e4m3_to_f32(wq[size_t(o * K + k)])) *
+                 ws[size_t((o / 128) * KB + k / 128)];
+        ref[size_t(r * N + o)] = acc;
+      }
+    DeviceBuffer dxq(xq.size()), dwq(wq.size()), dxs(size_t(KB * (M + 16)) * 4), dws(ws.size() * 4), dy(size_t(M * N) * 4);
+    dxq.upload(xq.data(), xq.size());
+    dwq.upload(wq.data(), wq.size());
+    std::vector<Fp8ScaleLayout> candidates;
+    for (bool w_kb : {true, false}) {
+      for (int align : {1, 4, 16}) {
+        Fp8ScaleLayout L;
+        L.act_row_major = false;
+        L.act_ld_align = align;
+        L.weight_kb_fastest = w_kb;
+        candidates.push_back(L);
+      }
       Fp8ScaleLayout L;
-      L.act_row_major = false;
-      L.act_ld_align = align;
+      L.act_row_major = true;
       L.weight_kb_fastest = w_kb;
       candidates.push_back(L);
     }
-    Fp8ScaleLayout L;
-    L.act_row_major = true;
-    L.weight_kb_fastest = w_kb;
-    candidates.push_back(L);
-  }
-  for (DType yt : {DType::F32, DType::BF16}) {
-    const bool acc = yt == DType::F32;
-    for (Fp8ScaleLayout L : candidates) {
-      L.f32_accumulate = acc;
-      std::vector<float> hxs(size_t(KB * (M + 16)), 0.0f), hws(ws.size());
-      for (int64_t r = 0; r < M; ++r)
-        for (int64_t kb = 0; kb < KB; ++kb) hxs[size_t(L.act_index(r, kb, M, KB))] = xs[size_t(r * KB + kb)];
-      for (int64_t nb = 0; nb < NB; ++nb)
-        for (int64_t kb = 0; kb < KB; ++kb) hws[size_t(L.weight_index(nb, kb, NB, KB))] = ws[size_t(nb * KB + kb)];
-      dxs.upload(hxs.data(), hxs.size() * 4);
-      dws.upload(hws.data(), hws.size() * 4);
-      if (acc) dy.upload(y0.data(), y0.size() * 4);
-      try {
-        gemm.xwt_fp8(L, dxq.as<uint8_t>(), dxs.as<float>(), dwq.as<uint8_t>(), dws.as<float>(), yt, dy.get(), M, K, N, acc ? 1.0f : 0.0f,
-                     nullptr);
-        PDB_CUDA_CHECK(cudaDeviceSynchronize());
-      } catch (const std::exception& e) {
-        say(fmt::format("{}: {}", acc ? "f32" : "bf16", e.what()));
-        break;  // no algorithm for this output type: no order will do better
-      }
-      std::vector<float> y(size_t(M * N));
-      if (acc) {
-        dy.download(y.data(), y.size() * 4);
-        for (size_t i = 0; i < y.size(); ++i) y[i] -= y0[i];
-      } else {
-        std::vector<uint16_t> yb(size_t(M * N));
-        dy.download(yb.data(), yb.size() * 2);
-        for (size_t i = 0; i < y.size(); ++i) y[i] = bf16_to_f32(yb[i]);
-      }
-      double num = 0, den = 0;
-      for (size_t i = 0; i < y.size(); ++i) {
-        num += (double(y[i]) - ref[i]) * (double(y[i]) - ref[i]);
-        den += ref[i] * ref[i];
-      }
-      const double rel = std::sqrt(num / std::max(den, 1e-30));
-      say(fmt::format("{} -> rel err {:.2e}", L.describe(), rel));
-      if (rel < 1e-2) {
-        if (report) *report = fmt::format("FP8 block-scaled products: {} (probe rel err {:.1e})", L.describe(), rel);
-        return L;
+    for (DType yt : {DType::F32, DType::BF16}) {
+      const bool acc = yt == DType::F32;
+      for (Fp8ScaleLayout L : candidates) {
+        L.f32_accumulate = acc;
+        std::vector<float> hxs(size_t(KB * (M + 16)), 0.0f), hws(ws.size());
+        for (int64_t r = 0; r < M; ++r)
+          for (int64_t kb = 0; kb < KB; ++kb) hxs[size_t(L.act_index(r, kb, M, KB))] = xs[size_t(r * KB + kb)];
+        for (int64_t nb = 0; nb < NB; ++nb)
+          for (int64_t kb = 0; kb < KB; ++kb) hws[size_t(L.weight_index(nb, kb, NB, KB))] = ws[size_t(nb * KB + kb)];
+        dxs.upload(hxs.data(), hxs.size() * 4);
+        dws.upload(hws.data(), hws.size() * 4);
+        if (acc) dy.upload(y0.data(), y0.size() * 4);
+        try {
+          gemm.xwt_fp8(L, dxq.as<uint8_t>(), dxs.as<float>(), dwq.as<uint8_t>(), dws.as<float>(), yt, dy.get(), M, K, N, acc ? 1.0f : 0.0f,
+                       nullptr);
+          PDB_CUDA_CHECK(cudaDeviceSynchronize());
+        } catch (const std::exception& e) {
+          say(fmt::format("{}: {}", acc ? "f32" : "bf16", e.what()));
+          break;  // no algorithm for this output type: no order will do better
+        }
+        std::vector<float> y(size_t(M * N));
+        if (acc) {
+          dy.download(y.data(), y.size() * 4);
+          for (size_t i = 0; i < y.size(); ++i) y[i] -= y0[i];
+        } else {
+          std::vector<uint16_t> yb(size_t(M * N));
+          dy.download(yb.data(), yb.size() * 2);
+          for (size_t i = 0; i < y.size(); ++i) y[i] = bf16_to_f32(yb[i]);
+        }
+        double num = 0, den = 0;
+        for (size_t i = 0; i < y.size(); ++i) {
+          num += (double(y[i]) - ref[i]) * (double(y[i]) - ref[i]);
+          den += ref[i] * ref[i];
+        }
+        const double rel = std::sqrt(num / std::max(den, 1e-30));
+        say(fmt::format("{} -> rel err {:.2e}", L.describe(), rel));
+        if (rel < 1e-2) {
+          L.row_multiple = M % 16 ? 1 : 16;
+          if (report) *report = fmt::format("FP8 block-scaled products: {}, rows padded to {} (probe rel err {:.1e})", L.describe(), L.row_multiple, rel);
+          return L;
+        }
       }
     }
   }

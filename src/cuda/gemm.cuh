@@ -24,8 +24,10 @@ struct Fp8ScaleLayout {
   int act_ld_align = 1;           // column-major ld = rows rounded up to this
   bool weight_kb_fastest = true;  // W scales s[nb * KB + kb] (the checkpoint's order); else s[kb * NB + nb]
   bool f32_accumulate = true;     // f32 output with beta = 1 works (else bf16 output, added by the caller)
+  int row_multiple = 1;           // X's rows must be padded to a multiple of this (the library's kernels)
   std::string describe() const;
   int64_t act_ld(int64_t rows) const { return (rows + act_ld_align - 1) / act_ld_align * act_ld_align; }
+  int64_t padded_rows(int64_t rows) const { return (rows + row_multiple - 1) / row_multiple * row_multiple; }
   // Element offset of X's scale for (row r, k-block kb) and of W's for (n-block nb, k-block kb).
   int64_t act_index(int64_t r, int64_t kb, int64_t rows, int64_t kblocks) const {
     return act_row_major ? r * kblocks + kb : kb * act_ld(rows) + r;

@@ -225,8 +225,9 @@ size_t CudaEngine::bytes_for_prompt(int64_t T, int64_t chunk) const {
   const size_t kv = size_t(2) * size_t(std::max<int64_t>(c.num_layers - 1, 1)) * size_t(nkv * T * hd) * 2;
   size_t work = size_t(chunk) * size_t(4 + H * 4 + H * 2 + (nh + 2 * nkv) * hd * 2 + 2 * nh * hd * 2 + 2 * F * 2 + F * 2);
   if (fp8_) {
-    const int64_t K = std::max({H, nh * hd, F});
-    work += size_t(chunk * K) + cuda::fp8_scale_bytes(chunk, K, *fp8_) + size_t(chunk * H) * 2;
+    const int64_t K = std::max({H, nh * hd, F}), rows = fp8_->padded_rows(chunk);
+    work += size_t(rows - chunk) * size_t(H * 4 + H * 2 + (nh + 2 * nkv) * hd * 2 + nh * hd * 2 + 2 * F * 2 + F * 2) + size_t(rows * K) +
+            cuda::fp8_scale_bytes(rows, K, *fp8_) + size_t(rows * H) * 2;
   }
   return kv + work;
 }
@@ -267,27 +268,31 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
   }
   const int64_t cap = W.capacity;
   const int64_t qkv_dim = (nh + 2 * nkv) * hd;
+  // FP8 products may need their rows padded: the buffers they read and write hold the padded rows
+  // (the extra rows carry stale values whose results are never read).
+  const int64_t rows_cap = fp8_ ? fp8_->padded_rows(chunk) : chunk;
   W.tokens.resize(size_t(chunk) * 4);
-  W.h.resize(size_t(chunk * H) * 4);
-  W.x.resize(size_t(chunk * H) * 2);
-  W.qkv.resize(size_t(chunk * qkv_dim) * 2);
+  W.h.resize(size_t(rows_cap * H) * 4);
+  W.x.resize(size_t(rows_cap * H) * 2);
+  W.qkv.resize(size_t(rows_cap * qkv_dim) * 2);
   W.q.resize(size_t(chunk * nh * hd) * 2);
-  W.att.resize(size_t(chunk * nh * hd) * 2);
-  W.gu.resize(size_t(chunk * 2 * F) * 2);
-  W.act.resize(size_t(chunk * F) * 2);
+  W.att.resize(size_t(rows_cap * nh * hd) * 2);
+  W.gu.resize(size_t(rows_cap * 2 * F) * 2);
+  W.act.resize(size_t(rows_cap * F) * 2);
   cudaStream_t s = stream_;
   auto& gemm = *gemm_;
   if (fp8_) {
     const int64_t K = std::max({H, nh * hd, F});
-    W.xq.resize(size_t(chunk * K));
-    W.xs.resize(cuda::fp8_scale_bytes(chunk, K, *fp8_));
-    if (!fp8_->f32_accumulate) W.ybf.resize(size_t(chunk * H) * 2);
+    W.xq.resize(size_t(rows_cap * K));
+    W.xs.resize(cuda::fp8_scale_bytes(rows_cap, K, *fp8_));
+    if (!fp8_->f32_accumulate) W.ybf.resize(size_t(rows_cap * H) * 2);
   }
   // Y = X W^T for a bf16 activation X [n x in]: a bf16 product, or on the FP8 path X quantized per
   // 1x128 block and a block-scaled FP8 product. beta = 1 adds into the f32 residual.
   auto mm = [&](const void* x, const DeviceBuffer& w, const DeviceBuffer& ws, int64_t n, int64_t in, int64_t out, cuda::DType yt, void* y,
                 float beta) {
     if (!fp8_) return gemm.xwt(cuda::DType::BF16, x, w.get(), yt, y, n, in, out, beta, s);
+    n = fp8_->padded_rows(n);
     cuda::quantize_rows_fp8(static_cast<const bf16*>(x), n, in, W.xq.as<uint8_t>(), W.xs.as<float>(), *fp8_, s);
     if (beta != 0.0f && !fp8_->f32_accumulate) {
       gemm.xwt_fp8(*fp8_, W.xq.as<uint8_t>(), W.xs.as<float>(), w.as<uint8_t>(), ws.as<float>(), cuda::DType::BF16, W.ybf.get(), n, in, out,
