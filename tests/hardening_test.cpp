@@ -8,12 +8,14 @@
 #include <filesystem>
 #include <future>
 #include <random>
+#include <sstream>
 #include <fstream>
 #include <iterator>
 #include <thread>
 
 #include <httplib.h>
 
+#include "common/process.h"
 #include "front/assembler.h"
 #include "prefill/capture.h"
 #include "support/stack.h"
@@ -120,6 +122,24 @@ TEST(Hardening, PromptLongerThanADecoderSlotIsRefusedBeforeAnyCapture) {
   r = st.post_front("/completion", body(test::random_text(15, 400)));
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.verdict().value("verdict", ""), "complete") << r.verdict().dump() << st.logs();
+}
+
+TEST(Hardening, ServersListenWithARealAcceptBacklog) {
+  // Debian's httplib listens with a backlog of 5: a burst of clients on a busy machine overflowed it
+  // and lost a request (the kernel logged SYN cookies on the front door's port). Both servers raise it.
+  test::StackOptions so;
+  so.model_dir = tiny();
+  test::Stack st(so);
+  for (int port : {st.front_port, st.prefill_port}) {
+    const auto r = run_capture({"ss", "-ltnH", "sport = :" + std::to_string(port)});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::istringstream in(r.output);
+    std::string state, recvq;
+    int backlog = 0;
+    in >> state >> recvq >> backlog;  // LISTEN  Recv-Q  Send-Q (the backlog of a listening socket)
+    EXPECT_EQ(state, "LISTEN") << r.output;
+    EXPECT_GE(backlog, 128) << "port " << port << ": " << r.output;
+  }
 }
 
 TEST(Hardening, BusyPrefillDeclinesFastInsteadOfQueueing) {

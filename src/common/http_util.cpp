@@ -1,5 +1,9 @@
 #include "common/http_util.h"
 
+#include <sys/socket.h>
+
+#include <memory>
+
 #include <nlohmann/json.hpp>
 
 namespace pdb {
@@ -30,6 +34,18 @@ void install_json_error_handler(httplib::Server& srv) {
     else if (res.status == 400) msg = "malformed HTTP request";
     json_error(res, res.status, msg, res.status >= 500 ? "server_error" : "invalid_request_error");
   });
+}
+
+bool listen_with_backlog(httplib::Server& srv, const std::string& host, int port, int backlog) {
+  auto fd = std::make_shared<socket_t>(INVALID_SOCKET);
+  srv.set_socket_options([fd](socket_t s) {
+    httplib::default_socket_options(s);
+    *fd = s;
+  });
+  if (!srv.bind_to_port(host, port)) return false;
+  // listen() again on the bound, listening socket only raises its backlog (Linux, BSD).
+  if (*fd != INVALID_SOCKET) ::listen(*fd, backlog);
+  return srv.listen_after_bind();
 }
 
 }  // namespace pdb

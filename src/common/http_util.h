@@ -12,5 +12,9 @@ void json_error(httplib::Response& res, int status, const std::string& message, 
 bool check_bearer(const std::string& api_key, const httplib::Request& req, httplib::Response& res);
 // Gives every empty-bodied error response a JSON message.
 void install_json_error_handler(httplib::Server& srv);
+// srv.listen with a real accept backlog: Debian's httplib listens with a backlog of 5, which a burst of
+// concurrent clients overflows (the kernel then drops or cookies their handshakes: a lost request).
+// Returns false where it cannot bind.
+bool listen_with_backlog(httplib::Server& srv, const std::string& host, int port, int backlog = 1024);
 
 }  // namespace pdb

@@ -319,7 +319,7 @@ int run_prefill_server(const PrefillServerOptions& o) {
   srv.set_payload_max_length(o.max_body_mb << 20);
   srv.new_task_queue = [] { return new httplib::ThreadPool(16); };
   spdlog::info("prefill: listening on {}:{}{}", o.host, o.port, o.api_key.empty() ? "" : " (api key required)");
-  if (!srv.listen(o.host, o.port)) throw std::runtime_error(fmt::format("cannot listen on {}:{}", o.host, o.port));
+  if (!listen_with_backlog(srv, o.host, o.port)) throw std::runtime_error(fmt::format("cannot listen on {}:{}", o.host, o.port));
   return 0;
 }
 
