@@ -88,7 +88,7 @@ TEST_P(Parity, BridgedStateMatchesTheDecodersOwn) {
 
 INSTANTIATE_TEST_SUITE_P(Caches, Parity,
                          ::testing::Values(ParityCase{"llama-tiny", "f32", "f16", 99.9, 1, 0.01}, ParityCase{"llama-tiny", "f32", "q8_0", 99.9, 1, 0.1},
-                                           ParityCase{"llama-tiny-h16", "f16", "f16", 70.0, 8192, 0.01}, ParityCase{"qwen3-tiny", "f32", "f16", 99.9, 1, 0.01},
+                                           ParityCase{"llama-tiny-h16", "f16", "f16", 99.9, 1, 0.01}, ParityCase{"qwen3-tiny", "f32", "f16", 99.9, 1, 0.01},
                                            ParityCase{"qwen3-tiny", "f32", "q8_0", 99.9, 1, 0.1},
                                            ParityCase{"llama-tiny", "f32", "q4_0", 55.0, 1, 1.0}, ParityCase{"qwen3-tiny", "f32", "q4_0", 55.0, 1, 1.0},
                                            ParityCase{"llama-tiny", "f32", "bf16", 95.0, 1 << 30, 0.05}, ParityCase{"llama-tiny", "f32", "f32", 0.0, 1 << 30, 0.01}),

@@ -117,6 +117,20 @@ CpuEngine::CpuEngine(const std::string& hf_dir, int threads) : cfg_(HfConfig::lo
 
 CpuEngine::~CpuEngine() = default;
 
+void CpuEngine::round_weights_to(int bits) {
+  if (bits != 16 && bits != 17) throw std::invalid_argument("round_weights_to: 16 (f16) or 17 (bf16)");
+  auto round = [&](std::vector<float>& w) {
+    parallel_for(int64_t(w.size()), threads_, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) w[size_t(i)] = bits == 16 ? fp16_to_f32(f32_to_fp16(w[size_t(i)])) : bf16_to_f32(f32_to_bf16(w[size_t(i)]));
+    });
+  };
+  round(embed_);
+  for (auto& L : layers_)
+    for (auto* w : {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd}) round(*w);
+  for (auto& w : wq_perm_) round(w);
+  for (auto& w : wk_perm_) round(w);
+}
+
 int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, int lanes, const LayerHook& hook,
                            const std::function<bool()>& cancelled, const KvRounding& kv_round, const DecoderCacheSpec& cache) {
   const auto& c = cfg_;

@@ -35,6 +35,10 @@ class CpuEngine {
   // Rounds every matmul input to f16 (16), bf16 (17) or not at all (32) before the product: what
   // the decoder does for its weight type. Defaults to the checkpoint's own dtype.
   void set_activation_precision(int bits) { act_precision_ = bits; }
+  // Rounds the embedding and every matmul weight through f16 (16) or bf16 (17): the values a decoder
+  // GGUF of that type holds when converted from this checkpoint (e.g. bf16 -> F16 loses bits below
+  // f16's normal range), so the forward multiplies what the decoder multiplies.
+  void round_weights_to(int bits);
   // Runs the forward over `tokens` in chunks of `chunk`; calls hook for every layer of every chunk.
   // `cancelled` is polled between layers; returns the number of tokens fully processed.
   // `lanes` (4, 8, 16): matmuls summed in tinyBLAS order (batch-independent, decoder-like bits);

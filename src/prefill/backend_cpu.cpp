@@ -17,6 +17,9 @@ class CpuBackend final : public PrefillBackend {
       if (t == GgmlType::F16) engine_->set_activation_precision(16);
       else if (t == GgmlType::BF16) engine_->set_activation_precision(17);
       else if (t == GgmlType::F32) engine_->set_activation_precision(32);
+      // and multiplies the weights its GGUF holds: a float GGUF of another width than the checkpoint
+      // rounds some of them (the recipe reads them from the GGUF; the engine rounds its own alike)
+      if (t == GgmlType::F16 || t == GgmlType::BF16) engine_->round_weights_to(t == GgmlType::F16 ? 16 : 17);
     }
   }
   const HfConfig& config() const override { return engine_->config(); }

@@ -256,8 +256,22 @@ void make_model(const MakeModelOptions& o) {
   nlohmann::json gen = {{"bos_token_id", nullptr}, {"do_sample", false}};
   std::ofstream(o.out + "/hf/generation_config.json") << gen.dump(2) << "\n";
 
-  write_decoder_ggufs(c, master, vocab, o.gguf_types, o.out, fmt::format("pdbridge-{}-{}-seed{}", o.arch, o.preset, seed), threads, o.llama_bin,
-                      "make-model");
+  // The GGUFs are what converting this checkpoint gives: its f16/bf16 values, not the f32 master's
+  // (norms stay F32 in a GGUF but hold the checkpoint's rounded values). Block-FP8 checkpoints convert
+  // from the master (their bf16 originals).
+  HfWeightSource converted = [&](const std::string& name, float* dst) {
+    const HfTensorSpec& sp = by_name.at(name);
+    fill_master(sp, dst);
+    if (c.fp8 || o.hf_dtype == "f32") return;
+    int64_t n = 1;
+    for (auto d : sp.shape) n *= d;
+    const bool f16 = o.hf_dtype == "f16";
+    parallel_for(n, threads, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) dst[i] = f16 ? fp16_to_f32(f32_to_fp16(dst[i])) : bf16_to_f32(f32_to_bf16(dst[i]));
+    });
+  };
+  write_decoder_ggufs(c, converted, vocab, o.gguf_types, o.out, fmt::format("pdbridge-{}-{}-seed{}", o.arch, o.preset, seed), threads,
+                      o.llama_bin, "make-model");
   nlohmann::json manifest = {{"arch", o.arch}, {"preset", o.preset}, {"seed", seed}, {"hf_dtype", o.hf_dtype},
                              {"gguf_types", o.gguf_types}, {"vocab", vocab_name_for_arch(o.arch)}, {"vocab_size", c.vocab_size}};
   std::ofstream(o.out + "/pdbridge-model.json") << manifest.dump(2) << "\n";
