@@ -50,6 +50,11 @@ inline uint16_t f32_to_bf16(float f) {
   return uint16_t((u + (0x7fffu + ((u >> 16) & 1))) >> 16);
 }
 
+// x as f16 / bf16 holds it (round to nearest even), back in f32: what a value becomes when a tensor
+// or an activation is stored in that width.
+inline float round_f16(float x) { return fp16_to_f32(f32_to_fp16(x)); }
+inline float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
 // FP8 E4M3 "FN" (no infinities; S.1111.111 is NaN), bias 7.
 inline float fp8_e4m3_to_f32(uint8_t v) {
   const bool neg = v & 0x80;

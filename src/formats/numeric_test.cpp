@@ -37,7 +37,7 @@ TEST(Numeric, Bf16RoundsToNearestEvenAndKeepsNan) {
   EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
   for (uint32_t b = 0; b < 65536; ++b) {
     const float f = bf16_to_f32(uint16_t(b));
-    if (!std::isnan(f)) EXPECT_EQ(f32_to_bf16(f), b);
+    if (!std::isnan(f)) { EXPECT_EQ(f32_to_bf16(f), b); }
   }
 }
 

@@ -121,7 +121,7 @@ void CpuEngine::round_weights_to(int bits) {
   if (bits != 16 && bits != 17) throw std::invalid_argument("round_weights_to: 16 (f16) or 17 (bf16)");
   auto round = [&](std::vector<float>& w) {
     parallel_for(int64_t(w.size()), threads_, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) w[size_t(i)] = bits == 16 ? fp16_to_f32(f32_to_fp16(w[size_t(i)])) : bf16_to_f32(f32_to_bf16(w[size_t(i)]));
+      for (int64_t i = b; i < e; ++i) w[size_t(i)] = bits == 16 ? round_f16(w[size_t(i)]) : round_bf16(w[size_t(i)]);
     });
   };
   round(embed_);
@@ -153,7 +153,7 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, in
   auto gemm = [&](const float* xx, const std::vector<float>& w, int64_t rows, int64_t in, int64_t out, float* y) {
     if (act_precision_ != 32) {
       xr.assign(xx, xx + rows * in);
-      for (auto& e : xr) e = act_precision_ == 16 ? fp16_to_f32(f32_to_fp16(e)) : bf16_to_f32(f32_to_bf16(e));
+      for (auto& e : xr) e = act_precision_ == 16 ? round_f16(e) : round_bf16(e);
       xx = xr.data();
     }
     if (lanes) gemm_lanes(xx, w.data(), y, rows, out, in, lanes, threads_);

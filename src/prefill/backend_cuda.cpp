@@ -134,10 +134,8 @@ class CudaBackend final : public PrefillBackend {
             const size_t vbytes = encode(spec.v_type, spec.rot_v, kVRotationSize, s.dv, s.dvq, rows, C, st);
             PDB_CUDA_CHECK(cudaEventRecord(s.computed, st));
             PDB_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, s.computed, 0));
-            PDB_CUDA_CHECK(cudaMemcpyAsync(s.hk.as<uint8_t>(), cuda::encodes_on_gpu(spec.k_type) ? s.dkq.get() : s.dk.get(), kbytes,
-                                           cudaMemcpyDeviceToHost, copy_stream_));
-            PDB_CUDA_CHECK(cudaMemcpyAsync(s.hv.as<uint8_t>(), cuda::encodes_on_gpu(spec.v_type) ? s.dvq.get() : s.dv.get(), vbytes,
-                                           cudaMemcpyDeviceToHost, copy_stream_));
+            PDB_CUDA_CHECK(cudaMemcpyAsync(s.hk.as<uint8_t>(), outgoing(spec.k_type, s.dk, s.dkq), kbytes, cudaMemcpyDeviceToHost, copy_stream_));
+            PDB_CUDA_CHECK(cudaMemcpyAsync(s.hv.as<uint8_t>(), outgoing(spec.v_type, s.dv, s.dvq), vbytes, cudaMemcpyDeviceToHost, copy_stream_));
             PDB_CUDA_CHECK(cudaEventRecord(s.copied, copy_stream_));
             std::lock_guard<std::mutex> l(mu);
             s.state = Slot::Enqueued;
@@ -181,8 +179,12 @@ class CudaBackend final : public PrefillBackend {
                        cudaStream_t st) {
     if (!cuda::encodes_on_gpu(t)) return size_t(rows * C) * 4;
     if (rot) cuda::hadamard_rows(f32.as<float>(), rows * C, rot_n, st);
-    cuda::encode_rows(t, f32.as<float>(), rows * C, bytes.as<uint8_t>(), st);
+    if (t != GgmlType::F32) cuda::encode_rows(t, f32.as<float>(), rows * C, bytes.as<uint8_t>(), st);
     return ggml_row_bytes(t, C) * size_t(rows);
+  }
+  // Where a slot's rows of type t leave from: the encoded bytes, or the f32 rows themselves.
+  static const void* outgoing(GgmlType t, const cuda::DeviceBuffer& f32, const cuda::DeviceBuffer& bytes) {
+    return cuda::encodes_on_gpu(t) && t != GgmlType::F32 ? bytes.get() : f32.get();
   }
 
   // Rows the GPU encoded arrive as they go on the wire; other types are rotated and quantized here,

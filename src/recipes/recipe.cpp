@@ -180,8 +180,8 @@ void Recipe::project(const RecipeWeight& w, const float* x, int64_t rows, int si
   };
   switch (w.type) {
     case GgmlType::F32: break;
-    case GgmlType::F16: convert([K](const float* s, float* d) { for (int64_t i = 0; i < K; ++i) d[i] = fp16_to_f32(f32_to_fp16(s[i])); }); break;
-    case GgmlType::BF16: convert([K](const float* s, float* d) { for (int64_t i = 0; i < K; ++i) d[i] = bf16_to_f32(f32_to_bf16(s[i])); }); break;
+    case GgmlType::F16: convert([K](const float* s, float* d) { for (int64_t i = 0; i < K; ++i) d[i] = round_f16(s[i]); }); break;
+    case GgmlType::BF16: convert([K](const float* s, float* d) { for (int64_t i = 0; i < K; ++i) d[i] = round_bf16(s[i]); }); break;
     default:
       // Q8_0 activation for block weights (Q8_K for K-quants is within the same rounding budget).
       if (K % 32 != 0) throw std::runtime_error("quantized weight with a row not a multiple of 32");

@@ -267,7 +267,7 @@ void make_model(const MakeModelOptions& o) {
     for (auto d : sp.shape) n *= d;
     const bool f16 = o.hf_dtype == "f16";
     parallel_for(n, threads, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) dst[i] = f16 ? fp16_to_f32(f32_to_fp16(dst[i])) : bf16_to_f32(f32_to_bf16(dst[i]));
+      for (int64_t i = b; i < e; ++i) dst[i] = f16 ? round_f16(dst[i]) : round_bf16(dst[i]);
     });
   };
   write_decoder_ggufs(c, converted, vocab, o.gguf_types, o.out, fmt::format("pdbridge-{}-{}-seed{}", o.arch, o.preset, seed), threads,
