@@ -148,19 +148,20 @@ void Gemm::xwt_fp8(const Fp8ScaleLayout& L, const uint8_t* xq, const float* xs, 
 }
 
 std::string Fp8ScaleLayout::describe() const {
-  return fmt::format("X scales {}, W scales {}, {}", act_row_major ? "row-major" : fmt::format("column-major (ld aligned to {})", act_ld_align),
-                     weight_kb_fastest ? "[n-block][k-block]" : "[k-block][n-block]",
+  return fmt::format("X scales {}, W scales {} (ld aligned to {}), {}",
+                     act_row_major ? "row-major" : fmt::format("column-major (ld aligned to {})", act_ld_align),
+                     weight_kb_fastest ? "[n-block][k-block]" : "[k-block][n-block]", weight_ld_align,
                      f32_accumulate ? "f32 accumulation" : "bf16 output");
 }
 
 std::optional<Fp8ScaleLayout> probe_fp8_layout(Gemm& gemm, std::string* report) {
   std::string log;
   auto say = [&](const std::string& s) { log += s + "; "; };
-  // Shapes that tell the candidate orders apart: rows not a multiple of 4, 3 x 4 weight blocks. Where
-  // the library takes no such row count, a second round with 272 rows finds the order for rows
-  // padded to multiples of 16 (the engine pads then).
+  // Shapes that tell the candidate orders apart: rows not a multiple of 4, 3 x 5 weight blocks (neither
+  // a multiple of 4, so a padded grid ld shows). Where the library takes no such row count, a second
+  // round with 272 rows finds the order for rows padded to multiples of 16 (the engine pads then).
   for (const int64_t M : {int64_t(258), int64_t(272)}) {
-    const int64_t K = 512, N = 384, KB = K / 128, NB = N / 128;
+    const int64_t K = 640, N = 384, KB = K / 128, NB = N / 128;
     std::mt19937 g(20261130);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::uniform_real_distribution<float> ud(0.25f, 4.0f);
@@ -180,28 +181,31 @@ std::optional<Fp8ScaleLayout> probe_fp8_layout(Gemm& gemm, std::string* report) 
                  ws[size_t((o / 128) * KB + k / 128)];
         ref[size_t(r * N + o)] = acc;
       }
-    DeviceBuffer dxq(xq.size()), dwq(wq.size()), dxs(size_t(KB * (M + 16)) * 4), dws(ws.size() * 4), dy(size_t(M * N) * 4);
+    DeviceBuffer dxq(xq.size()), dwq(wq.size()), dxs(size_t(KB * (M + 16)) * 4), dws(size_t((NB + 3) * (KB + 3)) * 4), dy(size_t(M * N) * 4);
     dxq.upload(xq.data(), xq.size());
     dwq.upload(wq.data(), wq.size());
     std::vector<Fp8ScaleLayout> candidates;
-    for (bool w_kb : {true, false}) {
-      for (int align : {1, 4, 16}) {
+    for (bool w_kb : {true, false})
+      for (int w_align : {4, 1}) {
+        for (int align : {1, 4, 16}) {
+          Fp8ScaleLayout L;
+          L.act_row_major = false;
+          L.act_ld_align = align;
+          L.weight_kb_fastest = w_kb;
+          L.weight_ld_align = w_align;
+          candidates.push_back(L);
+        }
         Fp8ScaleLayout L;
-        L.act_row_major = false;
-        L.act_ld_align = align;
+        L.act_row_major = true;
         L.weight_kb_fastest = w_kb;
+        L.weight_ld_align = w_align;
         candidates.push_back(L);
       }
-      Fp8ScaleLayout L;
-      L.act_row_major = true;
-      L.weight_kb_fastest = w_kb;
-      candidates.push_back(L);
-    }
     for (DType yt : {DType::F32, DType::BF16}) {
       const bool acc = yt == DType::F32;
       for (Fp8ScaleLayout L : candidates) {
         L.f32_accumulate = acc;
-        std::vector<float> hxs(size_t(KB * (M + 16)), 0.0f), hws(ws.size());
+        std::vector<float> hxs(size_t(KB * (M + 16)), 0.0f), hws(size_t(L.weight_scale_count(NB, KB)), 0.0f);
         for (int64_t r = 0; r < M; ++r)
           for (int64_t kb = 0; kb < KB; ++kb) hxs[size_t(L.act_index(r, kb, M, KB))] = xs[size_t(r * KB + kb)];
         for (int64_t nb = 0; nb < NB; ++nb)

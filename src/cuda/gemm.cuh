@@ -22,7 +22,8 @@ enum class DType { BF16, F16, F32 };
 struct Fp8ScaleLayout {
   bool act_row_major = false;     // X scales s[r * KB + kb]; else column-major s[kb * ld + r]
   int act_ld_align = 1;           // column-major ld = rows rounded up to this
-  bool weight_kb_fastest = true;  // W scales s[nb * KB + kb] (the checkpoint's order); else s[kb * NB + nb]
+  bool weight_kb_fastest = true;  // W scales s[nb * ld + kb] (the checkpoint's order when ld = KB); else s[kb * ld + nb]
+  int weight_ld_align = 1;        // that ld: the fastest grid dimension rounded up to this (16-byte columns)
   bool f32_accumulate = true;     // f32 output with beta = 1 works (else bf16 output, added by the caller)
   int row_multiple = 1;           // X's rows must be padded to a multiple of this (the library's kernels)
   std::string describe() const;
@@ -32,8 +33,16 @@ struct Fp8ScaleLayout {
   int64_t act_index(int64_t r, int64_t kb, int64_t rows, int64_t kblocks) const {
     return act_row_major ? r * kblocks + kb : kb * act_ld(rows) + r;
   }
+  int64_t weight_ld(int64_t nblocks, int64_t kblocks) const {
+    const int64_t fast = weight_kb_fastest ? kblocks : nblocks;
+    return (fast + weight_ld_align - 1) / weight_ld_align * weight_ld_align;
+  }
   int64_t weight_index(int64_t nb, int64_t kb, int64_t nblocks, int64_t kblocks) const {
-    return weight_kb_fastest ? nb * kblocks + kb : kb * nblocks + nb;
+    return weight_kb_fastest ? nb * weight_ld(nblocks, kblocks) + kb : kb * weight_ld(nblocks, kblocks) + nb;
+  }
+  // Elements of W's scale grid, padding included.
+  int64_t weight_scale_count(int64_t nblocks, int64_t kblocks) const {
+    return weight_ld(nblocks, kblocks) * (weight_kb_fastest ? nblocks : kblocks);
   }
 };
 

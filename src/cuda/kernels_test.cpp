@@ -335,7 +335,7 @@ TEST(CudaKernels, Fp8ActivationsMatchTheirTwinAndTheBlockScaledProductMatchesF64
   EXPECT_EQ(same_s, s_ref.size());
   // the product on those operands against f64 over the dequantized values
   std::vector<uint8_t> wq(size_t(N * K));
-  std::vector<float> wscale(size_t((N / 128) * (K / 128))), wgrid(wscale.size());
+  std::vector<float> wscale(size_t((N / 128) * (K / 128))), wgrid(size_t(L.weight_scale_count(N / 128, K / 128)), 0.0f);
   for (auto& v : wq) v = f32_to_fp8_e4m3(randn(1, 2.0f)[0]);
   for (size_t i = 0; i < wscale.size(); ++i) wscale[i] = 0.01f * float(1 + i);
   for (int64_t nb = 0; nb < N / 128; ++nb)

@@ -71,17 +71,16 @@ inline float fp8_e4m3_to_f32(uint8_t v) {
 inline uint8_t f32_to_fp8_e4m3(float x) {
   if (std::isnan(x)) return 0x7f;
   const uint8_t sign = std::signbit(x) ? 0x80 : 0;
-  float a = std::fabs(x);
+  const float a = std::fabs(x);
   if (a >= 448.0f) return sign | 0x7e;
-  // positive codes 0..0x7e are monotonic in value: binary search the nearest, ties to the even code
-  int lo = 0, hi = 0x7e;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (fp8_e4m3_to_f32(uint8_t(mid)) <= a) lo = mid; else hi = mid;
-  }
-  const float dl = a - fp8_e4m3_to_f32(uint8_t(lo)), dh = fp8_e4m3_to_f32(uint8_t(hi)) - a;
-  const int code = dl < dh ? lo : dh < dl ? hi : ((lo & 1) ? hi : lo);
-  return sign | uint8_t(code);
+  // Below 2^-6 the codes are subnormal, steps of 2^-9; above, 8 steps per binade. nearbyint rounds
+  // half to even in the default rounding mode, and a mantissa that rounds up to 8 carries into the
+  // exponent field by plain addition (the encoding is monotonic).
+  if (a < 0.015625f) return sign | uint8_t(std::nearbyint(a * 512.0f));
+  int e;
+  const float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  const int steps = int(std::nearbyint((m * 2.0f - 1.0f) * 8.0f));
+  return sign | uint8_t(((e - 1 + 7) << 3) + steps);
 }
 
 // E8M0 scale: 2^(e-127); 0xff is NaN.

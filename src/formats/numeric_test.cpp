@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace pdb {
@@ -55,6 +56,34 @@ TEST(Numeric, Fp8E4m3KnownValuesAndRoundTrip) {
   EXPECT_EQ(f32_to_fp8_e4m3(1000.0f), 0x7e);  // saturates
   EXPECT_EQ(e8m0_to_f32(127), 1.0f);
   EXPECT_EQ(e8m0_to_f32(130), 8.0f);
+}
+
+// The conversion computes the code from the float's binade; the oracle here is the definition: the
+// nearest of all 253 finite magnitudes, ties to the even code. Every midpoint between two codes, its
+// neighbours, and a stride through all floats below the saturation point.
+TEST(Numeric, Fp8E4m3IsTheNearestCodeTiesToEven) {
+  auto nearest = [](float x) {
+    const float a = std::fabs(x);
+    int best = 0;
+    for (int c = 1; c <= 0x7e; ++c) {
+      const float d = std::fabs(fp8_e4m3_to_f32(uint8_t(c)) - a), db = std::fabs(fp8_e4m3_to_f32(uint8_t(best)) - a);
+      if (d < db || (d == db && (c & 1) == 0)) best = c;
+    }
+    return uint8_t((std::signbit(x) ? 0x80 : 0) | best);
+  };
+  std::vector<float> xs;
+  for (int c = 0; c < 0x7e; ++c) {
+    const float mid = (fp8_e4m3_to_f32(uint8_t(c)) + fp8_e4m3_to_f32(uint8_t(c + 1))) / 2;
+    for (float x : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f)}) xs.insert(xs.end(), {x, -x});
+  }
+  for (uint32_t u = 0; u < 0x43e00000u; u += 99991) {  // 0x43e00000 = 448.0f
+    float x;
+    std::memcpy(&x, &u, 4);
+    xs.push_back(x);
+  }
+  size_t bad = 0;
+  for (float x : xs) bad += f32_to_fp8_e4m3(x) != nearest(x);
+  EXPECT_EQ(bad, 0u) << "of " << xs.size();
 }
 
 }  // namespace pdb

@@ -114,7 +114,7 @@ void upload_stacked_fp8(const SafetensorsCheckpoint& ck, const std::vector<std::
   for (const auto& p : parts) rows += p.second;
   const int64_t KB = cols / 128, NB = rows / 128;
   w.resize(size_t(rows * cols));
-  std::vector<float> grid(size_t(NB * KB));
+  std::vector<float> grid(size_t(L.weight_scale_count(NB, KB)), 0.0f);
   size_t off = 0;
   int64_t nb0 = 0;
   for (const auto& [name, r] : parts) {

@@ -215,23 +215,25 @@ void make_model(const MakeModelOptions& o) {
       const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
       // Quantize once per tensor and hand the two halves to the writer.
       auto cache = std::make_shared<std::pair<std::vector<uint8_t>, std::vector<float>>>();
-      auto quantize = [=, &fill_master]() {
+      auto quantize = [=, &fill_master]() {  // block rows in parallel: an 8B checkpoint has 7e9 weights
         if (!cache->first.empty()) return;
         std::vector<float> f(static_cast<size_t>(rows * cols));
         fill_master(sp, f.data());
         cache->first.resize(f.size());
         cache->second.assign(size_t(sr * sc), 0.0f);
-        for (int64_t bi = 0; bi < sr; ++bi)
-          for (int64_t bj = 0; bj < sc; ++bj) {
-            float amax = 0;
-            for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r)
-              for (int64_t col = bj * bc; col < std::min(cols, (bj + 1) * bc); ++col) amax = std::max(amax, std::fabs(f[r * cols + col]));
-            const float scale = amax > 0 ? amax / 448.0f : 1.0f;
-            cache->second[bi * sc + bj] = scale;
-            for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r)
-              for (int64_t col = bj * bc; col < std::min(cols, (bj + 1) * bc); ++col)
-                cache->first[r * cols + col] = f32_to_fp8_e4m3(f[r * cols + col] / scale);
-          }
+        parallel_for(sr, threads, [&](int64_t b0, int64_t b1) {
+          for (int64_t bi = b0; bi < b1; ++bi)
+            for (int64_t bj = 0; bj < sc; ++bj) {
+              float amax = 0;
+              for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r)
+                for (int64_t col = bj * bc; col < std::min(cols, (bj + 1) * bc); ++col) amax = std::max(amax, std::fabs(f[r * cols + col]));
+              const float scale = amax > 0 ? amax / 448.0f : 1.0f;
+              cache->second[bi * sc + bj] = scale;
+              for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r)
+                for (int64_t col = bj * bc; col < std::min(cols, (bj + 1) * bc); ++col)
+                  cache->first[r * cols + col] = f32_to_fp8_e4m3(f[r * cols + col] / scale);
+            }
+        });
       };
       sw.add(sp.hf_name, StDtype::F8_E4M3, sp.shape, [quantize, cache](uint8_t* dst, size_t n) { quantize(); std::memcpy(dst, cache->first.data(), n); });
       const std::string sname = sp.hf_name.substr(0, sp.hf_name.size() - std::string("weight").size()) + "weight_scale_inv";
