@@ -2,6 +2,7 @@
 // every verdict is truthful, failures fall back to a correct native answer, nothing is left behind.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <thread>
 
@@ -88,6 +89,33 @@ TEST(BridgeVerdicts, ShortWarmAndQuantizedCache) {
   EXPECT_GE(r.verdict()["cached_tokens"].get<int64_t>(), r.verdict()["tokens"].get<int64_t>() - 1);
   EXPECT_EQ(r.json()["content"].get<std::string>(), bridged);
   EXPECT_EQ(bridged, native_content(st, prompt));
+  EXPECT_EQ(files_in(st.slot_dir), 0u);
+}
+
+// The front door learns the decoder's state layout and calibrates layer 0 as it starts, so the first
+// bridged request does not wait for the probe prefill (11-14 s on an 8B CPU decoder).
+TEST(FrontDoor, LearnsTheDecoderLayoutBeforeTheFirstRequest) {
+  test::StackOptions so;
+  so.model_dir = test::models_dir() + "/llama-tiny";
+  test::Stack st(so);
+  httplib::Client c("127.0.0.1", st.front_port);
+  json h;
+  for (int i = 0; i < 600; ++i) {
+    auto r = c.Get("/health");
+    ASSERT_TRUE(r);
+    h = json::parse(r->body);
+    if (h["layout"].is_string() && h["layout"] != "probing") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(h["layout"].is_string() && h["layout"] != "probing") << "no layout 60 s after start, without any request: " << h.dump() << st.logs();
+  ASSERT_TRUE(h["calibration"].is_string()) << h.dump();
+  EXPECT_NE(h["calibration"].get<std::string>().find("identical"), std::string::npos) << h.dump();
+  EXPECT_TRUE(h["calibration_error"].is_null()) << h.dump();
+  auto r = st.post_front("/completion", completion_body(test::random_text(505, 700)));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const auto v = r.verdict();
+  EXPECT_EQ(v.value("verdict", ""), "complete") << v.dump() << st.logs();
+  EXPECT_LT(v["t_probe_s"].get<double>(), 0.05) << "the first request probed again: " << v.dump();
   EXPECT_EQ(files_in(st.slot_dir), 0u);
 }
 

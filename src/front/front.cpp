@@ -125,6 +125,22 @@ class Front {
 
   void serve(httplib::Server& srv);
 
+  // Learns the layout (and calibrates) before the first request needs it: on an 8B CPU decoder the
+  // probe prefill takes 11-14 s, which the first bridged request would otherwise wait for. A failure
+  // here only logs: the first request probes again and reports why in its verdict.
+  void warm_layout() {
+    size_t cached = 0;
+    const int slot = slots_.acquire({}, &cached);
+    try {
+      const auto t0 = Clock::now();
+      layout(slot);
+      spdlog::info("front: decoder layout learned at startup in {:.2f}s", secs(t0));
+    } catch (const std::exception& e) {
+      spdlog::warn("front: startup layout probe: {}", e.what());
+    }
+    slots_.release(slot, std::vector<int32_t>{});  // the slot now holds the probe prompt: no prefix to offer
+  }
+
  private:
   // Learns the decoder's state layout with a probe on a slot we hold, and (unless disabled) checks
   // that the running decoder computes layer 0 exactly as its GGUF says.
@@ -484,11 +500,13 @@ void Front::serve(httplib::Server& srv) {
     json j = {{"ok", true}, {"front", "pdbridge"}, {"fingerprint", fingerprint_}, {"geometry", recipe_geometry(info_)},
               {"decoder_url", o_.decoder_url}, {"prefill_url", o_.prefill_url}, {"decoder_gguf", o_.decoder_gguf},
               {"slot_dir", o_.slot_dir}};
-    {
-      std::lock_guard<std::mutex> l(layout_m_);
+    // A probe holds the layout lock for seconds on a large CPU decoder: health answers meanwhile.
+    if (std::unique_lock<std::mutex> l(layout_m_, std::try_to_lock); l.owns_lock()) {
       j["layout"] = layout_ ? json(layout_->describe()) : json(nullptr);
       j["calibration"] = calibration_.empty() ? json(nullptr) : json(calibration_);
       j["calibration_error"] = calibration_error_.empty() ? json(nullptr) : json(calibration_error_);
+    } else {
+      j["layout"] = "probing";
     }
     httplib::Client c(dec_.target().host, dec_.target().port);
     c.set_connection_timeout(2, 0);
@@ -532,8 +550,11 @@ int run_front(const FrontOptions& o) {
   f.serve(srv);
   srv.set_payload_max_length(o.max_body_mb << 20);
   srv.new_task_queue = [] { return new httplib::ThreadPool(16); };
+  std::thread warm([&f] { f.warm_layout(); });
   spdlog::info("front: listening on {}:{}", o.host, o.port);
-  if (!listen_with_backlog(srv, o.host, o.port)) throw std::runtime_error(fmt::format("cannot listen on {}:{}", o.host, o.port));
+  const bool listened = listen_with_backlog(srv, o.host, o.port);
+  warm.join();
+  if (!listened) throw std::runtime_error(fmt::format("cannot listen on {}:{}", o.host, o.port));
   return 0;
 }
 
