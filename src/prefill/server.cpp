@@ -1,5 +1,6 @@
 #include "prefill/server.h"
 
+#include <malloc.h>
 #include <sys/sysinfo.h>
 
 #include <atomic>
@@ -287,8 +288,9 @@ int run_prefill_server(const PrefillServerOptions& o) {
               m_tokens.Increment(double(r.tokens));
               if (r.engine_s > 0) m_tok_s.Set(double(r.tokens) / r.engine_s);
               result_counter(r.status).Increment();
-              spdlog::info("prefill: capture tokens={} status={} sent={} engine_s={:.3f} tok_s={:.0f}{}", pr.tokens.size(), r.status, r.tokens,
-                           r.engine_s, r.engine_s > 0 ? double(r.tokens) / r.engine_s : 0.0, r.reason.empty() ? "" : " reason=\"" + r.reason + "\"");
+              spdlog::info("prefill: capture tokens={} status={} sent={} engine_s={:.3f} tok_s={:.0f} backlog_peak_mb={:.1f}{}", pr.tokens.size(), r.status,
+                           r.tokens, r.engine_s, r.engine_s > 0 ? double(r.tokens) / r.engine_s : 0.0, double(queue->peak) / (1 << 20),
+                           r.reason.empty() ? "" : " reason=\"" + r.reason + "\"");
               queue->close();
               leave_gate();
             });
@@ -314,6 +316,9 @@ int run_prefill_server(const PrefillServerOptions& o) {
           queue->gone();
           if (worker->joinable()) worker->join();
           leave_gate();
+          // Frames are megabytes each; glibc keeps freed ones in its heaps (its mmap threshold rises past
+          // their size), so without this the server's RSS stays at its largest backlog after a capture.
+          malloc_trim(0);
         });
   });
   srv.set_payload_max_length(o.max_body_mb << 20);
