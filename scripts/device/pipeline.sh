@@ -42,6 +42,7 @@ if has bench; then
   if [ -f $DEV/train_needle.py ]; then ts "waiting for training"; while [ ! -e $R/train.rc ]; do sleep 5; done; ts "training rc=$(cat $R/train.rc)"; tail -n 12 $R/train.log; fi
   [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
   run bench_llama8b $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b --out $R/bench.jsonl
+  PDBRIDGE_ATTN_KTILE=128 run bench_llama8b_kt128 $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-kt128 --out $R/bench.jsonl
   PDBRIDGE_ATTN_WARPS=4 run bench_llama8b_attn4 $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 32768 --reps 2 --chunk 4096 --label llama8b-attn4 --out $R/bench.jsonl
   run bench_llama8b_128k $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 131072 --reps 1 --chunk 8192 --label llama8b --out $R/bench.jsonl
   ts "waiting for the llama.cpp CUDA build"; while [ ! -e $R/llama_build.rc ]; do sleep 5; done; ts "llama build rc=$(cat $R/llama_build.rc)"
@@ -59,6 +60,7 @@ if has fp8; then
   run make_llama8b_fp8 $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b_fp8 --hf-dtype fp8 --gguf-types ""
   run bench_fp8 $PDB bench prefill --model $M/llama8b_fp8/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-fp8 --out $R/bench.jsonl
   run bench_bf16 $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16 --out $R/bench.jsonl
+  PDBRIDGE_ATTN_KTILE=128 run bench_bf16_kt128 $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-kt128 --out $R/bench.jsonl
   run bench_bf16_q8 $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192 --reps 3 --chunk 4096 --cache-type q8_0 --label llama8b-bf16-q8cache --out $R/bench.jsonl
 fi
 # Issue 6 on the GPU: the demo with CUDA prefill (the bundle's prebuilt binaries stand in for `make`,

@@ -9,12 +9,11 @@
 namespace pdb::cuda {
 namespace {
 
-// A block of W warps; each warp owns 16 query rows of one head. With GQA the block packs the
+// A block of W warps; each warp owns 16 query rows of one head; KT keys per shared-memory tile
+// (64, or 128 to halve the per-tile synchronisation and softmax bookkeeping per key). With GQA the block packs the
 // query heads that share a KV head (heads_per_block of them, W / heads_per_block warps each), so
 // every K/V tile brought into shared memory serves 16 * W query rows: twice the reuse of a
 // one-head block at W = 8, which is what keeps long contexts off the memory roof.
-constexpr int kBlockK = 64;  // keys per tile
-
 // Shared tiles are rows of head_dim bf16 split into 16-byte chunks; chunk c of row r lives at
 // chunk (c ^ (r & 7)) so that the 8 rows an ldmatrix reads fall in 8 different bank groups.
 __device__ __forceinline__ int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -62,7 +61,7 @@ __device__ __forceinline__ void load_tile(uint32_t smem, const __nv_bfloat16* g,
   }
 }
 
-template <int D, int W>
+template <int D, int W, int KT>
 __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1)
 flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                        const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out, AttentionShape s, int heads_per_block) {
@@ -74,7 +73,7 @@ flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
   const uint32_t sbase = uint32_t(__cvta_generic_to_shared(smem_raw));
   const uint32_t sQ = sbase;
   // Stage s of K at sK0 + s * tile, of V at sV0 + s * tile (arithmetic, not an array: no stack frame).
-  constexpr uint32_t kTileBytes = kBlockK * D * 2;
+  constexpr uint32_t kTileBytes = KT * D * 2;
   const uint32_t sK0 = sQ + kBlockRows * D * 2;
   const uint32_t sV0 = sK0 + 2 * kTileBytes;
 
@@ -89,7 +88,7 @@ flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
   const int64_t q_first = int64_t(qtile) * block_positions;  // first position (within the chunk) of the block
   const int64_t q_stride = int64_t(s.n_heads) * D;
   const int64_t n_keys = s.pos0 + imin64(s.n_q, q_first + block_positions);  // keys this block can see
-  const int n_tiles = int((n_keys + kBlockK - 1) / kBlockK);
+  const int n_tiles = int((n_keys + KT - 1) / KT);
   const __nv_bfloat16* kh = k + int64_t(kvh) * s.kv_capacity * D;
   const __nv_bfloat16* vh = v + int64_t(kvh) * s.kv_capacity * D;
 
@@ -103,10 +102,10 @@ flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
   }
   cp_async_commit();
   auto load_kv = [&](int t, int stage) {
-    const int64_t k0 = int64_t(t) * kBlockK;
-    const int valid = int(imin64(kBlockK, n_keys - k0));
-    load_tile<D, W>(sK0 + stage * kTileBytes, kh + k0 * D, D, kBlockK, valid);
-    load_tile<D, W>(sV0 + stage * kTileBytes, vh + k0 * D, D, kBlockK, valid);
+    const int64_t k0 = int64_t(t) * KT;
+    const int valid = int(imin64(KT, n_keys - k0));
+    load_tile<D, W>(sK0 + stage * kTileBytes, kh + k0 * D, D, KT, valid);
+    load_tile<D, W>(sV0 + stage * kTileBytes, vh + k0 * D, D, KT, valid);
     cp_async_commit();
   };
   load_kv(0, 0);
@@ -138,15 +137,15 @@ flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
     __syncthreads();
 
     // S = Q K^T for 16 rows x 64 keys.
-    float sc[kBlockK / 8][4];
+    float sc[KT / 8][4];
 #pragma unroll
-    for (int j = 0; j < kBlockK / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+    for (int j = 0; j < KT / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
     {
       const int mat = lane / 8, r = lane % 8;
 #pragma unroll
       for (int kk = 0; kk < KSTEPS; ++kk)
 #pragma unroll
-        for (int j = 0; j < kBlockK / 8; j += 2) {
+        for (int j = 0; j < KT / 8; j += 2) {
           uint32_t b0, b1, b2, b3;
           const int key = (j + (mat >> 1)) * 8 + r;
           ldmatrix_x4(sK0 + stage * kTileBytes + swz(key, kk * 2 + (mat & 1), C), b0, b1, b2, b3);
@@ -155,10 +154,10 @@ flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
         }
     }
     // Causal mask where the tile reaches past the first query row of the block.
-    const int64_t key0 = int64_t(t) * kBlockK;
-    const bool needs_mask = key0 + kBlockK - 1 > s.pos0 + q_first;
+    const int64_t key0 = int64_t(t) * KT;
+    const bool needs_mask = key0 + KT - 1 > s.pos0 + q_first;
 #pragma unroll
-    for (int j = 0; j < kBlockK / 8; ++j)
+    for (int j = 0; j < KT / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = sc[j][e] * scale_log2;
@@ -173,14 +172,14 @@ flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
     for (int h = 0; h < 2; ++h) {
       float mx = m_run[h];
 #pragma unroll
-      for (int j = 0; j < kBlockK / 8; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * h], sc[j][2 * h + 1]));
+      for (int j = 0; j < KT / 8; ++j) mx = fmaxf(mx, fmaxf(sc[j][2 * h], sc[j][2 * h + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float corr = exp2f(m_run[h] - mx);  // m_run = -inf on the first tile: corr = 0
       m_run[h] = mx;
       float sum = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kBlockK / 8; ++j) {
+      for (int j = 0; j < KT / 8; ++j) {
         sc[j][2 * h] = exp2f(sc[j][2 * h] - mx);
         sc[j][2 * h + 1] = exp2f(sc[j][2 * h + 1] - mx);
         sum += sc[j][2 * h] + sc[j][2 * h + 1];
@@ -193,7 +192,7 @@ flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
     {
       const int mat = lane / 8, r = lane % 8;
 #pragma unroll
-      for (int kk = 0; kk < kBlockK / 16; ++kk) {
+      for (int kk = 0; kk < KT / 16; ++kk) {
         uint32_t a[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
                          pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]), pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
 #pragma unroll
@@ -226,13 +225,13 @@ flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
   }
 }
 
-template <int D, int W>
+template <int D, int W, int KT>
 void launch(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out, const AttentionShape& s,
             cudaStream_t stream) {
-  const int smem = (16 * W + 4 * kBlockK) * D * 2;
+  const int smem = (16 * W + 4 * KT) * D * 2;
   static bool configured = false;  // attribute set once per process and instantiation
   if (!configured) {
-    PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_causal<D, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_causal<D, W, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = true;
   }
   const int group = s.n_heads / s.n_kv_heads;
@@ -240,30 +239,47 @@ void launch(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16*
   const int heads_per_block = (W == 8 && 8 % group == 0) ? group : 1;
   const int positions = 16 * (W / heads_per_block);
   const dim3 grid(unsigned((s.n_q + positions - 1) / positions), unsigned(s.n_heads / heads_per_block));
-  flash_attention_causal<D, W><<<grid, 32 * W, smem, stream>>>(q, k, v, out, s, heads_per_block);
+  flash_attention_causal<D, W, KT><<<grid, 32 * W, smem, stream>>>(q, k, v, out, s, heads_per_block);
   PDB_CUDA_LAUNCHED();
 }
 
-int variant() {  // PDBRIDGE_ATTN_WARPS=4: one head per 4-warp block (the first version), for A/B runs
-  static const int w = [] {
-    const char* e = std::getenv("PDBRIDGE_ATTN_WARPS");
-    return e && std::string(e) == "4" ? 4 : 8;
-  }();
-  return w;
+template <int D>
+void launch_tuned(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out, const AttentionShape& s,
+                  const AttentionTuning& t, cudaStream_t stream) {
+  if (t.warps == 4 && t.key_tile == 64) return launch<D, 4, 64>(q, k, v, out, s, stream);
+  if (t.warps == 8 && t.key_tile == 64) return launch<D, 8, 64>(q, k, v, out, s, stream);
+  if (t.warps == 8 && t.key_tile == 128) return launch<D, 8, 128>(q, k, v, out, s, stream);
+  throw std::invalid_argument("attention: no kernel for " + std::to_string(t.warps) + " warps x " + std::to_string(t.key_tile) +
+                              " keys per tile (4 x 64, 8 x 64, 8 x 128)");
 }
 
 }  // namespace
 
+AttentionTuning AttentionTuning::from_env() {
+  static const AttentionTuning t = [] {
+    AttentionTuning r;
+    if (const char* e = std::getenv("PDBRIDGE_ATTN_WARPS"); e && std::string(e) == "4") r.warps = 4;
+    if (const char* e = std::getenv("PDBRIDGE_ATTN_KTILE"); e && std::string(e) == "128") r.key_tile = 128;
+    return r;
+  }();
+  return t;
+}
+
 void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
-                      const AttentionShape& s, cudaStream_t stream) {
+                      const AttentionShape& s, cudaStream_t stream, const AttentionTuning& tuning) {
   if (s.n_q <= 0) return;
   if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0) throw std::invalid_argument("attention: heads not a multiple of kv heads");
   if (s.pos0 + s.n_q > s.kv_capacity) throw std::invalid_argument("attention: keys past the cache capacity");
   switch (s.head_dim) {
-    case 64: variant() == 4 ? launch<64, 4>(q, k, v, out, s, stream) : launch<64, 8>(q, k, v, out, s, stream); break;
-    case 128: variant() == 4 ? launch<128, 4>(q, k, v, out, s, stream) : launch<128, 8>(q, k, v, out, s, stream); break;
+    case 64: return launch_tuned<64>(q, k, v, out, s, tuning, stream);
+    case 128: return launch_tuned<128>(q, k, v, out, s, tuning, stream);
     default: throw std::invalid_argument("attention: head_dim " + std::to_string(s.head_dim) + " not supported (64, 128)");
   }
+}
+
+void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
+                      const AttentionShape& s, cudaStream_t stream) {
+  causal_attention(q, k, v, out, s, stream, AttentionTuning::from_env());
 }
 
 }  // namespace pdb::cuda

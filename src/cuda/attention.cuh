@@ -18,9 +18,19 @@ struct AttentionShape {
   float scale = 0;          // softmax scale (1/sqrt(head_dim) for llama and qwen3)
 };
 
+// Kernel variants for same-run A/B measurements: warps per block (4: one head per block; 8: a GQA
+// group's heads packed per block) and keys per shared-memory tile (64 or 128). The default comes
+// from PDBRIDGE_ATTN_WARPS / PDBRIDGE_ATTN_KTILE (8 x 64 when unset).
+struct AttentionTuning {
+  int warps = 8, key_tile = 64;
+  static AttentionTuning from_env();
+};
+
 // q: [n_q x n_heads x head_dim]; k, v: [n_kv_heads x kv_capacity x head_dim] (cache, rows 0..pos0+n_q-1
 // valid); out: [n_q x n_heads x head_dim]. Throws for an unsupported head_dim.
 void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
                       const AttentionShape& s, cudaStream_t stream);
+void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
+                      const AttentionShape& s, cudaStream_t stream, const AttentionTuning& tuning);
 
 }  // namespace pdb::cuda

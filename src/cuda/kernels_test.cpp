@@ -98,14 +98,20 @@ TEST(CudaKernels, FlashAttentionMatchesTheF64TwinForEveryShapeAndChunk) {
     std::vector<float> ref;
     ref::causal_attention(q, k, v, ref, c.n_q, c.pos0, c.H, c.KV, c.D, cap, scale);
     auto dq = to_device_bf16(q), dk = to_device_bf16(k), dv = to_device_bf16(v);
-    auto dout = poisoned(ref.size() * 2);
     cuda::AttentionShape s{c.n_q, c.pos0, c.H, c.KV, c.D, cap, scale};
-    cuda::causal_attention(dq.as<__nv_bfloat16>(), dk.as<__nv_bfloat16>(), dv.as<__nv_bfloat16>(), dout.as<__nv_bfloat16>(), s, nullptr);
-    PDB_CUDA_CHECK(cudaDeviceSynchronize());
-    const double err = ref::rel_error(from_device_bf16(dout, ref.size()), ref);
-    std::printf("attention H=%d KV=%d D=%d pos0=%lld n_q=%lld: rel err %.2e\n", c.H, c.KV, c.D, (long long)c.pos0, (long long)c.n_q, err);
-    EXPECT_LT(err, 1e-2);
+    for (const cuda::AttentionTuning t : {cuda::AttentionTuning{8, 64}, cuda::AttentionTuning{8, 128}, cuda::AttentionTuning{4, 64}}) {
+      auto dout = poisoned(ref.size() * 2);
+      cuda::causal_attention(dq.as<__nv_bfloat16>(), dk.as<__nv_bfloat16>(), dv.as<__nv_bfloat16>(), dout.as<__nv_bfloat16>(), s, nullptr, t);
+      PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      const double err = ref::rel_error(from_device_bf16(dout, ref.size()), ref);
+      std::printf("attention %dx%d H=%d KV=%d D=%d pos0=%lld n_q=%lld: rel err %.2e\n", t.warps, t.key_tile, c.H, c.KV, c.D, (long long)c.pos0,
+                  (long long)c.n_q, err);
+      EXPECT_LT(err, 1e-2) << t.warps << " warps x " << t.key_tile << " keys";
+    }
   }
+  EXPECT_THROW(cuda::causal_attention(nullptr, nullptr, nullptr, nullptr, cuda::AttentionShape{1, 0, 1, 1, 64, 1, 1.0f}, nullptr,
+                                      cuda::AttentionTuning{4, 128}),
+               std::invalid_argument);
 #endif
 }
 
