@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cuda/common.cuh"
+#include "cuda/device_helpers.cuh"
 
 namespace pdb::cuda {
 namespace {
@@ -21,14 +22,6 @@ __device__ __forceinline__ int64_t imin64(int64_t a, int64_t b) { return a < b ?
 __device__ __forceinline__ uint32_t swz(int row, int chunk, int chunks_per_row) {
   return uint32_t((row * chunks_per_row + (chunk ^ (row & 7))) * 16);
 }
-
-__device__ __forceinline__ void cp_async16(uint32_t smem, const void* gmem, bool valid) {
-  const int bytes = valid ? 16 : 0;  // 0: the copy engine writes zeros (rows past the end)
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

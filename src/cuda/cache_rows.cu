@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "cuda/common.cuh"
+#include "cuda/device_helpers.cuh"
 
 namespace pdb::cuda {
 namespace {
@@ -48,14 +49,10 @@ __global__ void q8_0_encode_kernel(const float* __restrict__ x, int64_t n_blocks
   const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (b >= n_blocks) return;
-  const float v = x[b * 32 + lane];
-  float amax = fabsf(v);
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float d = amax / 127.0f;
-  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  const Q8Lane e = q8_0_lane(x[b * 32 + lane]);
   uint8_t* blk = out + b * 34;
-  blk[2 + lane] = uint8_t(int8_t(rintf(__fmul_rn(v, id))));
-  if (lane == 0) store_half(blk, d);
+  blk[2 + lane] = uint8_t(e.code);
+  if (lane == 0) store_half(blk, e.scale);
 }
 
 // ggml's quantize_row_q4_0_ref: the signed value of largest magnitude (the first one on ties) gives

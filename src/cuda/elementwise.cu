@@ -1,6 +1,7 @@
 #include "cuda/elementwise.cuh"
 
 #include "cuda/common.cuh"
+#include "cuda/device_helpers.cuh"
 
 namespace pdb::cuda {
 namespace {
@@ -44,13 +45,8 @@ __global__ void q8_0_kernel(float* __restrict__ x, int64_t n_blocks) {
   const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (b >= n_blocks) return;
-  float v = x[b * 32 + lane];
-  float amax = fabsf(v);
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float d = amax / 127.0f;
-  const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-  const float q = rintf(__fmul_rn(v, id));  // no contraction: the CPU multiplies, then rounds
-  x[b * 32 + lane] = __fmul_rn(q, __half2float(__float2half_rn(d)));
+  const Q8Lane e = q8_0_lane(x[b * 32 + lane]);
+  x[b * 32 + lane] = __fmul_rn(float(e.code), __half2float(__float2half_rn(e.scale)));
 }
 
 __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t rows, int64_t cols) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "cuda/device.h"
@@ -12,6 +13,7 @@
 #include "formats/numeric.h"
 #include "model/reference_ops.h"
 #include "model/rmsnorm.h"
+#include "recipes/q8_dot.h"
 #include "recipes/recipe.h"
 #include "recipes/rope_ggml.h"
 #ifdef PDBRIDGE_HAVE_CUDA
@@ -23,6 +25,7 @@
 #include "cuda/elementwise.cuh"
 #include "cuda/fp8.cuh"
 #include "cuda/gemm.cuh"
+#include "cuda/q8_gemm.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
 #endif
@@ -112,6 +115,49 @@ TEST(CudaKernels, FlashAttentionMatchesTheF64TwinForEveryShapeAndChunk) {
   EXPECT_THROW(cuda::causal_attention(nullptr, nullptr, nullptr, nullptr, cuda::AttentionShape{1, 0, 1, 1, 64, 1, 1.0f}, nullptr,
                                       cuda::AttentionTuning{4, 128}),
                std::invalid_argument);
+#endif
+}
+
+// The recipe's Q8_0/Q4_0 products on int8 tensor cores against the host twin (recipes/q8_dot.cpp):
+// the same integer block sums and the same f32 operations in the same order, so every element is
+// bit-identical; ragged rows and outputs exercise the tile edges.
+TEST(CudaKernels, Q8BlockProductIsBitIdenticalToTheRecipesHostProduct) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  const int64_t rows = 77, K = 384, N = 200;
+  auto x = randn(size_t(rows * K));
+  auto wf = randn(size_t(N * K), 0.05f);
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0}) {
+    const size_t rb = ggml_row_bytes(t, K);
+    std::vector<uint8_t> blocks(rb * size_t(N));
+    for (int64_t o = 0; o < N; ++o) quantize_row(t, wf.data() + o * K, blocks.data() + size_t(o) * rb, K);
+    const Q8Matrix m = unpack_q8_blocks(t, blocks.data(), N, K);
+    std::vector<int8_t> qx(x.size());
+    std::vector<float> dx(x.size() / 32), want(size_t(rows * N));
+    quantize_rows_q8(x.data(), rows, K, qx.data(), dx.data());
+    q8_block_gemm(qx.data(), dx.data(), m, rows, want.data());
+
+    auto dxf = to_device_f32(x);
+    cuda::DeviceBuffer dq(qx.size()), dd(dx.size() * 4), dqw(m.q.size()), ddw(m.d.size() * 4);
+    dqw.upload(m.q.data(), m.q.size());
+    ddw.upload(m.d.data(), m.d.size() * 4);
+    cuda::quantize_rows_q8(dxf.as<float>(), rows, K, dq.as<int8_t>(), dd.as<float>(), nullptr);
+    auto dy = poisoned(want.size() * 4);
+    cuda::q8_block_gemm(dq.as<int8_t>(), dd.as<float>(), dqw.as<int8_t>(), ddw.as<float>(), dy.as<float>(), rows, K, N, nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<int8_t> gq(qx.size());
+    std::vector<float> gd(dx.size()), got(want.size());
+    dq.download(gq.data(), gq.size());
+    dd.download(gd.data(), gd.size() * 4);
+    dy.download(got.data(), got.size() * 4);
+    EXPECT_EQ(std::memcmp(gq.data(), qx.data(), qx.size()), 0) << "activation codes";
+    EXPECT_EQ(std::memcmp(gd.data(), dx.data(), dx.size() * 4), 0) << "activation scales";
+    size_t same = 0;
+    for (size_t i = 0; i < got.size(); ++i) same += std::memcmp(&got[i], &want[i], 4) == 0;
+    std::printf("q8 block product %s: %zu/%zu elements bit-identical to the host's\n", ggml_type_name(t).c_str(), same, got.size());
+    EXPECT_EQ(same, got.size());
+  }
+  EXPECT_THROW(cuda::q8_block_gemm(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 96, 1, nullptr), std::invalid_argument);
 #endif
 }
 

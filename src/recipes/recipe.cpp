@@ -66,6 +66,7 @@ RecipeWeight Recipe::load_weight(const GgufFile& g, const std::string& name, con
   parallel_for(w.rows, threads_, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) dequantize_row(t.type, g.data(t) + r * rb, w.w.data() + r * w.cols, w.cols);
   });
+  if (has_q8_path(t.type)) w.q8 = unpack_q8_blocks(t.type, g.data(t), w.rows, w.cols);
   if (const auto* bt = g.find_tensor(bias_name)) w.bias = g.to_f32(*bt);
   return w;
 }
@@ -167,6 +168,12 @@ float dot_lanes(const float* a, const float* b, int64_t k, int kn) {
   return acc[0];
 }
 
+static void add_bias(const RecipeWeight& w, int64_t rows, float* y) {
+  if (!w.bias.empty())
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < w.rows; ++o) y[r * w.rows + o] += w.bias[o];
+}
+
 void Recipe::project(const RecipeWeight& w, const float* x, int64_t rows, int simd_width, float* y) const {
   // The decoder does not multiply the f32 activation with a reduced-precision weight: it first
   // converts the activation to the weight's dot type. Do the same, then an f32 GEMM.
@@ -183,7 +190,17 @@ void Recipe::project(const RecipeWeight& w, const float* x, int64_t rows, int si
     case GgmlType::F16: convert([K](const float* s, float* d) { for (int64_t i = 0; i < K; ++i) d[i] = round_f16(s[i]); }); break;
     case GgmlType::BF16: convert([K](const float* s, float* d) { for (int64_t i = 0; i < K; ++i) d[i] = round_bf16(s[i]); }); break;
     default:
-      // Q8_0 activation for block weights (Q8_K for K-quants is within the same rounding budget).
+      if (!w.q8.q.empty()) {  // Q8_0/Q4_0: ggml-cpu's integer block sums (the GPU recipe's order too)
+        parallel_for(rows, threads_, [&](int64_t b, int64_t e) {
+          std::vector<int8_t> qx(size_t((e - b) * K));
+          std::vector<float> dx(size_t((e - b) * K / 32));
+          quantize_rows_q8(x + b * K, e - b, K, qx.data(), dx.data());
+          q8_block_gemm(qx.data(), dx.data(), w.q8, e - b, y + b * w.rows);
+        });
+        add_bias(w, rows, y);
+        return;
+      }
+      // Q8_0 activation for other block weights (Q8_K for K-quants is within the same rounding budget).
       if (K % 32 != 0) throw std::runtime_error("quantized weight with a row not a multiple of 32");
       convert([K](const float* s, float* d) {
         std::vector<uint8_t> q(ggml_row_bytes(GgmlType::Q8_0, K));
@@ -201,9 +218,7 @@ void Recipe::project(const RecipeWeight& w, const float* x, int64_t rows, int si
   } else {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(w.rows), int(K), 1.0f, xs, int(K), w.w.data(), int(K), 0.0f, y, int(w.rows));
   }
-  if (!w.bias.empty())
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t o = 0; o < w.rows; ++o) y[r * w.rows + o] += w.bias[o];
+  add_bias(w, rows, y);
 }
 
 void Recipe::kv_f32(int layer, const float* h, int64_t rows, int64_t pos0, int simd, float* k, float* v) const {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "formats/ggml_types.h"
+#include "recipes/q8_dot.h"
 #include "recipes/rope_ggml.h"
 
 namespace pdb {
@@ -34,6 +35,7 @@ struct RecipeWeight {
   int64_t rows = 0, cols = 0;     // out, in
   std::vector<float> w;           // dequantized [rows x cols] (exact for F32/F16/BF16)
   std::vector<float> bias;        // empty if none
+  Q8Matrix q8;                    // Q8_0/Q4_0: the GGUF's codes and scales (the integer path), else empty
 };
 
 struct RecipeInfo {

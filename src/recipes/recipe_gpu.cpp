@@ -10,9 +10,11 @@
 #include "common/parallel.h"
 #include "cuda/elementwise.cuh"
 #include "cuda/gemm.cuh"
+#include "cuda/q8_gemm.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
 #include "formats/numeric.h"
+#include "recipes/q8_dot.h"
 
 namespace pdb {
 
@@ -33,7 +35,13 @@ GpuRecipe::GpuRecipe(const Recipe& cpu, cuda::Gemm& gemm, int64_t max_rows) : cp
       });
       w.w.resize(n * 2);
       w.w.upload(half.data(), n * 2);
-    } else {  // F32, and block-quantized weights dequantized exactly to f32 at load
+    } else if (!rw.q8.q.empty() && rw.cols % 128 == 0) {
+      const Q8Matrix& m = rw.q8;
+      w.q.resize(m.q.size());
+      w.q.upload(m.q.data(), m.q.size());
+      w.d.resize(m.d.size() * 4);
+      w.d.upload(m.d.data(), m.d.size() * 4);
+    } else {  // F32, and other block-quantized weights dequantized exactly to f32 at load
       w.w.resize(n * 4);
       w.w.upload(rw.w.data(), n * 4);
     }
@@ -41,7 +49,7 @@ GpuRecipe::GpuRecipe(const Recipe& cpu, cuda::Gemm& gemm, int64_t max_rows) : cp
       w.bias.resize(rw.bias.size() * 4);
       w.bias.upload(rw.bias.data(), rw.bias.size() * 4);
     }
-    bytes_ += w.w.bytes() + w.bias.bytes();
+    bytes_ += w.w.bytes() + w.bias.bytes() + w.q.bytes() + w.d.bytes();
     return w;
   };
   for (int64_t l = 0; l < cpu.loaded_layers(); ++l) {
@@ -58,8 +66,10 @@ GpuRecipe::GpuRecipe(const Recipe& cpu, cuda::Gemm& gemm, int64_t max_rows) : cp
   }
   x_.resize(size_t(max_rows * E) * 4);
   xa_.resize(size_t(max_rows * E) * 4);
+  xq_.resize(size_t(max_rows * E));
+  xd_.resize(size_t(max_rows * E / 32 + 1) * 4);
   cs_.resize(size_t(max_rows * in.rope.n_dims) * 4);
-  bytes_ += x_.bytes() + xa_.bytes() + cs_.bytes();
+  bytes_ += x_.bytes() + xa_.bytes() + cs_.bytes() + xq_.bytes() + xd_.bytes();
 }
 
 GpuRecipe::~GpuRecipe() = default;
@@ -88,6 +98,11 @@ void GpuRecipe::project(const Weight& w, const float* x, int64_t rows, cudaStrea
       break;
     case GgmlType::F32: gemm_.xwt(cuda::DType::F32, x, w.w.get(), cuda::DType::F32, y, rows, w.cols, w.rows, 0.0f, s); break;
     default:
+      if (w.q.bytes()) {  // Q8_0/Q4_0: integer block sums, as ggml-cpu
+        cuda::quantize_rows_q8(x, rows, w.cols, xq_.as<int8_t>(), xd_.as<float>(), s);
+        cuda::q8_block_gemm(xq_.as<int8_t>(), xd_.as<float>(), w.q.as<int8_t>(), w.d.as<float>(), y, rows, w.cols, w.rows, s);
+        break;
+      }
       if (w.cols % 32) throw std::runtime_error("quantized weight with a row not a multiple of 32");
       PDB_CUDA_CHECK(cudaMemcpyAsync(xa_.get(), x, size_t(n) * 4, cudaMemcpyDeviceToDevice, s));
       cuda::q8_0_round_trip(xa_.as<float>(), n, s);

@@ -1,10 +1,11 @@
 // The recipe's math on the GPU, on the engine's device hidden states: the decoder's attention norm,
 // its K/V projections with its activation numerics per weight type (F16: activation rounded to f16,
 // f16 x f16 products, f32 sums; BF16 likewise; F32: true f32; block-quantized weights: dequantized
-// once at load, activation through Q8_0 like ggml-cpu's vec_dot), qwen3's K norm, and the decoder's
+// once at load, activation through Q8_0 like ggml-cpu's vec_dot; Q8_0 and Q4_0 as ggml-cpu computes
+// them: integer block sums on int8 tensor cores, cuda/q8_gemm.cu), qwen3's K norm, and the decoder's
 // RoPE with cos/sin from recipes/rope_ggml.cpp. Weights come from the CPU recipe (one loader).
-// Sums run in cuBLASLt's order, not the decoder's: rows can differ from the CPU recipe's in the last
-// bit; tests/kernels report how many elements are identical.
+// Float sums run in cuBLASLt's order, not the decoder's: rows can differ from the CPU recipe's in the
+// last bit; tests/kernels report how many elements are identical.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -37,6 +38,7 @@ class GpuRecipe {
     GgmlType type = GgmlType::F32;
     int64_t rows = 0, cols = 0;
     cuda::DeviceBuffer w, bias;
+    cuda::DeviceBuffer q, d;  // Q8_0/Q4_0 with cols % 128 == 0: codes and scales for the integer path (w unused)
   };
   void project(const Weight& w, const float* d_x, int64_t rows, cudaStream_t s, float* d_y);
 
@@ -46,7 +48,7 @@ class GpuRecipe {
   size_t bytes_ = 0;
   std::vector<Weight> wk_, wv_;
   std::vector<cuda::DeviceBuffer> norm_, k_norm_;
-  cuda::DeviceBuffer x_, xa_, cs_;
+  cuda::DeviceBuffer x_, xa_, cs_, xq_, xd_;  // xq_/xd_: the activation's Q8_0 codes and scales
   std::vector<float> cs_host_;
 };
 
