@@ -23,6 +23,7 @@ struct AttentionShape {
 // from PDBRIDGE_ATTN_WARPS / PDBRIDGE_ATTN_KTILE (8 x 64 when unset).
 struct AttentionTuning {
   int warps = 8, key_tile = 64;
+  bool wgmma = false;  // head_dim 128 on sm_90: attention_wgmma.cu (PDBRIDGE_ATTN_WGMMA=1), else the mma.sync kernel
   static AttentionTuning from_env();
 };
 
@@ -32,5 +33,10 @@ void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv
                       const AttentionShape& s, cudaStream_t stream);
 void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
                       const AttentionShape& s, cudaStream_t stream, const AttentionTuning& tuning);
+
+// The Hopper kernel (attention_wgmma.cu): head_dim 128, sm_90 only; same arguments and results.
+bool wgmma_attention_supported(const AttentionShape& s);
+void causal_attention_wgmma(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
+                            const AttentionShape& s, cudaStream_t stream);
 
 }  // namespace pdb::cuda

@@ -89,7 +89,7 @@ TEST(CudaKernels, FlashAttentionMatchesTheF64TwinForEveryShapeAndChunk) {
   SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA
   struct Case { int H, KV, D; int64_t pos0, n_q; };
-  for (const Case c : {Case{8, 2, 64, 0, 300}, Case{8, 8, 128, 0, 129}, Case{4, 1, 128, 200, 137}, Case{6, 2, 64, 1000, 1}, Case{4, 2, 128, 64, 64}}) {
+  for (const Case c : {Case{8, 2, 64, 0, 300}, Case{8, 8, 128, 0, 129}, Case{4, 1, 128, 200, 137}, Case{6, 2, 64, 1000, 1}, Case{4, 2, 128, 64, 64}, Case{4, 2, 128, 300, 400}}) {
     const int64_t cap = c.pos0 + c.n_q + 5;
     auto q = round_bf16(randn(size_t(c.n_q * c.H * c.D)));
     auto k = round_bf16(randn(size_t(c.KV * cap * c.D)));
@@ -102,13 +102,18 @@ TEST(CudaKernels, FlashAttentionMatchesTheF64TwinForEveryShapeAndChunk) {
     ref::causal_attention(q, k, v, ref, c.n_q, c.pos0, c.H, c.KV, c.D, cap, scale);
     auto dq = to_device_bf16(q), dk = to_device_bf16(k), dv = to_device_bf16(v);
     cuda::AttentionShape s{c.n_q, c.pos0, c.H, c.KV, c.D, cap, scale};
-    for (const cuda::AttentionTuning t : {cuda::AttentionTuning{8, 64}, cuda::AttentionTuning{8, 128}, cuda::AttentionTuning{4, 64}}) {
+    for (const cuda::AttentionTuning t : {cuda::AttentionTuning{8, 64}, cuda::AttentionTuning{8, 128}, cuda::AttentionTuning{4, 64},
+                                          cuda::AttentionTuning{8, 64, true}}) {
+      if (t.wgmma && c.D == 128) {
+        EXPECT_TRUE(cuda::wgmma_attention_supported(s)) << "an sm_90 GPU runs the wgmma kernel for head_dim 128";
+      }
       auto dout = poisoned(ref.size() * 2);
       cuda::causal_attention(dq.as<__nv_bfloat16>(), dk.as<__nv_bfloat16>(), dv.as<__nv_bfloat16>(), dout.as<__nv_bfloat16>(), s, nullptr, t);
       PDB_CUDA_CHECK(cudaDeviceSynchronize());
       const double err = ref::rel_error(from_device_bf16(dout, ref.size()), ref);
-      std::printf("attention %dx%d H=%d KV=%d D=%d pos0=%lld n_q=%lld: rel err %.2e\n", t.warps, t.key_tile, c.H, c.KV, c.D, (long long)c.pos0,
-                  (long long)c.n_q, err);
+      std::printf("attention %s H=%d KV=%d D=%d pos0=%lld n_q=%lld: rel err %.2e\n",
+                  t.wgmma && cuda::wgmma_attention_supported(s) ? "wgmma" : (std::to_string(t.warps) + "x" + std::to_string(t.key_tile)).c_str(), c.H,
+                  c.KV, c.D, (long long)c.pos0, (long long)c.n_q, err);
       EXPECT_LT(err, 1e-2) << t.warps << " warps x " << t.key_tile << " keys";
     }
   }

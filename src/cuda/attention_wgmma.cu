@@ -1,0 +1,256 @@
+// Causal flash attention on Hopper's warpgroup tensor cores (wgmma), head_dim 128, bf16 in/out, f32
+// scores and softmax statistics: the same online-softmax algorithm as attention.cu (its CPU twin is
+// the same f64 reference), with the products issued per warpgroup as m64n128k16 wgmma instead of
+// per warp as m16n8k16 mma.sync. A block is 2 warpgroups x 64 query rows of one head; K and V tiles
+// of 128 keys are copied into shared memory (cp.async, double-buffered) in the 128-byte-swizzled
+// layouts wgmma reads: K rows K-major for S = Q K^T, V rows read as MN-major (transposed) for O += P V.
+// P stays in registers: an S accumulator fragment is exactly a wgmma A fragment. Built for sm_90a only
+// (wgmma); other targets get a stub that reports it.
+#include "cuda/attention.cuh"
+
+#include <stdexcept>
+#include <string>
+
+#include "cuda/common.cuh"
+#include "cuda/device_helpers.cuh"
+
+namespace pdb::cuda {
+namespace {
+
+constexpr int kD = 128, kRowsPerGroup = 64, kGroups = 2, kKeys = 128, kThreads = 128 * kGroups;
+constexpr uint32_t kQBytes = kRowsPerGroup * kD * 2;  // one warpgroup's Q: 16 KB
+constexpr uint32_t kKVBytes = kKeys * kD * 2;         // one K or V tile: 32 KB
+constexpr int kSmemBytes = int(kGroups * kQBytes + 4 * kKVBytes) + 1024;  // + alignment slack
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Byte offset of element (row, col) of a rows x 128 bf16 tile stored as two 64-column halves, each
+// rows x 128 bytes with its 16-byte chunks XOR-swizzled by (row % 8): CUTLASS's Swizzle<3,4,3>
+// atoms, K-major for Q and K (col = head_dim index), and the MN-major view of V (row = key).
+__device__ __forceinline__ uint32_t tile_offset(int rows, int row, int chunk /* 0..15 */) {
+  return uint32_t((chunk / 8) * rows * 128 + row * 128 + (((chunk % 8) ^ (row % 8)) * 16));
+}
+
+// wgmma shared-memory descriptor: start address, leading/stride byte offsets (16-byte units),
+// 128-byte swizzle (layout type 1 in bits 62-63).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3ffff) >> 4) | (uint64_t((lbo >> 4) & 0x3fff) << 16) | (uint64_t((sbo >> 4) & 0x3fff) << 32) | (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Shared memory written through the generic proxy (cp.async) must be visible to wgmma's async proxy.
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Pins accumulator registers at this point of the program: the compiler must not move their other uses
+// across the asynchronous wgmma that writes them (issue ... wait).
+__device__ __forceinline__ void fence_operands(float* r) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// D(64x128, f32) (+)= A(64x16, bf16, shared, K-major) * B(16x128, bf16, shared, K-major): S = Q K^T.
+__device__ __forceinline__ void wgmma_ss_k(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate)
+      : "memory");
+}
+// D(64x128, f32) += A(64x16, bf16, registers) * B(16x128, bf16, shared, MN-major): O += P V.
+__device__ __forceinline__ void wgmma_rs_mn(float* d, const uint32_t* a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1)
+      : "memory");
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL (device helpers)
+
+__global__ void __launch_bounds__(kThreads, 1)
+flash_attention_wgmma(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
+                      __nv_bfloat16* __restrict__ out, AttentionShape s) {
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // only the sm_90a build has this kernel; the launcher checks the device first
+#else
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t sbase = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;  // swizzle atoms: 1024-aligned
+  const uint32_t sQ = sbase, sK0 = sQ + kGroups * kQBytes, sV0 = sK0 + 2 * kKVBytes;
+  const int group = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int qtile = int(gridDim.x) - 1 - int(blockIdx.x);  // heaviest first
+  const int head = int(blockIdx.y), kvh = head / (s.n_heads / s.n_kv_heads);
+  const int64_t q_first = int64_t(qtile) * (kGroups * kRowsPerGroup);
+  const int64_t q_stride = int64_t(s.n_heads) * kD;
+  const int64_t n_keys = s.pos0 + (s.n_q < q_first + kGroups * kRowsPerGroup ? s.n_q : q_first + kGroups * kRowsPerGroup);
+  const int n_tiles = int((n_keys + kKeys - 1) / kKeys);
+  const __nv_bfloat16* kh = k + int64_t(kvh) * s.kv_capacity * kD;
+  const __nv_bfloat16* vh = v + int64_t(kvh) * s.kv_capacity * kD;
+
+  // Q: warpgroup w's 64 rows in its own swizzled region.
+  for (int i = threadIdx.x; i < kGroups * kRowsPerGroup * 16; i += kThreads) {
+    const int row = i / 16, c = i % 16, w = row / kRowsPerGroup, r = row % kRowsPerGroup;
+    const int64_t pos = q_first + row;
+    const bool ok = pos < s.n_q;
+    cp_async16(sQ + w * kQBytes + tile_offset(kRowsPerGroup, r, c), q + (ok ? pos * q_stride + int64_t(head) * kD + c * 8 : 0), ok);
+  }
+  cp_async_commit();
+  auto load_kv = [&](int tile, int stage) {
+    const int64_t k0 = int64_t(tile) * kKeys;
+    for (int i = threadIdx.x; i < kKeys * 16; i += kThreads) {
+      const int r = i / 16, c = i % 16;
+      const bool ok = k0 + r < n_keys;
+      const int64_t src = ok ? (k0 + r) * kD + c * 8 : 0;
+      cp_async16(sK0 + stage * kKVBytes + tile_offset(kKeys, r, c), kh + src, ok);
+      cp_async16(sV0 + stage * kKVBytes + tile_offset(kKeys, r, c), vh + src, ok);
+    }
+    cp_async_commit();
+  };
+  load_kv(0, 0);
+
+  float o[64], sc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  const float scale_log2 = s.scale * 1.4426950408889634f;
+  // This thread's two query rows (wgmma accumulator layout: warp w of the group owns rows 16w..16w+15;
+  // per 8-column block j the thread holds (g, 8j+2t), (g, 8j+2t+1), (g+8, 8j+2t), (g+8, 8j+2t+1)).
+  const int64_t row_in_block = int64_t(group) * kRowsPerGroup + warp * 16 + g;
+  const int64_t qpos[2] = {s.pos0 + q_first + row_in_block, s.pos0 + q_first + row_in_block + 8};
+  const uint32_t sQg = sQ + group * kQBytes;
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int stage = tile & 1;
+    if (tile + 1 < n_tiles) { load_kv(tile + 1, stage ^ 1); cp_async_wait<1>(); }
+    else cp_async_wait<0>();
+    fence_async_shared();
+    __syncthreads();
+    const uint32_t sK = sK0 + stage * kKVBytes, sV = sV0 + stage * kKVBytes;
+
+    // S = Q K^T: 8 steps of 16 head_dim columns; a step moves 32 bytes inside a swizzle atom, and
+    // the second four steps read the second 64-column half.
+    fence_operands(sc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t off = (kk % 4) * 32;
+      const uint64_t da = smem_desc(sQg + (kk / 4) * (kRowsPerGroup * 128) + off, 16, 1024);
+      const uint64_t db = smem_desc(sK + (kk / 4) * (kKeys * 128) + off, 16, 1024);
+      wgmma_ss_k(sc, da, db, kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_operands(sc);
+
+    const int64_t key0 = int64_t(tile) * kKeys;
+    const bool needs_mask = key0 + kKeys - 1 > s.pos0 + q_first;
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = sc[j * 4 + e] * scale_log2;
+        if (needs_mask) {
+          const int64_t kpos = key0 + j * 8 + 2 * t + (e & 1);
+          if (kpos > qpos[e >> 1]) x = -INFINITY;
+        }
+        sc[j * 4 + e] = x;
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = m_run[h];
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) mx = fmaxf(mx, fmaxf(sc[j * 4 + 2 * h], sc[j * 4 + 2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // A row with every key masked so far keeps m = -inf: exp2(-inf - -inf) would be NaN.
+      const float corr = mx == -INFINITY ? 1.0f : exp2f(m_run[h] - mx);
+      const float base = mx == -INFINITY ? 0.0f : mx;
+      m_run[h] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) {
+        sc[j * 4 + 2 * h] = exp2f(sc[j * 4 + 2 * h] - base);
+        sc[j * 4 + 2 * h + 1] = exp2f(sc[j * 4 + 2 * h + 1] - base);
+        sum += sc[j * 4 + 2 * h] + sc[j * 4 + 2 * h + 1];
+      }
+      l_run[h] = l_run[h] * corr + sum;
+#pragma unroll
+      for (int j = 0; j < kD / 8; ++j) { o[j * 4 + 2 * h] *= corr; o[j * 4 + 2 * h + 1] *= corr; }
+    }
+
+    // O += P V: 8 steps of 16 keys; P's fragment for keys 16kk..16kk+15 is S blocks 2kk and 2kk+1.
+    // V is read transposed (MN-major): LBO = the 64-column halves, SBO = 8 keys.
+    // All of P is packed before the first product, so no product waits on registers still being written.
+    uint32_t pa[kKeys / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      pa[kk][0] = pack_bf16(sc[8 * kk + 0], sc[8 * kk + 1]);
+      pa[kk][1] = pack_bf16(sc[8 * kk + 2], sc[8 * kk + 3]);
+      pa[kk][2] = pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
+      pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
+    }
+    fence_operands(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) wgmma_rs_mn(o, pa[kk], smem_desc(sV + kk * 16 * 128, kKeys * 128, 1024));
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_operands(o);
+    __syncthreads();  // the next iteration's prefetch overwrites this stage
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int64_t row = q_first + row_in_block + h * 8;
+    if (row >= s.n_q) continue;
+    __nv_bfloat16* orow = out + row * q_stride + int64_t(head) * kD;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j)
+      *reinterpret_cast<__nv_bfloat162*>(orow + j * 8 + 2 * t) = __floats2bfloat162_rn(o[j * 4 + 2 * h] * inv, o[j * 4 + 2 * h + 1] * inv);
+  }
+#endif
+}
+
+bool device_is_sm90() {
+  static const bool yes = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    return major == 9 && minor == 0;
+  }();
+  return yes;
+}
+
+}  // namespace
+
+bool wgmma_attention_supported(const AttentionShape& s) { return s.head_dim == kD && device_is_sm90(); }
+
+void causal_attention_wgmma(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
+                            const AttentionShape& s, cudaStream_t stream) {
+  if (!wgmma_attention_supported(s)) throw std::invalid_argument("attention: the wgmma kernel needs head_dim 128 on an sm_90 GPU");
+  if (s.n_q <= 0) return;
+  static bool configured = false;
+  if (!configured) {
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    configured = true;
+  }
+  const int64_t rows = kGroups * kRowsPerGroup;
+  const dim3 grid(unsigned((s.n_q + rows - 1) / rows), unsigned(s.n_heads));
+  flash_attention_wgmma<<<grid, kThreads, kSmemBytes, stream>>>(q, k, v, out, s);
+  PDB_CUDA_LAUNCHED();
+}
+
+}  // namespace pdb::cuda
