@@ -136,7 +136,13 @@ class Front {
       layout(slot);
       spdlog::info("front: decoder layout learned at startup in {:.2f}s", secs(t0));
     } catch (const std::exception& e) {
-      spdlog::warn("front: startup layout probe: {}", e.what());
+      // Not sticky: traffic sent straight to the decoder's slots can disturb a probe; the first
+      // request probes again (and a real mismatch, a wrong --rope-* say, is found again there).
+      spdlog::warn("front: startup layout probe: {} (the first request probes again)", e.what());
+      std::lock_guard<std::mutex> l(layout_m_);
+      layout_.reset();
+      calibration_.clear();
+      calibration_error_.clear();
     }
     slots_.release(slot, std::vector<int32_t>{});  // the slot now holds the probe prompt: no prefix to offer
   }

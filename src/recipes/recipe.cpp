@@ -61,12 +61,15 @@ RecipeWeight Recipe::load_weight(const GgufFile& g, const std::string& name, con
   w.rows = t.ne[1];
   if (!can_dequantize(t.type))
     throw std::runtime_error(fmt::format("{} has type {}, which the recipe cannot read", name, ggml_type_name(t.type)));
-  w.w.resize(size_t(w.rows * w.cols));
   const size_t rb = ggml_row_bytes(t.type, w.cols);
-  parallel_for(w.rows, threads_, [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) dequantize_row(t.type, g.data(t) + r * rb, w.w.data() + r * w.cols, w.cols);
-  });
-  if (has_q8_path(t.type)) w.q8 = unpack_q8_blocks(t.type, g.data(t), w.rows, w.cols);
+  if (has_q8_path(t.type)) {  // integer path: codes and scales only (a quarter of the f32 copy)
+    w.q8 = unpack_q8_blocks(t.type, g.data(t), w.rows, w.cols);
+  } else {
+    w.w.resize(size_t(w.rows * w.cols));
+    parallel_for(w.rows, threads_, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) dequantize_row(t.type, g.data(t) + r * rb, w.w.data() + r * w.cols, w.cols);
+    });
+  }
   if (const auto* bt = g.find_tensor(bias_name)) w.bias = g.to_f32(*bt);
   return w;
 }

@@ -33,7 +33,7 @@ struct CacheSpec {
 struct RecipeWeight {
   GgmlType type = GgmlType::F32;  // the GGUF type
   int64_t rows = 0, cols = 0;     // out, in
-  std::vector<float> w;           // dequantized [rows x cols] (exact for F32/F16/BF16)
+  std::vector<float> w;           // dequantized [rows x cols] (exact for F32/F16/BF16); empty for Q8_0/Q4_0, which keep q8
   std::vector<float> bias;        // empty if none
   Q8Matrix q8;                    // Q8_0/Q4_0: the GGUF's codes and scales (the integer path), else empty
 };

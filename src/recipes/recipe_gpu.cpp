@@ -41,6 +41,12 @@ GpuRecipe::GpuRecipe(const Recipe& cpu, cuda::Gemm& gemm, int64_t max_rows) : cp
       w.q.upload(m.q.data(), m.q.size());
       w.d.resize(m.d.size() * 4);
       w.d.upload(m.d.data(), m.d.size() * 4);
+    } else if (!rw.q8.q.empty()) {  // Q8_0/Q4_0 rows the integer kernel does not tile: their exact f32 values
+      const Q8Matrix& m = rw.q8;
+      std::vector<float> f(m.q.size());
+      for (size_t i = 0; i < f.size(); ++i) f[i] = m.d[i / 32] * float(m.q[i]);
+      w.w.resize(f.size() * 4);
+      w.w.upload(f.data(), f.size() * 4);
     } else {  // F32, and other block-quantized weights dequantized exactly to f32 at load
       w.w.resize(n * 4);
       w.w.upload(rw.w.data(), n * 4);
