@@ -61,9 +61,15 @@ $PDB front --decoder http://127.0.0.1:8080 --decoder-gguf $G --slot-dir /dev/shm
 up localhost:8000/health; ts "8B stack up"
 ( while kill -0 $P2 2>/dev/null; do echo "$(date +%s.%N) $(awk '/VmRSS/{print $2}' /proc/$P2/status) $(awk '/VmRSS/{print $2}' /proc/$F2/status 2>/dev/null)"; sleep 0.5; done ) > $R/scale_rss.txt &
 B="$PDB bench cold --front http://127.0.0.1:8000 --max-tokens 300 --stop-after 16 --out $R/scale.jsonl"
-window b128k timeout 150 $B --skip-native --chars 498000 --runs 1
-[ $(el) -lt $(( DEADLINE - 130 )) ] && window b256k timeout 200 $B --skip-native --chars 996000 --runs 1
-[ $(el) -lt $(( DEADLINE - 200 )) ] && window n8k timeout 240 $B --native-url http://127.0.0.1:8080 --skip-bridged --chars 31000 --runs 1
-while [ $(el) -lt $(( DEADLINE - 45 )) ]; do window b128k_more timeout 60 $B --skip-native --chars 498000 --runs 1; done
+# ORDER: the windows to run, in order, each only while the deadline leaves it room (default: what the
+# 2026-11-30 runs left unmeasured first).
+for w in ${ORDER:-b256k n8k b128k}; do
+  case $w in
+    b128k) [ $(el) -lt $(( DEADLINE - 90 )) ] && window b128k timeout 150 $B --skip-native --chars 498000 --runs 1 ;;
+    b256k) [ $(el) -lt $(( DEADLINE - 200 )) ] && window b256k timeout 200 $B --skip-native --chars 996000 --runs 1 ;;
+    n8k) [ $(el) -lt $(( DEADLINE - 120 )) ] && window n8k timeout 240 $B --native-url http://127.0.0.1:8080 --skip-bridged --chars 31000 --runs 1 ;;
+  esac
+done
+while [ $(el) -lt $(( DEADLINE - 100 )) ]; do window b128k_more timeout 100 $B --skip-native --chars 498000 --runs 1; done
 grep -H VmHWM /proc/$P2/status /proc/$F2/status > $R/scale_hwm.txt 2>&1
 ts "done"; save
