@@ -140,6 +140,19 @@ TEST(Hardening, ServersListenWithARealAcceptBacklog) {
     EXPECT_EQ(state, "LISTEN") << r.output;
     EXPECT_GE(backlog, 128) << "port " << port << ": " << r.output;
   }
+  // A second server on a taken port says so at once and exits (httplib's default SO_REUSEPORT let it bind
+  // and silently share the port; the front door's layout probe starts only once it holds the port).
+  const std::vector<std::vector<std::string>> seconds = {
+      {test::pdbridge_bin(), "front", "--decoder", "http://127.0.0.1:" + std::to_string(st.decoder_port), "--decoder-gguf", st.decoder_gguf,
+       "--slot-dir", st.slot_dir, "--prefill", "http://127.0.0.1:" + std::to_string(st.prefill_port), "--port", std::to_string(st.front_port)},
+      {test::pdbridge_bin(), "prefill", "--model", tiny() + "/hf", "--recipe", st.decoder_gguf, "--port", std::to_string(st.prefill_port)}};
+  for (const auto& argv : seconds) {
+    test::Child second(argv, st.dir + "/second-" + argv[1] + ".log");
+    for (int i = 0; i < 200 && second.running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_FALSE(second.running()) << "a second " << argv[1] << " is serving on a taken port: " << second.log();
+    EXPECT_NE(second.stop(), 0) << second.log();
+    EXPECT_NE(second.log().find("cannot listen"), std::string::npos) << second.log();
+  }
 }
 
 TEST(Hardening, BusyPrefillDeclinesFastInsteadOfQueueing) {

@@ -36,15 +36,19 @@ void install_json_error_handler(httplib::Server& srv) {
   });
 }
 
-bool listen_with_backlog(httplib::Server& srv, const std::string& host, int port, int backlog) {
+bool listen_with_backlog(httplib::Server& srv, const std::string& host, int port, int backlog, const std::function<void()>& on_bound) {
   auto fd = std::make_shared<socket_t>(INVALID_SOCKET);
   srv.set_socket_options([fd](socket_t s) {
-    httplib::default_socket_options(s);
+    // httplib's defaults add SO_REUSEPORT, with which a second server on a taken port binds and
+    // silently shares it; only SO_REUSEADDR (a restart on a port in TIME_WAIT).
+    int yes = 1;
+    ::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof yes);
     *fd = s;
   });
   if (!srv.bind_to_port(host, port)) return false;
   // listen() again on the bound, listening socket only raises its backlog (Linux, BSD).
   if (*fd != INVALID_SOCKET) ::listen(*fd, backlog);
+  if (on_bound) on_bound();
   return srv.listen_after_bind();
 }
 

@@ -1,6 +1,7 @@
 // Small HTTP helpers shared by both servers: OpenAI-style errors, bearer-token auth, a JSON body for
 // errors httplib raises itself (413, 404, ...).
 #pragma once
+#include <functional>
 #include <string>
 
 #include <httplib.h>
@@ -14,7 +15,9 @@ bool check_bearer(const std::string& api_key, const httplib::Request& req, httpl
 void install_json_error_handler(httplib::Server& srv);
 // srv.listen with a real accept backlog: Debian's httplib listens with a backlog of 5, which a burst of
 // concurrent clients overflows (the kernel then drops or cookies their handshakes: a lost request).
-// Returns false where it cannot bind.
-bool listen_with_backlog(httplib::Server& srv, const std::string& host, int port, int backlog = 1024);
+// Returns false where it cannot bind (also where another server holds the port: no SO_REUSEPORT);
+// `on_bound` runs once the port is bound, before serving.
+bool listen_with_backlog(httplib::Server& srv, const std::string& host, int port, int backlog = 1024,
+                         const std::function<void()>& on_bound = {});
 
 }  // namespace pdb

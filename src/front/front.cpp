@@ -556,10 +556,10 @@ int run_front(const FrontOptions& o) {
   f.serve(srv);
   srv.set_payload_max_length(o.max_body_mb << 20);
   srv.new_task_queue = [] { return new httplib::ThreadPool(16); };
-  std::thread warm([&f] { f.warm_layout(); });
+  std::thread warm;  // started once the port is ours: a taken port fails at once, without a probe
   spdlog::info("front: listening on {}:{}", o.host, o.port);
-  const bool listened = listen_with_backlog(srv, o.host, o.port);
-  warm.join();
+  const bool listened = listen_with_backlog(srv, o.host, o.port, 1024, [&] { warm = std::thread([&f] { f.warm_layout(); }); });
+  if (warm.joinable()) warm.join();
   if (!listened) throw std::runtime_error(fmt::format("cannot listen on {}:{}", o.host, o.port));
   return 0;
 }
