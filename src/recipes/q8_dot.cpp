@@ -18,7 +18,7 @@ Q8Matrix unpack_q8_blocks(GgmlType t, const uint8_t* blocks, int64_t rows, int64
   m.cols = cols;
   m.q.resize(size_t(rows * cols));
   m.d.resize(size_t(rows * cols / 32));
-  const size_t block_bytes = t == GgmlType::Q8_0 ? 34 : 18;  // f16 scale + 32 int8 / 16 nibble pairs
+  const size_t block_bytes = ggml_row_bytes(t, 32);  // f16 scale + 32 int8 codes, or 16 nibble pairs
   for (int64_t b = 0; b < rows * cols / 32; ++b) {
     const uint8_t* blk = blocks + size_t(b) * block_bytes;
     uint16_t h;

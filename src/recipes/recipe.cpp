@@ -179,7 +179,8 @@ static void add_bias(const RecipeWeight& w, int64_t rows, float* y) {
 
 void Recipe::project(const RecipeWeight& w, const float* x, int64_t rows, int simd_width, float* y) const {
   // The decoder does not multiply the f32 activation with a reduced-precision weight: it first
-  // converts the activation to the weight's dot type. Do the same, then an f32 GEMM.
+  // converts the activation to the weight's dot type. Do the same, then an f32 GEMM (Q8_0/Q4_0:
+  // integer block sums, as ggml-cpu).
   std::vector<float> xa;
   const float* xs = x;
   const int64_t K = w.cols;
