@@ -1,8 +1,10 @@
 #include "support/stack.h"
 
+#include <chrono>
 #include <filesystem>
 #include <random>
 #include <stdexcept>
+#include <thread>
 
 #include <httplib.h>
 
@@ -52,6 +54,14 @@ Stack::Stack(const StackOptions& o) {
   fa.insert(fa.end(), o.front_extra.begin(), o.front_extra.end());
   front_ = std::make_unique<Child>(fa, dir + "/front.log");
   if (!wait_http_ok("127.0.0.1", front_port, "/health", 60)) throw std::runtime_error("front did not start:\n" + front_->log());
+  // The front door probes a decoder slot as it starts: tests that then use the decoder's slots
+  // directly must not race that probe, so the stack is ready once the probe has ended (either way).
+  for (int i = 0; i < 600; ++i) {
+    const std::string log = front_->log();
+    if (log.find("layout learned at startup") != std::string::npos || log.find("startup layout probe:") != std::string::npos) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  throw std::runtime_error("the front door's startup probe did not end in 60 s:\n" + front_->log());
 }
 
 Stack::~Stack() {
