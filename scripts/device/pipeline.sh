@@ -5,8 +5,8 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all, or a comma-separated list of tests,bench,train,fp8,demo,link
-has() { [ "$STAGES" = all ] && [ "$1" != fp8 ] && [ "$1" != link ] && [ "$1" != demo ] && return 0; [[ ",$STAGES," == *",$1,"* ]]; }
+# STAGES: all, or a comma-separated list of tests,bench,train,attn,fp8,demo,link
+has() { [ "$STAGES" = all ] && [ "$1" != fp8 ] && [ "$1" != attn ] && [ "$1" != link ] && [ "$1" != demo ] && return 0; [[ ",$STAGES," == *",$1,"* ]]; }
 R=/tmp/res; M=/tmp/m; P=/tmp/pdb; LC=/tmp/llama-cuda
 mkdir -p $R $M $P $LC
 T0=$(date +%s)
@@ -21,9 +21,9 @@ export LD_LIBRARY_PATH=$P/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 PDB=$P/build/pdbridge
 run device_info $PDB device-info || { ts "pdbridge does not run here"; touch $R/DONE; exit 1; }
 # llama.cpp CUDA (peer), in the background
-has bench && ( tar -xJf $DEV/llama-src.tar.xz -C $LC && cd $LC && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON \
+{ has bench || has attn; } && [ -f $DEV/llama-src.tar.xz ] && ( tar -xJf $DEV/llama-src.tar.xz -C $LC && cd $LC && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON \
    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-   -DLLAMA_BUILD_SERVER=OFF -DGGML_CUDA_NCCL=OFF > $R/llama_cmake.log 2>&1 && nice -n 10 cmake --build build -j 10 --target llama-bench > $R/llama_build.log 2>&1
+   -DLLAMA_BUILD_SERVER=OFF -DGGML_CUDA_NCCL=OFF > $R/llama_cmake.log 2>&1 && nice -n 10 cmake --build build -j 8 --target llama-bench > $R/llama_build.log 2>&1
   echo $? > $R/llama_build.rc ) &
 # the embedded default model (issue #6): trains while the tests and model generation use the CPU
 if [ -f $DEV/train_needle.py ] && has train; then
@@ -42,7 +42,7 @@ if has bench; then
   if [ -f $DEV/train_needle.py ]; then ts "waiting for training"; while [ ! -e $R/train.rc ]; do sleep 5; done; ts "training rc=$(cat $R/train.rc)"; tail -n 12 $R/train.log; fi
   [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
   run bench_llama8b $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b --out $R/bench.jsonl
-  PDBRIDGE_ATTN_WGMMA=1 run bench_llama8b_wgmma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-wgmma --out $R/bench.jsonl
+  PDBRIDGE_ATTN_WGMMA=0 run bench_llama8b_mma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-mma --out $R/bench.jsonl
   PDBRIDGE_ATTN_KTILE=128 run bench_llama8b_kt128 $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-kt128 --out $R/bench.jsonl
   PDBRIDGE_ATTN_WARPS=4 run bench_llama8b_attn4 $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 32768 --reps 2 --chunk 4096 --label llama8b-attn4 --out $R/bench.jsonl
   run bench_llama8b_128k $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 131072 --reps 1 --chunk 8192 --label llama8b --out $R/bench.jsonl
@@ -57,12 +57,32 @@ fi
 # probe finds the scale order; the bench's "weights" field says which path ran). Also the GPU-encoded
 # q8_0 cache rows against f16 ones, the 128-key attention tiles, and the recipe's overhead with a Q4_0 decoder
 # (its int8 tensor-core products).
+# The attention kernels side by side (mma.sync 64-key default, 128-key tiles, Hopper wgmma) and the recipe's
+# overhead with a Q4_0 decoder, without the FP8 checkpoint (which takes minutes to make).
+if has attn; then
+  [ -f $M/llama8b/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16
+  # Q4_0 from the F16 GGUF (quantizing from the f32 source does not fit the device's disk beside the rest)
+  [ -f $M/llama8b/decoder-q4_0.gguf ] || run quantize_q4 $P/build/llama/bin/llama-quantize $M/llama8b/decoder-f16.gguf $M/llama8b/decoder-q4_0.gguf Q4_0
+  run attn_wgmma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-wgmma --out $R/bench.jsonl
+  PDBRIDGE_ATTN_WGMMA=0 run attn_mma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-mma --out $R/bench.jsonl
+  run attn_q4recipe $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-q4_0.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-q4_0-recipe --out $R/bench.jsonl
+  [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
+  # One attention launch of the last 4K-query chunk of a 32K prompt (the warm-up forward's 248th) under ncu.
+  run ncu_attn ncu --clock-control none -k regex:flash_attention --launch-skip 247 --launch-count 1 --section SpeedOfLight \
+    --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
+    $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 32768 --reps 1 --chunk 4096 --label ncu --out /dev/null
+  run attn_128k $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 131072 --reps 1 --chunk 8192 --label llama8b-bf16-wgmma --out $R/bench.jsonl
+  if [ -e $R/llama_build.rc ] || [ -e $LC/build/CMakeCache.txt ]; then
+    ts "waiting for the llama.cpp CUDA build"; while [ ! -e $R/llama_build.rc ]; do sleep 5; done
+    run llama_bench $LC/build/bin/llama-bench -m $M/llama8b/decoder-f16.gguf -ngl 99 -fa 1 -b 4096 -ub 2048 -p 8192,32768 -n 0 -r 2 -o md
+  fi
+fi
 if has fp8; then
   [ -f $M/llama8b/decoder-q4_0.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16,q4_0
   run make_llama8b_fp8 $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b_fp8 --hf-dtype fp8 --gguf-types ""
   run bench_fp8 $PDB bench prefill --model $M/llama8b_fp8/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-fp8 --out $R/bench.jsonl
   run bench_bf16 $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16 --out $R/bench.jsonl
-  PDBRIDGE_ATTN_WGMMA=1 run bench_bf16_wgmma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-wgmma --out $R/bench.jsonl
+  PDBRIDGE_ATTN_WGMMA=0 run bench_bf16_mma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-mma --out $R/bench.jsonl
   PDBRIDGE_ATTN_KTILE=128 run bench_bf16_kt128 $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-kt128 --out $R/bench.jsonl
   run bench_bf16_q4recipe $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-q4_0.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-q4_0-recipe --out $R/bench.jsonl
   run bench_bf16_q8 $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192 --reps 3 --chunk 4096 --cache-type q8_0 --label llama8b-bf16-q8cache --out $R/bench.jsonl

@@ -251,9 +251,10 @@ void launch_tuned(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfl
 AttentionTuning AttentionTuning::from_env() {
   static const AttentionTuning t = [] {
     AttentionTuning r;
-    if (const char* e = std::getenv("PDBRIDGE_ATTN_WARPS"); e && std::string(e) == "4") r.warps = 4;
-    if (const char* e = std::getenv("PDBRIDGE_ATTN_KTILE"); e && std::string(e) == "128") r.key_tile = 128;
-    if (const char* e = std::getenv("PDBRIDGE_ATTN_WGMMA"); e && std::string(e) == "1") r.wgmma = true;
+    // Naming a shape of the mma.sync kernel selects that kernel.
+    if (const char* e = std::getenv("PDBRIDGE_ATTN_WARPS"); e && std::string(e) == "4") r.warps = 4, r.wgmma = false;
+    if (const char* e = std::getenv("PDBRIDGE_ATTN_KTILE"); e && std::string(e) == "128") r.key_tile = 128, r.wgmma = false;
+    if (const char* e = std::getenv("PDBRIDGE_ATTN_WGMMA"); e && std::string(e) == "0") r.wgmma = false;
     return r;
   }();
   return t;

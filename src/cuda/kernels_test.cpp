@@ -102,8 +102,8 @@ TEST(CudaKernels, FlashAttentionMatchesTheF64TwinForEveryShapeAndChunk) {
     ref::causal_attention(q, k, v, ref, c.n_q, c.pos0, c.H, c.KV, c.D, cap, scale);
     auto dq = to_device_bf16(q), dk = to_device_bf16(k), dv = to_device_bf16(v);
     cuda::AttentionShape s{c.n_q, c.pos0, c.H, c.KV, c.D, cap, scale};
-    for (const cuda::AttentionTuning t : {cuda::AttentionTuning{8, 64}, cuda::AttentionTuning{8, 128}, cuda::AttentionTuning{4, 64},
-                                          cuda::AttentionTuning{8, 64, true}}) {
+    for (const cuda::AttentionTuning t : {cuda::AttentionTuning{8, 64, false}, cuda::AttentionTuning{8, 128, false},
+                                          cuda::AttentionTuning{4, 64, false}, cuda::AttentionTuning{8, 64, true}}) {
       if (t.wgmma && c.D == 128) {
         EXPECT_TRUE(cuda::wgmma_attention_supported(s)) << "an sm_90 GPU runs the wgmma kernel for head_dim 128";
       }
@@ -118,7 +118,7 @@ TEST(CudaKernels, FlashAttentionMatchesTheF64TwinForEveryShapeAndChunk) {
     }
   }
   EXPECT_THROW(cuda::causal_attention(nullptr, nullptr, nullptr, nullptr, cuda::AttentionShape{1, 0, 1, 1, 64, 1, 1.0f}, nullptr,
-                                      cuda::AttentionTuning{4, 128}),
+                                      cuda::AttentionTuning{4, 128, false}),
                std::invalid_argument);
 #endif
 }

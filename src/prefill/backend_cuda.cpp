@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -35,6 +36,10 @@ class CudaBackend final : public PrefillBackend {
     PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     const int64_t C = recipe_->info().n_embd_kv();
     embed_dev_.resize(size_t(max_chunk * recipe_->info().n_embd) * 4);
+    for (int b = 0; b < 2; ++b) {
+      embed_pinned_[b].resize(size_t(max_chunk * recipe_->info().n_embd) * 4);
+      PDB_CUDA_CHECK(cudaEventCreateWithFlags(&embed_uploaded_[b], cudaEventDisableTiming | cudaEventBlockingSync));
+    }
     for (auto& s : slots_) {
       s.dk.resize(size_t(max_chunk * C) * 4);
       s.dv.resize(size_t(max_chunk * C) * 4);
@@ -51,6 +56,7 @@ class CudaBackend final : public PrefillBackend {
       cudaEventDestroy(s.computed);
       cudaEventDestroy(s.copied);
     }
+    for (auto e : embed_uploaded_) cudaEventDestroy(e);
     cudaStreamDestroy(copy_stream_);
   }
 
@@ -104,6 +110,70 @@ class CudaBackend final : public PrefillBackend {
       }
     });
 
+    // Rows of one layer of one chunk: the recipe on the engine's stream into the next free slot, then
+    // out to pinned host memory on the copy stream.
+    auto emit = [&](int layer, const float* src, int64_t rows, int64_t pos0, cudaStream_t st) {
+      Slot& s = slots_[next_fill % kSlots];
+      {
+        std::unique_lock<std::mutex> l(mu);
+        cv.wait(l, [&] { return s.state == Slot::Free; });
+      }
+      s.layer = layer;
+      s.pos0 = pos0;
+      s.rows = rows;
+      gpu_recipe_.kv_f32(layer, src, rows, st, s.dk.as<float>(), s.dv.as<float>());
+      const size_t kbytes = encode(spec.k_type, spec.rot_k, k_rotation_size(info.head_dim), s.dk, s.dkq, rows, C, st);
+      const size_t vbytes = encode(spec.v_type, spec.rot_v, kVRotationSize, s.dv, s.dvq, rows, C, st);
+      PDB_CUDA_CHECK(cudaEventRecord(s.computed, st));
+      PDB_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, s.computed, 0));
+      PDB_CUDA_CHECK(cudaMemcpyAsync(s.hk.as<uint8_t>(), outgoing(spec.k_type, s.dk, s.dkq), kbytes, cudaMemcpyDeviceToHost, copy_stream_));
+      PDB_CUDA_CHECK(cudaMemcpyAsync(s.hv.as<uint8_t>(), outgoing(spec.v_type, s.dv, s.dvq), vbytes, cudaMemcpyDeviceToHost, copy_stream_));
+      PDB_CUDA_CHECK(cudaEventRecord(s.copied, copy_stream_));
+      std::lock_guard<std::mutex> l(mu);
+      s.state = Slot::Enqueued;
+      ++next_fill;
+      cv.notify_all();
+    };
+
+    // Layer 0 starts from the decoder's own (possibly quantized) embedding rows, dequantized on the
+    // host. Done inline that cost the GPU ~30 ms per 4K-token chunk (the launching thread waited on
+    // it): a helper thread makes each chunk's rows one chunk ahead into two pinned buffers, and the
+    // layer-0 rows are computed at layer 1's hook, so even the first chunk's are made while the GPU
+    // runs layer 0. The order of the rows leaving is unchanged (layer 0, then 1, ...).
+    const int64_t T = int64_t(tokens.size());
+    const int layers = engine_.config().num_layers;
+    struct EmbedJob { int64_t pos0 = -1, rows = 0; int buf = 0; std::future<void> ready; } job;
+    auto start_embedding = [&](int64_t pos0, int buf) {
+      EmbedJob j;
+      j.pos0 = pos0;
+      j.rows = std::min(chunk, T - pos0);
+      j.buf = buf;
+      if (j.rows <= 0) return j;
+      j.ready = std::async(std::launch::async, [this, &tokens, pos0, rows = j.rows, buf] {
+        PDB_CUDA_CHECK(cudaEventSynchronize(embed_uploaded_[buf]));  // its previous upload has left the buffer
+        recipe_->decoder_embedding(tokens.data() + pos0, rows, embed_pinned_[buf].as<float>());
+      });
+      return j;
+    };
+    int64_t chunk_pos0 = 0, chunk_rows = 0;
+    auto emit_layer0 = [&](cudaStream_t st) {
+      if (job.pos0 != chunk_pos0 || job.rows != chunk_rows || !job.ready.valid()) {  // the engine chunked otherwise: make them now
+        if (job.ready.valid()) job.ready.wait();
+        job = EmbedJob{chunk_pos0, chunk_rows, job.buf, {}};
+        PDB_CUDA_CHECK(cudaEventSynchronize(embed_uploaded_[job.buf]));
+        recipe_->decoder_embedding(tokens.data() + chunk_pos0, chunk_rows, embed_pinned_[job.buf].as<float>());
+      } else {
+        job.ready.get();  // rethrows a token outside the decoder's vocabulary
+      }
+      const size_t bytes = size_t(chunk_rows * info.n_embd) * 4;
+      PDB_CUDA_CHECK(cudaMemcpyAsync(embed_dev_.get(), embed_pinned_[job.buf].as<float>(), bytes, cudaMemcpyHostToDevice, st));
+      PDB_CUDA_CHECK(cudaEventRecord(embed_uploaded_[job.buf], st));
+      const int buf = job.buf;
+      job = start_embedding(chunk_pos0 + chunk_rows, buf ^ 1);
+      emit(0, embed_dev_.as<float>(), chunk_rows, chunk_pos0, st);
+    };
+    job = start_embedding(0, 0);
+
     int64_t done = 0;
     std::exception_ptr engine_error;
     try {
@@ -111,36 +181,14 @@ class CudaBackend final : public PrefillBackend {
           tokens, chunk,
           [&](int layer, const float* d_h, int64_t rows, int64_t pos0, cudaStream_t st) {
             if (stopped) return;
-            if (layer == 0) gpu_recipe_.set_positions(pos0, rows, st);
-            Slot& s = slots_[next_fill % kSlots];
-            {
-              std::unique_lock<std::mutex> l(mu);
-              cv.wait(l, [&] { return s.state == Slot::Free; });
+            if (layer == 0) {
+              gpu_recipe_.set_positions(pos0, rows, st);
+              chunk_pos0 = pos0;
+              chunk_rows = rows;
+              if (layers > 1) return;
             }
-            s.layer = layer;
-            s.pos0 = pos0;
-            s.rows = rows;
-            const float* src = d_h;
-            if (layer == 0) {  // the decoder's own layer-0 input: its (possibly quantized) embedding rows
-              const int64_t E = info.n_embd;
-              embed_host_.resize(size_t(rows * E));
-              recipe_->decoder_embedding(tokens.data() + pos0, rows, embed_host_.data());
-              // Pageable source: returns once staged, so the host vector is free for the next chunk.
-              PDB_CUDA_CHECK(cudaMemcpyAsync(embed_dev_.get(), embed_host_.data(), size_t(rows * E) * 4, cudaMemcpyHostToDevice, st));
-              src = embed_dev_.as<float>();
-            }
-            gpu_recipe_.kv_f32(layer, src, rows, st, s.dk.as<float>(), s.dv.as<float>());
-            const size_t kbytes = encode(spec.k_type, spec.rot_k, k_rotation_size(info.head_dim), s.dk, s.dkq, rows, C, st);
-            const size_t vbytes = encode(spec.v_type, spec.rot_v, kVRotationSize, s.dv, s.dvq, rows, C, st);
-            PDB_CUDA_CHECK(cudaEventRecord(s.computed, st));
-            PDB_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, s.computed, 0));
-            PDB_CUDA_CHECK(cudaMemcpyAsync(s.hk.as<uint8_t>(), outgoing(spec.k_type, s.dk, s.dkq), kbytes, cudaMemcpyDeviceToHost, copy_stream_));
-            PDB_CUDA_CHECK(cudaMemcpyAsync(s.hv.as<uint8_t>(), outgoing(spec.v_type, s.dv, s.dvq), vbytes, cudaMemcpyDeviceToHost, copy_stream_));
-            PDB_CUDA_CHECK(cudaEventRecord(s.copied, copy_stream_));
-            std::lock_guard<std::mutex> l(mu);
-            s.state = Slot::Enqueued;
-            ++next_fill;
-            cv.notify_all();
+            if (layer <= 1) emit_layer0(st);
+            if (layer > 0) emit(layer, d_h, rows, pos0, st);
           },
           [&] { return stopped.load() || (stop && stop()); });
     } catch (...) {
@@ -215,7 +263,8 @@ class CudaBackend final : public PrefillBackend {
   int threads_;
   cudaStream_t copy_stream_ = nullptr;
   Slot slots_[kSlots];
-  std::vector<float> embed_host_;
+  cuda::PinnedBuffer embed_pinned_[2];  // the decoder's embedding rows of a chunk, made one chunk ahead
+  cudaEvent_t embed_uploaded_[2] = {nullptr, nullptr};
   cuda::DeviceBuffer embed_dev_;
   std::mutex capture_mu_;
 };

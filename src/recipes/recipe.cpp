@@ -46,10 +46,11 @@ void Recipe::decoder_embedding(const int32_t* tokens, int64_t rows, float* out) 
   const auto& t = gguf_->tensor("token_embd.weight");
   const int64_t n = info_.n_embd, vocab = t.ne[1];
   const size_t rb = ggml_row_bytes(t.type, n);
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = 0; r < rows; ++r)
     if (tokens[r] < 0 || tokens[r] >= vocab) throw std::out_of_range(fmt::format("token {} outside the decoder's vocabulary", tokens[r]));
-    dequantize_row(t.type, gguf_->data(t) + size_t(tokens[r]) * rb, out + r * n, n);
-  }
+  parallel_for(rows, threads_, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) dequantize_row(t.type, gguf_->data(t) + size_t(tokens[r]) * rb, out + r * n, n);
+  });
 }
 
 RecipeWeight Recipe::load_weight(const GgufFile& g, const std::string& name, const std::string& bias_name) const {

@@ -63,8 +63,10 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
       for (auto& x : t) x = int32_t(g() % uint64_t(c.vocab_size));
       return t;
     };
-    // Warm-up: plans, handles, the engine's K/V allocation at this size.
+    // Warm-up: plans, handles, the engine's K/V allocation at this size, and a capture (pinned and
+    // host pages of the row path first touched).
     be->forward_only(prompt(), o.chunk, true);
+    be->capture(prompt(), o.chunk, spec, [](const KvBlock&) { return true; }, {});
     struct Mode { std::string name; double layers; };
     // engine+recipe: the GPU recipe's rows reach host memory in the decoder's format (the recipe's
     // cost); +frames: and are framed for the wire (checksums and copies on the host).
