@@ -14,7 +14,7 @@ log() { echo "[setup] $*" >&2; }
 die() { echo "[setup] ERROR: $*" >&2; exit 1; }
 
 APT_PACKAGES=(build-essential cmake git pkg-config ca-certificates
-  libcpp-httplib-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
+  libcpp-httplib-dev libcurl4-openssl-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libxxhash-dev libzstd-dev libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   libssl-dev zlib1g-dev libbrotli-dev prometheus-cpp-dev clang libclang-rt-14-dev gnuplot-nox python3 curl nodejs npm iproute2)
 

@@ -15,6 +15,7 @@
 
 #include "formats/gguf.h"
 #include "formats/state_file.h"
+#include "common/http_stream.h"
 #include "common/http_util.h"
 #include "common/metrics.h"
 #include "front/assembler.h"
@@ -253,20 +254,19 @@ void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
   pr.rot_k = spec.rot_k;
   pr.rot_v = spec.rot_v;
   pr.simd_width = spec.simd_width;
-  httplib::Client cli(prefill_.host, prefill_.port);
-  cli.set_connection_timeout(5, 0);
-  cli.set_read_timeout(o_.bridge_timeout_s, 0);
-  httplib::Request req;
-  req.method = "POST";
+  StreamPost req;
+  req.host = prefill_.host;
+  req.port = prefill_.port;
   req.path = "/v1/bridge/prefill";
   req.body = pr.to_json().dump();
-  req.set_header("Content-Type", "application/json");
+  req.headers = {{"Content-Type", "application/json"}};
+  req.connect_timeout_s = 5;
+  req.idle_timeout_s = o_.bridge_timeout_s;
   const std::string pkey = o_.prefill_api_key.empty() ? o_.api_key : o_.prefill_api_key;
-  if (!pkey.empty()) req.set_header("Authorization", "Bearer " + pkey);
-  int status = 0;
+  if (!pkey.empty()) req.headers.emplace_back("Authorization", "Bearer " + pkey);
   std::string error_body;
-  req.response_handler = [&](const httplib::Response& r) { status = r.status; return true; };
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+  const auto tw = Clock::now();
+  const StreamResult result = post_streaming(req, [&](int status, const char* data, size_t n) {
     if (status != 200) { error_body.append(data, n); return error_body.size() < 65536; }
     try {
       assembler.feed(reinterpret_cast<const uint8_t*>(data), n);
@@ -275,17 +275,15 @@ void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
       return false;
     }
     return true;
-  };
-  const auto tw = Clock::now();
-  auto result = cli.send(req);
+  });
   v.t_wire = secs(tw);
   if (!frame_error.empty()) throw std::runtime_error("bad frame: " + frame_error);
-  if (!result) throw std::runtime_error(fmt::format("prefill server {}:{}: {}", prefill_.host, prefill_.port, httplib::to_string(result.error())));
-  if (status != 200) {
+  if (result.status != 0 && result.status != 200) {
     std::string msg = error_body;
     try { msg = json::parse(error_body).at("error").at("message").get<std::string>(); } catch (...) {}
-    throw std::runtime_error(fmt::format("prefill server HTTP {}: {}", status, msg));
+    throw std::runtime_error(fmt::format("prefill server HTTP {}: {}", result.status, msg));
   }
+  if (!result.transferred) throw std::runtime_error(fmt::format("prefill server {}:{}: {}", prefill_.host, prefill_.port, result.error));
   v.bytes = assembler.wire_bytes();
   v.t_engine = assembler.engine_s();
   int64_t mounted = T;
