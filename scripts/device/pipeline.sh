@@ -36,6 +36,7 @@ if has tests; then
     $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny-h16 --hf-dtype f16 --gguf-types f16; \
     $PDB make-model --arch qwen3 --preset tiny --seed 2 --out $TM/qwen3-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0"
   run integration_cuda $P/build/tests/integration_tests --gtest_filter='GpuRecipe*:CudaEngine*:CudaBridge*:CudaParity*'
+  PDBRIDGE_RECIPE_STREAM=1 run integration_cuda_recipe_stream $P/build/tests/integration_tests --gtest_filter='CudaBridge*:CudaParity*'
 fi
 if has bench; then
   run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16
@@ -57,13 +58,16 @@ fi
 # probe finds the scale order; the bench's "weights" field says which path ran). Also the GPU-encoded
 # q8_0 cache rows against f16 ones, the 128-key attention tiles, and the recipe's overhead with a Q4_0 decoder
 # (its int8 tensor-core products).
-# The attention kernels side by side (mma.sync 64-key default, 128-key tiles, Hopper wgmma) and the recipe's
-# overhead with a Q4_0 decoder, without the FP8 checkpoint (which takes minutes to make).
+# The attention kernels side by side (Hopper wgmma default, its ping-pong variant, mma.sync) and the recipe's
+# overhead (on the engine's stream and on its own; with a Q4_0 decoder), without the FP8 checkpoint (which takes
+# minutes to make); the PyTorch and llama.cpp CUDA peers in the same run; one attention launch under ncu.
 if has attn; then
   [ -f $M/llama8b/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16
   # Q4_0 from the F16 GGUF (quantizing from the f32 source does not fit the device's disk beside the rest)
   [ -f $M/llama8b/decoder-q4_0.gguf ] || run quantize_q4 $P/build/llama/bin/llama-quantize $M/llama8b/decoder-f16.gguf $M/llama8b/decoder-q4_0.gguf Q4_0
   run attn_wgmma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-wgmma --out $R/bench.jsonl
+  PDBRIDGE_ATTN_WGMMA=2 run attn_pingpong $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-wgmma-pingpong --out $R/bench.jsonl
+  PDBRIDGE_RECIPE_STREAM=1 run attn_recipe_stream $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-recipe-stream --out $R/bench.jsonl
   PDBRIDGE_ATTN_WGMMA=0 run attn_mma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-mma --out $R/bench.jsonl
   run attn_q4recipe $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-q4_0.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-q4_0-recipe --out $R/bench.jsonl
   [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
@@ -78,7 +82,8 @@ if has attn; then
   fi
 fi
 if has fp8; then
-  [ -f $M/llama8b/decoder-q4_0.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16,q4_0
+  [ -f $M/llama8b/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16
+  [ -f $M/llama8b/decoder-q4_0.gguf ] || run quantize_q4 $P/build/llama/bin/llama-quantize $M/llama8b/decoder-f16.gguf $M/llama8b/decoder-q4_0.gguf Q4_0
   run make_llama8b_fp8 $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b_fp8 --hf-dtype fp8 --gguf-types ""
   run bench_fp8 $PDB bench prefill --model $M/llama8b_fp8/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-fp8 --out $R/bench.jsonl
   run bench_bf16 $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16 --out $R/bench.jsonl

@@ -201,21 +201,7 @@ flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
     __syncthreads();  // the next iteration's prefetch overwrites this stage
   }
 
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const int64_t row = q_first + sub * 16 + lane / 4 + h * 8;
-    if (row >= s.n_q) continue;
-    __nv_bfloat16* orow = out + row * q_stride + int64_t(head) * D;
-#pragma unroll
-    for (int j = 0; j < DTILES; ++j) {
-      const int col = j * 8 + 2 * (lane % 4);
-      *reinterpret_cast<__nv_bfloat162*>(orow + col) = __floats2bfloat162_rn(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
-    }
-  }
+  store_normalized_rows<D>(&o[0][0], l_run, q_first + sub * 16 + lane / 4, s.n_q, q_stride, int64_t(head) * D, lane % 4, out);
 }
 
 template <int D, int W, int KT>
@@ -255,6 +241,7 @@ AttentionTuning AttentionTuning::from_env() {
     if (const char* e = std::getenv("PDBRIDGE_ATTN_WARPS"); e && std::string(e) == "4") r.warps = 4, r.wgmma = false;
     if (const char* e = std::getenv("PDBRIDGE_ATTN_KTILE"); e && std::string(e) == "128") r.key_tile = 128, r.wgmma = false;
     if (const char* e = std::getenv("PDBRIDGE_ATTN_WGMMA"); e && std::string(e) == "0") r.wgmma = false;
+    if (const char* e = std::getenv("PDBRIDGE_ATTN_WGMMA"); e && std::string(e) == "2") r.wgmma = r.pingpong = true;
     return r;
   }();
   return t;
@@ -265,7 +252,7 @@ void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv
   if (s.n_q <= 0) return;
   if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0) throw std::invalid_argument("attention: heads not a multiple of kv heads");
   if (s.pos0 + s.n_q > s.kv_capacity) throw std::invalid_argument("attention: keys past the cache capacity");
-  if (tuning.wgmma && wgmma_attention_supported(s)) return causal_attention_wgmma(q, k, v, out, s, stream);
+  if (tuning.wgmma && wgmma_attention_supported(s)) return causal_attention_wgmma(q, k, v, out, s, stream, tuning.pingpong);
   switch (s.head_dim) {
     case 64: return launch_tuned<64>(q, k, v, out, s, tuning, stream);
     case 128: return launch_tuned<128>(q, k, v, out, s, tuning, stream);

@@ -25,6 +25,7 @@ struct AttentionShape {
 struct AttentionTuning {
   int warps = 8, key_tile = 64;
   bool wgmma = true;  // head_dim 128 on sm_90: attention_wgmma.cu; elsewhere (and when false) the mma.sync kernel
+  bool pingpong = false;  // the wgmma kernel with its warpgroups half a tile apart (PDBRIDGE_ATTN_WGMMA=2)
   static AttentionTuning from_env();
 };
 
@@ -38,6 +39,6 @@ void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv
 // The Hopper kernel (attention_wgmma.cu): head_dim 128, sm_90 only; same arguments and results.
 bool wgmma_attention_supported(const AttentionShape& s);
 void causal_attention_wgmma(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
-                            const AttentionShape& s, cudaStream_t stream);
+                            const AttentionShape& s, cudaStream_t stream, bool pingpong = false);
 
 }  // namespace pdb::cuda

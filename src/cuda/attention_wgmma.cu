@@ -5,7 +5,8 @@
 // of 128 keys are copied into shared memory (cp.async, double-buffered) in the 128-byte-swizzled
 // layouts wgmma reads: K rows K-major for S = Q K^T, V rows read as MN-major (transposed) for O += P V.
 // P stays in registers: an S accumulator fragment is exactly a wgmma A fragment. Built for sm_90a only
-// (wgmma); other targets get a stub that reports it.
+// (wgmma); other targets get a stub that reports it. A second kernel runs the two warpgroups half a
+// tile apart (PDBRIDGE_ATTN_WGMMA=2, until it is measured against the first).
 #include "cuda/attention.cuh"
 
 #include <stdexcept>
@@ -74,6 +75,136 @@ __device__ __forceinline__ void wgmma_rs_mn(float* d, const uint32_t* a, uint64_
       : "memory");
 }
 
+// S = Q K^T for one warpgroup's 64 rows and one 128-key tile, issued and committed, not waited for:
+// 8 steps of 16 head_dim columns; a step moves 32 bytes inside a swizzle atom, and the second four
+// steps read the second 64-column half.
+__device__ __forceinline__ void issue_qk(float* sc, uint32_t sQg, uint32_t sK) {
+  fence_operands(sc);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const uint32_t off = (kk % 4) * 32;
+    const uint64_t da = smem_desc(sQg + (kk / 4) * (kRowsPerGroup * 128) + off, 16, 1024);
+    const uint64_t db = smem_desc(sK + (kk / 4) * (kKeys * 128) + off, 16, 1024);
+    wgmma_ss_k(sc, da, db, kk > 0);
+  }
+  wgmma_commit();
+}
+
+// O += P V for one tile, issued and committed, not waited for: 8 steps of 16 keys; P's fragment for
+// keys 16kk..16kk+15 is S blocks 2kk and 2kk+1. V is read transposed (MN-major): LBO = the 64-column
+// halves, SBO = 8 keys.
+__device__ __forceinline__ void issue_pv(float* o, const uint32_t (&pa)[kKeys / 16][4], uint32_t sV) {
+  fence_operands(o);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk) wgmma_rs_mn(o, pa[kk], smem_desc(sV + kk * 16 * 128, kKeys * 128, 1024));
+  wgmma_commit();
+}
+
+// The online softmax of one tile's scores (in sc, complete) for this thread's two rows: causal mask,
+// running max and sum, O rescaled, and P packed to bf16 A fragments for issue_pv.
+__device__ __forceinline__ void softmax_tile(float* sc, int64_t key0, bool needs_mask, const int64_t (&qpos)[2], int t, float scale_log2,
+                                             float (&m_run)[2], float (&l_run)[2], float* o, uint32_t (&pa)[kKeys / 16][4]) {
+#pragma unroll
+  for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = sc[j * 4 + e] * scale_log2;
+      if (needs_mask) {
+        const int64_t kpos = key0 + j * 8 + 2 * t + (e & 1);
+        if (kpos > qpos[e >> 1]) x = -INFINITY;
+      }
+      sc[j * 4 + e] = x;
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = m_run[h];
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j) mx = fmaxf(mx, fmaxf(sc[j * 4 + 2 * h], sc[j * 4 + 2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // A row with every key masked so far keeps m = -inf: exp2(-inf - -inf) would be NaN.
+    const float corr = mx == -INFINITY ? 1.0f : exp2f(m_run[h] - mx);
+    const float base = mx == -INFINITY ? 0.0f : mx;
+    m_run[h] = mx;
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j) {
+      sc[j * 4 + 2 * h] = exp2f(sc[j * 4 + 2 * h] - base);
+      sc[j * 4 + 2 * h + 1] = exp2f(sc[j * 4 + 2 * h + 1] - base);
+      sum += sc[j * 4 + 2 * h] + sc[j * 4 + 2 * h + 1];
+    }
+    l_run[h] = l_run[h] * corr + sum;
+#pragma unroll
+    for (int j = 0; j < kD / 8; ++j) { o[j * 4 + 2 * h] *= corr; o[j * 4 + 2 * h + 1] *= corr; }
+  }
+  // All of P is packed before the first product, so no product waits on registers still being written.
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
+    pa[kk][0] = pack_bf16(sc[8 * kk + 0], sc[8 * kk + 1]);
+    pa[kk][1] = pack_bf16(sc[8 * kk + 2], sc[8 * kk + 3]);
+    pa[kk][2] = pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
+    pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
+  }
+}
+
+// What one block of either kernel works on: 2 x 64 query rows of one head (heaviest blocks first),
+// the keys they see, and this thread's place in the wgmma accumulator layout (warp w of a warpgroup
+// owns rows 16w..16w+15; per 8-column block j the thread holds (g, 8j+2t), (g, 8j+2t+1), (g+8, 8j+2t),
+// (g+8, 8j+2t+1)).
+struct BlockPlan {
+  int group, t, head;
+  int64_t q_first, n_keys, row_in_block;
+  int n_tiles;
+  int64_t qpos[2];
+  const __nv_bfloat16* kh;
+  const __nv_bfloat16* vh;
+};
+
+__device__ __forceinline__ BlockPlan plan_block(const AttentionShape& s, const __nv_bfloat16* k, const __nv_bfloat16* v) {
+  BlockPlan b;
+  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, g = lane / 4;
+  b.group = threadIdx.x / 128;
+  b.t = lane % 4;
+  b.head = int(blockIdx.y);
+  const int kvh = b.head / (s.n_heads / s.n_kv_heads);
+  b.q_first = int64_t(int(gridDim.x) - 1 - int(blockIdx.x)) * (kGroups * kRowsPerGroup);
+  b.n_keys = s.pos0 + (s.n_q < b.q_first + kGroups * kRowsPerGroup ? s.n_q : b.q_first + kGroups * kRowsPerGroup);
+  b.n_tiles = int((b.n_keys + kKeys - 1) / kKeys);
+  b.row_in_block = int64_t(b.group) * kRowsPerGroup + warp * 16 + g;
+  b.qpos[0] = s.pos0 + b.q_first + b.row_in_block;
+  b.qpos[1] = b.qpos[0] + 8;
+  b.kh = k + int64_t(kvh) * s.kv_capacity * kD;
+  b.vh = v + int64_t(kvh) * s.kv_capacity * kD;
+  return b;
+}
+
+// Q: warpgroup w's 64 rows in its own swizzled region; one cp.async group.
+__device__ __forceinline__ void load_q(uint32_t sQ, const __nv_bfloat16* __restrict__ q, const AttentionShape& s, const BlockPlan& b) {
+  const int64_t q_stride = int64_t(s.n_heads) * kD;
+  for (int i = threadIdx.x; i < kGroups * kRowsPerGroup * 16; i += kThreads) {
+    const int row = i / 16, c = i % 16, w = row / kRowsPerGroup, r = row % kRowsPerGroup;
+    const int64_t pos = b.q_first + row;
+    const bool ok = pos < s.n_q;
+    cp_async16(sQ + w * kQBytes + tile_offset(kRowsPerGroup, r, c), q + (ok ? pos * q_stride + int64_t(b.head) * kD + c * 8 : 0), ok);
+  }
+  cp_async_commit();
+}
+
+// One 128-key tile of K and V into a stage; one cp.async group. Keys past the block's last are zeros.
+__device__ __forceinline__ void load_kv(uint32_t sK, uint32_t sV, const BlockPlan& b, int tile) {
+  const int64_t k0 = int64_t(tile) * kKeys;
+  for (int i = threadIdx.x; i < kKeys * 16; i += kThreads) {
+    const int r = i / 16, c = i % 16;
+    const bool ok = k0 + r < b.n_keys;
+    const int64_t src = ok ? (k0 + r) * kD + c * 8 : 0;
+    cp_async16(sK + tile_offset(kKeys, r, c), b.kh + src, ok);
+    cp_async16(sV + tile_offset(kKeys, r, c), b.vh + src, ok);
+  }
+  cp_async_commit();
+}
+
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL (device helpers)
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -85,141 +216,111 @@ flash_attention_wgmma(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* 
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sbase = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;  // swizzle atoms: 1024-aligned
   const uint32_t sQ = sbase, sK0 = sQ + kGroups * kQBytes, sV0 = sK0 + 2 * kKVBytes;
-  const int group = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int qtile = int(gridDim.x) - 1 - int(blockIdx.x);  // heaviest first
-  const int head = int(blockIdx.y), kvh = head / (s.n_heads / s.n_kv_heads);
-  const int64_t q_first = int64_t(qtile) * (kGroups * kRowsPerGroup);
-  const int64_t q_stride = int64_t(s.n_heads) * kD;
-  const int64_t n_keys = s.pos0 + (s.n_q < q_first + kGroups * kRowsPerGroup ? s.n_q : q_first + kGroups * kRowsPerGroup);
-  const int n_tiles = int((n_keys + kKeys - 1) / kKeys);
-  const __nv_bfloat16* kh = k + int64_t(kvh) * s.kv_capacity * kD;
-  const __nv_bfloat16* vh = v + int64_t(kvh) * s.kv_capacity * kD;
-
-  // Q: warpgroup w's 64 rows in its own swizzled region.
-  for (int i = threadIdx.x; i < kGroups * kRowsPerGroup * 16; i += kThreads) {
-    const int row = i / 16, c = i % 16, w = row / kRowsPerGroup, r = row % kRowsPerGroup;
-    const int64_t pos = q_first + row;
-    const bool ok = pos < s.n_q;
-    cp_async16(sQ + w * kQBytes + tile_offset(kRowsPerGroup, r, c), q + (ok ? pos * q_stride + int64_t(head) * kD + c * 8 : 0), ok);
-  }
-  cp_async_commit();
-  auto load_kv = [&](int tile, int stage) {
-    const int64_t k0 = int64_t(tile) * kKeys;
-    for (int i = threadIdx.x; i < kKeys * 16; i += kThreads) {
-      const int r = i / 16, c = i % 16;
-      const bool ok = k0 + r < n_keys;
-      const int64_t src = ok ? (k0 + r) * kD + c * 8 : 0;
-      cp_async16(sK0 + stage * kKVBytes + tile_offset(kKeys, r, c), kh + src, ok);
-      cp_async16(sV0 + stage * kKVBytes + tile_offset(kKeys, r, c), vh + src, ok);
-    }
-    cp_async_commit();
-  };
-  load_kv(0, 0);
+  const BlockPlan b = plan_block(s, k, v);
+  load_q(sQ, q, s, b);
+  load_kv(sK0, sV0, b, 0);
 
   float o[64], sc[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   const float scale_log2 = s.scale * 1.4426950408889634f;
-  // This thread's two query rows (wgmma accumulator layout: warp w of the group owns rows 16w..16w+15;
-  // per 8-column block j the thread holds (g, 8j+2t), (g, 8j+2t+1), (g+8, 8j+2t), (g+8, 8j+2t+1)).
-  const int64_t row_in_block = int64_t(group) * kRowsPerGroup + warp * 16 + g;
-  const int64_t qpos[2] = {s.pos0 + q_first + row_in_block, s.pos0 + q_first + row_in_block + 8};
-  const uint32_t sQg = sQ + group * kQBytes;
+  const uint32_t sQg = sQ + b.group * kQBytes;
+  const int n_tiles = b.n_tiles;
 
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int stage = tile & 1;
-    if (tile + 1 < n_tiles) { load_kv(tile + 1, stage ^ 1); cp_async_wait<1>(); }
+    if (tile + 1 < n_tiles) { load_kv(sK0 + (stage ^ 1) * kKVBytes, sV0 + (stage ^ 1) * kKVBytes, b, tile + 1); cp_async_wait<1>(); }
     else cp_async_wait<0>();
     fence_async_shared();
     __syncthreads();
     const uint32_t sK = sK0 + stage * kKVBytes, sV = sV0 + stage * kKVBytes;
 
-    // S = Q K^T: 8 steps of 16 head_dim columns; a step moves 32 bytes inside a swizzle atom, and
-    // the second four steps read the second 64-column half.
-    fence_operands(sc);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t off = (kk % 4) * 32;
-      const uint64_t da = smem_desc(sQg + (kk / 4) * (kRowsPerGroup * 128) + off, 16, 1024);
-      const uint64_t db = smem_desc(sK + (kk / 4) * (kKeys * 128) + off, 16, 1024);
-      wgmma_ss_k(sc, da, db, kk > 0);
-    }
-    wgmma_commit();
+    issue_qk(sc, sQg, sK);
     wgmma_wait_all();
     fence_operands(sc);
 
     const int64_t key0 = int64_t(tile) * kKeys;
-    const bool needs_mask = key0 + kKeys - 1 > s.pos0 + q_first;
-#pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = sc[j * 4 + e] * scale_log2;
-        if (needs_mask) {
-          const int64_t kpos = key0 + j * 8 + 2 * t + (e & 1);
-          if (kpos > qpos[e >> 1]) x = -INFINITY;
-        }
-        sc[j * 4 + e] = x;
-      }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = m_run[h];
-#pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j) mx = fmaxf(mx, fmaxf(sc[j * 4 + 2 * h], sc[j * 4 + 2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // A row with every key masked so far keeps m = -inf: exp2(-inf - -inf) would be NaN.
-      const float corr = mx == -INFINITY ? 1.0f : exp2f(m_run[h] - mx);
-      const float base = mx == -INFINITY ? 0.0f : mx;
-      m_run[h] = mx;
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kKeys / 8; ++j) {
-        sc[j * 4 + 2 * h] = exp2f(sc[j * 4 + 2 * h] - base);
-        sc[j * 4 + 2 * h + 1] = exp2f(sc[j * 4 + 2 * h + 1] - base);
-        sum += sc[j * 4 + 2 * h] + sc[j * 4 + 2 * h + 1];
-      }
-      l_run[h] = l_run[h] * corr + sum;
-#pragma unroll
-      for (int j = 0; j < kD / 8; ++j) { o[j * 4 + 2 * h] *= corr; o[j * 4 + 2 * h + 1] *= corr; }
-    }
-
-    // O += P V: 8 steps of 16 keys; P's fragment for keys 16kk..16kk+15 is S blocks 2kk and 2kk+1.
-    // V is read transposed (MN-major): LBO = the 64-column halves, SBO = 8 keys.
-    // All of P is packed before the first product, so no product waits on registers still being written.
     uint32_t pa[kKeys / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      pa[kk][0] = pack_bf16(sc[8 * kk + 0], sc[8 * kk + 1]);
-      pa[kk][1] = pack_bf16(sc[8 * kk + 2], sc[8 * kk + 3]);
-      pa[kk][2] = pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
-      pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
-    }
-    fence_operands(o);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) wgmma_rs_mn(o, pa[kk], smem_desc(sV + kk * 16 * 128, kKeys * 128, 1024));
-    wgmma_commit();
+    softmax_tile(sc, key0, key0 + kKeys - 1 > s.pos0 + b.q_first, b.qpos, b.t, scale_log2, m_run, l_run, o, pa);
+    issue_pv(o, pa, sV);
     wgmma_wait_all();
     fence_operands(o);
     __syncthreads();  // the next iteration's prefetch overwrites this stage
   }
+  store_normalized_rows<kD>(o, l_run, b.q_first + b.row_in_block, s.n_q, int64_t(s.n_heads) * kD, int64_t(b.head) * kD, b.t, out);
+#endif
+}
 
+// The same product with the two warpgroups half a tile apart, so that one's softmax runs while the
+// other's products hold the tensor cores (FlashAttention-3's "ping-pong", here without a producer
+// warp): in the interval of tile j, warpgroup 0 issues PV(j-1) and QK(j), then runs softmax(j);
+// warpgroup 1 runs softmax(j-1), then issues PV(j-1) and QK(j). Both need tile j-1's V and tile j's
+// K in the same interval, so K/V take three shared-memory stages (225 KB with Q). Each warpgroup still
+// computes QK(j), softmax(j), PV(j) in that order: the results are the other kernel's.
+constexpr int kStagesPingPong = 3;
+constexpr int kSmemBytesPingPong = int(kGroups * kQBytes + 2 * kStagesPingPong * kKVBytes) + 1024;
+
+__global__ void __launch_bounds__(kThreads, 1)
+flash_attention_wgmma_pingpong(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
+                               __nv_bfloat16* __restrict__ out, AttentionShape s) {
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // only the sm_90a build has this kernel; the launcher checks the device first
+#else
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t sbase = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;  // swizzle atoms: 1024-aligned
+  const uint32_t sQ = sbase, sK0 = sQ + kGroups * kQBytes, sV0 = sK0 + kStagesPingPong * kKVBytes;
+  const BlockPlan b = plan_block(s, k, v);
+  auto load_tile = [&](int tile) {
+    const int stage = tile % kStagesPingPong;
+    load_kv(sK0 + stage * kKVBytes, sV0 + stage * kKVBytes, b, tile);
+  };
+  load_q(sQ, q, s, b);
+  load_tile(0);
+
+  float o[64], sc[64];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const int64_t row = q_first + row_in_block + h * 8;
-    if (row >= s.n_q) continue;
-    __nv_bfloat16* orow = out + row * q_stride + int64_t(head) * kD;
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j)
-      *reinterpret_cast<__nv_bfloat162*>(orow + j * 8 + 2 * t) = __floats2bfloat162_rn(o[j * 4 + 2 * h] * inv, o[j * 4 + 2 * h + 1] * inv);
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  uint32_t pa[kKeys / 16][4];
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  const float scale_log2 = s.scale * 1.4426950408889634f;
+  const uint32_t sQg = sQ + b.group * kQBytes;
+  const bool tensor_first = b.group == 0;
+  const int n_tiles = b.n_tiles;
+  auto needs_mask = [&](int64_t key0) { return key0 + kKeys - 1 > s.pos0 + b.q_first; };
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    cp_async_wait<0>();  // this tile, issued an interval ago (and Q)
+    fence_async_shared();
+    __syncthreads();  // every copy visible; tile-2's stage free: its last products were waited for
+    if (tile + 1 < n_tiles) load_tile(tile + 1);
+    const uint32_t sK = sK0 + (tile % kStagesPingPong) * kKVBytes;
+    const uint32_t sV_prev = sV0 + ((tile + kStagesPingPong - 1) % kStagesPingPong) * kKVBytes;
+    const int64_t key0 = int64_t(tile) * kKeys;
+    if (tensor_first) {
+      if (tile > 0) issue_pv(o, pa, sV_prev);
+      issue_qk(sc, sQg, sK);
+      wgmma_wait_all();
+      fence_operands(o);
+      fence_operands(sc);
+      softmax_tile(sc, key0, needs_mask(key0), b.qpos, b.t, scale_log2, m_run, l_run, o, pa);
+    } else {
+      if (tile > 0) {
+        softmax_tile(sc, key0 - kKeys, needs_mask(key0 - kKeys), b.qpos, b.t, scale_log2, m_run, l_run, o, pa);
+        issue_pv(o, pa, sV_prev);
+      }
+      issue_qk(sc, sQg, sK);
+      wgmma_wait_all();
+      fence_operands(o);
+      fence_operands(sc);
+    }
   }
+  const int64_t last_key0 = int64_t(n_tiles - 1) * kKeys;
+  if (!tensor_first) softmax_tile(sc, last_key0, needs_mask(last_key0), b.qpos, b.t, scale_log2, m_run, l_run, o, pa);
+  issue_pv(o, pa, sV0 + ((n_tiles - 1) % kStagesPingPong) * kKVBytes);
+  wgmma_wait_all();
+  fence_operands(o);
+  store_normalized_rows<kD>(o, l_run, b.q_first + b.row_in_block, s.n_q, int64_t(s.n_heads) * kD, int64_t(b.head) * kD, b.t, out);
 #endif
 }
 
@@ -239,17 +340,19 @@ bool device_is_sm90() {
 bool wgmma_attention_supported(const AttentionShape& s) { return s.head_dim == kD && device_is_sm90(); }
 
 void causal_attention_wgmma(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
-                            const AttentionShape& s, cudaStream_t stream) {
+                            const AttentionShape& s, cudaStream_t stream, bool pingpong) {
   if (!wgmma_attention_supported(s)) throw std::invalid_argument("attention: the wgmma kernel needs head_dim 128 on an sm_90 GPU");
   if (s.n_q <= 0) return;
   static bool configured = false;
   if (!configured) {
     PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wgmma_pingpong, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytesPingPong));
     configured = true;
   }
   const int64_t rows = kGroups * kRowsPerGroup;
   const dim3 grid(unsigned((s.n_q + rows - 1) / rows), unsigned(s.n_heads));
-  flash_attention_wgmma<<<grid, kThreads, kSmemBytes, stream>>>(q, k, v, out, s);
+  if (pingpong) flash_attention_wgmma_pingpong<<<grid, kThreads, kSmemBytesPingPong, stream>>>(q, k, v, out, s);
+  else flash_attention_wgmma<<<grid, kThreads, kSmemBytes, stream>>>(q, k, v, out, s);
   PDB_CUDA_LAUNCHED();
 }
 

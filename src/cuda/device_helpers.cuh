@@ -1,5 +1,6 @@
 // Device-side pieces several kernel families share (included by .cu files only).
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -25,6 +26,28 @@ __device__ __forceinline__ Q8Lane q8_0_lane(float v) {
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
   return {int8_t(rintf(__fmul_rn(v, id))), amax / 127.0f};  // no contraction: the CPU multiplies, then rounds
+}
+
+// The end of an online softmax: O / l for one thread's two accumulator rows (first_row and
+// first_row + 8; columns 8j + 2t and 8j + 2t + 1 of each 8-column block j: the m16n8 mma.sync and the
+// m64nN wgmma accumulator layouts agree on this), as bf16 into out's rows of row_stride elements from
+// column col0. l_run holds this thread's partial sums; the 4 threads of a row share them here.
+template <int D>
+__device__ __forceinline__ void store_normalized_rows(const float* o, const float (&l_run)[2], int64_t first_row, int64_t n_rows, int64_t row_stride,
+                                                      int64_t col0, int t, __nv_bfloat16* __restrict__ out) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int64_t row = first_row + h * 8;
+    if (row >= n_rows) continue;
+    __nv_bfloat16* orow = out + row * row_stride + col0;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<__nv_bfloat162*>(orow + j * 8 + 2 * t) = __floats2bfloat162_rn(o[j * 4 + 2 * h] * inv, o[j * 4 + 2 * h + 1] * inv);
+  }
 }
 
 }  // namespace pdb::cuda

@@ -89,7 +89,8 @@ TEST(CudaKernels, FlashAttentionMatchesTheF64TwinForEveryShapeAndChunk) {
   SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA
   struct Case { int H, KV, D; int64_t pos0, n_q; };
-  for (const Case c : {Case{8, 2, 64, 0, 300}, Case{8, 8, 128, 0, 129}, Case{4, 1, 128, 200, 137}, Case{6, 2, 64, 1000, 1}, Case{4, 2, 128, 64, 64}, Case{4, 2, 128, 300, 400}}) {
+  for (const Case c : {Case{8, 2, 64, 0, 300}, Case{8, 8, 128, 0, 129}, Case{4, 1, 128, 200, 137}, Case{6, 2, 64, 1000, 1}, Case{4, 2, 128, 64, 64}, Case{4, 2, 128, 300, 400},
+                     Case{4, 2, 128, 1000, 3}}) {
     const int64_t cap = c.pos0 + c.n_q + 5;
     auto q = round_bf16(randn(size_t(c.n_q * c.H * c.D)));
     auto k = round_bf16(randn(size_t(c.KV * cap * c.D)));
@@ -103,7 +104,8 @@ TEST(CudaKernels, FlashAttentionMatchesTheF64TwinForEveryShapeAndChunk) {
     auto dq = to_device_bf16(q), dk = to_device_bf16(k), dv = to_device_bf16(v);
     cuda::AttentionShape s{c.n_q, c.pos0, c.H, c.KV, c.D, cap, scale};
     for (const cuda::AttentionTuning t : {cuda::AttentionTuning{8, 64, false}, cuda::AttentionTuning{8, 128, false},
-                                          cuda::AttentionTuning{4, 64, false}, cuda::AttentionTuning{8, 64, true}}) {
+                                          cuda::AttentionTuning{4, 64, false}, cuda::AttentionTuning{8, 64, true},
+                                          cuda::AttentionTuning{8, 64, true, true}}) {
       if (t.wgmma && c.D == 128) {
         EXPECT_TRUE(cuda::wgmma_attention_supported(s)) << "an sm_90 GPU runs the wgmma kernel for head_dim 128";
       }
@@ -112,7 +114,7 @@ TEST(CudaKernels, FlashAttentionMatchesTheF64TwinForEveryShapeAndChunk) {
       PDB_CUDA_CHECK(cudaDeviceSynchronize());
       const double err = ref::rel_error(from_device_bf16(dout, ref.size()), ref);
       std::printf("attention %s H=%d KV=%d D=%d pos0=%lld n_q=%lld: rel err %.2e\n",
-                  t.wgmma && cuda::wgmma_attention_supported(s) ? "wgmma" : (std::to_string(t.warps) + "x" + std::to_string(t.key_tile)).c_str(), c.H,
+                  t.wgmma && cuda::wgmma_attention_supported(s) ? (t.pingpong ? "wgmma-pingpong" : "wgmma") : (std::to_string(t.warps) + "x" + std::to_string(t.key_tile)).c_str(), c.H,
                   c.KV, c.D, (long long)c.pos0, (long long)c.n_q, err);
       EXPECT_LT(err, 1e-2) << t.warps << " warps x " << t.key_tile << " keys";
     }

@@ -1,11 +1,13 @@
 // The CUDA backend: the GPU engine's forward with the GPU recipe on its hook. Rows leave the GPU
-// without stalling the forward: the recipe's kernels run on the engine's stream (they must read the
-// residual before the layer changes it), each layer's rows go to a ring of pinned host slots on a
-// second stream, and a delivery thread hands finished slots to the sink in order. The engine only
+// without stalling the forward: the decoder's norm of the residual runs on the engine's stream (it
+// must read the residual before the layer changes it), the rest of the recipe on the same stream or,
+// with PDBRIDGE_RECIPE_STREAM=1, on a stream of its own; each layer's rows go to a ring of pinned host
+// slots on a copy stream, and a delivery thread hands finished slots to the sink in order. The engine only
 // waits when every slot is still on its way out (backpressure from the wire). Rows of F32, F16, Q8_0
 // and Q4_0 caches are rotated and encoded on the GPU and leave in their final bytes; other cache
 // types leave as f32 and are rotated and quantized on the host by the CPU recipe's code.
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <future>
@@ -19,6 +21,7 @@
 #include "cuda/cache_rows.cuh"
 #include "cuda/common.cuh"
 #include "cuda/device.h"
+#include "cuda/gemm.cuh"
 #include "model/cuda_engine.h"
 #include "prefill/backend.h"
 #include "recipes/recipe_gpu.h"
@@ -31,9 +34,16 @@ constexpr int kSlots = 6;
 class CudaBackend final : public PrefillBackend {
  public:
   CudaBackend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads, int64_t max_chunk)
-      : recipe_(std::move(recipe)), engine_(hf_dir, threads), gpu_recipe_(*recipe_, engine_.gemm(), max_chunk), max_chunk_(max_chunk),
+      : recipe_(std::move(recipe)), engine_(hf_dir, threads), gpu_recipe_(*recipe_, recipe_gemm_, max_chunk), max_chunk_(max_chunk),
         threads_(threads) {
     PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+    if (const char* e = std::getenv("PDBRIDGE_RECIPE_STREAM"); e && std::string(e) == "1")
+      PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&recipe_stream_, cudaStreamNonBlocking));
+    for (int i = 0; i < kNormBuffers; ++i) {
+      normed_[i].resize(size_t(max_chunk * recipe_->info().n_embd) * 4);
+      PDB_CUDA_CHECK(cudaEventCreateWithFlags(&normed_ready_[i], cudaEventDisableTiming));
+      PDB_CUDA_CHECK(cudaEventCreateWithFlags(&normed_free_[i], cudaEventDisableTiming));
+    }
     const int64_t C = recipe_->info().n_embd_kv();
     embed_dev_.resize(size_t(max_chunk * recipe_->info().n_embd) * 4);
     for (int b = 0; b < 2; ++b) {
@@ -57,6 +67,11 @@ class CudaBackend final : public PrefillBackend {
       cudaEventDestroy(s.copied);
     }
     for (auto e : embed_uploaded_) cudaEventDestroy(e);
+    for (int i = 0; i < kNormBuffers; ++i) {
+      cudaEventDestroy(normed_ready_[i]);
+      cudaEventDestroy(normed_free_[i]);
+    }
+    if (recipe_stream_) cudaStreamDestroy(recipe_stream_);
     cudaStreamDestroy(copy_stream_);
   }
 
@@ -110,9 +125,14 @@ class CudaBackend final : public PrefillBackend {
       }
     });
 
-    // Rows of one layer of one chunk: the recipe on the engine's stream into the next free slot, then
-    // out to pinned host memory on the copy stream.
+    // Rows of one layer of one chunk into the next free slot, then out to pinned host memory on the
+    // copy stream. The decoder's norm of the residual runs on the engine's stream (it must read the
+    // residual before the layer changes it); the rest of the recipe runs on the recipe stream, which
+    // is the engine's own unless PDBRIDGE_RECIPE_STREAM=1 gives it a stream of its own (an A/B switch
+    // until it is measured: the recipe's products then fill the engine's gaps instead of queueing
+    // behind them). A ring of normalized buffers lets the recipe stream lag a layer or two.
     auto emit = [&](int layer, const float* src, int64_t rows, int64_t pos0, cudaStream_t st) {
+      const cudaStream_t rs = recipe_stream_ ? recipe_stream_ : st;
       Slot& s = slots_[next_fill % kSlots];
       {
         std::unique_lock<std::mutex> l(mu);
@@ -121,10 +141,16 @@ class CudaBackend final : public PrefillBackend {
       s.layer = layer;
       s.pos0 = pos0;
       s.rows = rows;
-      gpu_recipe_.kv_f32(layer, src, rows, st, s.dk.as<float>(), s.dv.as<float>());
-      const size_t kbytes = encode(spec.k_type, spec.rot_k, k_rotation_size(info.head_dim), s.dk, s.dkq, rows, C, st);
-      const size_t vbytes = encode(spec.v_type, spec.rot_v, kVRotationSize, s.dv, s.dvq, rows, C, st);
-      PDB_CUDA_CHECK(cudaEventRecord(s.computed, st));
+      const int nb = int(next_fill % kNormBuffers);
+      PDB_CUDA_CHECK(cudaStreamWaitEvent(st, normed_free_[nb], 0));
+      gpu_recipe_.normalize(layer, src, rows, st, normed_[nb].as<float>());
+      PDB_CUDA_CHECK(cudaEventRecord(normed_ready_[nb], st));
+      PDB_CUDA_CHECK(cudaStreamWaitEvent(rs, normed_ready_[nb], 0));
+      gpu_recipe_.kv_from_normed(layer, normed_[nb].as<float>(), rows, rs, s.dk.as<float>(), s.dv.as<float>());
+      PDB_CUDA_CHECK(cudaEventRecord(normed_free_[nb], rs));
+      const size_t kbytes = encode(spec.k_type, spec.rot_k, k_rotation_size(info.head_dim), s.dk, s.dkq, rows, C, rs);
+      const size_t vbytes = encode(spec.v_type, spec.rot_v, kVRotationSize, s.dv, s.dvq, rows, C, rs);
+      PDB_CUDA_CHECK(cudaEventRecord(s.computed, rs));
       PDB_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, s.computed, 0));
       PDB_CUDA_CHECK(cudaMemcpyAsync(s.hk.as<uint8_t>(), outgoing(spec.k_type, s.dk, s.dkq), kbytes, cudaMemcpyDeviceToHost, copy_stream_));
       PDB_CUDA_CHECK(cudaMemcpyAsync(s.hv.as<uint8_t>(), outgoing(spec.v_type, s.dv, s.dvq), vbytes, cudaMemcpyDeviceToHost, copy_stream_));
@@ -182,7 +208,7 @@ class CudaBackend final : public PrefillBackend {
           [&](int layer, const float* d_h, int64_t rows, int64_t pos0, cudaStream_t st) {
             if (stopped) return;
             if (layer == 0) {
-              gpu_recipe_.set_positions(pos0, rows, st);
+              gpu_recipe_.set_positions(pos0, rows, recipe_stream_ ? recipe_stream_ : st);  // the stream RoPE runs on
               chunk_pos0 = pos0;
               chunk_rows = rows;
               if (layers > 1) return;
@@ -201,6 +227,7 @@ class CudaBackend final : public PrefillBackend {
     }
     delivery.join();
     cudaStreamSynchronize(copy_stream_);
+    if (recipe_stream_) cudaStreamSynchronize(recipe_stream_);
     if (engine_error) std::rethrow_exception(engine_error);
     if (delivery_error) std::rethrow_exception(delivery_error);
     return done;
@@ -258,11 +285,16 @@ class CudaBackend final : public PrefillBackend {
 
   std::shared_ptr<const Recipe> recipe_;
   CudaEngine engine_;
+  cuda::Gemm recipe_gemm_;  // its own workspace: the recipe's products may run beside the engine's
   GpuRecipe gpu_recipe_;
   int64_t max_chunk_;
   int threads_;
   cudaStream_t copy_stream_ = nullptr;
+  cudaStream_t recipe_stream_ = nullptr;  // null: the recipe runs on the engine's stream
   Slot slots_[kSlots];
+  static constexpr int kNormBuffers = 3;
+  cuda::DeviceBuffer normed_[kNormBuffers];  // the decoder's norm of a layer's input, for the recipe stream
+  cudaEvent_t normed_ready_[kNormBuffers] = {}, normed_free_[kNormBuffers] = {};
   cuda::PinnedBuffer embed_pinned_[2];  // the decoder's embedding rows of a chunk, made one chunk ahead
   cudaEvent_t embed_uploaded_[2] = {nullptr, nullptr};
   cuda::DeviceBuffer embed_dev_;

@@ -91,40 +91,59 @@ void GpuRecipe::set_positions(int64_t pos0, int64_t rows, cudaStream_t s) {
   PDB_CUDA_CHECK(cudaMemcpyAsync(cs_.get(), cs_host_.data(), cs_host_.size() * 4, cudaMemcpyHostToDevice, s));
 }
 
-void GpuRecipe::project(const Weight& w, const float* x, int64_t rows, cudaStream_t s, float* y) {
+bool GpuRecipe::same_activations(const Weight& a, const Weight& b) {
+  return a.type == b.type && a.cols == b.cols && bool(a.q.bytes()) == bool(b.q.bytes());
+}
+
+void GpuRecipe::project(const Weight& w, const float* x, int64_t rows, cudaStream_t s, float* y, bool converted) {
   const int64_t n = rows * w.cols;
   switch (w.type) {
     case GgmlType::F16:
-      cuda::f32_to_f16(x, xa_.as<__half>(), n, s);
+      if (!converted) cuda::f32_to_f16(x, xa_.as<__half>(), n, s);
       gemm_.xwt(cuda::DType::F16, xa_.get(), w.w.get(), cuda::DType::F32, y, rows, w.cols, w.rows, 0.0f, s);
       break;
     case GgmlType::BF16:
-      cuda::f32_to_bf16(x, xa_.as<__nv_bfloat16>(), n, s);
+      if (!converted) cuda::f32_to_bf16(x, xa_.as<__nv_bfloat16>(), n, s);
       gemm_.xwt(cuda::DType::BF16, xa_.get(), w.w.get(), cuda::DType::F32, y, rows, w.cols, w.rows, 0.0f, s);
       break;
     case GgmlType::F32: gemm_.xwt(cuda::DType::F32, x, w.w.get(), cuda::DType::F32, y, rows, w.cols, w.rows, 0.0f, s); break;
     default:
       if (w.q.bytes()) {  // Q8_0/Q4_0: integer block sums, as ggml-cpu
-        cuda::quantize_rows_q8(x, rows, w.cols, xq_.as<int8_t>(), xd_.as<float>(), s);
+        if (!converted) cuda::quantize_rows_q8(x, rows, w.cols, xq_.as<int8_t>(), xd_.as<float>(), s);
         cuda::q8_block_gemm(xq_.as<int8_t>(), xd_.as<float>(), w.q.as<int8_t>(), w.d.as<float>(), y, rows, w.cols, w.rows, s);
         break;
       }
       if (w.cols % 32) throw std::runtime_error("quantized weight with a row not a multiple of 32");
-      PDB_CUDA_CHECK(cudaMemcpyAsync(xa_.get(), x, size_t(n) * 4, cudaMemcpyDeviceToDevice, s));
-      cuda::q8_0_round_trip(xa_.as<float>(), n, s);
+      if (!converted) {
+        PDB_CUDA_CHECK(cudaMemcpyAsync(xa_.get(), x, size_t(n) * 4, cudaMemcpyDeviceToDevice, s));
+        cuda::q8_0_round_trip(xa_.as<float>(), n, s);
+      }
       gemm_.xwt(cuda::DType::F32, xa_.get(), w.w.get(), cuda::DType::F32, y, rows, w.cols, w.rows, 0.0f, s);
   }
   if (w.bias.bytes()) cuda::add_bias_rows(y, w.bias.as<float>(), rows, w.rows, s);
 }
 
 void GpuRecipe::kv_f32(int layer, const float* d_h, int64_t rows, cudaStream_t s, float* d_k, float* d_v) {
+  normalize(layer, d_h, rows, s, x_.as<float>());
+  kv_from_normed(layer, x_.as<float>(), rows, s, d_k, d_v);
+}
+
+void GpuRecipe::normalize(int layer, const float* d_h, int64_t rows, cudaStream_t s, float* d_x) {
   const auto& in = cpu_.info();
   if (layer < 0 || layer >= int64_t(wk_.size())) throw std::out_of_range(fmt::format("GPU recipe layer {} not loaded", layer));
   if (rows > max_rows_) throw std::invalid_argument(fmt::format("GPU recipe: {} rows, sized for {}", rows, max_rows_));
-  cuda::rmsnorm_rows(d_h, norm_[size_t(layer)].as<float>(), x_.as<float>(), rows, in.n_embd, in.norm_eps, s);
+  cuda::rmsnorm_rows(d_h, norm_[size_t(layer)].as<float>(), d_x, rows, in.n_embd, in.norm_eps, s);
   PDB_CUDA_LAUNCHED();
-  project(wk_[size_t(layer)], x_.as<float>(), rows, s, d_k);
-  project(wv_[size_t(layer)], x_.as<float>(), rows, s, d_v);
+}
+
+void GpuRecipe::kv_from_normed(int layer, const float* d_x, int64_t rows, cudaStream_t s, float* d_k, float* d_v) {
+  const auto& in = cpu_.info();
+  if (layer < 0 || layer >= int64_t(wk_.size())) throw std::out_of_range(fmt::format("GPU recipe layer {} not loaded", layer));
+  if (rows > max_rows_) throw std::invalid_argument(fmt::format("GPU recipe: {} rows, sized for {}", rows, max_rows_));
+  const Weight& wk = wk_[size_t(layer)];
+  const Weight& wv = wv_[size_t(layer)];
+  project(wk, d_x, rows, s, d_k);
+  project(wv, d_x, rows, s, d_v, same_activations(wk, wv));
   const float* kn = k_norm_.empty() ? nullptr : k_norm_[size_t(layer)].as<float>();
   cuda::rope_ggml_rows(d_k, cs_.as<float>(), rows, int(in.n_head_kv), int(in.head_dim), in.rope.n_dims, in.rope.mode == RopeMode::Neox, kn,
                        in.norm_eps, s);

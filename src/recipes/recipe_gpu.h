@@ -32,6 +32,11 @@ class GpuRecipe {
   void set_positions(int64_t pos0, int64_t rows, cudaStream_t s);
   // d_k, d_v: [rows x n_embd_kv] f32 on the device: K after RoPE, V; before rotation and type.
   void kv_f32(int layer, const float* d_h, int64_t rows, cudaStream_t s, float* d_k, float* d_v);
+  // kv_f32 in two steps, so that a caller can run the second on another stream: the decoder's
+  // attention norm of d_h into d_x ([rows x n_embd] f32), then K/V from d_x. kv_from_normed uses
+  // this object's scratch: calls of it must be ordered (one stream).
+  void normalize(int layer, const float* d_h, int64_t rows, cudaStream_t s, float* d_x);
+  void kv_from_normed(int layer, const float* d_x, int64_t rows, cudaStream_t s, float* d_k, float* d_v);
 
  private:
   struct Weight {
@@ -40,7 +45,10 @@ class GpuRecipe {
     cuda::DeviceBuffer w, bias;
     cuda::DeviceBuffer q, d;  // Q8_0/Q4_0 with cols % 128 == 0: codes and scales for the integer path (w unused)
   };
-  void project(const Weight& w, const float* d_x, int64_t rows, cudaStream_t s, float* d_y);
+  // converted: d_x's activations for w's type are already in xa_/xq_ (V after K with the same type:
+  // the decoder converts its norm output once per weight type, and so can we).
+  void project(const Weight& w, const float* d_x, int64_t rows, cudaStream_t s, float* d_y, bool converted = false);
+  static bool same_activations(const Weight& a, const Weight& b);
 
   const Recipe& cpu_;
   cuda::Gemm& gemm_;
