@@ -17,7 +17,7 @@ cp build/llama/COMMIT "$b/build/llama/"
 cp build/models/needle/*.gguf build/models/needle/KEY "$b/build/models/needle/"
 cp build/llama/src/models/ggml-vocab-llama-bpe.gguf build/llama/src/models/ggml-vocab-qwen2.gguf "$b/build/llama/src/models/"
 for f in build/pdbridge build/tests/integration_tests; do
-  ldd "$f" | awk '$3 ~ /^\// {print $3}' | grep -v -E 'cuda|cublas|libc\.so|libm\.so|libstdc|libgcc|libdl|libpthread|librt' | xargs -r -I{} cp -L {} "$b/lib/"
+  ldd "$f" | awk '$3 ~ /^\// {print $3}' | grep -v -E 'cuda|cublas|libc\.so|libm\.so|libstdc|libgcc|libdl|libpthread|librt|libresolv' | xargs -r -I{} cp -L {} "$b/lib/"
 done
 tar -C "$b" -cJf .dev/bundle.tar.xz .
 tar -C build/llama/src --exclude=./.git --exclude='./models/*' --exclude=docs --exclude=media --exclude='*.png' --exclude='*.jpg' -cJf .dev/llama-src.tar.xz .

@@ -62,7 +62,10 @@ fi
 # overhead (on the engine's stream and on its own; with a Q4_0 decoder), without the FP8 checkpoint (which takes
 # minutes to make); the PyTorch and llama.cpp CUDA peers in the same run; one attention launch under ncu.
 if has attn; then
-  [ -f $M/llama8b/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16
+  # A declared context of 1.1M (the llama3 RoPE reads its original 8,192, so the engine is unchanged) lets
+  # scale.sh reuse this model for its 256K prompt: llama-server caps a slot at the declared context.
+  [ -f $M/llama8b/decoder-f16.gguf ] || { run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 \
+    --gguf-types f16 --context-length 1100000 && touch $M/llama8b/CTX1100000; }
   # Q4_0 from the F16 GGUF (quantizing from the f32 source does not fit the device's disk beside the rest)
   [ -f $M/llama8b/decoder-q4_0.gguf ] || run quantize_q4 $P/build/llama/bin/llama-quantize $M/llama8b/decoder-f16.gguf $M/llama8b/decoder-q4_0.gguf Q4_0
   run attn_wgmma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-wgmma --out $R/bench.jsonl

@@ -20,10 +20,15 @@ PDB=$P/build/pdbridge
 up() { for _ in $(seq 1 900); do curl -sf "$1" > /dev/null && return 0; sleep 0.5; done; return 1; }
 window() { local label=$1; shift; local t0=$(date +%s.%N); ts "start $label"; "$@" > $R/scale_$label.log 2>&1; ts "end $label rc=$?"; tail -n 3 $R/scale_$label.log | tee -a $R/scale2.log; echo "$label $t0 $(date +%s.%N)" >> $R/scale_windows.txt; save; }
 # llama-server caps a slot at the model's training context (131072 for this preset): declare more.
-# The 64 GB disk holds one 8B model and its f32 quantization source at a time: drop what an earlier stage made.
-rm -rf $M/llama8b $M/llama8b_fp8
-( $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types q4_0 --context-length 1100000 > $R/make8b.log 2>&1
-  echo $? > $R/make8b.rc; rm -f $M/llama8b/decoder-f16.gguf ) &
+# The pipeline's `attn` stage leaves a usable model (declared context 1.1M, Q4_0 from its F16 GGUF): reuse it.
+# Else make one; the 64 GB disk holds one 8B model and its f32 quantization source at a time, so drop the rest.
+if [ -e $M/llama8b/CTX1100000 ] && [ -f $M/llama8b/decoder-q4_0.gguf ]; then
+  rm -f $M/llama8b/decoder-f16.gguf; rm -rf $M/llama8b_fp8; echo 0 > $R/make8b.rc
+else
+  rm -rf $M/llama8b $M/llama8b_fp8
+  ( $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types q4_0 --context-length 1100000 > $R/make8b.log 2>&1
+    echo $? > $R/make8b.rc; rm -f $M/llama8b/decoder-f16.gguf ) &
+fi
 # FP8=1: issue 4's FP8 row in the same call: the same master weights as a block-FP8 checkpoint, the FP8
 # kernel and engine tests, then bench prefill FP8 vs bf16 at 8K (recipe: the Q4_0 decoder GGUF).
 if [ "${FP8:-0}" = 1 ]; then
