@@ -79,4 +79,5 @@ for w in ${ORDER:-b256k n8k b128k}; do
 done
 while [ $(el) -lt $(( DEADLINE - 100 )) ]; do window b128k_more timeout 100 $B --skip-native --chars 498000 --runs 1; done
 grep -H VmHWM /proc/$P2/status /proc/$F2/status > $R/scale_hwm.txt 2>&1
+kill $F2 $P2 $D2 2>/dev/null; wait $F2 $P2 $D2 2>/dev/null  # the GPU and the 16 cores for what runs next
 ts "done"; save
