@@ -29,6 +29,15 @@ namespace {
 #define SKIP_WITHOUT_GPU() \
   if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary()
 
+// A random-weight HF checkpoint made by make-model in a fresh temporary directory (no GGUFs); its path.
+std::string make_checkpoint(const std::string& name, const std::string& arch, const std::string& preset, uint64_t seed, const std::string& dtype) {
+  MakeModelOptions o;
+  o.arch = arch; o.preset = preset; o.seed = seed; o.out = test::temp_dir(name); o.hf_dtype = dtype; o.gguf_types = {};
+  o.vocab_dir = test::llama_src() + "/models";
+  make_model(o);
+  return o.out + "/hf";
+}
+
 std::vector<int32_t> random_tokens(uint64_t seed, int n, int vocab) {
   std::mt19937_64 g(seed);
   std::vector<int32_t> t;
@@ -119,12 +128,7 @@ TEST(CudaEngine, ForwardTracksTheCpuEngineLayerByLayer) {
 TEST(CudaEngine, Fp8CheckpointRunsBlockScaledProductsAndTracksTheCpuEngine) {
   SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA
-  const std::string dir = test::temp_dir("fp8-engine");
-  MakeModelOptions o;
-  o.arch = "qwen3"; o.preset = "tiny"; o.seed = 9; o.out = dir; o.hf_dtype = "fp8"; o.gguf_types = {};
-  o.vocab_dir = test::llama_src() + "/models";
-  make_model(o);
-  const std::string hf = dir + "/hf";
+  const std::string hf = make_checkpoint("fp8-engine", "qwen3", "tiny", 9, "fp8");
   CpuEngine cpu(hf, 2);
   CudaEngine gpu(hf, 2);
   std::printf("FP8 ENGINE: %s\n", gpu.weights_note().c_str());
@@ -141,6 +145,40 @@ TEST(CudaEngine, Fp8CheckpointRunsBlockScaledProductsAndTracksTheCpuEngine) {
     const double e = ref::rel_error(got[size_t(l)], want[size_t(l)]);
     std::printf("FP8 ENGINE layer %lld input: rel err vs CPU engine %.2e\n", (long long)l, e);
     EXPECT_LT(e, l == 0 ? 1e-7 : 1e-1);  // e4m3 activations: 3 mantissa bits, averaged over each product
+  }
+#endif
+}
+
+// The engine's fp8 K/V option (e4m3 rows + a scale per head row, head_dim 128 on sm_90) against the
+// same engine with bf16 K/V, layer by layer, on the `small` preset (head_dim 128); refused with a
+// clear message for head_dim 64.
+TEST(CudaEngine, Fp8KvTracksBf16KvAndIsRefusedWhereItCannotRun) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  try {
+    CudaEngine tiny(test::models_dir() + "/llama-tiny/hf", 2, true);
+    ADD_FAILURE() << "fp8 K/V accepted for head_dim 64";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim 128"), std::string::npos) << e.what();
+  }
+  const std::string hf = make_checkpoint("fp8-kv", "llama", "small", 5, "bf16");
+  CudaEngine bf(hf, 2), f8(hf, 2, true);
+  EXPECT_NE(f8.weights_note().find("fp8 K/V"), std::string::npos) << f8.weights_note();
+  const int64_t T = 1500, E = bf.config().hidden_size, L = bf.config().num_layers;
+  auto tokens = random_tokens(std::random_device{}(), int(T), int(bf.config().vocab_size));
+  std::vector<std::vector<float>> want(size_t(L), std::vector<float>(size_t(T * E))), got = want;
+  auto grab = [&](std::vector<std::vector<float>>& into) {
+    return [&into, E](int l, const float* dh, int64_t rows, int64_t p0, cudaStream_t s) {
+      PDB_CUDA_CHECK(cudaMemcpyAsync(into[size_t(l)].data() + p0 * E, dh, size_t(rows * E) * 4, cudaMemcpyDeviceToHost, s));
+      PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+    };
+  };
+  bf.prefill(tokens, 512, grab(want));
+  f8.prefill(tokens, 512, grab(got));
+  for (int64_t l = 0; l < L; ++l) {
+    const double e = ref::rel_error(got[size_t(l)], want[size_t(l)]);
+    std::printf("FP8 K/V layer %lld input: rel err vs bf16 K/V %.2e\n", (long long)l, e);
+    EXPECT_LT(e, l <= 1 ? (l == 0 ? 1e-7 : 5e-2) : 1e-1);  // e4m3 K/V: 3 mantissa bits, averaged by attention
   }
 #endif
 }

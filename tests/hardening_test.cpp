@@ -124,6 +124,18 @@ TEST(Hardening, PromptLongerThanADecoderSlotIsRefusedBeforeAnyCapture) {
   EXPECT_EQ(r.verdict().value("verdict", ""), "complete") << r.verdict().dump() << st.logs();
 }
 
+TEST(Hardening, Fp8KvOnTheCpuIsRefusedWithItsReason) {
+  const std::string model = tiny();
+  const auto r = run_capture({test::pdbridge_bin(), "prefill", "--model", model + "/hf", "--recipe", model + "/decoder-f32.gguf", "--port", "1",
+                              "--device", "cpu", "--kv-dtype", "fp8"});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--kv-dtype fp8 is the CUDA engine's option"), std::string::npos) << r.output;
+  const auto bad = run_capture({test::pdbridge_bin(), "prefill", "--model", model + "/hf", "--recipe", model + "/decoder-f32.gguf", "--port", "1",
+                                "--kv-dtype", "fp4"});
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_NE(bad.output.find("--kv-dtype"), std::string::npos) << bad.output;
+}
+
 TEST(Hardening, ServersListenWithARealAcceptBacklog) {
   // Debian's httplib listens with a backlog of 5: a burst of clients on a busy machine overflowed it
   // and lost a request (the kernel logged SYN cookies on the front door's port). Both servers raise it.

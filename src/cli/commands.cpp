@@ -111,6 +111,9 @@ void register_prefill(CLI::App& app) {
   cmd->add_option("--device", o->device, "cpu | cuda")->capture_default_str();
   cmd->add_flag("--cpu-fast", o->cpu_fast, "CPU engine: OpenBLAS matmuls and attention (faster; caches equal to the decoder's up to rounding)");
   cmd->add_option("--chunk", o->chunk, "Prefill chunk size (tokens)")->capture_default_str();
+  cmd->add_option("--kv-dtype", o->kv_dtype, "CUDA engine's own K/V: bf16, or fp8 (e4m3 + a scale per head row: half the memory, for very long prompts; head_dim 128 on sm_90)")
+      ->check(CLI::IsMember({"bf16", "fp8"}))
+      ->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)");
   cmd->add_option("--api-key", o->api_key, "Require Authorization: Bearer <key> (default: $PDBRIDGE_API_KEY)")->envname("PDBRIDGE_API_KEY");
   cmd->add_option("--max-queue", o->max_queue, "Captures allowed to wait behind the running one")->capture_default_str();
@@ -238,6 +241,7 @@ void register_bench(CLI::App& app) {
   pre->add_option("--device", po->device, "cuda or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
   pre->add_option("--tokens", po->tokens, "Prompt lengths")->delimiter(',');
   pre->add_option("--chunk", po->chunk, "Chunk size");
+  pre->add_option("--kv-dtype", po->kv_dtype, "CUDA engine's own K/V: bf16 or fp8")->check(CLI::IsMember({"bf16", "fp8"}));
   pre->add_option("--reps", po->reps, "Timed runs per mode (median reported)");
   pre->add_option("--cache-type", po->cache_type, "Decoder cache type for the recipe's rows");
   pre->add_option("--threads", po->threads, "Host threads");

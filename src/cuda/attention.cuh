@@ -40,5 +40,10 @@ void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv
 bool wgmma_attention_supported(const AttentionShape& s);
 void causal_attention_wgmma(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
                             const AttentionShape& s, cudaStream_t stream, bool pingpong = false);
+// The same over the engine's fp8 K/V option (rope.cuh QkvRopeArgs::k_fp8): e4m3 rows
+// [n_kv_heads x kv_capacity x 128] and one f32 scale per (head, row) [n_kv_heads x kv_capacity];
+// each row is used as bf16(code x scale). head_dim 128 on sm_90 only (throws otherwise).
+void causal_attention_fp8kv(const __nv_bfloat16* q, const uint8_t* k, const uint8_t* v, const float* k_scale, const float* v_scale,
+                            __nv_bfloat16* out, const AttentionShape& s, cudaStream_t stream);
 
 }  // namespace pdb::cuda

@@ -10,6 +10,9 @@
 #include "cuda/attention.cuh"
 
 #include <stdexcept>
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <string>
 
 #include "cuda/common.cuh"
@@ -205,20 +208,71 @@ __device__ __forceinline__ void load_kv(uint32_t sK, uint32_t sV, const BlockPla
   cp_async_commit();
 }
 
+// The fp8 K/V option: one 128-key tile of e4m3 K and V rows (128 bytes each) into a staging area,
+// row-major, K then V (16 KB each); one cp.async group. Keys past the block's last are zeros.
+__device__ __forceinline__ void load_kv_fp8(uint32_t sStage, const uint8_t* k8, const uint8_t* v8, const BlockPlan& b, int tile) {
+  const int64_t k0 = int64_t(tile) * kKeys;
+  for (int i = threadIdx.x; i < kKeys * (kD / 16); i += kThreads) {
+    const int r = i / (kD / 16), c = i % (kD / 16);
+    const bool ok = k0 + r < b.n_keys;
+    const int64_t src = ok ? (k0 + r) * kD + c * 16 : 0;
+    cp_async16(sStage + r * kD + c * 16, k8 + src, ok);
+    cp_async16(sStage + kKeys * kD + r * kD + c * 16, v8 + src, ok);
+  }
+  cp_async_commit();
+}
+
+// A staged fp8 tile into the bf16 tiles wgmma reads: code x its row's scale, rounded to bf16, written
+// in the swizzled layout of load_kv. Ordinary shared stores: the caller fences them for the async proxy.
+__device__ __forceinline__ void convert_kv_fp8(uint32_t sStage, uint32_t sK, uint32_t sV, const float* ks, const float* vs, const BlockPlan& b,
+                                               int tile) {
+  const int64_t k0 = int64_t(tile) * kKeys;
+  for (int i = threadIdx.x; i < 2 * kKeys * (kD / 16); i += kThreads) {
+    const bool is_v = i >= kKeys * (kD / 16);
+    const int j = i % (kKeys * (kD / 16)), r = j / (kD / 16), c = j % (kD / 16);
+    const float scale = k0 + r < b.n_keys ? (is_v ? vs : ks)[k0 + r] : 0.0f;
+    uint32_t w[4];
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(sStage + (is_v ? kKeys * kD : 0) + r * kD + c * 16));
+    uint32_t out[8];
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+#pragma unroll
+      for (int hlf = 0; hlf < 2; ++hlf) {
+        const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t((w[q] >> (16 * hlf)) & 0xffffu), __NV_E4M3);
+        const float2 f = __half22float2(__half2(h2));
+        out[q * 2 + hlf] = pack_bf16(f.x * scale, f.y * scale);
+      }
+    const uint32_t dst = is_v ? sV : sK;
+    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(dst + tile_offset(kKeys, r, 2 * c)), "r"(out[0]), "r"(out[1]), "r"(out[2]), "r"(out[3]) : "memory");
+    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(dst + tile_offset(kKeys, r, 2 * c + 1)), "r"(out[4]), "r"(out[5]), "r"(out[6]), "r"(out[7]) : "memory");
+  }
+}
+
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL (device helpers)
 
+// kFp8KV: K and V are the engine's fp8 option (e4m3 rows + one scale per head row, ks/vs): each tile is
+// staged as fp8 (double-buffered, cp.async) and converted into one bf16 tile before its products, in
+// the same shared memory as the bf16 kernel's two stages.
+template <bool kFp8KV>
 __global__ void __launch_bounds__(kThreads, 1)
-flash_attention_wgmma(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
-                      __nv_bfloat16* __restrict__ out, AttentionShape s) {
+flash_attention_wgmma(const __nv_bfloat16* __restrict__ q, const void* __restrict__ k, const void* __restrict__ v, const float* __restrict__ ks,
+                      const float* __restrict__ vs, __nv_bfloat16* __restrict__ out, AttentionShape s) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // only the sm_90a build has this kernel; the launcher checks the device first
 #else
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sbase = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;  // swizzle atoms: 1024-aligned
-  const uint32_t sQ = sbase, sK0 = sQ + kGroups * kQBytes, sV0 = sK0 + 2 * kKVBytes;
-  const BlockPlan b = plan_block(s, k, v);
+  // bf16: K stages 0/1 then V stages 0/1. fp8: one bf16 K and V tile, then two fp8 staging areas.
+  const uint32_t sQ = sbase, sK0 = sQ + kGroups * kQBytes, sV0 = sK0 + (kFp8KV ? 1 : 2) * kKVBytes, sStage0 = sK0 + 2 * kKVBytes;
+  const BlockPlan b = plan_block(s, static_cast<const __nv_bfloat16*>(k), static_cast<const __nv_bfloat16*>(v));
+  const int kvh = b.head / (s.n_heads / s.n_kv_heads);
+  const uint8_t* k8 = static_cast<const uint8_t*>(k) + int64_t(kvh) * s.kv_capacity * kD;
+  const uint8_t* v8 = static_cast<const uint8_t*>(v) + int64_t(kvh) * s.kv_capacity * kD;
+  const float* ksh = kFp8KV ? ks + int64_t(kvh) * s.kv_capacity : nullptr;
+  const float* vsh = kFp8KV ? vs + int64_t(kvh) * s.kv_capacity : nullptr;
   load_q(sQ, q, s, b);
-  load_kv(sK0, sV0, b, 0);
+  if constexpr (kFp8KV) load_kv_fp8(sStage0, k8, v8, b, 0);
+  else load_kv(sK0, sV0, b, 0);
 
   float o[64], sc[64];
 #pragma unroll
@@ -230,11 +284,22 @@ flash_attention_wgmma(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* 
 
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int stage = tile & 1;
-    if (tile + 1 < n_tiles) { load_kv(sK0 + (stage ^ 1) * kKVBytes, sV0 + (stage ^ 1) * kKVBytes, b, tile + 1); cp_async_wait<1>(); }
-    else cp_async_wait<0>();
-    fence_async_shared();
-    __syncthreads();
-    const uint32_t sK = sK0 + stage * kKVBytes, sV = sV0 + stage * kKVBytes;
+    uint32_t sK = sK0, sV = sV0;
+    if constexpr (kFp8KV) {
+      cp_async_wait<0>();  // this tile's fp8 rows (and Q)
+      __syncthreads();     // every copy visible; the bf16 tile's last products were waited for
+      if (tile + 1 < n_tiles) load_kv_fp8(sStage0 + (stage ^ 1) * kKVBytes, k8, v8, b, tile + 1);
+      convert_kv_fp8(sStage0 + stage * kKVBytes, sK, sV, ksh, vsh, b, tile);
+      fence_async_shared();  // ordinary stores, read next by wgmma
+      __syncthreads();
+    } else {
+      if (tile + 1 < n_tiles) { load_kv(sK0 + (stage ^ 1) * kKVBytes, sV0 + (stage ^ 1) * kKVBytes, b, tile + 1); cp_async_wait<1>(); }
+      else cp_async_wait<0>();
+      fence_async_shared();
+      __syncthreads();
+      sK = sK0 + stage * kKVBytes;
+      sV = sV0 + stage * kKVBytes;
+    }
 
     issue_qk(sc, sQg, sK);
     wgmma_wait_all();
@@ -345,14 +410,32 @@ void causal_attention_wgmma(const __nv_bfloat16* q, const __nv_bfloat16* k, cons
   if (s.n_q <= 0) return;
   static bool configured = false;
   if (!configured) {
-    PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wgmma<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wgmma<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wgmma_pingpong, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytesPingPong));
     configured = true;
   }
   const int64_t rows = kGroups * kRowsPerGroup;
   const dim3 grid(unsigned((s.n_q + rows - 1) / rows), unsigned(s.n_heads));
   if (pingpong) flash_attention_wgmma_pingpong<<<grid, kThreads, kSmemBytesPingPong, stream>>>(q, k, v, out, s);
-  else flash_attention_wgmma<<<grid, kThreads, kSmemBytes, stream>>>(q, k, v, out, s);
+  else flash_attention_wgmma<false><<<grid, kThreads, kSmemBytes, stream>>>(q, k, v, nullptr, nullptr, out, s);
+  PDB_CUDA_LAUNCHED();
+}
+
+void causal_attention_fp8kv(const __nv_bfloat16* q, const uint8_t* k, const uint8_t* v, const float* k_scale, const float* v_scale,
+                            __nv_bfloat16* out, const AttentionShape& s, cudaStream_t stream) {
+  if (!wgmma_attention_supported(s)) throw std::invalid_argument("attention: fp8 K/V needs head_dim 128 on an sm_90 GPU (the wgmma kernel)");
+  if (s.n_q <= 0) return;
+  if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0) throw std::invalid_argument("attention: heads not a multiple of kv heads");
+  if (s.pos0 + s.n_q > s.kv_capacity) throw std::invalid_argument("attention: keys past the cache capacity");
+  static bool configured = false;
+  if (!configured) {
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wgmma<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    configured = true;
+  }
+  const int64_t rows = kGroups * kRowsPerGroup;
+  const dim3 grid(unsigned((s.n_q + rows - 1) / rows), unsigned(s.n_heads));
+  flash_attention_wgmma<true><<<grid, kThreads, kSmemBytes, stream>>>(q, k, v, k_scale, v_scale, out, s);
   PDB_CUDA_LAUNCHED();
 }
 

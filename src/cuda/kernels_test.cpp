@@ -205,6 +205,100 @@ TEST(CudaKernels, QkvRopeMatchesItsTwinWithAndWithoutHeadNorms) {
 #endif
 }
 
+// The engine's fp8 K/V option: the QKV/RoPE kernel's e4m3 rows and scales equal the CPU quantizer's
+// on the bf16 rows the same kernel writes without it; attention over them (rows past the keys
+// poisoned with NaN codes and scales) matches the f64 reference on the rows' values as the kernel
+// reads them, bf16(code x scale).
+TEST(CudaKernels, Fp8KvRowsMatchTheirTwinAndAttendAsTheirValues) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  const int H = 8, KV = 2, D = 128;
+  {
+    const int64_t rows = 45, pos0 = 300, cap = pos0 + rows + 3;
+    auto qkv = round_bf16(randn(size_t(rows * (H + 2 * KV) * D), 2.0f));
+    std::vector<float> inv(D / 2);
+    for (int i = 0; i < D / 2; ++i) inv[size_t(i)] = float(std::pow(500000.0, -2.0 * i / D));
+    auto dqkv = to_device_bf16(qkv), dinv = to_device_f32(inv);
+    cuda::QkvRopeArgs a;
+    a.rows = rows; a.pos0 = pos0; a.n_heads = H; a.n_kv_heads = KV; a.head_dim = D; a.inv_freq = dinv.as<float>(); a.kv_capacity = cap;
+    auto dq = poisoned(size_t(rows * H * D) * 2), dkc = poisoned(size_t(KV * cap * D) * 2), dvc = poisoned(size_t(KV * cap * D) * 2);
+    cuda::qkv_rope_to_cache(dqkv.as<__nv_bfloat16>(), dq.as<__nv_bfloat16>(), dkc.as<__nv_bfloat16>(), dvc.as<__nv_bfloat16>(), a, nullptr);
+    auto dk8 = poisoned(size_t(KV * cap * D)), dv8 = poisoned(size_t(KV * cap * D));
+    auto dks = poisoned(size_t(KV * cap) * 4), dvs = poisoned(size_t(KV * cap) * 4);
+    a.k_fp8 = dk8.as<uint8_t>(); a.v_fp8 = dv8.as<uint8_t>(); a.k_scale = dks.as<float>(); a.v_scale = dvs.as<float>();
+    cuda::qkv_rope_to_cache(dqkv.as<__nv_bfloat16>(), dq.as<__nv_bfloat16>(), nullptr, nullptr, a, nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    for (int which = 0; which < 2; ++which) {
+      const auto bf = from_device_bf16(which ? dvc : dkc, size_t(KV * cap * D));
+      std::vector<uint8_t> codes(size_t(KV * cap * D));
+      (which ? dv8 : dk8).download(codes.data(), codes.size());
+      const auto scales = from_device_f32(which ? dvs : dks, size_t(KV * cap));
+      std::vector<float> rows_bf;
+      std::vector<uint8_t> got_codes;
+      std::vector<float> got_scales;
+      for (int h = 0; h < KV; ++h) {
+        rows_bf.insert(rows_bf.end(), bf.begin() + (h * cap + pos0) * D, bf.begin() + (h * cap + pos0 + rows) * D);
+        got_codes.insert(got_codes.end(), codes.begin() + (h * cap + pos0) * D, codes.begin() + (h * cap + pos0 + rows) * D);
+        got_scales.insert(got_scales.end(), scales.begin() + h * cap + pos0, scales.begin() + h * cap + pos0 + rows);
+      }
+      std::vector<uint8_t> want_codes;
+      std::vector<float> want_scales;
+      ref::quantize_rows_fp8(rows_bf, KV * rows, D, want_codes, want_scales);
+      size_t same = 0, same_scales = 0;
+      for (size_t i = 0; i < want_codes.size(); ++i) same += want_codes[i] == got_codes[i];
+      for (size_t i = 0; i < want_scales.size(); ++i) same_scales += want_scales[i] == got_scales[i];
+      std::printf("fp8 %s rows: %zu/%zu codes, %zu/%zu scales identical to the twin\n", which ? "V" : "K", same, want_codes.size(), same_scales,
+                  want_scales.size());
+      EXPECT_EQ(same, want_codes.size());
+      EXPECT_EQ(same_scales, want_scales.size());
+    }
+  }
+  struct Case { int64_t pos0, n_q; };
+  for (const Case c : {Case{0, 129}, Case{200, 137}, Case{300, 400}, Case{1000, 3}}) {
+    const int64_t cap = c.pos0 + c.n_q + 5, keys = c.pos0 + c.n_q;
+    auto q = round_bf16(randn(size_t(c.n_q * H * D)));
+    // K/V rows per head: quantized by the twin; the reference uses the values the kernel reads.
+    std::vector<uint8_t> k8(size_t(KV * cap * D), 0xff), v8(k8.size(), 0xff);
+    std::vector<float> ks(size_t(KV * cap), NAN), vs(ks.size(), NAN), kref(k8.size(), NAN), vref(k8.size(), NAN);
+    for (int which = 0; which < 2; ++which) {
+      auto x = round_bf16(randn(size_t(KV * keys * D), which ? 1.0f : 3.0f));
+      std::vector<uint8_t> codes;
+      std::vector<float> sc;
+      ref::quantize_rows_fp8(x, KV * keys, D, codes, sc);
+      auto& c8 = which ? v8 : k8;
+      auto& cs = which ? vs : ks;
+      auto& rf = which ? vref : kref;
+      for (int h = 0; h < KV; ++h)
+        for (int64_t j = 0; j < keys; ++j) {
+          const int64_t src = h * keys + j, dst = h * cap + j;
+          cs[size_t(dst)] = sc[size_t(src)];
+          for (int d = 0; d < D; ++d) {
+            c8[size_t(dst * D + d)] = codes[size_t(src * D + d)];
+            rf[size_t(dst * D + d)] = bf16_to_f32(f32_to_bf16(fp8_e4m3_to_f32(codes[size_t(src * D + d)]) * sc[size_t(src)]));
+          }
+        }
+    }
+    const float scale = 1.0f / std::sqrt(float(D));
+    std::vector<float> ref;
+    ref::causal_attention(q, kref, vref, ref, c.n_q, c.pos0, H, KV, D, cap, scale);
+    auto dq = to_device_bf16(q), dks = to_device_f32(ks), dvs = to_device_f32(vs);
+    cuda::DeviceBuffer dk8(k8.size()), dv8(v8.size());
+    dk8.upload(k8.data(), k8.size());
+    dv8.upload(v8.data(), v8.size());
+    cuda::AttentionShape s{c.n_q, c.pos0, H, KV, D, cap, scale};
+    auto dout = poisoned(ref.size() * 2);
+    cuda::causal_attention_fp8kv(dq.as<__nv_bfloat16>(), dk8.as<uint8_t>(), dv8.as<uint8_t>(), dks.as<float>(), dvs.as<float>(),
+                                 dout.as<__nv_bfloat16>(), s, nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    const double err = ref::rel_error(from_device_bf16(dout, ref.size()), ref);
+    std::printf("attention fp8 K/V H=%d KV=%d D=%d pos0=%lld n_q=%lld: rel err %.2e\n", H, KV, D, (long long)c.pos0, (long long)c.n_q, err);
+    EXPECT_LT(err, 1e-2);
+  }
+  cuda::AttentionShape d64{1, 0, 1, 1, 64, 1, 1.0f};
+  EXPECT_THROW(cuda::causal_attention_fp8kv(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, d64, nullptr), std::invalid_argument);
+#endif
+}
+
 TEST(CudaKernels, SwigluRmsnormAndQ8RoundTripMatchTheirTwins) {
   SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA

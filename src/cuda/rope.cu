@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include <cuda_fp8.h>
+
 #include "cuda/common.cuh"
 
 namespace pdb::cuda {
@@ -9,6 +11,24 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kMaxHeadDim = 256;
+
+// One K or V row of D values held PER per lane, rounded to bf16, into e4m3 codes and one scale (the
+// warp's amax): the per-block quantizer of fp8.cu applied to a whole head row.
+template <int PER>
+__device__ __forceinline__ void store_fp8_row(const float* y, int lane, uint8_t* codes, float* scale) {
+  float v[PER];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    v[i] = __bfloat162float(__float2bfloat16_rn(y[i]));
+    amax = fmaxf(amax, fabsf(v[i]));
+  }
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float sc = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) codes[lane + 32 * i] = uint8_t(__nv_cvt_float_to_fp8(__fdiv_rn(v[i], sc), __NV_SATFINITE, __NV_E4M3));
+  if (lane == 0) *scale = sc;
+}
 
 // One warp per (row, head). Lane i holds channels i, i+32, ...: the rotate-half partner of
 // channel c < D/2 is c + D/2, held by the same lane (D/2 is a multiple of 32).
@@ -28,7 +48,9 @@ __global__ void qkv_rope_kernel(const __nv_bfloat16* __restrict__ qkv, __nv_bflo
   for (int i = 0; i < PER; ++i) x[i] = __bfloat162float(src[lane + 32 * i]);
   const int64_t pos = a.pos0 + r;
   if (h >= a.n_heads + a.n_kv_heads) {  // V: straight into the cache
-    __nv_bfloat16* dst = v_cache + (int64_t(h - a.n_heads - a.n_kv_heads) * a.kv_capacity + pos) * D;
+    const int64_t at = int64_t(h - a.n_heads - a.n_kv_heads) * a.kv_capacity + pos;
+    if (a.v_fp8) return store_fp8_row<PER>(x, lane, a.v_fp8 + at * D, a.v_scale + at);
+    __nv_bfloat16* dst = v_cache + at * D;
 #pragma unroll
     for (int i = 0; i < PER; ++i) dst[lane + 32 * i] = __float2bfloat16_rn(x[i]);
     return;
@@ -56,7 +78,9 @@ __global__ void qkv_rope_kernel(const __nv_bfloat16* __restrict__ qkv, __nv_bflo
     y[i] = x0 * cs - x1 * sn;
     y[i + PER / 2] = x1 * cs + x0 * sn;
   }
-  __nv_bfloat16* dst = is_q ? q_out + (r * a.n_heads + h) * D : k_cache + (int64_t(h - a.n_heads) * a.kv_capacity + pos) * D;
+  const int64_t at = int64_t(h - a.n_heads) * a.kv_capacity + pos;  // K's place in the cache
+  if (!is_q && a.k_fp8) return store_fp8_row<PER>(y, lane, a.k_fp8 + at * D, a.k_scale + at);
+  __nv_bfloat16* dst = is_q ? q_out + (r * a.n_heads + h) * D : k_cache + at * D;
 #pragma unroll
   for (int i = 0; i < PER; ++i) dst[lane + 32 * i] = __float2bfloat16_rn(y[i]);
 }

@@ -22,6 +22,14 @@ struct QkvRopeArgs {
   const float* k_norm = nullptr;
   float eps = 1e-6f;
   int64_t kv_capacity = 0;          // rows per head in the caches
+  // The engine's fp8 K/V option: when set, K and V rows go here instead of the bf16 caches, as e4m3
+  // codes [n_kv_heads x kv_capacity x head_dim] with one f32 scale per (head, row)
+  // [n_kv_heads x kv_capacity]: the bf16-rounded row quantized as quantize_rows_fp8 quantizes a
+  // 128-wide block (scale = amax / 448, 1 for a zero row; code = e4m3(x / scale), RNE, saturating).
+  uint8_t* k_fp8 = nullptr;
+  uint8_t* v_fp8 = nullptr;
+  float* k_scale = nullptr;
+  float* v_scale = nullptr;
 };
 
 // qkv: [rows x (n_heads + 2 n_kv_heads) x head_dim] (one GEMM's output: Q heads, K heads, V heads).

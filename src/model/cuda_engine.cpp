@@ -39,7 +39,8 @@ struct CudaEngine::Weights {
   std::vector<Layer> layers;
   DeviceBuffer inv_freq;  // f32 [head_dim/2]
   // Per-prompt state, grown on demand and kept for the next prompt.
-  DeviceBuffer kcache, vcache;  // [layers x kv_heads x capacity x head_dim] bf16
+  DeviceBuffer kcache, vcache;  // [layers x kv_heads x capacity x head_dim] bf16, or e4m3 codes (kv_fp8)
+  DeviceBuffer kscale, vscale;  // kv_fp8: [layers x kv_heads x capacity] f32
   int64_t capacity = 0;
   DeviceBuffer tokens, h, x, qkv, q, att, gu, act;
   DeviceBuffer xq, xs, ybf;  // FP8 path: quantized activations, their scales, bf16 product for the residual add
@@ -149,12 +150,20 @@ std::string fp8_unsupported(const HfConfig& c, const SafetensorsCheckpoint& ck) 
 
 }  // namespace
 
-CudaEngine::CudaEngine(const std::string& hf_dir, int threads) : cfg_(HfConfig::load(hf_dir)), w_(std::make_unique<Weights>()) {
+CudaEngine::CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8)
+    : cfg_(HfConfig::load(hf_dir)), w_(std::make_unique<Weights>()), kv_fp8_(kv_fp8) {
   const auto& c = cfg_;
   if (c.head_dim != 64 && c.head_dim != 128) throw std::runtime_error(fmt::format("CUDA engine: head_dim {} not supported (64, 128)", c.head_dim));
   if (c.hidden_size % 8 || c.intermediate_size % 8) throw std::runtime_error("CUDA engine: hidden and intermediate sizes must be multiples of 8");
   if (c.attention_bias) throw std::runtime_error("CUDA engine: attention biases are not supported");
   if (cuda::device_count() == 0) throw std::runtime_error("CUDA engine: no CUDA device");
+  if (kv_fp8) {
+    cuda::AttentionShape probe;
+    probe.head_dim = int(c.head_dim);
+    if (!cuda::wgmma_attention_supported(probe))
+      throw std::runtime_error(fmt::format("CUDA engine: fp8 K/V needs head_dim 128 on an sm_90 GPU (this model: head_dim {}; {})", c.head_dim,
+                                           cuda::device_summary()));
+  }
   PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   gemm_ = std::make_unique<cuda::Gemm>();
   auto ck = SafetensorsCheckpoint::open(hf_dir);
@@ -222,7 +231,8 @@ size_t CudaEngine::bytes_for_prompt(int64_t T, int64_t chunk) const {
   const auto& c = cfg_;
   const int64_t H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
   chunk = std::min(chunk, T);
-  const size_t kv = size_t(2) * size_t(std::max<int64_t>(c.num_layers - 1, 1)) * size_t(nkv * T * hd) * 2;
+  const size_t per_row = kv_fp8_ ? size_t(hd) + 4 : size_t(hd) * 2;  // fp8: codes + one scale per head row
+  const size_t kv = size_t(2) * size_t(std::max<int64_t>(c.num_layers - 1, 1)) * size_t(nkv * T) * per_row;
   size_t work = size_t(chunk) * size_t(4 + H * 4 + H * 2 + (nh + 2 * nkv) * hd * 2 + 2 * nh * hd * 2 + 2 * F * 2 + F * 2);
   if (fp8_) {
     const int64_t K = std::max({H, nh * hd, F}), rows = fp8_->padded_rows(chunk);
@@ -236,7 +246,7 @@ void CudaEngine::check_fits(int64_t T, int64_t chunk, size_t extra) const {
   const size_t need = bytes_for_prompt(T, chunk) + extra;
   const auto mem = cuda::device_memory();
   // What is already ours counts as available (the buffers are reused).
-  const size_t ours = w_->kcache.bytes() + w_->vcache.bytes() + w_->h.bytes() + w_->x.bytes() + w_->qkv.bytes() + w_->q.bytes() +
+  const size_t ours = w_->kcache.bytes() + w_->vcache.bytes() + w_->kscale.bytes() + w_->vscale.bytes() + w_->h.bytes() + w_->x.bytes() + w_->qkv.bytes() + w_->q.bytes() +
                       w_->att.bytes() + w_->gu.bytes() + w_->act.bytes() + w_->xq.bytes() + w_->xs.bytes() + w_->ybf.bytes();
   const size_t margin = size_t(512) << 20;
   if (need + margin > mem.free + ours)
@@ -259,11 +269,18 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
   check_fits(T, chunk);
   auto& W = *w_;
   const int64_t cache_layers = full_last_layer ? L : std::max<int64_t>(L - 1, 1);
-  if (W.capacity < T || W.kcache.bytes() < size_t(cache_layers * nkv * T * hd * 2)) {
+  const int64_t elem = kv_fp8_ ? 1 : 2;
+  if (W.capacity < T || W.kcache.bytes() < size_t(cache_layers * nkv * T * hd * elem)) {
     W.kcache.release();
     W.vcache.release();
-    W.kcache.resize(size_t(cache_layers * nkv * T * hd * 2));
-    W.vcache.resize(size_t(cache_layers * nkv * T * hd * 2));
+    W.kscale.release();
+    W.vscale.release();
+    W.kcache.resize(size_t(cache_layers * nkv * T * hd * elem));
+    W.vcache.resize(size_t(cache_layers * nkv * T * hd * elem));
+    if (kv_fp8_) {
+      W.kscale.resize(size_t(cache_layers * nkv * T) * 4);
+      W.vscale.resize(size_t(cache_layers * nkv * T) * 4);
+    }
     W.capacity = T;
   }
   const int64_t cap = W.capacity;
@@ -332,12 +349,21 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
       bf16* x = W.x.as<bf16>();
       cuda::rmsnorm_rows_bf16(h, Lw.in_norm.as<float>(), x, n, H, eps, s);
       mm(x, Lw.wqkv, Lw.wqkv_s, n, H, qkv_dim, cuda::DType::BF16, W.qkv.get(), 0.0f);
-      bf16* kc = W.kcache.as<bf16>() + l * nkv * cap * hd;
-      bf16* vc = W.vcache.as<bf16>() + l * nkv * cap * hd;
       ra.q_norm = Lw.q_norm.bytes() ? Lw.q_norm.as<float>() : nullptr;
       ra.k_norm = Lw.k_norm.bytes() ? Lw.k_norm.as<float>() : nullptr;
-      cuda::qkv_rope_to_cache(W.qkv.as<bf16>(), W.q.as<bf16>(), kc, vc, ra, s);
-      cuda::causal_attention(W.q.as<bf16>(), kc, vc, W.att.as<bf16>(), as, s);
+      if (kv_fp8_) {
+        ra.k_fp8 = W.kcache.as<uint8_t>() + l * nkv * cap * hd;
+        ra.v_fp8 = W.vcache.as<uint8_t>() + l * nkv * cap * hd;
+        ra.k_scale = W.kscale.as<float>() + l * nkv * cap;
+        ra.v_scale = W.vscale.as<float>() + l * nkv * cap;
+        cuda::qkv_rope_to_cache(W.qkv.as<bf16>(), W.q.as<bf16>(), nullptr, nullptr, ra, s);
+        cuda::causal_attention_fp8kv(W.q.as<bf16>(), ra.k_fp8, ra.v_fp8, ra.k_scale, ra.v_scale, W.att.as<bf16>(), as, s);
+      } else {
+        bf16* kc = W.kcache.as<bf16>() + l * nkv * cap * hd;
+        bf16* vc = W.vcache.as<bf16>() + l * nkv * cap * hd;
+        cuda::qkv_rope_to_cache(W.qkv.as<bf16>(), W.q.as<bf16>(), kc, vc, ra, s);
+        cuda::causal_attention(W.q.as<bf16>(), kc, vc, W.att.as<bf16>(), as, s);
+      }
       mm(W.att.get(), Lw.wo, Lw.wo_s, n, nh * hd, H, cuda::DType::F32, h, 1.0f);
       cuda::rmsnorm_rows_bf16(h, Lw.post_norm.as<float>(), x, n, H, eps, s);
       mm(x, Lw.wgu, Lw.wgu_s, n, H, 2 * F, cuda::DType::BF16, W.gu.get(), 0.0f);

@@ -2,7 +2,7 @@
 // checkpoints. bf16 weights and activations through cuBLASLt (f32 accumulation; block-FP8 checkpoints
 // through block-scaled FP8 products, activations quantized per 1x128 block), an f32 residual
 // stream (the o_proj and down_proj products accumulate into it, fused via beta = 1), our flash
-// attention over the engine's own bf16 K/V cache, and fused RMSNorm / RoPE / SwiGLU kernels.
+// attention over the engine's own bf16 (or fp8) K/V cache, and fused RMSNorm / RoPE / SwiGLU kernels.
 // Like the CPU backend it exposes only the per-layer hook: the residual stream entering each layer,
 // here on the device, for the GPU recipe to read on the same stream.
 #pragma once
@@ -26,12 +26,15 @@ class CudaEngine {
   // enqueues on `stream` sees d_h as it enters the layer; d_h changes after the hook returns.
   using DeviceHook = std::function<void(int layer, const float* d_h, int64_t rows, int64_t pos0, cudaStream_t stream)>;
 
-  CudaEngine(const std::string& hf_dir, int threads);
+  // kv_fp8: the engine keeps its own K/V as e4m3 rows with one scale per head row (half of bf16's
+  // memory, for very long prompts); needs head_dim 128 on an sm_90 GPU (the wgmma attention kernel).
+  CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8 = false);
   ~CudaEngine();
   const HfConfig& config() const { return cfg_; }
   cuda::Gemm& gemm() { return *gemm_; }
   cudaStream_t stream() const { return stream_; }
-  std::string weights_note() const { return weights_note_; }
+  std::string weights_note() const { return weights_note_ + (kv_fp8_ ? "; fp8 K/V" : ""); }
+  bool kv_fp8() const { return kv_fp8_; }
   // Set when the checkpoint is block-FP8 and its products run in FP8 (else its weights were dequantized).
   const std::optional<cuda::Fp8ScaleLayout>& fp8() const { return fp8_; }
 
@@ -56,6 +59,7 @@ class CudaEngine {
   std::string weights_note_;
   size_t weight_bytes_ = 0;
   std::optional<cuda::Fp8ScaleLayout> fp8_;
+  bool kv_fp8_ = false;
 };
 
 }  // namespace pdb

@@ -50,10 +50,10 @@ class PrefillBackend {
 // equal up to rounding). The recipe itself is always faithful.
 std::unique_ptr<PrefillBackend> make_cpu_backend(std::shared_ptr<CpuEngine> engine, std::shared_ptr<const Recipe> recipe,
                                                  bool faithful = true);
-// Loads the HF checkpoint onto the GPU; `recipe` supplies the decoder's weights. Throws where CUDA
-// is not built in or no GPU is present.
+// Loads the HF checkpoint onto the GPU; `recipe` supplies the decoder's weights. kv_fp8: the engine's
+// own K/V in fp8 (cuda_engine.h). Throws where CUDA is not built in or no GPU is present.
 std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads,
-                                                  int64_t max_chunk);
+                                                  int64_t max_chunk, bool kv_fp8 = false);
 bool cuda_backend_available();
 
 }  // namespace pdb

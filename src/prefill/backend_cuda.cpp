@@ -33,8 +33,8 @@ constexpr int kSlots = 6;
 
 class CudaBackend final : public PrefillBackend {
  public:
-  CudaBackend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads, int64_t max_chunk)
-      : recipe_(std::move(recipe)), engine_(hf_dir, threads), gpu_recipe_(*recipe_, recipe_gemm_, max_chunk), max_chunk_(max_chunk),
+  CudaBackend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads, int64_t max_chunk, bool kv_fp8)
+      : recipe_(std::move(recipe)), engine_(hf_dir, threads, kv_fp8), gpu_recipe_(*recipe_, recipe_gemm_, max_chunk), max_chunk_(max_chunk),
         threads_(threads) {
     PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     if (const char* e = std::getenv("PDBRIDGE_RECIPE_STREAM"); e && std::string(e) == "1")
@@ -306,9 +306,9 @@ class CudaBackend final : public PrefillBackend {
 bool cuda_backend_available() { return cuda::device_count() > 0; }
 
 std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads,
-                                                  int64_t max_chunk) {
+                                                  int64_t max_chunk, bool kv_fp8) {
   if (cuda::device_count() == 0) throw std::runtime_error("--device cuda: " + cuda::device_summary());
-  return std::make_unique<CudaBackend>(hf_dir, std::move(recipe), threads, max_chunk);
+  return std::make_unique<CudaBackend>(hf_dir, std::move(recipe), threads, max_chunk, kv_fp8);
 }
 
 }  // namespace pdb

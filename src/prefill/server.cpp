@@ -177,6 +177,8 @@ std::vector<std::string> config_mismatches(const std::string& hf_dir, const std:
 
 int run_prefill_server(const PrefillServerOptions& o) {
   if (o.device != "cpu" && o.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda");
+  if (o.kv_dtype != "bf16" && o.kv_dtype != "fp8") throw std::invalid_argument("--kv-dtype must be bf16 or fp8");
+  if (o.kv_dtype == "fp8" && o.device != "cuda") throw std::invalid_argument("--kv-dtype fp8 is the CUDA engine's option (--device cuda)");
   const auto mism = config_mismatches(o.model, o.recipe);
   for (const auto& m : mism) spdlog::error("prefill: config mismatch: {}", m);
   if (!mism.empty() && !o.allow_config_mismatch)
@@ -186,7 +188,7 @@ int run_prefill_server(const PrefillServerOptions& o) {
   spdlog::info("prefill: loading model {} and recipe {}", o.model, o.recipe);
   std::shared_ptr<const Recipe> recipe = Recipe::load(o.recipe, threads);
   std::shared_ptr<PrefillBackend> engine;
-  if (o.device == "cuda") engine = make_cuda_backend(o.model, recipe, threads, o.chunk > 0 ? o.chunk : 2048);
+  if (o.device == "cuda") engine = make_cuda_backend(o.model, recipe, threads, o.chunk > 0 ? o.chunk : 2048, o.kv_dtype == "fp8");
   else engine = make_cpu_backend(std::make_shared<CpuEngine>(o.model, threads), recipe, !o.cpu_fast);
   spdlog::info("prefill: engine on {}", engine->device());
   const auto& ri = recipe->info();

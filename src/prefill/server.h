@@ -6,7 +6,7 @@
 namespace pdb {
 
 struct PrefillServerOptions {
-  std::string model, recipe, host = "127.0.0.1", device = "cpu";
+  std::string model, recipe, host = "127.0.0.1", device = "cpu", kv_dtype = "bf16";
   int port = 8090;
   int64_t chunk = 512;
   int threads = 0;

@@ -37,7 +37,8 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
   const int threads = o.threads > 0 ? o.threads : default_threads();
   std::shared_ptr<const Recipe> recipe = Recipe::load(o.recipe, threads);
   std::unique_ptr<PrefillBackend> be;
-  if (o.device == "cuda") be = make_cuda_backend(o.model, recipe, threads, o.chunk);
+  if (o.kv_dtype == "fp8" && o.device != "cuda") throw std::invalid_argument("--kv-dtype fp8 is the CUDA engine's option (--device cuda)");
+  if (o.device == "cuda") be = make_cuda_backend(o.model, recipe, threads, o.chunk, o.kv_dtype == "fp8");
   else if (o.device == "cpu") be = make_cpu_backend(std::make_shared<CpuEngine>(o.model, threads), recipe);
   else throw std::invalid_argument("--device must be cuda or cpu");
   const auto& c = be->config();
