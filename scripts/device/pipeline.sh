@@ -5,8 +5,8 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all, or a comma-separated list of tests,bench,train,attn,fp8,scale,pace,demo,link
-has() { [ "$STAGES" = all ] && [ "$1" != fp8 ] && [ "$1" != attn ] && [ "$1" != scale ] && [ "$1" != pace ] && [ "$1" != link ] && [ "$1" != demo ] && return 0; [[ ",$STAGES," == *",$1,"* ]]; }
+# STAGES: all, or a comma-separated list of tests,bench,train,attn,fp8,scale,pace,m1,demo,link
+has() { [ "$STAGES" = all ] && [ "$1" != fp8 ] && [ "$1" != attn ] && [ "$1" != scale ] && [ "$1" != pace ] && [ "$1" != m1 ] && [ "$1" != link ] && [ "$1" != demo ] && return 0; [[ ",$STAGES," == *",$1,"* ]]; }
 R=/tmp/res; M=/tmp/m; P=/tmp/pdb; LC=/tmp/llama-cuda
 mkdir -p $R $M $P $LC
 T0=$(date +%s)
@@ -100,6 +100,7 @@ fi
 # the stages above (their scripts also run alone; see each script's header).
 has scale && run scale env SKIP_1M=1 bash $DEV/scale.sh ${SCALE_DEADLINE:-430}
 has pace && run pace env CACHE=f32 RATES="10 0" bash $DEV/pace.sh 200000
+has m1 && run m1 bash $DEV/million8b.sh
 # Issue 6 on the GPU: the demo with CUDA prefill (the bundle's prebuilt binaries stand in for `make`,
 # which needs apt and cannot run there), on a 24K-character haystack.
 has demo && run demo env PDBRIDGE_DEMO_CHARS=24000 bash $REPO/scripts/demo.sh

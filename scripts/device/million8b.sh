@@ -1,0 +1,30 @@
+#!/bin/bash
+# Issue 5's million-token prompt on the 8B shape (Llama-3.1-8B, random weights): the H200 prefill with the
+# engine's fp8 K/V (`--kv-dtype fp8`: bf16 K/V for 1M tokens would take 137 GB of the GPU's 141), llama-server on
+# the device's CPU with a q4_0 cache (~40 GB of RAM at 1.1M), slot files on /dev/shm. Needs the pipeline's `attn`
+# stage model (declared context 1.1M, Q4_0 GGUF). One bridged cold prompt of CHARS characters (~3.8 per token),
+# TTFT only (--stop-after 4); the attention alone is ~10 minutes at ~400 TFLOP/s, so run it under drive.sh (setsid)
+# as pipeline stage `m1`. Usage: bash .dev/million8b.sh [CHARS=3900000]
+CHARS=${1:-3900000}
+DEV=$(cd "$(dirname "$0")" && pwd)
+R=/tmp/res; M=/tmp/m; P=/tmp/pdb; mkdir -p $R
+[ -x $P/build/pdbridge ] || tar -xJf $DEV/bundle.tar.xz -C $P
+export LD_LIBRARY_PATH=$P/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+PDB=$P/build/pdbridge
+G=$M/llama8b/decoder-q4_0.gguf
+{ [ -f $G ] && [ -e $M/llama8b/CTX1100000 ]; } || { echo "million8b: needs the attn stage's 8B model ($G, declared context 1.1M)"; exit 1; }
+up() { for _ in $(seq 1 900); do curl -sf "$1" > /dev/null && return 0; sleep 0.5; done; return 1; }
+rm -rf /dev/shm/slots* && mkdir -p /dev/shm/m1
+$PDB decoder --gguf $G --port 8380 --slot-dir /dev/shm/m1 --ctx 1100000 --parallel 1 --cache-type q4_0 --threads 16 > $R/m1_8b_decoder.log 2>&1 & D=$!
+$PDB prefill --model $M/llama8b/hf --recipe $G --device cuda --kv-dtype fp8 --chunk 8192 --port 8390 > $R/m1_8b_prefill.log 2>&1 & PF=$!
+up localhost:8380/health && up localhost:8390/health || { echo "million8b: the stack did not come up"; kill $D $PF; exit 1; }
+$PDB front --decoder http://127.0.0.1:8380 --decoder-gguf $G --slot-dir /dev/shm/m1 --prefill http://127.0.0.1:8390 --port 8300 --bridge-timeout 1200 \
+  > $R/m1_8b_front.log 2>&1 & F=$!
+up localhost:8300/health
+( while kill -0 $PF 2>/dev/null; do echo "$(date +%s.%N) $(awk '/VmRSS/{print $2}' /proc/$PF/status) $(awk '/VmRSS/{print $2}' /proc/$F/status 2>/dev/null)"; sleep 1; done ) > $R/m1_8b_rss.txt &
+( while kill -0 $PF 2>/dev/null; do nvidia-smi --query-gpu=memory.used --format=csv,noheader; sleep 10; done ) > $R/m1_8b_gpumem.txt 2>&1 &
+timeout 1800 $PDB bench cold --front http://127.0.0.1:8300 --skip-native --chars $CHARS --runs 1 --max-tokens 300 --stop-after 4 --out $R/m1_8b.jsonl \
+  > $R/m1_8b_bench.log 2>&1
+echo "million8b: bench rc=$?"; tail -4 $R/m1_8b_bench.log
+grep -H VmHWM /proc/$PF/status /proc/$F/status > $R/m1_8b_hwm.txt 2>&1
+kill $F $PF $D 2>/dev/null; wait $F $PF $D 2>/dev/null
