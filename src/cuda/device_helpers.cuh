@@ -1,6 +1,7 @@
 // Device-side pieces several kernel families share (included by .cu files only).
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -14,6 +15,14 @@ __device__ __forceinline__ void cp_async16(uint32_t smem, const void* gmem, bool
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// The FP8 block quantizer's two steps (fp8.cu's activation blocks, the engine's fp8 K/V rows in
+// rope.cu): scale = amax / 448 (1 for an all-zero block), code = e4m3(x / scale), round-to-nearest-even,
+// saturating. CPU twin: model/reference_ops.h quantize_rows_fp8.
+__device__ __forceinline__ float fp8_scale_for(float amax) { return amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f; }
+__device__ __forceinline__ uint8_t fp8_code(float x, float scale) {
+  return uint8_t(__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3));
+}
 
 // ggml-cpu's x86 quantize_row_q8_0 for one 32-element block held one element per lane of a warp:
 // scale = amax / 127 (stored as f16 by the caller), code = round-half-even(x * (127 / amax)).

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "cuda/common.cuh"
+#include "cuda/device_helpers.cuh"
 
 namespace pdb::cuda {
 namespace {
@@ -26,9 +27,9 @@ __global__ void quantize_fp8_kernel(const __nv_bfloat16* __restrict__ x, int64_t
     amax = fmaxf(amax, fabsf(v[i]));
   }
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float scale = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+  const float scale = fp8_scale_for(amax);
   uint8_t* qb = q + r * k + kb * 128 + lane * 4;
-  for (int i = 0; i < 4; ++i) qb[i] = uint8_t(__nv_cvt_float_to_fp8(__fdiv_rn(v[i], scale), __NV_SATFINITE, __NV_E4M3));
+  for (int i = 0; i < 4; ++i) qb[i] = fp8_code(v[i], scale);
   if (lane == 0) scales[row_major ? r * kblocks + kb : kb * ld + r] = scale;
 }
 

@@ -2,9 +2,8 @@
 
 #include <stdexcept>
 
-#include <cuda_fp8.h>
-
 #include "cuda/common.cuh"
+#include "cuda/device_helpers.cuh"
 
 namespace pdb::cuda {
 namespace {
@@ -24,9 +23,9 @@ __device__ __forceinline__ void store_fp8_row(const float* y, int lane, uint8_t*
     amax = fmaxf(amax, fabsf(v[i]));
   }
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float sc = amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+  const float sc = fp8_scale_for(amax);
 #pragma unroll
-  for (int i = 0; i < PER; ++i) codes[lane + 32 * i] = uint8_t(__nv_cvt_float_to_fp8(__fdiv_rn(v[i], sc), __NV_SATFINITE, __NV_E4M3));
+  for (int i = 0; i < PER; ++i) codes[lane + 32 * i] = fp8_code(v[i], sc);
   if (lane == 0) *scale = sc;
 }
 

@@ -128,18 +128,21 @@ void GpuRecipe::kv_f32(int layer, const float* d_h, int64_t rows, cudaStream_t s
   kv_from_normed(layer, x_.as<float>(), rows, s, d_k, d_v);
 }
 
-void GpuRecipe::normalize(int layer, const float* d_h, int64_t rows, cudaStream_t s, float* d_x) {
-  const auto& in = cpu_.info();
+void GpuRecipe::check(int layer, int64_t rows) const {
   if (layer < 0 || layer >= int64_t(wk_.size())) throw std::out_of_range(fmt::format("GPU recipe layer {} not loaded", layer));
   if (rows > max_rows_) throw std::invalid_argument(fmt::format("GPU recipe: {} rows, sized for {}", rows, max_rows_));
+}
+
+void GpuRecipe::normalize(int layer, const float* d_h, int64_t rows, cudaStream_t s, float* d_x) {
+  const auto& in = cpu_.info();
+  check(layer, rows);
   cuda::rmsnorm_rows(d_h, norm_[size_t(layer)].as<float>(), d_x, rows, in.n_embd, in.norm_eps, s);
   PDB_CUDA_LAUNCHED();
 }
 
 void GpuRecipe::kv_from_normed(int layer, const float* d_x, int64_t rows, cudaStream_t s, float* d_k, float* d_v) {
   const auto& in = cpu_.info();
-  if (layer < 0 || layer >= int64_t(wk_.size())) throw std::out_of_range(fmt::format("GPU recipe layer {} not loaded", layer));
-  if (rows > max_rows_) throw std::invalid_argument(fmt::format("GPU recipe: {} rows, sized for {}", rows, max_rows_));
+  check(layer, rows);
   const Weight& wk = wk_[size_t(layer)];
   const Weight& wv = wv_[size_t(layer)];
   project(wk, d_x, rows, s, d_k);

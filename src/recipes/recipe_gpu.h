@@ -49,6 +49,7 @@ class GpuRecipe {
   // the decoder converts its norm output once per weight type, and so can we).
   void project(const Weight& w, const float* d_x, int64_t rows, cudaStream_t s, float* d_y, bool converted = false);
   static bool same_activations(const Weight& a, const Weight& b);
+  void check(int layer, int64_t rows) const;  // a loaded layer, rows within the buffers
 
   const Recipe& cpu_;
   cuda::Gemm& gemm_;
