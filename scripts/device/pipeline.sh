@@ -5,7 +5,8 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all, or a comma-separated list of tests,bench,train,attn,fp8,scale,pace,m1,demo,link
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,attn,fp8,scale,pace,m1,demo,link,
+# run in the order named. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile.
 has() { [ "$STAGES" = all ] && [ "$1" != fp8 ] && [ "$1" != attn ] && [ "$1" != scale ] && [ "$1" != pace ] && [ "$1" != m1 ] && [ "$1" != link ] && [ "$1" != demo ] && return 0; [[ ",$STAGES," == *",$1,"* ]]; }
 R=/tmp/res; M=/tmp/m; P=/tmp/pdb; LC=/tmp/llama-cuda
 mkdir -p $R $M $P $LC
@@ -29,7 +30,7 @@ run device_info $PDB device-info || { ts "pdbridge does not run here"; touch $R/
 if [ -f $DEV/train_needle.py ] && has train; then
   ( PYTHONUNBUFFERED=1 python3 $DEV/train_needle.py /tmp/needle --minutes ${TRAIN_MINUTES:-5} > $R/train.log 2>&1; echo $? > $R/train.rc ) &
 fi
-if has tests; then
+stage_tests() {
   run unit_cuda $P/build/tests/unit_tests --gtest_filter='Cuda*'
   TM=$P/build/test-models
   run test_models bash -c "set -e; $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0,q4_0; \
@@ -37,8 +38,8 @@ if has tests; then
     $PDB make-model --arch qwen3 --preset tiny --seed 2 --out $TM/qwen3-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0"
   run integration_cuda $P/build/tests/integration_tests --gtest_filter='GpuRecipe*:CudaEngine*:CudaBridge*:CudaParity*'
   PDBRIDGE_RECIPE_STREAM=1 run integration_cuda_recipe_stream $P/build/tests/integration_tests --gtest_filter='CudaBridge*:CudaParity*'
-fi
-if has bench; then
+}
+stage_bench() {
   run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16
   if [ -f $DEV/train_needle.py ]; then ts "waiting for training"; while [ ! -e $R/train.rc ]; do sleep 5; done; ts "training rc=$(cat $R/train.rc)"; tail -n 12 $R/train.log; fi
   [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
@@ -52,7 +53,7 @@ if has bench; then
   rm -rf $M/llama8b/hf
   run make_qwen8b $PDB make-model --arch qwen3 --preset 8b --seed 8 --out $M/qwen8b --hf-dtype bf16 --gguf-types f16
   run bench_qwen8b $PDB bench prefill --model $M/qwen8b/hf --recipe $M/qwen8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label qwen3-8b --out $R/bench.jsonl
-fi
+}
 # Issue 4's FP8 row: the same Llama-3.1-8B-shape master weights as bf16 and as block-FP8 (128x128 e4m3 +
 # scales), bench prefill on both in the same run (the FP8 engine runs block-scaled FP8 products when its
 # probe finds the scale order; the bench's "weights" field says which path ran). Also the GPU-encoded
@@ -61,7 +62,7 @@ fi
 # The attention kernels side by side (Hopper wgmma default, its ping-pong variant, mma.sync) and the recipe's
 # overhead (on the engine's stream and on its own; with a Q4_0 decoder), without the FP8 checkpoint (which takes
 # minutes to make); the PyTorch and llama.cpp CUDA peers in the same run; one attention launch under ncu.
-if has attn; then
+stage_attn() {
   # A declared context of 1.1M (the llama3 RoPE reads its original 8,192, so the engine is unchanged) lets
   # scale.sh reuse this model for its 256K prompt: llama-server caps a slot at the declared context.
   [ -f $M/llama8b/decoder-f16.gguf ] || { run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 \
@@ -72,20 +73,21 @@ if has attn; then
   PDBRIDGE_ATTN_WGMMA=2 run attn_pingpong $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-wgmma-pingpong --out $R/bench.jsonl
   run attn_fp8kv $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --kv-dtype fp8 --label llama8b-bf16-fp8kv --out $R/bench.jsonl
   PDBRIDGE_RECIPE_STREAM=1 run attn_recipe_stream $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-recipe-stream --out $R/bench.jsonl
-  PDBRIDGE_ATTN_WGMMA=0 run attn_mma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-mma --out $R/bench.jsonl
+  [ "${MMA:-0}" = 1 ] && PDBRIDGE_ATTN_WGMMA=0 run attn_mma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-mma --out $R/bench.jsonl
   run attn_q4recipe $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-q4_0.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-q4_0-recipe --out $R/bench.jsonl
   [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
   # One attention launch of the last 4K-query chunk of a 32K prompt (the warm-up forward's 248th) under ncu.
-  run ncu_attn ncu --clock-control none -k regex:flash_attention --launch-skip 247 --launch-count 1 --section SpeedOfLight \
+  [ "${NCU:-0}" = 1 ] && run ncu_attn ncu --clock-control none -k regex:flash_attention --launch-skip 247 --launch-count 1 --section SpeedOfLight \
     --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
     $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 32768 --reps 1 --chunk 4096 --label ncu --out /dev/null
   run attn_128k $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 131072 --reps 1 --chunk 8192 --label llama8b-bf16-wgmma --out $R/bench.jsonl
+  PDBRIDGE_ATTN_WGMMA=2 run attn_128k_pingpong $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 131072 --reps 1 --chunk 8192 --label llama8b-bf16-wgmma-pingpong --out $R/bench.jsonl
   if [ -e $R/llama_build.rc ] || [ -e $LC/build/CMakeCache.txt ]; then
     ts "waiting for the llama.cpp CUDA build"; while [ ! -e $R/llama_build.rc ]; do sleep 5; done
     run llama_bench $LC/build/bin/llama-bench -m $M/llama8b/decoder-f16.gguf -ngl 99 -fa 1 -b 4096 -ub 2048 -p 8192,32768 -n 0 -r 2 -o md
   fi
-fi
-if has fp8; then
+}
+stage_fp8() {
   [ -f $M/llama8b/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16
   [ -f $M/llama8b/decoder-q4_0.gguf ] || run quantize_q4 $P/build/llama/bin/llama-quantize $M/llama8b/decoder-f16.gguf $M/llama8b/decoder-q4_0.gguf Q4_0
   run make_llama8b_fp8 $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b_fp8 --hf-dtype fp8 --gguf-types ""
@@ -95,21 +97,30 @@ if has fp8; then
   PDBRIDGE_ATTN_KTILE=128 run bench_bf16_kt128 $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-kt128 --out $R/bench.jsonl
   run bench_bf16_q4recipe $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-q4_0.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-q4_0-recipe --out $R/bench.jsonl
   run bench_bf16_q8 $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192 --reps 3 --chunk 4096 --cache-type q8_0 --label llama8b-bf16-q8cache --out $R/bench.jsonl
-fi
+}
 # Issue 5's 8B scale windows and the wire under pacing, chained here so that one drive.sh call runs them after
 # the stages above (their scripts also run alone; see each script's header).
-has scale && run scale env SKIP_1M=1 bash $DEV/scale.sh ${SCALE_DEADLINE:-430}
-has pace && run pace env CACHE=f32 RATES="10 0" bash $DEV/pace.sh 200000
-has m1 && run m1 bash $DEV/million8b.sh
+stage_scale() { run scale env SKIP_1M=1 bash $DEV/scale.sh ${SCALE_DEADLINE:-430}; }
+stage_pace() { run pace env CACHE=f32 RATES="10 0" bash $DEV/pace.sh 200000; }
+stage_m1() { run m1 bash $DEV/million8b.sh; }
 # Issue 6 on the GPU: the demo with CUDA prefill (the bundle's prebuilt binaries stand in for `make`,
 # which needs apt and cannot run there), on a 24K-character haystack.
-has demo && run demo env PDBRIDGE_DEMO_CHARS=24000 bash $REPO/scripts/demo.sh
+stage_demo() { run demo env PDBRIDGE_DEMO_CHARS=24000 bash $REPO/scripts/demo.sh; }
 # Issue 5's scale runs and the million-token prompt: scripts/device/scale.sh (one call of their own).
 # Issue 5's link emulation on the device (needs ip/tc and CAP_NET_ADMIN there): 10 and 1 Gbit.
-if has link; then
+stage_link() {
   PDBRIDGE_NETNS_OUT=$R/link10.jsonl run link10 bash $REPO/scripts/netns_link.sh 10 300000 2 cuda
   PDBRIDGE_NETNS_OUT=$R/link1.jsonl run link1 bash $REPO/scripts/netns_link.sh 1 100000 2 cuda
-fi
+}
+# The stages run in the order they are named (all: tests, bench, train).
+if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
+for stage in $ORDERED; do
+  case $stage in
+    tests|bench|attn|fp8|scale|pace|m1|demo|link) stage_$stage ;;
+    train) ;;  # started above, in the background
+    *) ts "unknown stage $stage" ;;
+  esac
+done
 if [ -f $DEV/train_needle.py ] && [ "$STAGES" = train ]; then while [ ! -e $R/train.rc ]; do sleep 5; done; fi
 ts ALLDONE
 touch $R/DONE
