@@ -7,13 +7,9 @@
 # as pipeline stage `m1`. Usage: bash .dev/million8b.sh [CHARS=3900000]
 CHARS=${1:-3900000}
 DEV=$(cd "$(dirname "$0")" && pwd)
-R=/tmp/res; M=/tmp/m; P=/tmp/pdb; mkdir -p $R
-[ -x $P/build/pdbridge ] || tar -xJf $DEV/bundle.tar.xz -C $P
-export LD_LIBRARY_PATH=$P/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-PDB=$P/build/pdbridge
+source $DEV/env.sh || exit 1
 G=$M/llama8b/decoder-q4_0.gguf
 { [ -f $G ] && [ -e $M/llama8b/CTX1100000 ]; } || { echo "million8b: needs the attn stage's 8B model ($G, declared context 1.1M)"; exit 1; }
-up() { for _ in $(seq 1 900); do curl -sf "$1" > /dev/null && return 0; sleep 0.5; done; return 1; }
 rm -rf /dev/shm/slots* && mkdir -p /dev/shm/m1
 $PDB decoder --gguf $G --port 8380 --slot-dir /dev/shm/m1 --ctx 1100000 --parallel 1 --cache-type q4_0 --threads 16 > $R/m1_8b_decoder.log 2>&1 & D=$!
 $PDB prefill --model $M/llama8b/hf --recipe $G --device cuda --kv-dtype fp8 --chunk 8192 --port 8390 > $R/m1_8b_prefill.log 2>&1 & PF=$!

@@ -6,11 +6,7 @@
 # Usage: [CACHE=f32] [RATES="10 1"] bash .dev/pace.sh [CHARS=200000]
 CHARS=${1:-200000}; CACHE=${CACHE:-f16}
 DEV=$(cd "$(dirname "$0")" && pwd); REPO=$(cd $DEV/.. && pwd)
-R=/tmp/res; P=/tmp/pdb; mkdir -p $R $P
-[ -x $P/build/pdbridge ] || tar -xJf $DEV/bundle.tar.xz -C $P
-export LD_LIBRARY_PATH=$P/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-PDB=$P/build/pdbridge
-up() { for _ in $(seq 1 600); do curl -sf "$1" > /dev/null && return 0; sleep 0.5; done; return 1; }
+source $DEV/env.sh || exit 1
 mkdir -p /tmp/needle1m && cp $REPO/models/needle-llama/* /tmp/needle1m/
 sed -i 's/"max_position_embeddings": [0-9]*/"max_position_embeddings": 1100000/' /tmp/needle1m/config.json
 $PDB convert --hf /tmp/needle1m --out /tmp/needle1m/gguf --types q4_0 > $R/pace_convert.log 2>&1

@@ -8,18 +8,15 @@ DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
 # STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,attn,fp8,scale,pace,m1,demo,link,
 # run in the order named. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile.
 has() { [ "$STAGES" = all ] && [ "$1" != fp8 ] && [ "$1" != attn ] && [ "$1" != scale ] && [ "$1" != pace ] && [ "$1" != m1 ] && [ "$1" != link ] && [ "$1" != demo ] && return 0; [[ ",$STAGES," == *",$1,"* ]]; }
-R=/tmp/res; M=/tmp/m; P=/tmp/pdb; LC=/tmp/llama-cuda
-mkdir -p $R $M $P $LC
+LC=/tmp/llama-cuda; mkdir -p $LC
 T0=$(date +%s)
 ts() { echo "[$(date +%T) +$(( $(date +%s) - T0 ))s] $*"; }
 run() { local name=$1; shift; ts "start $name"; "$@" > $R/$name.log 2>&1; local rc=$?; ts "end $name rc=$rc"; tail -n 25 $R/$name.log | sed "s/^/  $name| /"; return $rc; }
+source $DEV/env.sh || { touch /tmp/res/DONE; exit 1; }
 { nvidia-smi; lscpu | head -20; free -g; df -h /tmp; } > $R/sysinfo.txt 2>&1
-tar -xJf $DEV/bundle.tar.xz -C $P || { ts "bundle extract failed"; touch $R/DONE; exit 1; }
 # the tests find the build where it was configured
 mkdir -p /work/main && ln -sfn $P/build /work/main/build
 [ -e $REPO/build ] || ln -sfn $P/build $REPO/build
-export LD_LIBRARY_PATH=$P/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-PDB=$P/build/pdbridge
 run device_info $PDB device-info || { ts "pdbridge does not run here"; touch $R/DONE; exit 1; }
 # llama.cpp CUDA (peer), in the background
 { has bench || has attn; } && [ -f $DEV/llama-src.tar.xz ] && ( tar -xJf $DEV/llama-src.tar.xz -C $LC && cd $LC && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON \

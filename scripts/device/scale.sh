@@ -8,16 +8,12 @@
 # cache fills, which bounded the wire at 151K+ tokens in the first run). Results are copied to $OUT after every stage. Usage: bash .dev/scale.sh DEADLINE_S
 DEADLINE=${1:-420}
 DEV=$(cd "$(dirname "$0")" && pwd); REPO=$(cd $DEV/.. && pwd)
-R=/tmp/res; M=/tmp/m; P=/tmp/pdb; mkdir -p $R $M $P
+source $DEV/env.sh || exit 1
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 ts() { echo "[$(date +%T) +$(el)s] $*" | tee -a $R/scale2.log; }
 save() { tar czf $OUT/res.tgz -C /tmp res 2>/dev/null; }
-tar -xJf $DEV/bundle.tar.xz -C $P
 [ -e $REPO/build ] || ln -sfn $P/build $REPO/build
-export LD_LIBRARY_PATH=$P/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-PDB=$P/build/pdbridge
-up() { for _ in $(seq 1 900); do curl -sf "$1" > /dev/null && return 0; sleep 0.5; done; return 1; }
 window() { local label=$1; shift; local t0=$(date +%s.%N); ts "start $label"; "$@" > $R/scale_$label.log 2>&1; ts "end $label rc=$?"; tail -n 3 $R/scale_$label.log | tee -a $R/scale2.log; echo "$label $t0 $(date +%s.%N)" >> $R/scale_windows.txt; save; }
 # llama-server caps a slot at the model's training context (131072 for this preset): declare more.
 # The pipeline's `attn` stage leaves a usable model (declared context 1.1M, Q4_0 from its F16 GGUF): reuse it.

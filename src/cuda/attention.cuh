@@ -21,11 +21,13 @@ struct AttentionShape {
 // Kernel variants for same-run A/B measurements: warps per block (4: one head per block; 8: a GQA
 // group's heads packed per block) and keys per shared-memory tile (64 or 128). The default comes
 // from PDBRIDGE_ATTN_WARPS / PDBRIDGE_ATTN_KTILE (8 x 64 when unset; either selects the mma.sync kernel). Head_dim 128 on sm_90 runs the
-// wgmma kernel unless PDBRIDGE_ATTN_WGMMA=0 (measured on the H200: 22,118 vs 18,364 tok/s at 32K).
+// wgmma kernel unless PDBRIDGE_ATTN_WGMMA=0 (measured on the H200: 22,118 vs 18,364 tok/s at 32K), in its
+// ping-pong form unless PDBRIDGE_ATTN_WGMMA=1 (same run, Llama-3.1-8B shape: 22,877 vs 22,437 tok/s at 32K,
+// 9,539 vs 9,237 at 128K).
 struct AttentionTuning {
   int warps = 8, key_tile = 64;
   bool wgmma = true;  // head_dim 128 on sm_90: attention_wgmma.cu; elsewhere (and when false) the mma.sync kernel
-  bool pingpong = false;  // the wgmma kernel with its warpgroups half a tile apart (PDBRIDGE_ATTN_WGMMA=2)
+  bool pingpong = true;  // the wgmma kernel with its warpgroups half a tile apart; false: both in lockstep
   static AttentionTuning from_env();
 };
 

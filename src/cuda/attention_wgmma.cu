@@ -5,8 +5,8 @@
 // of 128 keys are copied into shared memory (cp.async, double-buffered) in the 128-byte-swizzled
 // layouts wgmma reads: K rows K-major for S = Q K^T, V rows read as MN-major (transposed) for O += P V.
 // P stays in registers: an S accumulator fragment is exactly a wgmma A fragment. Built for sm_90a only
-// (wgmma); other targets get a stub that reports it. A second kernel runs the two warpgroups half a
-// tile apart (PDBRIDGE_ATTN_WGMMA=2, until it is measured against the first).
+// (wgmma); other targets get a stub that reports it. A second kernel, the default, runs the two warpgroups
+// half a tile apart so that one's softmax overlaps the other's products (PDBRIDGE_ATTN_WGMMA=1: the first).
 #include "cuda/attention.cuh"
 
 #include <stdexcept>

@@ -104,7 +104,7 @@ TEST(CudaKernels, FlashAttentionMatchesTheF64TwinForEveryShapeAndChunk) {
     auto dq = to_device_bf16(q), dk = to_device_bf16(k), dv = to_device_bf16(v);
     cuda::AttentionShape s{c.n_q, c.pos0, c.H, c.KV, c.D, cap, scale};
     for (const cuda::AttentionTuning t : {cuda::AttentionTuning{8, 64, false}, cuda::AttentionTuning{8, 128, false},
-                                          cuda::AttentionTuning{4, 64, false}, cuda::AttentionTuning{8, 64, true},
+                                          cuda::AttentionTuning{4, 64, false}, cuda::AttentionTuning{8, 64, true, false},
                                           cuda::AttentionTuning{8, 64, true, true}}) {
       if (t.wgmma && c.D == 128) {
         EXPECT_TRUE(cuda::wgmma_attention_supported(s)) << "an sm_90 GPU runs the wgmma kernel for head_dim 128";

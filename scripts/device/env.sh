@@ -1,0 +1,27 @@
+# Sourced by the device scripts (pipeline.sh, scale.sh, pace.sh, million8b.sh) with DEV set to the carried .dev
+# folder: unpacks the bundle once, puts its libraries on LD_LIBRARY_PATH and defines PDB and `up`.
+R=/tmp/res; M=/tmp/m; P=/tmp/pdb
+mkdir -p $R $M $P
+[ -x $P/build/pdbridge ] || tar -xJf $DEV/bundle.tar.xz -C $P || { echo "env.sh: bundle extract failed"; return 1; }
+export LD_LIBRARY_PATH=$P/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# The bundle carries the build machine's libcurl (pdbridge reads the prefill stream with it). The device's own
+# curl binary is newer and cannot load against it ("undefined symbol: curl_global_trace"), which on
+# 2026-11-30 left every health check failing for 450 s: curl runs without the bundle's libraries.
+if [ ! -x $P/shim/curl ]; then
+  mkdir -p $P/shim
+  printf '#!/bin/sh\nexec env -u LD_LIBRARY_PATH %s "$@"\n' "$(command -v curl)" > $P/shim/curl
+  chmod +x $P/shim/curl
+fi
+case ":$PATH:" in *":$P/shim:"*) ;; *) export PATH=$P/shim:$PATH ;; esac
+PDB=$P/build/pdbridge
+# Waits for a health URL; gives up at once when curl itself cannot run (exit 127: not found or not loadable).
+up() {
+  local rc
+  for _ in $(seq 1 900); do
+    curl -sf "$1" > /dev/null; rc=$?
+    [ $rc = 0 ] && return 0
+    [ $rc = 127 ] && { echo "up: curl cannot run" >&2; return 1; }
+    sleep 0.5
+  done
+  return 1
+}
