@@ -3,7 +3,7 @@
 # engine's fp8 K/V (`--kv-dtype fp8`: bf16 K/V for 1M tokens would take 137 GB of the GPU's 141), llama-server on
 # the device's CPU with a q4_0 cache (~40 GB of RAM at 1.1M), slot files on /dev/shm. Needs the pipeline's `attn`
 # stage model (declared context 1.1M, Q4_0 GGUF). One bridged cold prompt of CHARS characters (~3.8 per token),
-# TTFT only (--stop-after 4); the attention alone is ~10 minutes at ~400 TFLOP/s, so run it under drive.sh (setsid)
+# TTFT only (--stop-after 4); the attention alone is ~10.5 minutes at the bf16 kernel's ~420 TFLOP/s (the fused fp8 kernel: ~18), so run it under drive.sh (setsid)
 # as pipeline stage `m1`. Usage: bash .dev/million8b.sh [CHARS=3900000]
 CHARS=${1:-3900000}
 DEV=$(cd "$(dirname "$0")" && pwd)

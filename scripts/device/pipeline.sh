@@ -69,6 +69,7 @@ stage_attn() {
   run attn_wgmma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-wgmma --out $R/bench.jsonl
   PDBRIDGE_ATTN_WGMMA=2 run attn_pingpong $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-wgmma-pingpong --out $R/bench.jsonl
   run attn_fp8kv $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --kv-dtype fp8 --label llama8b-bf16-fp8kv --out $R/bench.jsonl
+  PDBRIDGE_FP8KV_FUSED=1 run attn_fp8kv_fused $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --kv-dtype fp8 --label llama8b-bf16-fp8kv-fused --out $R/bench.jsonl
   PDBRIDGE_RECIPE_STREAM=1 run attn_recipe_stream $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-recipe-stream --out $R/bench.jsonl
   [ "${MMA:-0}" = 1 ] && PDBRIDGE_ATTN_WGMMA=0 run attn_mma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-mma --out $R/bench.jsonl
   run attn_q4recipe $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-q4_0.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-q4_0-recipe --out $R/bench.jsonl

@@ -54,11 +54,6 @@ __device__ __forceinline__ void fence_operands(float* r) {
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
 // D(64x128, f32) (+)= A(64x16, bf16, shared, K-major) * B(16x128, bf16, shared, K-major): S = Q K^T.
 __device__ __forceinline__ void wgmma_ss_k(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
   asm volatile(
@@ -235,13 +230,7 @@ __device__ __forceinline__ void convert_kv_fp8(uint32_t sStage, uint32_t sK, uin
     asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(sStage + (is_v ? kKeys * kD : 0) + r * kD + c * 16));
     uint32_t out[8];
 #pragma unroll
-    for (int q = 0; q < 4; ++q)
-#pragma unroll
-      for (int hlf = 0; hlf < 2; ++hlf) {
-        const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t((w[q] >> (16 * hlf)) & 0xffffu), __NV_E4M3);
-        const float2 f = __half22float2(__half2(h2));
-        out[q * 2 + hlf] = pack_bf16(f.x * scale, f.y * scale);
-      }
+    for (int q = 0; q < 4; ++q) fp8x4_to_bf16(w[q], scale, out + 2 * q);
     const uint32_t dst = is_v ? sV : sK;
     asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(dst + tile_offset(kKeys, r, 2 * c)), "r"(out[0]), "r"(out[1]), "r"(out[2]), "r"(out[3]) : "memory");
     asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(dst + tile_offset(kKeys, r, 2 * c + 1)), "r"(out[4]), "r"(out[5]), "r"(out[6]), "r"(out[7]) : "memory");

@@ -1,6 +1,7 @@
 // Device-side pieces several kernel families share (included by .cu files only).
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -22,6 +23,21 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 __device__ __forceinline__ float fp8_scale_for(float amax) { return amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f; }
 __device__ __forceinline__ uint8_t fp8_code(float x, float scale) {
   return uint8_t(__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+// fp8 K/V values as the attention reads them: bf16(e4m3 code x its row's scale), round-to-nearest-even,
+// for a 32-bit word of four codes (two bf16 pairs into out[0], out[1]). The e4m3 -> f32 step is exact.
+__device__ __forceinline__ void fp8x4_to_bf16(uint32_t codes, float scale, uint32_t* out) {
+#pragma unroll
+  for (int hlf = 0; hlf < 2; ++hlf) {
+    const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t((codes >> (16 * hlf)) & 0xffffu), __NV_E4M3);
+    const float2 f = __half22float2(__half2(h2));
+    out[hlf] = pack_bf16(f.x * scale, f.y * scale);
+  }
 }
 
 // ggml-cpu's x86 quantize_row_q8_0 for one 32-element block held one element per lane of a warp:

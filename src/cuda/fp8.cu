@@ -33,6 +33,26 @@ __global__ void quantize_fp8_kernel(const __nv_bfloat16* __restrict__ x, int64_t
   if (lane == 0) scales[row_major ? r * kblocks + kb : kb * ld + r] = scale;
 }
 
+// One thread per 16 codes of a row (one 16-byte load, two 16-byte stores); blockIdx.y is the head.
+__global__ void expand_fp8_rows_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ scales, int64_t capacity, int64_t rows,
+                                       int head_dim, __nv_bfloat16* __restrict__ out) {
+  const int per_row = head_dim / 16;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * per_row) return;
+  const int64_t row = int64_t(blockIdx.y) * capacity + i / per_row;
+  const int64_t at = row * head_dim + (i % per_row) * 16;
+  const uint4 w = *reinterpret_cast<const uint4*>(codes + at);
+  const float scale = scales[row];
+  uint32_t o[8];
+  fp8x4_to_bf16(w.x, scale, o);
+  fp8x4_to_bf16(w.y, scale, o + 2);
+  fp8x4_to_bf16(w.z, scale, o + 4);
+  fp8x4_to_bf16(w.w, scale, o + 6);
+  uint4* dst = reinterpret_cast<uint4*>(out + at);
+  dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+  dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
 __global__ void add_bf16_kernel(const __nv_bfloat16* __restrict__ x, float* __restrict__ y, int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     y[i] += __bfloat162float(x[i]);
@@ -53,6 +73,16 @@ void quantize_rows_fp8(const __nv_bfloat16* x, int64_t rows, int64_t k, uint8_t*
   const int threads = 256;
   quantize_fp8_kernel<<<unsigned((warps * 32 + threads - 1) / threads), threads, 0, s>>>(x, rows, k, q, scales, L.act_row_major,
                                                                                          L.act_ld(rows));
+  PDB_CUDA_LAUNCHED();
+}
+
+void expand_fp8_rows(const uint8_t* codes, const float* scales, int n_heads, int64_t capacity, int64_t rows, int head_dim, __nv_bfloat16* out,
+                     cudaStream_t s) {
+  if (head_dim % 16) throw std::invalid_argument("expand_fp8_rows: head_dim must be a multiple of 16");
+  if (rows > capacity) throw std::invalid_argument("expand_fp8_rows: rows past the capacity");
+  if (rows <= 0 || n_heads <= 0) return;
+  const int64_t threads = rows * (head_dim / 16);
+  expand_fp8_rows_kernel<<<dim3(unsigned((threads + 255) / 256), unsigned(n_heads)), 256, 0, s>>>(codes, scales, capacity, rows, head_dim, out);
   PDB_CUDA_LAUNCHED();
 }
 

@@ -17,6 +17,13 @@ void quantize_rows_fp8(const __nv_bfloat16* x, int64_t rows, int64_t k, uint8_t*
                        cudaStream_t s);
 // Bytes the scales of `rows` rows of width k take in layout L.
 size_t fp8_scale_bytes(int64_t rows, int64_t k, const Fp8ScaleLayout& L);
+// The engine's fp8 K/V rows (e4m3 codes [n_heads x capacity x head_dim], one f32 scale per head row
+// [n_heads x capacity]) back to bf16 in the same layout, rows 0..rows-1 of each head: bf16(code x scale),
+// round-to-nearest-even, the values the fused fp8 attention kernel computes in shared memory. The
+// engine expands one layer's rows before each attention so the bf16 kernels run on them. CPU twin:
+// bf16(fp8_e4m3_to_f32(code) x scale) (model/reference_ops.h, numeric.h).
+void expand_fp8_rows(const uint8_t* codes, const float* scales, int n_heads, int64_t capacity, int64_t rows, int head_dim, __nv_bfloat16* out,
+                     cudaStream_t s);
 // y[i] += float(x[i]) (the residual add where the library has no f32-accumulating FP8 product)
 void add_bf16_into_f32(const __nv_bfloat16* x, float* y, int64_t n, cudaStream_t s);
 

@@ -286,6 +286,34 @@ TEST(CudaKernels, Fp8KvRowsMatchTheirTwinAndAttendAsTheirValues) {
     dk8.upload(k8.data(), k8.size());
     dv8.upload(v8.data(), v8.size());
     cuda::AttentionShape s{c.n_q, c.pos0, H, KV, D, cap, scale};
+    // The engine's default path: the rows expanded to bf16 (bit-exact to the twin's values; rows past the
+    // keys left as they were), then the bf16 kernel.
+    auto dkx = poisoned(k8.size() * 2), dvx = poisoned(k8.size() * 2);
+    cuda::expand_fp8_rows(dk8.as<uint8_t>(), dks.as<float>(), KV, cap, keys, D, dkx.as<__nv_bfloat16>(), nullptr);
+    cuda::expand_fp8_rows(dv8.as<uint8_t>(), dvs.as<float>(), KV, cap, keys, D, dvx.as<__nv_bfloat16>(), nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    for (int which = 0; which < 2; ++which) {
+      const auto got = from_device_bf16(which ? dvx : dkx, k8.size());
+      const auto& want = which ? vref : kref;
+      size_t same = 0, untouched = 0, past = 0;
+      for (int h = 0; h < KV; ++h)
+        for (int64_t j = 0; j < cap; ++j)
+          for (int d = 0; d < D; ++d) {
+            const size_t i = size_t((h * cap + j) * D + d);
+            if (j < keys) same += std::memcmp(&got[i], &want[i], 4) == 0;
+            else past++, untouched += std::isnan(got[i]);
+          }
+      EXPECT_EQ(same, size_t(KV * keys * D)) << (which ? "V" : "K") << " rows expanded differently from the twin";
+      EXPECT_EQ(untouched, past) << "rows past the keys were written";
+    }
+    {
+      auto dout = poisoned(ref.size() * 2);
+      cuda::causal_attention(dq.as<__nv_bfloat16>(), dkx.as<__nv_bfloat16>(), dvx.as<__nv_bfloat16>(), dout.as<__nv_bfloat16>(), s, nullptr);
+      PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      const double err = ref::rel_error(from_device_bf16(dout, ref.size()), ref);
+      std::printf("attention on expanded fp8 K/V pos0=%lld n_q=%lld: rel err %.2e\n", (long long)c.pos0, (long long)c.n_q, err);
+      EXPECT_LT(err, 1e-2);
+    }
     auto dout = poisoned(ref.size() * 2);
     cuda::causal_attention_fp8kv(dq.as<__nv_bfloat16>(), dk8.as<uint8_t>(), dv8.as<uint8_t>(), dks.as<float>(), dvs.as<float>(),
                                  dout.as<__nv_bfloat16>(), s, nullptr);
@@ -294,6 +322,7 @@ TEST(CudaKernels, Fp8KvRowsMatchTheirTwinAndAttendAsTheirValues) {
     std::printf("attention fp8 K/V H=%d KV=%d D=%d pos0=%lld n_q=%lld: rel err %.2e\n", H, KV, D, (long long)c.pos0, (long long)c.n_q, err);
     EXPECT_LT(err, 1e-2);
   }
+  EXPECT_THROW(cuda::expand_fp8_rows(nullptr, nullptr, 1, 4, 5, 128, nullptr, nullptr), std::invalid_argument);
   cuda::AttentionShape d64{1, 0, 1, 1, 64, 1, 1.0f};
   EXPECT_THROW(cuda::causal_attention_fp8kv(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, d64, nullptr), std::invalid_argument);
 #endif

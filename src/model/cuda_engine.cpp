@@ -41,6 +41,7 @@ struct CudaEngine::Weights {
   // Per-prompt state, grown on demand and kept for the next prompt.
   DeviceBuffer kcache, vcache;  // [layers x kv_heads x capacity x head_dim] bf16, or e4m3 codes (kv_fp8)
   DeviceBuffer kscale, vscale;  // kv_fp8: [layers x kv_heads x capacity] f32
+  DeviceBuffer kx, vx;          // kv_fp8, expanded: one layer's rows as bf16 [kv_heads x capacity x head_dim]
   int64_t capacity = 0;
   DeviceBuffer tokens, h, x, qkv, q, att, gu, act;
   DeviceBuffer xq, xs, ybf;  // FP8 path: quantized activations, their scales, bf16 product for the residual add
@@ -158,6 +159,7 @@ CudaEngine::CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8)
   if (c.attention_bias) throw std::runtime_error("CUDA engine: attention biases are not supported");
   if (cuda::device_count() == 0) throw std::runtime_error("CUDA engine: no CUDA device");
   if (kv_fp8) {
+    if (const char* e = std::getenv("PDBRIDGE_FP8KV_FUSED"); e && std::string(e) == "1") fp8kv_fused_ = true;
     cuda::AttentionShape probe;
     probe.head_dim = int(c.head_dim);
     if (!cuda::wgmma_attention_supported(probe))
@@ -232,7 +234,8 @@ size_t CudaEngine::bytes_for_prompt(int64_t T, int64_t chunk) const {
   const int64_t H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
   chunk = std::min(chunk, T);
   const size_t per_row = kv_fp8_ ? size_t(hd) + 4 : size_t(hd) * 2;  // fp8: codes + one scale per head row
-  const size_t kv = size_t(2) * size_t(std::max<int64_t>(c.num_layers - 1, 1)) * size_t(nkv * T) * per_row;
+  size_t kv = size_t(2) * size_t(std::max<int64_t>(c.num_layers - 1, 1)) * size_t(nkv * T) * per_row;
+  if (kv_fp8_ && !fp8kv_fused_) kv += size_t(2) * size_t(nkv * T * hd) * 2;  // one layer's rows expanded to bf16
   size_t work = size_t(chunk) * size_t(4 + H * 4 + H * 2 + (nh + 2 * nkv) * hd * 2 + 2 * nh * hd * 2 + 2 * F * 2 + F * 2);
   if (fp8_) {
     const int64_t K = std::max({H, nh * hd, F}), rows = fp8_->padded_rows(chunk);
@@ -246,7 +249,7 @@ void CudaEngine::check_fits(int64_t T, int64_t chunk, size_t extra) const {
   const size_t need = bytes_for_prompt(T, chunk) + extra;
   const auto mem = cuda::device_memory();
   // What is already ours counts as available (the buffers are reused).
-  const size_t ours = w_->kcache.bytes() + w_->vcache.bytes() + w_->kscale.bytes() + w_->vscale.bytes() + w_->h.bytes() + w_->x.bytes() + w_->qkv.bytes() + w_->q.bytes() +
+  const size_t ours = w_->kcache.bytes() + w_->vcache.bytes() + w_->kscale.bytes() + w_->vscale.bytes() + w_->kx.bytes() + w_->vx.bytes() + w_->h.bytes() + w_->x.bytes() + w_->qkv.bytes() + w_->q.bytes() +
                       w_->att.bytes() + w_->gu.bytes() + w_->act.bytes() + w_->xq.bytes() + w_->xs.bytes() + w_->ybf.bytes();
   const size_t margin = size_t(512) << 20;
   if (need + margin > mem.free + ours)
@@ -275,11 +278,17 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
     W.vcache.release();
     W.kscale.release();
     W.vscale.release();
+    W.kx.release();
+    W.vx.release();
     W.kcache.resize(size_t(cache_layers * nkv * T * hd * elem));
     W.vcache.resize(size_t(cache_layers * nkv * T * hd * elem));
     if (kv_fp8_) {
       W.kscale.resize(size_t(cache_layers * nkv * T) * 4);
       W.vscale.resize(size_t(cache_layers * nkv * T) * 4);
+      if (!fp8kv_fused_) {
+        W.kx.resize(size_t(nkv * T * hd) * 2);
+        W.vx.resize(size_t(nkv * T * hd) * 2);
+      }
     }
     W.capacity = T;
   }
@@ -357,7 +366,18 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
         ra.k_scale = W.kscale.as<float>() + l * nkv * cap;
         ra.v_scale = W.vscale.as<float>() + l * nkv * cap;
         cuda::qkv_rope_to_cache(W.qkv.as<bf16>(), W.q.as<bf16>(), nullptr, nullptr, ra, s);
-        cuda::causal_attention_fp8kv(W.q.as<bf16>(), ra.k_fp8, ra.v_fp8, ra.k_scale, ra.v_scale, W.att.as<bf16>(), as, s);
+        if (fp8kv_fused_) {
+          cuda::causal_attention_fp8kv(W.q.as<bf16>(), ra.k_fp8, ra.v_fp8, ra.k_scale, ra.v_scale, W.att.as<bf16>(), as, s);
+        } else {
+          // This layer's keys so far back to bf16, then the bf16 kernels unchanged. Converting inside the
+          // attention's tile loop instead (the fused kernel) adds a phase behind a block barrier per tile:
+          // measured 26% slower than bf16 K/V at 32K. Expanding moves ~7 bytes per fp8 element per layer
+          // and chunk (read 1 + scale, write 2 per K and V), small beside the attention over the same keys.
+          const int64_t keys = p0 + n;
+          cuda::expand_fp8_rows(ra.k_fp8, ra.k_scale, int(nkv), cap, keys, int(hd), W.kx.as<bf16>(), s);
+          cuda::expand_fp8_rows(ra.v_fp8, ra.v_scale, int(nkv), cap, keys, int(hd), W.vx.as<bf16>(), s);
+          cuda::causal_attention(W.q.as<bf16>(), W.kx.as<bf16>(), W.vx.as<bf16>(), W.att.as<bf16>(), as, s);
+        }
       } else {
         bf16* kc = W.kcache.as<bf16>() + l * nkv * cap * hd;
         bf16* vc = W.vcache.as<bf16>() + l * nkv * cap * hd;

@@ -26,14 +26,14 @@ class CudaEngine {
   // enqueues on `stream` sees d_h as it enters the layer; d_h changes after the hook returns.
   using DeviceHook = std::function<void(int layer, const float* d_h, int64_t rows, int64_t pos0, cudaStream_t stream)>;
 
-  // kv_fp8: the engine keeps its own K/V as e4m3 rows with one scale per head row (half of bf16's
+  // kv_fp8: the engine keeps its own K/V as e4m3 rows with one scale per head row (about half of bf16's
   // memory, for very long prompts); needs head_dim 128 on an sm_90 GPU (the wgmma attention kernel).
   CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8 = false);
   ~CudaEngine();
   const HfConfig& config() const { return cfg_; }
   cuda::Gemm& gemm() { return *gemm_; }
   cudaStream_t stream() const { return stream_; }
-  std::string weights_note() const { return weights_note_ + (kv_fp8_ ? "; fp8 K/V" : ""); }
+  std::string weights_note() const { return weights_note_ + (kv_fp8_ ? (fp8kv_fused_ ? "; fp8 K/V (fused attention)" : "; fp8 K/V") : ""); }
   bool kv_fp8() const { return kv_fp8_; }
   // Set when the checkpoint is block-FP8 and its products run in FP8 (else its weights were dequantized).
   const std::optional<cuda::Fp8ScaleLayout>& fp8() const { return fp8_; }
@@ -60,6 +60,9 @@ class CudaEngine {
   size_t weight_bytes_ = 0;
   std::optional<cuda::Fp8ScaleLayout> fp8_;
   bool kv_fp8_ = false;
+  // kv_fp8: the attention converts each fp8 tile itself (PDBRIDGE_FP8KV_FUSED=1) instead of reading one
+  // layer's rows expanded to bf16 beforehand (a buffer of one layer's bf16 K/V).
+  bool fp8kv_fused_ = false;
 };
 
 }  // namespace pdb
