@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <chrono>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -164,8 +165,8 @@ class CudaBackend final : public PrefillBackend {
     // Layer 0 starts from the decoder's own (possibly quantized) embedding rows, dequantized on the
     // host. Done inline that cost the GPU ~30 ms per 4K-token chunk (the launching thread waited on
     // it): a helper thread makes each chunk's rows one chunk ahead into two pinned buffers, and the
-    // layer-0 rows are computed at layer 1's hook, so even the first chunk's are made while the GPU
-    // runs layer 0. The order of the rows leaving is unchanged (layer 0, then 1, ...).
+    // layer-0 rows are computed at a later layer's hook (below), so even the first chunk's are made
+    // while the GPU runs. Each layer's rows still leave in position order, and a chunk's last layer last.
     const int64_t T = int64_t(tokens.size());
     const int layers = engine_.config().num_layers;
     struct EmbedJob { int64_t pos0 = -1, rows = 0; int buf = 0; std::future<void> ready; } job;
@@ -199,6 +200,15 @@ class CudaBackend final : public PrefillBackend {
       emit(0, embed_dev_.as<float>(), chunk_rows, chunk_pos0, st);
     };
     job = start_embedding(0, 0);
+    // Layer 0's rows of the chunk in flight not yet out. They go out at the first later hook that finds
+    // the helper's embedding rows ready, at the latest at the last layer's (whose rows mark the chunk
+    // complete), so the GPU does not wait on the host: for the first chunk there was no chunk ahead to
+    // make them in (the 2026-11-30 13:02 H200 run's recipe overheads fit a fixed ~9 ms per capture plus
+    // ~8 ms per 4K-token chunk; this wait is the likely fixed part).
+    bool layer0_due = false;
+    auto layer0_ready = [&] {
+      return job.pos0 != chunk_pos0 || !job.ready.valid() || job.ready.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    };
 
     int64_t done = 0;
     std::exception_ptr engine_error;
@@ -211,9 +221,13 @@ class CudaBackend final : public PrefillBackend {
               gpu_recipe_.set_positions(pos0, rows, recipe_stream_ ? recipe_stream_ : st);  // the stream RoPE runs on
               chunk_pos0 = pos0;
               chunk_rows = rows;
+              layer0_due = true;
               if (layers > 1) return;
             }
-            if (layer <= 1) emit_layer0(st);
+            if (layer0_due && (layer == layers - 1 || layer0_ready())) {
+              emit_layer0(st);
+              layer0_due = false;
+            }
             if (layer > 0) emit(layer, d_h, rows, pos0, st);
           },
           [&] { return stopped.load() || (stop && stop()); });
