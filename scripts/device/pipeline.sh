@@ -6,7 +6,9 @@
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
 # STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,attn,fp8,scale,pace,m1,demo,link,
-# run in the order named. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile.
+# run in the order named. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
+# LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
+# (lockstep wgmma, the recipe on its own stream).
 has() { [ "$STAGES" = all ] && [ "$1" != fp8 ] && [ "$1" != attn ] && [ "$1" != scale ] && [ "$1" != pace ] && [ "$1" != m1 ] && [ "$1" != link ] && [ "$1" != demo ] && return 0; [[ ",$STAGES," == *",$1,"* ]]; }
 LC=/tmp/llama-cuda; mkdir -p $LC
 T0=$(date +%s)
@@ -56,7 +58,7 @@ stage_bench() {
 # probe finds the scale order; the bench's "weights" field says which path ran). Also the GPU-encoded
 # q8_0 cache rows against f16 ones, the 128-key attention tiles, and the recipe's overhead with a Q4_0 decoder
 # (its int8 tensor-core products).
-# The attention kernels side by side (Hopper wgmma default, its ping-pong variant, mma.sync) and the recipe's
+# The attention kernels side by side (Hopper wgmma ping-pong default, its lockstep form, mma.sync), fp8 K/V (expanded, fused), chunk sizes, and the recipe's
 # overhead (on the engine's stream and on its own; with a Q4_0 decoder), without the FP8 checkpoint (which takes
 # minutes to make); the PyTorch and llama.cpp CUDA peers in the same run; one attention launch under ncu.
 stage_attn() {
@@ -66,21 +68,23 @@ stage_attn() {
     --gguf-types f16 --context-length 1100000 && touch $M/llama8b/CTX1100000; }
   # Q4_0 from the F16 GGUF (quantizing from the f32 source does not fit the device's disk beside the rest)
   [ -f $M/llama8b/decoder-q4_0.gguf ] || run quantize_q4 $P/build/llama/bin/llama-quantize $M/llama8b/decoder-f16.gguf $M/llama8b/decoder-q4_0.gguf Q4_0
-  run attn_wgmma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-wgmma --out $R/bench.jsonl
-  PDBRIDGE_ATTN_WGMMA=2 run attn_pingpong $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-wgmma-pingpong --out $R/bench.jsonl
+  run attn_wgmma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-pingpong --out $R/bench.jsonl
+  [ "${AB:-0}" = 1 ] && PDBRIDGE_ATTN_WGMMA=1 run attn_lockstep $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-wgmma-lockstep --out $R/bench.jsonl
   run attn_fp8kv $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --kv-dtype fp8 --label llama8b-bf16-fp8kv --out $R/bench.jsonl
   PDBRIDGE_FP8KV_FUSED=1 run attn_fp8kv_fused $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --kv-dtype fp8 --label llama8b-bf16-fp8kv-fused --out $R/bench.jsonl
-  PDBRIDGE_RECIPE_STREAM=1 run attn_recipe_stream $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-recipe-stream --out $R/bench.jsonl
+  [ "${AB:-0}" = 1 ] && PDBRIDGE_RECIPE_STREAM=1 run attn_recipe_stream $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-recipe-stream --out $R/bench.jsonl
   [ "${MMA:-0}" = 1 ] && PDBRIDGE_ATTN_WGMMA=0 run attn_mma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-mma --out $R/bench.jsonl
+  # Larger chunks at 32K: fewer, fuller products and attention launches (the default chunk is 4096).
+  run attn_chunk8k $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 32768 --reps 3 --chunk 8192 --label llama8b-bf16-chunk8k --out $R/bench.jsonl
+  run attn_chunk16k $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 32768 --reps 3 --chunk 16384 --label llama8b-bf16-chunk16k --out $R/bench.jsonl
   run attn_q4recipe $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-q4_0.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-q4_0-recipe --out $R/bench.jsonl
-  [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
+  [ "${PEERS:-1}" = 1 ] && [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
   # One attention launch of the last 4K-query chunk of a 32K prompt (the warm-up forward's 248th) under ncu.
   [ "${NCU:-0}" = 1 ] && run ncu_attn ncu --clock-control none -k regex:flash_attention --launch-skip 247 --launch-count 1 --section SpeedOfLight \
     --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
     $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 32768 --reps 1 --chunk 4096 --label ncu --out /dev/null
-  run attn_128k $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 131072 --reps 1 --chunk 8192 --label llama8b-bf16-wgmma --out $R/bench.jsonl
-  PDBRIDGE_ATTN_WGMMA=2 run attn_128k_pingpong $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 131072 --reps 1 --chunk 8192 --label llama8b-bf16-wgmma-pingpong --out $R/bench.jsonl
-  if [ -e $R/llama_build.rc ] || [ -e $LC/build/CMakeCache.txt ]; then
+  [ "${LONG:-1}" = 1 ] && run attn_128k $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 131072 --reps 1 --chunk 8192 --label llama8b-bf16-pingpong --out $R/bench.jsonl
+  if [ "${PEERS:-1}" = 1 ] && { [ -e $R/llama_build.rc ] || [ -e $LC/build/CMakeCache.txt ]; }; then
     ts "waiting for the llama.cpp CUDA build"; while [ ! -e $R/llama_build.rc ]; do sleep 5; done
     run llama_bench $LC/build/bin/llama-bench -m $M/llama8b/decoder-f16.gguf -ngl 99 -fa 1 -b 4096 -ub 2048 -p 8192,32768 -n 0 -r 2 -o md
   fi
