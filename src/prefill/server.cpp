@@ -188,7 +188,8 @@ int run_prefill_server(const PrefillServerOptions& o) {
   spdlog::info("prefill: loading model {} and recipe {}", o.model, o.recipe);
   std::shared_ptr<const Recipe> recipe = Recipe::load(o.recipe, threads);
   std::shared_ptr<PrefillBackend> engine;
-  if (o.device == "cuda") engine = make_cuda_backend(o.model, recipe, threads, o.chunk > 0 ? o.chunk : 2048, o.kv_dtype == "fp8");
+  const int64_t default_chunk = o.chunk > 0 ? o.chunk : o.device == "cuda" ? 4096 : 512;
+  if (o.device == "cuda") engine = make_cuda_backend(o.model, recipe, threads, default_chunk, o.kv_dtype == "fp8");
   else engine = make_cpu_backend(std::make_shared<CpuEngine>(o.model, threads), recipe, !o.cpu_fast);
   spdlog::info("prefill: engine on {}", engine->device());
   const auto& ri = recipe->info();
@@ -266,7 +267,7 @@ int run_prefill_server(const PrefillServerOptions& o) {
       reject_counter("queue").Increment();
       return json_error(res, 503, "prefill busy: " + refused, "queue_full");
     }
-    const int64_t chunk = pr.chunk > 0 ? pr.chunk : o.chunk;
+    const int64_t chunk = pr.chunk > 0 ? pr.chunk : default_chunk;
     auto queue = std::make_shared<FrameQueue>(queue_limit);
     auto pace_start = std::make_shared<Clock::time_point>();
     auto paced_bytes = std::make_shared<double>(0);

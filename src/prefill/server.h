@@ -8,7 +8,7 @@ namespace pdb {
 struct PrefillServerOptions {
   std::string model, recipe, host = "127.0.0.1", device = "cpu", kv_dtype = "bf16";
   int port = 8090;
-  int64_t chunk = 512;
+  int64_t chunk = 0;  // tokens per engine step; 0: 4096 on cuda (fuller GPU products), 512 on the cpu
   int threads = 0;
   int64_t memory_limit_mb = 0;  // frames buffered ahead of a slow receiver; past it the capture is sealed (0: from MemAvailable)
   double link_gbps = 0;         // pace the sender to this rate (link emulation); 0: unpaced
@@ -18,8 +18,8 @@ struct PrefillServerOptions {
   double max_queue_wait_s = 30;                // waited longer: declined, the front serves natively
   int64_t max_tokens = 2'000'000;              // per request
   size_t max_body_mb = 64;
-  bool allow_config_mismatch = false;
-  bool cpu_fast = false;                       // CPU engine: OpenBLAS numerics instead of the decoder-faithful ones          // start even if config.json and the GGUF disagree
+  bool allow_config_mismatch = false;          // start even if config.json and the GGUF disagree
+  bool cpu_fast = false;                       // CPU engine: OpenBLAS numerics instead of the decoder-faithful ones
 };
 
 int run_prefill_server(const PrefillServerOptions& o);
