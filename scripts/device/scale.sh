@@ -64,13 +64,17 @@ $PDB front --decoder http://127.0.0.1:8080 --decoder-gguf $G --slot-dir /dev/shm
 up localhost:8000/health; ts "8B stack up"
 ( while kill -0 $P2 2>/dev/null; do echo "$(date +%s.%N) $(awk '/VmRSS/{print $2}' /proc/$P2/status) $(awk '/VmRSS/{print $2}' /proc/$F2/status 2>/dev/null)"; sleep 0.5; done ) > $R/scale_rss.txt &
 B="$PDB bench cold --front http://127.0.0.1:8000 --max-tokens 300 --stop-after 16 --out $R/scale.jsonl"
-# ORDER: the windows to run, in order, each only while the deadline leaves it room (default: what the
-# 2026-11-30 runs left unmeasured first).
-for w in ${ORDER:-b256k n8k b128k}; do
+# ORDER: the windows to run, in order, each only while the deadline leaves it room (default: 256K bridged, then
+# the same-run native vs bridged pair at ~4K tokens (the native leg at this CPU decoder's 26-42 tok/s takes 100-160 s;
+# 8K did not finish in 240 s), then 3 bridged seeds at ~32K).
+for w in ${ORDER:-b256k n4k b4k b32k}; do
   case $w in
     b128k) [ $(el) -lt $(( DEADLINE - 90 )) ] && window b128k timeout 150 $B --skip-native --chars 498000 --runs 1 ;;
     b256k) [ $(el) -lt $(( DEADLINE - 200 )) ] && window b256k timeout 200 $B --skip-native --chars 996000 --runs 1 ;;
     n8k) [ $(el) -lt $(( DEADLINE - 120 )) ] && window n8k timeout 240 $B --native-url http://127.0.0.1:8080 --skip-bridged --chars 31000 --runs 1 ;;
+    n4k) [ $(el) -lt $(( DEADLINE - 120 )) ] && window n4k timeout 200 $B --native-url http://127.0.0.1:8080 --skip-bridged --chars 15500 --runs 1 ;;
+    b4k) [ $(el) -lt $(( DEADLINE - 30 )) ] && window b4k timeout 60 $B --skip-native --chars 15500 --runs 3 ;;
+    b32k) [ $(el) -lt $(( DEADLINE - 60 )) ] && window b32k timeout 90 $B --skip-native --chars 125000 --runs 3 ;;
   esac
 done
 while [ $(el) -lt $(( DEADLINE - 100 )) ]; do window b128k_more timeout 100 $B --skip-native --chars 498000 --runs 1; done
