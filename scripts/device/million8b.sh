@@ -24,3 +24,4 @@ timeout 1800 $PDB bench cold --front http://127.0.0.1:8300 --skip-native --chars
 echo "million8b: bench rc=$?"; tail -4 $R/m1_8b_bench.log
 grep -H VmHWM /proc/$PF/status /proc/$F/status > $R/m1_8b_hwm.txt 2>&1
 kill $F $PF $D 2>/dev/null; wait $F $PF $D 2>/dev/null
+rm -rf /dev/shm/m1  # ~38 GB of RAM: the stages after this one need it

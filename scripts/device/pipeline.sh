@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,attn,fp8,scale,pace,m1,demo,link,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,attn,fp8,scale,pace,m1,demo,link,
 # run in the order named. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -61,13 +61,17 @@ stage_bench() {
 # The attention kernels side by side (Hopper wgmma ping-pong default, its lockstep form, mma.sync), fp8 K/V (expanded, fused), chunk sizes, and the recipe's
 # overhead (on the engine's stream and on its own; with a Q4_0 decoder), without the FP8 checkpoint (which takes
 # minutes to make); the PyTorch and llama.cpp CUDA peers in the same run; one attention launch under ncu.
-stage_attn() {
+# The 8B model the attn, m1 and scale stages share (made once; its own stage so m1 can run before the benches).
+stage_models() {
   # A declared context of 1.1M (the llama3 RoPE reads its original 8,192, so the engine is unchanged) lets
-  # scale.sh reuse this model for its 256K prompt: llama-server caps a slot at the declared context.
+  # scale.sh and million8b.sh use this model past 131,072 tokens: llama-server caps a slot at the declared context.
   [ -f $M/llama8b/decoder-f16.gguf ] || { run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 \
     --gguf-types f16 --context-length 1100000 && touch $M/llama8b/CTX1100000; }
   # Q4_0 from the F16 GGUF (quantizing from the f32 source does not fit the device's disk beside the rest)
   [ -f $M/llama8b/decoder-q4_0.gguf ] || run quantize_q4 $P/build/llama/bin/llama-quantize $M/llama8b/decoder-f16.gguf $M/llama8b/decoder-q4_0.gguf Q4_0
+}
+stage_attn() {
+  stage_models
   run attn_wgmma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-pingpong --out $R/bench.jsonl
   [ "${AB:-0}" = 1 ] && PDBRIDGE_ATTN_WGMMA=1 run attn_lockstep $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-wgmma-lockstep --out $R/bench.jsonl
   run attn_fp8kv $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --kv-dtype fp8 --label llama8b-bf16-fp8kv --out $R/bench.jsonl
@@ -104,7 +108,7 @@ stage_fp8() {
 # the stages above (their scripts also run alone; see each script's header).
 stage_scale() { run scale env SKIP_1M=1 bash $DEV/scale.sh ${SCALE_DEADLINE:-430}; }
 stage_pace() { run pace env CACHE=f32 RATES="10 0" bash $DEV/pace.sh 200000; }
-stage_m1() { run m1 bash $DEV/million8b.sh; }
+stage_m1() { stage_models; run m1 bash $DEV/million8b.sh; }
 # Issue 6 on the GPU: the demo with CUDA prefill (the bundle's prebuilt binaries stand in for `make`,
 # which needs apt and cannot run there), on a 24K-character haystack.
 stage_demo() { run demo env PDBRIDGE_DEMO_CHARS=24000 bash $REPO/scripts/demo.sh; }
@@ -118,7 +122,7 @@ stage_link() {
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|attn|fp8|scale|pace|m1|demo|link) stage_$stage ;;
+    tests|bench|models|attn|fp8|scale|pace|m1|demo|link) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac
