@@ -2,10 +2,10 @@
 # Issue 5's million-token prompt on the 8B shape (Llama-3.1-8B, random weights): the H200 prefill with the
 # engine's fp8 K/V (`--kv-dtype fp8`: bf16 K/V for 1M tokens would take 137 GB of the GPU's 141), llama-server on
 # the device's CPU with a q4_0 cache (~40 GB of RAM at 1.1M), slot files on /dev/shm. Needs the pipeline's `attn`
-# stage model (declared context 1.1M, Q4_0 GGUF). One bridged cold prompt of CHARS characters (~3.8 per token),
+# stage model (declared context 1.1M, Q4_0 GGUF). One bridged cold prompt of CHARS characters (~4.05 per token: 246,360 tokens for 996,000 in the 2026-11-30 runs),
 # TTFT only (--stop-after 4); the attention alone is ~10.5 minutes at the bf16 kernel's ~420 TFLOP/s (the fused fp8 kernel: ~18), so run it under drive.sh (setsid)
-# as pipeline stage `m1`. Usage: bash .dev/million8b.sh [CHARS=3900000]
-CHARS=${1:-3900000}
+# as pipeline stage `m1`. Usage: bash .dev/million8b.sh [CHARS=4150000]
+CHARS=${1:-4150000}
 DEV=$(cd "$(dirname "$0")" && pwd)
 source $DEV/env.sh || exit 1
 G=$M/llama8b/decoder-q4_0.gguf
