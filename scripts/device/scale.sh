@@ -70,7 +70,7 @@ B="$PDB bench cold --front http://127.0.0.1:8000 --max-tokens 300 --stop-after 1
 for w in ${ORDER:-b256k n4k b4k b32k}; do
   case $w in
     b128k) [ $(el) -lt $(( DEADLINE - 90 )) ] && window b128k timeout 150 $B --skip-native --chars 498000 --runs 1 ;;
-    b256k) [ $(el) -lt $(( DEADLINE - 200 )) ] && window b256k timeout 200 $B --skip-native --chars 996000 --runs 1 ;;
+    b256k) [ $(el) -lt $(( DEADLINE - 200 )) ] && window b256k timeout 200 $B --skip-native --chars 1065000 --runs 1 ;;
     n8k) [ $(el) -lt $(( DEADLINE - 120 )) ] && window n8k timeout 240 $B --native-url http://127.0.0.1:8080 --skip-bridged --chars 31000 --runs 1 ;;
     n4k) [ $(el) -lt $(( DEADLINE - 120 )) ] && window n4k timeout 200 $B --native-url http://127.0.0.1:8080 --skip-bridged --chars 15500 --runs 1 ;;
     b4k) [ $(el) -lt $(( DEADLINE - 30 )) ] && window b4k timeout 60 $B --skip-native --chars 15500 --runs 3 ;;
