@@ -331,8 +331,7 @@ TEST(CudaKernels, Fp8KvRowsMatchTheirTwinAndAttendAsTheirValues) {
 TEST(CudaKernels, SwigluRmsnormAndQ8RoundTripMatchTheirTwins) {
   SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA
-  {
-    const int64_t rows = 37, ff = 384;
+  for (const auto& [rows, ff] : {std::pair<int64_t, int64_t>{37, 384}, {3, 14336}}) {  // one block per row; several
     auto gu = round_bf16(randn(size_t(rows * 2 * ff), 2.0f));
     std::vector<float> ref;
     ref::swiglu_rows(gu, ref, rows, ff);
@@ -341,9 +340,10 @@ TEST(CudaKernels, SwigluRmsnormAndQ8RoundTripMatchTheirTwins) {
     cuda::swiglu_rows(dgu.as<__nv_bfloat16>(), dout.as<__nv_bfloat16>(), rows, ff, nullptr);
     PDB_CUDA_CHECK(cudaDeviceSynchronize());
     const double e = ref::rel_error(from_device_bf16(dout, ref.size()), ref);
-    std::printf("swiglu rel err %.2e\n", e);
+    std::printf("swiglu %lld x %lld rel err %.2e\n", (long long)rows, (long long)ff, e);
     EXPECT_LT(e, 1e-2);
   }
+  EXPECT_THROW(cuda::swiglu_rows(nullptr, nullptr, 1, 12, nullptr), std::invalid_argument);
   {
     const int64_t rows = 19, dim = 4096;
     auto x = randn(size_t(rows * dim), 3.0f), w = randn(size_t(dim), 0.1f);
