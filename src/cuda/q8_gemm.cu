@@ -33,8 +33,8 @@ __device__ __forceinline__ void mma_s8(int* c, const uint32_t* a, uint32_t b0, u
 }
 
 // float(c) for |c| < 2^22 (a k32 block's integer sum is at most 32 x 128 x 128 = 2^19) without the
-// int->float conversion unit, which issues 16 results per clock per SM on sm_80/sm_90, a quarter of the
-// FP32 rate, and four conversions per product made it this kernel's bottleneck: c added into the
+// int->float conversion instruction, which the programming guide rates at a fraction of the FP32 add's
+// throughput; four per product made it the bulk of this kernel's non-tensor work: c added into the
 // mantissa of 1.5 x 2^23, then 1.5 x 2^23 subtracted. Both steps are exact, so the result is identical.
 __device__ __forceinline__ float block_sum_to_float(int c) { return __fsub_rn(__int_as_float(0x4B400000 + c), 12582912.0f); }
 
