@@ -21,7 +21,7 @@ mkdir -p /work/main && ln -sfn $P/build /work/main/build
 [ -e $REPO/build ] || ln -sfn $P/build $REPO/build
 run device_info $PDB device-info || { ts "pdbridge does not run here"; touch $R/DONE; exit 1; }
 # llama.cpp CUDA (peer), in the background
-{ has bench || has attn; } && [ -f $DEV/llama-src.tar.xz ] && ( tar -xJf $DEV/llama-src.tar.xz -C $LC && cd $LC && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON \
+{ has bench || has attn; } && [ "${PEERS:-1}" = 1 ] && [ -f $DEV/llama-src.tar.xz ] && ( tar -xJf $DEV/llama-src.tar.xz -C $LC && cd $LC && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON \
    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
    -DLLAMA_BUILD_SERVER=OFF -DGGML_CUDA_NCCL=OFF > $R/llama_cmake.log 2>&1 && nice -n 10 cmake --build build -j 8 --target llama-bench > $R/llama_build.log 2>&1
   echo $? > $R/llama_build.rc ) &
