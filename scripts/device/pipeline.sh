@@ -13,7 +13,7 @@ has() { [ "$STAGES" = all ] && [ "$1" != fp8 ] && [ "$1" != attn ] && [ "$1" != 
 LC=/tmp/llama-cuda; mkdir -p $LC
 T0=$(date +%s)
 ts() { echo "[$(date +%T) +$(( $(date +%s) - T0 ))s] $*"; }
-run() { local name=$1; shift; ts "start $name"; "$@" > $R/$name.log 2>&1; local rc=$?; ts "end $name rc=$rc"; tail -n 25 $R/$name.log | sed "s/^/  $name| /"; return $rc; }
+run() { local name=$1; shift; ts "start $name"; timeout ${STEP_LIMIT:-1500} "$@" > $R/$name.log 2>&1; local rc=$?; ts "end $name rc=$rc"; tail -n 25 $R/$name.log | sed "s/^/  $name| /"; return $rc; }
 source $DEV/env.sh || { touch /tmp/res/DONE; exit 1; }
 { nvidia-smi; lscpu | head -20; free -g; df -h /tmp; } > $R/sysinfo.txt 2>&1
 # the tests find the build where it was configured
