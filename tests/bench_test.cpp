@@ -1,8 +1,12 @@
-// `bench cold` runs the seed's protocol against a real stack and records truthful rows; `bench plot` draws them.
+// `bench cold` runs the seed's protocol against a real stack and records truthful rows; `bench plot` draws them;
+// `bench prefill` records a row per mode.
 #include <gtest/gtest.h>
+
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "support/stack.h"
 
@@ -44,6 +48,41 @@ TEST(BenchCold, RecordsBothLegsWithVerdictsAndPlots) {
   char magic[4] = {};
   png.read(magic, 4);
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+}
+
+// `bench prefill` on the CPU backend: a row per mode and length, and the recipe's rows add up to the
+// decoder's cache bytes (layers x tokens x K and V rows of f16).
+TEST(BenchPrefill, RecordsEveryModeAndTheRecipesCacheBytes) {
+  const std::string dir = fs::temp_directory_path() / ("pdbridge-bench-prefill-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string model = test::models_dir() + "/llama-tiny", out = dir + "/prefill.jsonl";
+  test::Child b({test::pdbridge_bin(), "bench", "prefill", "--device", "cpu", "--model", model + "/hf", "--recipe", model + "/decoder-f32.gguf",
+                 "--tokens", "48,96", "--reps", "2", "--chunk", "32", "--label", "ci", "--out", out},
+                dir + "/bench.log");
+  ASSERT_EQ(b.stop(0, 120), 0) << b.log();
+  std::ifstream in(out);
+  std::map<std::pair<int64_t, std::string>, json> rows;
+  for (std::string line; std::getline(in, line);) {
+    const json r = json::parse(line);
+    rows[{r["tokens"].get<int64_t>(), r["mode"].get<std::string>()}] = r;
+  }
+  const json cfg = json::parse(std::ifstream(model + "/hf/config.json"));
+  const int64_t layers = cfg["num_hidden_layers"], kv_dim = cfg["num_key_value_heads"].get<int64_t>() * cfg["head_dim"].get<int64_t>();
+  for (int64_t T : {48, 96}) {
+    for (const std::string mode : {"full-forward", "engine", "engine+recipe", "engine+recipe+frames"}) {
+      ASSERT_TRUE(rows.count({T, mode})) << T << " " << mode;
+      const json& r = rows[{T, mode}];
+      EXPECT_GT(r["tok_s"].get<double>(), 0.0) << r.dump();
+      EXPECT_EQ(r["seconds_all"].size(), 2u) << r.dump();
+      EXPECT_EQ(r["label"], "ci");
+    }
+    const int64_t recipe_bytes = rows.at(std::make_pair(T, std::string("engine+recipe")))["wire_bytes"];
+    const int64_t framed_bytes = rows.at(std::make_pair(T, std::string("engine+recipe+frames")))["wire_bytes"];
+    EXPECT_EQ(recipe_bytes, layers * T * 2 * kv_dim * 2) << "f16 K and V rows of every layer";
+    EXPECT_GT(framed_bytes, recipe_bytes) << "frames carry headers";
+    EXPECT_EQ(rows.count(std::make_pair(T, std::string("engine-no-attention"))), 0u) << "a GPU-only mode";
+  }
+  fs::remove_all(dir);
 }
 
 TEST(BenchCold, HangsUpAfterStopAfterAndRecordsRefusedPromptsAsErrors) {

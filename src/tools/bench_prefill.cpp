@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include <fmt/format.h>
@@ -68,10 +70,17 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
     // host pages of the row path first touched).
     be->forward_only(prompt(), o.chunk, true);
     be->capture(prompt(), o.chunk, spec, [](const KvBlock&) { return true; }, {});
-    struct Mode { std::string name; double layers; };
+    struct Mode { std::string name; double layers; bool attention = true; };
     // engine+recipe: the GPU recipe's rows reach host memory in the decoder's format (the recipe's
-    // cost); +frames: and are framed for the wire (checksums and copies on the host).
-    for (const Mode& m : {Mode{"full-forward", L}, Mode{"engine", L - 1}, Mode{"engine+recipe", L - 1}, Mode{"engine+recipe+frames", L - 1}}) {
+    // cost); +frames: and are framed for the wire (checksums and copies on the host). On the GPU,
+    // engine-no-attention leaves the attention kernels out (its output is not a model's): the
+    // difference from `engine` is the attention's own time, reported below the modes.
+    std::vector<Mode> modes = {Mode{"full-forward", L}, Mode{"engine", L - 1}};
+    if (o.device == "cuda") modes.push_back(Mode{"engine-no-attention", L - 1, false});
+    modes.push_back(Mode{"engine+recipe", L - 1});
+    modes.push_back(Mode{"engine+recipe+frames", L - 1});
+    std::map<std::string, double> median_s;
+    for (const Mode& m : modes) {
       std::vector<double> ts;
       int64_t bytes = 0;
       for (int r = 0; r < o.reps; ++r) {
@@ -93,12 +102,17 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
             cr = run_capture(*be, req, o.chunk, EmitFn([&](std::vector<uint8_t>&& f, bool) { bytes += int64_t(f.size()); return Emit::Ok; }));
           }));
           if (cr.status != "complete") throw std::runtime_error("capture " + cr.status + ": " + cr.reason);
+        } else if (!m.attention) {
+          setenv("PDBRIDGE_BENCH_NO_ATTENTION", "1", 1);
+          ts.push_back(seconds([&] { be->forward_only(toks, o.chunk, false); }));
+          unsetenv("PDBRIDGE_BENCH_NO_ATTENTION");
         } else {
           ts.push_back(seconds([&] { be->forward_only(toks, o.chunk, m.name == "full-forward"); }));
         }
       }
       const double t = median(ts);
-      const double flops = 2.0 * layer_params * m.layers * double(T) + 2.0 * double(T) * double(T) * NH * D * m.layers;
+      median_s[m.name] = t;
+      const double flops = 2.0 * layer_params * m.layers * double(T) + (m.attention ? 2.0 * double(T) * double(T) * NH * D * m.layers : 0.0);
       const double tflops = flops / t / 1e12;
       std::printf("%-8lld %-22s %10.3f %12.0f %10.1f %9.0f%%\n", (long long)T, m.name.c_str(), t, double(T) / t, tflops,
                   gemm_rate > 0 ? 100.0 * tflops / gemm_rate : 0.0);
@@ -107,6 +121,18 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
                   {"chunk", o.chunk}, {"cache_type", o.cache_type}, {"seconds_median", t}, {"seconds_all", ts}, {"tok_s", double(T) / t},
                   {"tflops", tflops}, {"gemm_tflops", gemm_rate}, {"wire_bytes", bytes}};
       out << row.dump() << "\n";
+    }
+    if (median_s.count("engine-no-attention")) {
+      const double attn_s = median_s["engine"] - median_s["engine-no-attention"];
+      const double attn_flops = 2.0 * double(T) * double(T) * NH * D * (L - 1);
+      std::printf("#        attention: %.3f s of the engine's %.3f s (%.0f%%), %.0f TFLOP/s; the rest (products, norms, RoPE): %.0f TFLOP/s\n",
+                  attn_s, median_s["engine"], 100.0 * attn_s / median_s["engine"], attn_s > 0 ? attn_flops / attn_s / 1e12 : 0.0,
+                  2.0 * layer_params * (L - 1) * double(T) / median_s["engine-no-attention"] / 1e12);
+      std::fflush(stdout);
+      out << json{{"label", o.label}, {"device", be->device()}, {"arch", c.arch}, {"tokens", T}, {"mode", "attention-share"}, {"chunk", o.chunk},
+                  {"attention_seconds", attn_s}, {"engine_seconds", median_s["engine"]}, {"attention_tflops", attn_s > 0 ? attn_flops / attn_s / 1e12 : 0.0}}
+                 .dump()
+          << "\n";
     }
   }
   return 0;
