@@ -8,17 +8,22 @@
 CHARS=${1:-4150000}
 DEV=$(cd "$(dirname "$0")" && pwd)
 source $DEV/env.sh || exit 1
-G=$M/llama8b/decoder-q4_0.gguf
-{ [ -f $G ] && [ -e $M/llama8b/CTX1100000 ]; } || { echo "million8b: needs the attn stage's 8B model ($G, declared context 1.1M)"; exit 1; }
+# HF, G, CTX, THREADS and PREFILL_ARGS stand in for the 8B model and the GPU: the same script runs a miniature
+# of the leg on any machine (e.g. HF=models/needle-llama G=build/models/needle/decoder-q4_0.gguf CTX=30000 THREADS=2
+# PREFILL_ARGS="--device cpu --cpu-fast" bash scripts/device/million8b.sh 20000), which checks its plumbing first.
+HF=${HF:-$M/llama8b/hf}; G=${G:-$M/llama8b/decoder-q4_0.gguf}; CTX=${CTX:-1100000}; THREADS=${THREADS:-16}
+PREFILL_ARGS=${PREFILL_ARGS:---device cuda --kv-dtype fp8 --chunk 8192}
+[ -f $G ] || { echo "million8b: no decoder GGUF at $G (the models stage makes the 8B one)"; exit 1; }
+[ "$CTX" -le 131072 ] || [ -e $(dirname $G)/CTX1100000 ] || { echo "million8b: $G does not declare a context of $CTX (models stage)"; exit 1; }
 rm -rf /dev/shm/slots* && mkdir -p /dev/shm/m1
-$PDB decoder --gguf $G --port 8380 --slot-dir /dev/shm/m1 --ctx 1100000 --parallel 1 --cache-type q4_0 --threads 16 > $R/m1_8b_decoder.log 2>&1 & D=$!
-$PDB prefill --model $M/llama8b/hf --recipe $G --device cuda --kv-dtype fp8 --chunk 8192 --port 8390 > $R/m1_8b_prefill.log 2>&1 & PF=$!
+$PDB decoder --gguf $G --port 8380 --slot-dir /dev/shm/m1 --ctx $CTX --parallel 1 --cache-type q4_0 --threads $THREADS > $R/m1_8b_decoder.log 2>&1 & D=$!
+$PDB prefill --model $HF --recipe $G $PREFILL_ARGS --port 8390 > $R/m1_8b_prefill.log 2>&1 & PF=$!
 up localhost:8380/health && up localhost:8390/health || { echo "million8b: the stack did not come up"; kill $D $PF; exit 1; }
 $PDB front --decoder http://127.0.0.1:8380 --decoder-gguf $G --slot-dir /dev/shm/m1 --prefill http://127.0.0.1:8390 --port 8300 --bridge-timeout 1200 \
   > $R/m1_8b_front.log 2>&1 & F=$!
 up localhost:8300/health
 ( while kill -0 $PF 2>/dev/null; do echo "$(date +%s.%N) $(awk '/VmRSS/{print $2}' /proc/$PF/status) $(awk '/VmRSS/{print $2}' /proc/$F/status 2>/dev/null)"; sleep 1; done ) > $R/m1_8b_rss.txt &
-( while kill -0 $PF 2>/dev/null; do nvidia-smi --query-gpu=memory.used --format=csv,noheader; sleep 10; done ) > $R/m1_8b_gpumem.txt 2>&1 &
+command -v nvidia-smi > /dev/null && ( while kill -0 $PF 2>/dev/null; do nvidia-smi --query-gpu=memory.used --format=csv,noheader; sleep 10; done ) > $R/m1_8b_gpumem.txt 2>&1 &
 timeout 1800 $PDB bench cold --front http://127.0.0.1:8300 --skip-native --chars $CHARS --runs 1 --max-tokens 300 --stop-after 4 --out $R/m1_8b.jsonl \
   > $R/m1_8b_bench.log 2>&1
 echo "million8b: bench rc=$?"; tail -4 $R/m1_8b_bench.log
