@@ -14,13 +14,15 @@ if [ ! -x $P/shim/curl ]; then
 fi
 case ":$PATH:" in *":$P/shim:"*) ;; *) export PATH=$P/shim:$PATH ;; esac
 PDB=$P/build/pdbridge
-# Waits for a health URL; gives up at once when curl itself cannot run (exit 127: not found or not loadable).
+# up URL [PID]: waits for a health URL; gives up at once when curl itself cannot run (exit 127: not found or
+# not loadable) or when the server's process PID has exited (its log says why).
 up() {
   local rc
   for _ in $(seq 1 900); do
     curl -sf "$1" > /dev/null; rc=$?
     [ $rc = 0 ] && return 0
     [ $rc = 127 ] && { echo "up: curl cannot run" >&2; return 1; }
+    [ -n "${2:-}" ] && ! kill -0 "$2" 2>/dev/null && { echo "up: the process behind $1 has exited" >&2; return 1; }
     sleep 0.5
   done
   return 1

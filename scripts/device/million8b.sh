@@ -18,10 +18,10 @@ PREFILL_ARGS=${PREFILL_ARGS:---device cuda --kv-dtype fp8 --chunk 8192}
 rm -rf /dev/shm/slots* && mkdir -p /dev/shm/m1
 $PDB decoder --gguf $G --port 8380 --slot-dir /dev/shm/m1 --ctx $CTX --parallel 1 --cache-type q4_0 --threads $THREADS > $R/m1_8b_decoder.log 2>&1 & D=$!
 $PDB prefill --model $HF --recipe $G $PREFILL_ARGS --port 8390 > $R/m1_8b_prefill.log 2>&1 & PF=$!
-up localhost:8380/health && up localhost:8390/health || { echo "million8b: the stack did not come up"; kill $D $PF; exit 1; }
+up localhost:8380/health $D && up localhost:8390/health $PF || { echo "million8b: the stack did not come up"; kill $D $PF; exit 1; }
 $PDB front --decoder http://127.0.0.1:8380 --decoder-gguf $G --slot-dir /dev/shm/m1 --prefill http://127.0.0.1:8390 --port 8300 --bridge-timeout 1200 \
   > $R/m1_8b_front.log 2>&1 & F=$!
-up localhost:8300/health
+up localhost:8300/health $F || { echo "million8b: the front door did not come up"; kill $D $PF $F; exit 1; }
 ( while kill -0 $PF 2>/dev/null; do echo "$(date +%s.%N) $(awk '/VmRSS/{print $2}' /proc/$PF/status) $(awk '/VmRSS/{print $2}' /proc/$F/status 2>/dev/null)"; sleep 1; done ) > $R/m1_8b_rss.txt &
 command -v nvidia-smi > /dev/null && ( while kill -0 $PF 2>/dev/null; do nvidia-smi --query-gpu=memory.used --format=csv,noheader; sleep 10; done ) > $R/m1_8b_gpumem.txt 2>&1 &
 timeout 1800 $PDB bench cold --front http://127.0.0.1:8300 --skip-native --chars $CHARS --runs 1 --max-tokens 300 --stop-after 4 --out $R/m1_8b.jsonl \

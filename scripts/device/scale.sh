@@ -8,6 +8,7 @@
 # cache fills, which bounded the wire at 151K+ tokens in the first run). Results are copied to $OUT after every stage. Usage: bash .dev/scale.sh DEADLINE_S
 DEADLINE=${1:-420}
 DEV=$(cd "$(dirname "$0")" && pwd); REPO=$(cd $DEV/.. && pwd)
+[ -d $REPO/models ] || REPO=$(cd $DEV/../.. && pwd)  # run from scripts/device/ (a local miniature) rather than .dev/
 source $DEV/env.sh || exit 1
 T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
@@ -46,9 +47,9 @@ $PDB convert --hf /tmp/needle1m --out /tmp/needle1m/gguf --types q4_0 > $R/m1_co
 NG=/tmp/needle1m/gguf/decoder-q4_0.gguf; mkdir -p /tmp/slots1m
 $PDB decoder --gguf $NG --port 8180 --slot-dir /tmp/slots1m --ctx 1100000 --parallel 1 --cache-type f16 --threads 8 > $R/m1_decoder.log 2>&1 & D1=$!
 $PDB prefill --model /tmp/needle1m --recipe $NG --device cuda --chunk 8192 --port 8190 > $R/m1_prefill.log 2>&1 & P1=$!
-up localhost:8180/health && up localhost:8190/health
+up localhost:8180/health $D1 && up localhost:8190/health $P1
 $PDB front --decoder http://127.0.0.1:8180 --decoder-gguf $NG --slot-dir /tmp/slots1m --prefill http://127.0.0.1:8190 --port 8100 > $R/m1_front.log 2>&1 & F1=$!
-up localhost:8100/health
+up localhost:8100/health $F1
 window needle1m timeout 240 $PDB bench cold --front http://127.0.0.1:8100 --skip-native --chars 1000000 --runs 1 --max-tokens 32 --out $R/needle1m.jsonl
 grep -H VmHWM /proc/$P1/status /proc/$F1/status > $R/needle1m_hwm.txt 2>&1
 kill $F1 $P1 $D1; wait $F1 $P1 $D1 2>/dev/null
@@ -59,9 +60,9 @@ ts "waiting for make-model"; while [ ! -e $R/make8b.rc ]; do sleep 2; done; ts "
 G=$M/llama8b/decoder-q4_0.gguf; mkdir -p /dev/shm/slots
 $PDB decoder --gguf $G --port 8080 --slot-dir /dev/shm/slots --ctx 272000 --parallel 1 --cache-type q8_0 --threads 16 > $R/scale_decoder.log 2>&1 & D2=$!
 $PDB prefill --model $M/llama8b/hf --recipe $G --device cuda --chunk 4096 --port 8090 > $R/scale_prefill.log 2>&1 & P2=$!
-up localhost:8080/health && up localhost:8090/health
+up localhost:8080/health $D2 && up localhost:8090/health $P2
 $PDB front --decoder http://127.0.0.1:8080 --decoder-gguf $G --slot-dir /dev/shm/slots --prefill http://127.0.0.1:8090 --port 8000 > $R/scale_front.log 2>&1 & F2=$!
-up localhost:8000/health; ts "8B stack up"
+up localhost:8000/health $F2; ts "8B stack up"
 ( while kill -0 $P2 2>/dev/null; do echo "$(date +%s.%N) $(awk '/VmRSS/{print $2}' /proc/$P2/status) $(awk '/VmRSS/{print $2}' /proc/$F2/status 2>/dev/null)"; sleep 0.5; done ) > $R/scale_rss.txt &
 B="$PDB bench cold --front http://127.0.0.1:8000 --max-tokens 300 --stop-after 16 --out $R/scale.jsonl"
 # ORDER: the windows to run, in order, each only while the deadline leaves it room (default: 256K bridged, then
