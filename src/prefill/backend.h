@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -55,5 +56,10 @@ std::unique_ptr<PrefillBackend> make_cpu_backend(std::shared_ptr<CpuEngine> engi
 std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads,
                                                   int64_t max_chunk, bool kv_fp8 = false);
 bool cuda_backend_available();
+// --kv-dtype of `prefill` and `bench prefill`: bf16, or fp8 with --device cuda; throws std::invalid_argument.
+inline void check_kv_dtype(const std::string& device, const std::string& kv_dtype) {
+  if (kv_dtype != "bf16" && kv_dtype != "fp8") throw std::invalid_argument("--kv-dtype must be bf16 or fp8");
+  if (kv_dtype == "fp8" && device != "cuda") throw std::invalid_argument("--kv-dtype fp8 is the CUDA engine's option (--device cuda)");
+}
 
 }  // namespace pdb

@@ -177,8 +177,7 @@ std::vector<std::string> config_mismatches(const std::string& hf_dir, const std:
 
 int run_prefill_server(const PrefillServerOptions& o) {
   if (o.device != "cpu" && o.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda");
-  if (o.kv_dtype != "bf16" && o.kv_dtype != "fp8") throw std::invalid_argument("--kv-dtype must be bf16 or fp8");
-  if (o.kv_dtype == "fp8" && o.device != "cuda") throw std::invalid_argument("--kv-dtype fp8 is the CUDA engine's option (--device cuda)");
+  check_kv_dtype(o.device, o.kv_dtype);
   const auto mism = config_mismatches(o.model, o.recipe);
   for (const auto& m : mism) spdlog::error("prefill: config mismatch: {}", m);
   if (!mism.empty() && !o.allow_config_mismatch)

@@ -39,7 +39,7 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
   const int threads = o.threads > 0 ? o.threads : default_threads();
   std::shared_ptr<const Recipe> recipe = Recipe::load(o.recipe, threads);
   std::unique_ptr<PrefillBackend> be;
-  if (o.kv_dtype == "fp8" && o.device != "cuda") throw std::invalid_argument("--kv-dtype fp8 is the CUDA engine's option (--device cuda)");
+  check_kv_dtype(o.device, o.kv_dtype);
   if (o.device == "cuda") be = make_cuda_backend(o.model, recipe, threads, o.chunk, o.kv_dtype == "fp8");
   else if (o.device == "cpu") be = make_cpu_backend(std::make_shared<CpuEngine>(o.model, threads), recipe);
   else throw std::invalid_argument("--device must be cuda or cpu");
@@ -47,6 +47,8 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
   const double H = double(c.hidden_size), F = double(c.intermediate_size), D = double(c.head_dim), NH = double(c.num_heads),
                KV = double(c.num_kv_heads), L = double(c.num_layers);
   const double layer_params = H * (NH + 2 * KV) * D + NH * D * H + 3 * H * F;
+  // causal attention: QK^T and PV over T^2/2 (query, key) pairs per head and layer, 2 x 2 FLOP per pair and dimension
+  auto attention_flops = [&](double T, double layers) { return 2.0 * T * T * NH * D * layers; };
   const double gemm_rate = o.device == "cuda" ? cuda::measure_bf16_gemm_tflops() : 0.0;
   const auto ctype = ggml_type_from_name(o.cache_type);
   if (!ctype) throw std::invalid_argument("--cache-type: unknown type " + o.cache_type);
@@ -112,7 +114,7 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
       }
       const double t = median(ts);
       median_s[m.name] = t;
-      const double flops = 2.0 * layer_params * m.layers * double(T) + (m.attention ? 2.0 * double(T) * double(T) * NH * D * m.layers : 0.0);
+      const double flops = 2.0 * layer_params * m.layers * double(T) + (m.attention ? attention_flops(double(T), m.layers) : 0.0);
       const double tflops = flops / t / 1e12;
       std::printf("%-8lld %-22s %10.3f %12.0f %10.1f %9.0f%%\n", (long long)T, m.name.c_str(), t, double(T) / t, tflops,
                   gemm_rate > 0 ? 100.0 * tflops / gemm_rate : 0.0);
@@ -124,13 +126,13 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
     }
     if (median_s.count("engine-no-attention")) {
       const double attn_s = median_s["engine"] - median_s["engine-no-attention"];
-      const double attn_flops = 2.0 * double(T) * double(T) * NH * D * (L - 1);
+      const double attn_tflops = attn_s > 0 ? attention_flops(double(T), L - 1) / attn_s / 1e12 : 0.0;
       std::printf("#        attention: %.3f s of the engine's %.3f s (%.0f%%), %.0f TFLOP/s; the rest (products, norms, RoPE): %.0f TFLOP/s\n",
-                  attn_s, median_s["engine"], 100.0 * attn_s / median_s["engine"], attn_s > 0 ? attn_flops / attn_s / 1e12 : 0.0,
+                  attn_s, median_s["engine"], 100.0 * attn_s / median_s["engine"], attn_tflops,
                   2.0 * layer_params * (L - 1) * double(T) / median_s["engine-no-attention"] / 1e12);
       std::fflush(stdout);
       out << json{{"label", o.label}, {"device", be->device()}, {"arch", c.arch}, {"tokens", T}, {"mode", "attention-share"}, {"chunk", o.chunk},
-                  {"attention_seconds", attn_s}, {"engine_seconds", median_s["engine"]}, {"attention_tflops", attn_s > 0 ? attn_flops / attn_s / 1e12 : 0.0}}
+                  {"attention_seconds", attn_s}, {"engine_seconds", median_s["engine"]}, {"attention_tflops", attn_tflops}}
                  .dump()
           << "\n";
     }
