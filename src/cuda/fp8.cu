@@ -36,11 +36,13 @@ __global__ void quantize_fp8_kernel(const __nv_bfloat16* __restrict__ x, int64_t
 // One thread per 16 codes of a row (one 16-byte load, two 16-byte stores); blockIdx.y is the head.
 __global__ void expand_fp8_rows_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ scales, int64_t capacity, int64_t rows,
                                        int head_dim, __nv_bfloat16* __restrict__ out) {
-  const int per_row = head_dim / 16;
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= rows * per_row) return;
+  // 32-bit index arithmetic (the launcher checks rows x per_row < 2^31): a 64-bit division per thread
+  // would cost more than the thread's 48 bytes of memory traffic.
+  const unsigned per_row = unsigned(head_dim) / 16;
+  const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (int64_t(i) >= rows * per_row) return;
   const int64_t row = int64_t(blockIdx.y) * capacity + i / per_row;
-  const int64_t at = row * head_dim + (i % per_row) * 16;
+  const int64_t at = row * head_dim + int64_t(i % per_row) * 16;
   const uint4 w = *reinterpret_cast<const uint4*>(codes + at);
   const float scale = scales[row];
   uint32_t o[8];
@@ -82,6 +84,7 @@ void expand_fp8_rows(const uint8_t* codes, const float* scales, int n_heads, int
   if (rows > capacity) throw std::invalid_argument("expand_fp8_rows: rows past the capacity");
   if (rows <= 0 || n_heads <= 0) return;
   const int64_t threads = rows * (head_dim / 16);
+  if (threads >= (int64_t(1) << 31)) throw std::invalid_argument("expand_fp8_rows: more than 2^31 16-code pieces per head");
   expand_fp8_rows_kernel<<<dim3(unsigned((threads + 255) / 256), unsigned(n_heads)), 256, 0, s>>>(codes, scales, capacity, rows, head_dim, out);
   PDB_CUDA_LAUNCHED();
 }
