@@ -15,11 +15,15 @@ HF=${HF:-$M/llama8b/hf}; G=${G:-$M/llama8b/decoder-q4_0.gguf}; CTX=${CTX:-110000
 PREFILL_ARGS=${PREFILL_ARGS:---device cuda --kv-dtype fp8 --chunk 8192}
 [ -f $G ] || { echo "million8b: no decoder GGUF at $G (the models stage makes the 8B one)"; exit 1; }
 [ "$CTX" -le 131072 ] || [ -e $(dirname $G)/CTX1100000 ] || { echo "million8b: $G does not declare a context of $CTX (models stage)"; exit 1; }
-rm -rf /dev/shm/slots* && mkdir -p /dev/shm/m1
-$PDB decoder --gguf $G --port 8380 --slot-dir /dev/shm/m1 --ctx $CTX --parallel 1 --cache-type q4_0 --threads $THREADS > $R/m1_8b_decoder.log 2>&1 & D=$!
+# The slot file (~38 GB at 1M tokens, q4_0 cache) goes to RAM where /dev/shm has room for it, else to disk.
+SLOTS=/dev/shm/m1
+[ $(df -BG --output=avail /dev/shm | tail -1 | tr -dc 0-9) -lt $(( CTX / 26000 + 2 )) ] && SLOTS=$M/m1slots
+echo "million8b: slot files in $SLOTS"
+rm -rf /dev/shm/slots* $SLOTS && mkdir -p $SLOTS
+$PDB decoder --gguf $G --port 8380 --slot-dir $SLOTS --ctx $CTX --parallel 1 --cache-type q4_0 --threads $THREADS > $R/m1_8b_decoder.log 2>&1 & D=$!
 $PDB prefill --model $HF --recipe $G $PREFILL_ARGS --port 8390 > $R/m1_8b_prefill.log 2>&1 & PF=$!
 up localhost:8380/health $D && up localhost:8390/health $PF || { echo "million8b: the stack did not come up"; kill $D $PF; exit 1; }
-$PDB front --decoder http://127.0.0.1:8380 --decoder-gguf $G --slot-dir /dev/shm/m1 --prefill http://127.0.0.1:8390 --port 8300 --bridge-timeout 1200 \
+$PDB front --decoder http://127.0.0.1:8380 --decoder-gguf $G --slot-dir $SLOTS --prefill http://127.0.0.1:8390 --port 8300 --bridge-timeout 1200 \
   > $R/m1_8b_front.log 2>&1 & F=$!
 up localhost:8300/health $F || { echo "million8b: the front door did not come up"; kill $D $PF $F; exit 1; }
 ( while kill -0 $PF 2>/dev/null; do echo "$(date +%s.%N) $(awk '/VmRSS/{print $2}' /proc/$PF/status) $(awk '/VmRSS/{print $2}' /proc/$F/status 2>/dev/null)"; sleep 1; done ) > $R/m1_8b_rss.txt &
@@ -36,4 +40,4 @@ done
 wait $B; echo "million8b: bench rc=$?"; tail -4 $R/m1_8b_bench.log
 grep -H VmHWM /proc/$PF/status /proc/$F/status > $R/m1_8b_hwm.txt 2>&1
 kill $F $PF $D 2>/dev/null; wait $F $PF $D 2>/dev/null
-rm -rf /dev/shm/m1  # ~38 GB of RAM: the stages after this one need it
+rm -rf $SLOTS  # ~38 GB of RAM or disk: the stages after this one need it

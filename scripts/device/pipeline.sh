@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,attn,qwen,fp8,scale,pace,m1,demo,link,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,qwen,fp8,scale,pace,m1,demo,link,
 # run in the order named. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -14,12 +14,13 @@ LC=/tmp/llama-cuda; mkdir -p $LC
 T0=$(date +%s)
 ts() { echo "[$(date +%T) +$(( $(date +%s) - T0 ))s] $*"; }
 run() { local name=$1; shift; ts "start $name"; timeout ${STEP_LIMIT:-1500} "$@" > $R/$name.log 2>&1; local rc=$?; ts "end $name rc=$rc"; tail -n 25 $R/$name.log | sed "s/^/  $name| /"; return $rc; }
-source $DEV/env.sh || { touch /tmp/res/DONE; exit 1; }
-{ nvidia-smi; lscpu | head -20; free -g; df -h /tmp; } > $R/sysinfo.txt 2>&1
+DONE_MARK=${DONE_MARK:-DONE}  # drive.sh's second pipeline (second GPU) marks its end as DONE2
+source $DEV/env.sh || { touch /tmp/res/$DONE_MARK; exit 1; }
+[ -e $R/sysinfo.txt ] || { nvidia-smi; lscpu | head -20; free -g; df -h /tmp /dev/shm; } > $R/sysinfo.txt 2>&1
 # the tests find the build where it was configured
 mkdir -p /work/main && ln -sfn $P/build /work/main/build
 [ -e $REPO/build ] || ln -sfn $P/build $REPO/build
-run device_info $PDB device-info || { ts "pdbridge does not run here"; touch $R/DONE; exit 1; }
+run device_info_$DONE_MARK $PDB device-info || { ts "pdbridge does not run here"; touch $R/$DONE_MARK; exit 1; }
 # llama.cpp CUDA (peer), in the background
 { has bench || has attn; } && [ "${PEERS:-1}" = 1 ] && [ -f $DEV/llama-src.tar.xz ] && ( tar -xJf $DEV/llama-src.tar.xz -C $LC && cd $LC && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON \
    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
@@ -72,7 +73,16 @@ stage_models() {
     --gguf-types f16 --context-length 1100000 && touch $M/llama8b/CTX1100000; }
   # Q4_0 from the F16 GGUF (quantizing from the f32 source does not fit the device's disk beside the rest)
   [ -f $M/llama8b/decoder-q4_0.gguf ] || run quantize_q4 $P/build/llama/bin/llama-quantize $M/llama8b/decoder-f16.gguf $M/llama8b/decoder-q4_0.gguf Q4_0
+  [ -f $M/llama8b/decoder-q4_0.gguf ] && touch $M/llama8b/READY
 }
+# A second pipeline (drive.sh's STAGES2, on the second GPU) waits here for the first one's models stage.
+stage_waitmodels() {
+  ts "waiting for the models stage"
+  for _ in $(seq 1 600); do [ -e $M/llama8b/READY ] && break; sleep 1; done
+  ts "models ready: $([ -e $M/llama8b/READY ] && echo yes || echo no)"
+}
+# Free disk in GB where the models live: a 64 GB machine holds one 8B model at a time, a 128 GB one holds two.
+free_gb() { df -BG --output=avail $M | tail -1 | tr -dc 0-9; }
 stage_attn() {
   stage_models
   run attn_wgmma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-pingpong --out $R/bench.jsonl
@@ -99,7 +109,7 @@ stage_attn() {
 # Issue 4's Qwen3-8B rows with the current kernels (the disk holds one 8B model: the Llama one goes first, so run
 # this stage after the stages that use it).
 stage_qwen() {
-  rm -rf $M/llama8b $M/llama8b_fp8
+  [ $(free_gb) -lt 40 ] && rm -rf $M/llama8b $M/llama8b_fp8
   [ -f $M/qwen8b/decoder-f16.gguf ] || run make_qwen8b $PDB make-model --arch qwen3 --preset 8b --seed 8 --out $M/qwen8b --hf-dtype bf16 --gguf-types f16
   run qwen_8k_32k $PDB bench prefill --model $M/qwen8b/hf --recipe $M/qwen8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label qwen3-8b --out $R/bench.jsonl
   [ "${LONG:-1}" = 1 ] && run qwen_128k $PDB bench prefill --model $M/qwen8b/hf --recipe $M/qwen8b/decoder-f16.gguf --tokens 131072 --reps 1 --chunk 8192 --label qwen3-8b --out $R/bench.jsonl
@@ -110,9 +120,6 @@ stage_fp8() {
   run make_llama8b_fp8 $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b_fp8 --hf-dtype fp8 --gguf-types ""
   run bench_fp8 $PDB bench prefill --model $M/llama8b_fp8/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-fp8 --out $R/bench.jsonl
   run bench_bf16 $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16 --out $R/bench.jsonl
-  PDBRIDGE_ATTN_WGMMA=0 run bench_bf16_mma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-mma --out $R/bench.jsonl
-  PDBRIDGE_ATTN_KTILE=128 run bench_bf16_kt128 $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-kt128 --out $R/bench.jsonl
-  run bench_bf16_q4recipe $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-q4_0.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-q4_0-recipe --out $R/bench.jsonl
   run bench_bf16_q8 $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192 --reps 3 --chunk 4096 --cache-type q8_0 --label llama8b-bf16-q8cache --out $R/bench.jsonl
 }
 # Issue 5's 8B scale windows and the wire under pacing, chained here so that one drive.sh call runs them after
@@ -133,11 +140,11 @@ stage_link() {
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|attn|qwen|fp8|scale|pace|m1|demo|link) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|qwen|fp8|scale|pace|m1|demo|link) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac
 done
 if [ -f $DEV/train_needle.py ] && [ "$STAGES" = train ]; then while [ ! -e $R/train.rc ]; do sleep 5; done; fi
 ts ALLDONE
-touch $R/DONE
+touch $R/$DONE_MARK

@@ -20,7 +20,9 @@ window() { local label=$1; shift; local t0=$(date +%s.%N); ts "start $label"; "$
 # The pipeline's `attn` stage leaves a usable model (declared context 1.1M, Q4_0 from its F16 GGUF): reuse it.
 # Else make one; the 64 GB disk holds one 8B model and its f32 quantization source at a time, so drop the rest.
 if [ -e $M/llama8b/CTX1100000 ] && [ -f $M/llama8b/decoder-q4_0.gguf ]; then
-  rm -f $M/llama8b/decoder-f16.gguf; rm -rf $M/llama8b_fp8; echo 0 > $R/make8b.rc
+  # a 128 GB disk keeps the F16 GGUF for the benches that may run beside this on another GPU
+  [ $(df -BG --output=avail $M | tail -1 | tr -dc 0-9) -lt 40 ] && { rm -f $M/llama8b/decoder-f16.gguf; rm -rf $M/llama8b_fp8; }
+  echo 0 > $R/make8b.rc
 else
   rm -rf $M/llama8b $M/llama8b_fp8
   ( $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types q4_0 --context-length 1100000 > $R/make8b.log 2>&1
