@@ -36,8 +36,17 @@ std::string temp_dir(const std::string& tag) {
 }
 
 size_t files_in(const std::string& dir) {
-  size_t n = 0;
-  for (const auto& e : fs::directory_iterator(dir)) { (void)e; ++n; }
+  auto count = [&] {
+    size_t n = 0;
+    for (const auto& e : fs::directory_iterator(dir)) { (void)e; ++n; }
+    return n;
+  };
+  // The front door removes restored state files on a worker after the response has started: give it 10 s.
+  size_t n = count();
+  for (int i = 0; i < 200 && n > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    n = count();
+  }
   return n;
 }
 

@@ -16,7 +16,7 @@ std::string pdbridge_bin();
 std::string temp_dir(const std::string& tag);  // fresh, unique
 
 int free_port();
-size_t files_in(const std::string& dir);  // entries in a directory (slot dirs must end empty)
+size_t files_in(const std::string& dir);  // entries in a directory, once it empties or after 10 s (slot dirs must end empty)
 
 // A child process (argv[0] is a path), stdout+stderr to a log file; killed on destruction.
 class Child {
