@@ -4,9 +4,14 @@
 
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
+
+#include <httplib.h>
 
 #include "support/stack.h"
 
@@ -48,6 +53,38 @@ TEST(BenchCold, RecordsBothLegsWithVerdictsAndPlots) {
   char magic[4] = {};
   png.read(magic, 4);
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+}
+
+// The protocol measures warm engines: while a fresh front door's /health says it is still learning the
+// decoder's layout, `bench cold` sends nothing (on the H200 box a request sent meanwhile waited 13.5 s).
+TEST(BenchCold, WaitsWhileTheFrontDoorIsStillLearningTheDecodersLayout) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  const auto probing = [&] { return Clock::now() - t0 < std::chrono::milliseconds(1500); };
+  std::atomic<int> requests{0}, early{0};
+  httplib::Server front;
+  front.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(json{{"ok", true}, {"layout", probing() ? json("probing") : json("32 layers")}}.dump(), "application/json");
+  });
+  front.Post("/v1/chat/completions", [&](const httplib::Request&, httplib::Response& res) {
+    ++requests;
+    if (probing()) ++early;
+    res.status = 400;
+    res.set_content(R"({"error":{"message":"refused by the test","code":400}})", "application/json");
+  });
+  const int port = front.bind_to_any_port("127.0.0.1");
+  std::thread serve([&] { front.listen_after_bind(); });
+  const std::string dir = test::temp_dir("bench-warm");
+  test::Child b({test::pdbridge_bin(), "bench", "cold", "--front", "http://127.0.0.1:" + std::to_string(port), "--skip-native", "--chars", "2000",
+                 "--runs", "1", "--max-tokens", "8", "--out", dir + "/bench.jsonl"},
+                dir + "/bench.log");
+  const int rc = b.stop(0, 60);
+  front.stop();
+  serve.join();
+  ASSERT_EQ(rc, 0) << b.log();
+  EXPECT_EQ(requests.load(), 1);
+  EXPECT_EQ(early.load(), 0) << "a request went out while the front door was probing";
+  EXPECT_NE(b.log().find("waiting for the front door"), std::string::npos) << b.log();
 }
 
 // `bench prefill` on the CPU backend: a row per mode and length, and the recipe's rows add up to the

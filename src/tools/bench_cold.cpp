@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include <fmt/format.h>
 #include <httplib.h>
@@ -133,6 +134,32 @@ json run_leg(const std::string& url, const std::string& key, const std::string& 
   return row;
 }
 
+// The protocol measures warm engines: a fresh front door learns the decoder's state layout in the background
+// (a probe prefill: 11-14 s on an 8B CPU decoder), and a request that arrives meanwhile waits for it, which
+// on the H200 box put 13.5 s of startup into the first bridged TTFT. Waits while /health says "probing", or
+// for up to 30 s while it reports no layout yet (a failed probe leaves none; the first request probes again).
+void wait_for_warm_front(const std::string& url) {
+  const auto t = parse_http_url(url);
+  httplib::Client c(t.host, t.port);
+  c.set_read_timeout(10, 0);
+  const auto t0 = Clock::now();
+  bool said = false;
+  for (;;) {
+    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    auto r = c.Get("/health");
+    if (!r || r->status != 200) return;  // not a pdbridge front door, or down: the runs report it
+    auto j = json::parse(r->body, nullptr, false);
+    if (j.is_discarded() || !j.contains("layout")) return;
+    const json& layout = j["layout"];
+    const bool probing = layout.is_string() && layout.get<std::string>() == "probing";
+    if (!probing && (!layout.is_null() || waited > 30)) return;
+    if (waited > 600) return;
+    if (!said) fmt::print(stderr, "[bench cold] waiting for the front door to learn the decoder's layout ...\n");
+    said = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -157,6 +184,7 @@ int run_bench_cold(const BenchColdOptions& o) {
   std::map<std::pair<int64_t, std::string>, std::vector<json>> rows;
   const int first_leg = o.skip_bridged ? 1 : 0, last_leg = o.skip_native ? 0 : 1;
   const int legs = last_leg - first_leg + 1;
+  if (first_leg == 0) wait_for_warm_front(o.front_url);
   int done = 0, total = int(o.chars.size()) * o.runs * legs;
   for (int64_t chars : o.chars)
     for (int run = 0; run < o.runs; ++run)
