@@ -55,20 +55,29 @@ TEST(BenchCold, RecordsBothLegsWithVerdictsAndPlots) {
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
 }
 
-// The protocol measures warm engines: while a fresh front door's /health says it is still learning the
-// decoder's layout, `bench cold` sends nothing (on the H200 box a request sent meanwhile waited 13.5 s).
-TEST(BenchCold, WaitsWhileTheFrontDoorIsStillLearningTheDecodersLayout) {
+// The protocol measures warm engines and cold prompts on an idle decoder: while a fresh front door's /health
+// says it is still learning the decoder's layout, or while the decoder's /slots shows a slot still processing
+// (the previous run hung up), `bench cold` sends nothing. On the H200 box a request sent meanwhile waited 13.5 s
+// (probe) and 0.4-28 s (a cancelled request's last step or prompt batch).
+TEST(BenchCold, WaitsForAWarmFrontDoorAndAnIdleDecoder) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   const auto probing = [&] { return Clock::now() - t0 < std::chrono::milliseconds(1500); };
-  std::atomic<int> requests{0}, early{0};
+  std::atomic<int> requests{0}, early{0}, while_busy{0};
+  std::atomic<int64_t> busy_until_ms{0};  // the slot "processes" for 1 s after each request
+  const auto now_ms = [&] { return int64_t(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count()); };
   httplib::Server front;
   front.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(json{{"ok", true}, {"layout", probing() ? json("probing") : json("32 layers")}}.dump(), "application/json");
   });
+  front.Get("/slots", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(json::array({{{"id", 0}, {"is_processing", now_ms() < busy_until_ms.load()}}}).dump(), "application/json");
+  });
   front.Post("/v1/chat/completions", [&](const httplib::Request&, httplib::Response& res) {
     ++requests;
     if (probing()) ++early;
+    if (now_ms() < busy_until_ms.load()) ++while_busy;
+    busy_until_ms = now_ms() + 1000;
     res.status = 400;
     res.set_content(R"({"error":{"message":"refused by the test","code":400}})", "application/json");
   });
@@ -76,14 +85,15 @@ TEST(BenchCold, WaitsWhileTheFrontDoorIsStillLearningTheDecodersLayout) {
   std::thread serve([&] { front.listen_after_bind(); });
   const std::string dir = test::temp_dir("bench-warm");
   test::Child b({test::pdbridge_bin(), "bench", "cold", "--front", "http://127.0.0.1:" + std::to_string(port), "--skip-native", "--chars", "2000",
-                 "--runs", "1", "--max-tokens", "8", "--out", dir + "/bench.jsonl"},
+                 "--runs", "2", "--max-tokens", "8", "--out", dir + "/bench.jsonl"},
                 dir + "/bench.log");
   const int rc = b.stop(0, 60);
   front.stop();
   serve.join();
   ASSERT_EQ(rc, 0) << b.log();
-  EXPECT_EQ(requests.load(), 1);
+  EXPECT_EQ(requests.load(), 2);
   EXPECT_EQ(early.load(), 0) << "a request went out while the front door was probing";
+  EXPECT_EQ(while_busy.load(), 0) << "a request went out while the decoder's slot was still processing";
   EXPECT_NE(b.log().find("waiting for the front door"), std::string::npos) << b.log();
 }
 

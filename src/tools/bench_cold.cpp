@@ -160,6 +160,29 @@ void wait_for_warm_front(const std::string& url) {
   }
 }
 
+// A cold prompt should meet an idle decoder: after a run that hung up early (--stop-after) or timed out, the
+// decoder finishes its current step (or prompt batch) before it cancels, and the next prompt's restore or
+// prefill waited behind it (on the H200 box: 0.4 s at 32K, and 28 s behind a cancelled native prefill). Waits
+// (up to 120 s) until llama-server's /slots, read directly or through the front door, shows no slot processing.
+void wait_until_decoder_idle(const std::string& url, const std::string& key) {
+  const auto t = parse_http_url(url);
+  httplib::Client c(t.host, t.port);
+  c.set_read_timeout(120, 0);
+  httplib::Headers h;
+  if (!key.empty()) h.emplace("Authorization", "Bearer " + key);
+  const auto t0 = Clock::now();
+  while (std::chrono::duration<double>(Clock::now() - t0).count() < 120) {
+    auto r = c.Get("/slots", h);
+    if (!r || r->status != 200) return;  // no slots endpoint (--no-slots): nothing to wait on
+    auto j = json::parse(r->body, nullptr, false);
+    if (!j.is_array()) return;
+    bool busy = false;
+    for (const auto& slot : j) busy = busy || (slot.is_object() && slot.value("is_processing", false));
+    if (!busy) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -193,6 +216,7 @@ int run_bench_cold(const BenchColdOptions& o) {
         const uint64_t s = ++seed;  // a fresh seed for every prompt: nothing is shared with an earlier one
         const Doc d = make_document(files, chars, s, run);
         fmt::print(stderr, "\r[bench cold] {}/{}: {} chars, run {}, {} ...            ", done + 1, total, chars, run + 1, native ? "native" : "bridged");
+        wait_until_decoder_idle(native ? o.native_url : o.front_url, o.api_key);
         json row = run_leg(native ? o.native_url : o.front_url, o.api_key, d.text, o.max_tokens, native, o.stop_after);
         row["chars"] = chars;
         row["seed"] = s;
