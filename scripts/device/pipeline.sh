@@ -22,7 +22,7 @@ mkdir -p /work/main && ln -sfn $P/build /work/main/build
 [ -e $REPO/build ] || ln -sfn $P/build $REPO/build
 run device_info_$DONE_MARK $PDB device-info || { ts "pdbridge does not run here"; touch $R/$DONE_MARK; exit 1; }
 # llama.cpp CUDA (peer), in the background
-{ has bench || has attn; } && [ "${PEERS:-1}" = 1 ] && [ -f $DEV/llama-src.tar.xz ] && ( tar -xJf $DEV/llama-src.tar.xz -C $LC && cd $LC && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON \
+{ has bench || has attn || has qwen; } && [ "${PEERS:-1}" = 1 ] && [ -f $DEV/llama-src.tar.xz ] && ( tar -xJf $DEV/llama-src.tar.xz -C $LC && cd $LC && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON \
    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
    -DLLAMA_BUILD_SERVER=OFF -DGGML_CUDA_NCCL=OFF > $R/llama_cmake.log 2>&1 && nice -n 10 cmake --build build -j 8 --target llama-bench > $R/llama_build.log 2>&1
   echo $? > $R/llama_build.rc ) &
@@ -113,6 +113,14 @@ stage_qwen() {
   [ -f $M/qwen8b/decoder-f16.gguf ] || run make_qwen8b $PDB make-model --arch qwen3 --preset 8b --seed 8 --out $M/qwen8b --hf-dtype bf16 --gguf-types f16
   run qwen_8k_32k $PDB bench prefill --model $M/qwen8b/hf --recipe $M/qwen8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label qwen3-8b --out $R/bench.jsonl
   [ "${LONG:-1}" = 1 ] && run qwen_128k $PDB bench prefill --model $M/qwen8b/hf --recipe $M/qwen8b/decoder-f16.gguf --tokens 131072 --reps 1 --chunk 8192 --label qwen3-8b --out $R/bench.jsonl
+  # The same-run peers at the Qwen3-8B shape: PyTorch (Qwen3ForCausalLM, sdpa, bf16) and llama.cpp CUDA on the same F16 GGUF.
+  if [ "${PEERS:-1}" = 1 ]; then
+    PYTHONUNBUFFERED=1 run torch_qwen3_peer python3 $DEV/torch_qwen3_peer.py
+    if [ -e $R/llama_build.rc ] || [ -e $LC/build/CMakeCache.txt ]; then
+      ts "waiting for the llama.cpp CUDA build"; while [ ! -e $R/llama_build.rc ]; do sleep 5; done
+      run llama_bench_qwen $LC/build/bin/llama-bench -m $M/qwen8b/decoder-f16.gguf -ngl 99 -fa 1 -b 4096 -ub 2048 -p 8192,32768 -n 0 -r 2 -o md
+    fi
+  fi
 }
 stage_fp8() {
   [ -f $M/llama8b/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16
