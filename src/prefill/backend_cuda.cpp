@@ -203,8 +203,8 @@ class CudaBackend final : public PrefillBackend {
     // Layer 0's rows of the chunk in flight not yet out. They go out at the first later hook that finds
     // the helper's embedding rows ready, at the latest at the last layer's (whose rows mark the chunk
     // complete), so the GPU does not wait on the host: for the first chunk there was no chunk ahead to
-    // make them in (the 2026-11-30 13:02 H200 run's recipe overheads fit a fixed ~9 ms per capture plus
-    // ~8 ms per 4K-token chunk; this wait is the likely fixed part).
+    // make them in. (The recipe's overhead on the H200 fits ~9 ms per capture + ~8 ms per 4K-token chunk;
+    // this wait was suspected of the fixed part, but the 15:29 run with it removed measured the same.)
     bool layer0_due = false;
     auto layer0_ready = [&] {
       return job.pos0 != chunk_pos0 || !job.ready.valid() || job.ready.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
