@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
   // threshold (dynamic, at most 32 MB) with a fresh mmap, and a thread's arena holds heaps of at most 64 MB,
   // so every such frame was faulted in page by page and unmapped again: on the H200, `bench prefill` with
   // frames fell from 22,656 to 12,809 tok/s at 32K with 8K-token chunks (4K chunks: 16.7 MB frames, no
-  // loss). Here: one-thread-makes, another-frees 34 MB blocks at 1.0 GB/s by default, 7.6 GB/s with the
+  // loss). Here: one-thread-makes, another-frees 34 MB blocks at 1.0 GB/s by default, 6.9 GB/s with the
   // settings below (scripts/bench/malloc_frames.cpp). One arena and a high threshold keep such blocks on
   // the heap for reuse; freed memory above 512 MB at the heap's top still goes back to the system.
   mallopt(M_ARENA_MAX, 1);

@@ -35,8 +35,8 @@ namespace {
 
 double secs(Clock::time_point a, Clock::time_point b = Clock::now()) { return std::chrono::duration<double>(b - a).count(); }
 
-// Unlinking a state file of many GB takes seconds (on the H200 box's tmpfs: 0.45 s for 2.4 GB, 10.2 s for 17 GB,
-// 11.1 s for 39 GB), and the request waited for it between the restore and forwarding to the decoder. Once
+// Unlinking a state file of many GB takes seconds (on the H200 box's tmpfs: 10.2 s for 17 GB, 11.1 s for 39 GB),
+// and the request waited for it between the restore and forwarding to the decoder. Once
 // the decoder has restored a file (or a bridge has failed), nothing reads it again: one worker removes such
 // files off the request's path. The destructor removes what is still queued before the front door exits.
 class BackgroundRemover {
