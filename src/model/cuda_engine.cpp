@@ -260,7 +260,7 @@ void CudaEngine::check_fits(int64_t T, int64_t chunk, size_t extra) const {
 }
 
 int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, const DeviceHook& hook,
-                            const std::function<bool()>& cancelled, bool full_last_layer) {
+                            const std::function<bool()>& cancelled, bool full_last_layer, bool skip_attention) {
   const auto& c = cfg_;
   const int64_t T = int64_t(tokens.size()), H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
   const int64_t nh = c.num_heads, nkv = c.num_kv_heads, L = c.num_layers;
@@ -337,10 +337,6 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
   ra.attn_scale = float(c.attention_scaling());
   ra.eps = eps;
   ra.kv_capacity = cap;
-  // `bench prefill`'s engine-no-attention mode: the attention's own time is the difference (benchmarks only:
-  // the layer outputs are then not the model's).
-  const char* no_attention_env = std::getenv("PDBRIDGE_BENCH_NO_ATTENTION");
-  const bool no_attention = no_attention_env && std::string(no_attention_env) == "1";
   cuda::AttentionShape as;
   as.n_heads = int(nh);
   as.n_kv_heads = int(nkv);
@@ -370,7 +366,7 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
         ra.k_scale = W.kscale.as<float>() + l * nkv * cap;
         ra.v_scale = W.vscale.as<float>() + l * nkv * cap;
         cuda::qkv_rope_to_cache(W.qkv.as<bf16>(), W.q.as<bf16>(), nullptr, nullptr, ra, s);
-        if (no_attention) {
+        if (skip_attention) {
           // bench prefill's engine-no-attention: the expansion and the attention both left out
         } else if (fp8kv_fused_) {
           cuda::causal_attention_fp8kv(W.q.as<bf16>(), ra.k_fp8, ra.v_fp8, ra.k_scale, ra.v_scale, W.att.as<bf16>(), as, s);
@@ -388,7 +384,7 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
         bf16* kc = W.kcache.as<bf16>() + l * nkv * cap * hd;
         bf16* vc = W.vcache.as<bf16>() + l * nkv * cap * hd;
         cuda::qkv_rope_to_cache(W.qkv.as<bf16>(), W.q.as<bf16>(), kc, vc, ra, s);
-        if (!no_attention) cuda::causal_attention(W.q.as<bf16>(), kc, vc, W.att.as<bf16>(), as, s);
+        if (!skip_attention) cuda::causal_attention(W.q.as<bf16>(), kc, vc, W.att.as<bf16>(), as, s);
       }
       mm(W.att.get(), Lw.wo, Lw.wo_s, n, nh * hd, H, cuda::DType::F32, h, 1.0f);
       cuda::rmsnorm_rows_bf16(h, Lw.post_norm.as<float>(), x, n, H, eps, s);

@@ -45,10 +45,12 @@ class CudaEngine {
 
   // Forward over `tokens` in chunks; calls hook for every layer of every chunk. After the last
   // layer's hook nothing more is computed (the bridge needs only what enters each layer).
-  // `full_last_layer` computes it anyway (benchmarks comparing with engines that do).
+  // `full_last_layer` computes it anyway (benchmarks comparing with engines that do). `skip_attention`
+  // leaves the attention (and fp8 K/V's expansion) out: `bench prefill`'s engine-no-attention, whose
+  // difference from a normal run is the attention's own time; the layers' outputs are then not the model's.
   // `cancelled` is polled between layers. Returns tokens fully processed; synchronizes the stream.
   int64_t prefill(const std::vector<int32_t>& tokens, int64_t chunk, const DeviceHook& hook,
-                  const std::function<bool()>& cancelled = {}, bool full_last_layer = false);
+                  const std::function<bool()>& cancelled = {}, bool full_last_layer = false, bool skip_attention = false);
 
  private:
   struct Weights;

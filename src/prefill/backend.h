@@ -42,7 +42,9 @@ class PrefillBackend {
                           const std::function<bool()>& stop) = 0;
   // The engine alone, no recipe (benchmarks measure the recipe's cost against it).
   // `full_last_layer`: also compute the last layer (what an engine producing logits does).
-  virtual int64_t forward_only(const std::vector<int32_t>& tokens, int64_t chunk, bool full_last_layer = false) = 0;
+  // `skip_attention` (benchmarks only, GPU only: the layers' outputs are then not the model's): the
+  // attention kernels left out, so that the difference from a normal run is the attention's own time.
+  virtual int64_t forward_only(const std::vector<int32_t>& tokens, int64_t chunk, bool full_last_layer = false, bool skip_attention = false) = 0;
 };
 
 // Non-owning views work too (tests keep their engine and recipe on the stack).

@@ -1,3 +1,4 @@
+#include <stdexcept>
 #include <vector>
 
 #include "model/cpu_engine.h"
@@ -63,7 +64,8 @@ class CpuBackend final : public PrefillBackend {
                          k_rotation_size(info.head_dim), kVRotationSize});
   }
 
-  int64_t forward_only(const std::vector<int32_t>& tokens, int64_t chunk, bool) override {
+  int64_t forward_only(const std::vector<int32_t>& tokens, int64_t chunk, bool, bool skip_attention) override {
+    if (skip_attention) throw std::invalid_argument("the CPU engine has no forward without attention (a GPU benchmark mode)");
     return engine_->prefill(tokens, chunk, 0, [](int, const float*, int64_t, int64_t) {});
   }
 

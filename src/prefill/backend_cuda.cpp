@@ -247,9 +247,9 @@ class CudaBackend final : public PrefillBackend {
     return done;
   }
 
-  int64_t forward_only(const std::vector<int32_t>& tokens, int64_t chunk, bool full_last_layer) override {
+  int64_t forward_only(const std::vector<int32_t>& tokens, int64_t chunk, bool full_last_layer, bool skip_attention) override {
     std::lock_guard<std::mutex> one_at_a_time(capture_mu_);
-    return engine_.prefill(tokens, std::min(chunk <= 0 ? max_chunk_ : chunk, max_chunk_), {}, {}, full_last_layer);
+    return engine_.prefill(tokens, std::min(chunk <= 0 ? max_chunk_ : chunk, max_chunk_), {}, {}, full_last_layer, skip_attention);
   }
 
  private:

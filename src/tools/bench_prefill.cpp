@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <random>
@@ -105,9 +104,7 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
           }));
           if (cr.status != "complete") throw std::runtime_error("capture " + cr.status + ": " + cr.reason);
         } else if (!m.attention) {
-          setenv("PDBRIDGE_BENCH_NO_ATTENTION", "1", 1);
-          ts.push_back(seconds([&] { be->forward_only(toks, o.chunk, false); }));
-          unsetenv("PDBRIDGE_BENCH_NO_ATTENTION");
+          ts.push_back(seconds([&] { be->forward_only(toks, o.chunk, false, true); }));
         } else {
           ts.push_back(seconds([&] { be->forward_only(toks, o.chunk, m.name == "full-forward"); }));
         }
