@@ -6,7 +6,7 @@
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
 # STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,qwen,fp8,scale,pace,m1,demo,link,
-# run in the order named. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
+# run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
 has() { [ "$STAGES" = all ] && [ "$1" != fp8 ] && [ "$1" != attn ] && [ "$1" != scale ] && [ "$1" != pace ] && [ "$1" != m1 ] && [ "$1" != link ] && [ "$1" != demo ] && return 0; [[ ",$STAGES," == *",$1,"* ]]; }
@@ -88,7 +88,7 @@ stage_attn() {
   run attn_wgmma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-pingpong --out $R/bench.jsonl
   [ "${AB:-0}" = 1 ] && PDBRIDGE_ATTN_WGMMA=1 run attn_lockstep $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-wgmma-lockstep --out $R/bench.jsonl
   run attn_fp8kv $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --kv-dtype fp8 --label llama8b-bf16-fp8kv --out $R/bench.jsonl
-  PDBRIDGE_FP8KV_FUSED=1 run attn_fp8kv_fused $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --kv-dtype fp8 --label llama8b-bf16-fp8kv-fused --out $R/bench.jsonl
+  [ "${FUSED:-1}" = 1 ] && PDBRIDGE_FP8KV_FUSED=1 run attn_fp8kv_fused $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --kv-dtype fp8 --label llama8b-bf16-fp8kv-fused --out $R/bench.jsonl
   [ "${AB:-0}" = 1 ] && PDBRIDGE_RECIPE_STREAM=1 run attn_recipe_stream $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-recipe-stream --out $R/bench.jsonl
   [ "${MMA:-0}" = 1 ] && PDBRIDGE_ATTN_WGMMA=0 run attn_mma $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --label llama8b-bf16-mma --out $R/bench.jsonl
   # Larger chunks at 32K: fewer, fuller products and attention launches (the default chunk is 4096).
