@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,qwen,fp8,scale,pace,m1,demo,link,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,fp8,scale,pace,m1,demo,link,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -106,6 +106,20 @@ stage_attn() {
     run llama_bench $LC/build/bin/llama-bench -m $M/llama8b/decoder-f16.gguf -ngl 99 -fa 1 -b 4096 -ub 2048 -p 8192,32768 -n 0 -r 2 -o md
   fi
 }
+# The attention schedules side by side in one run (the default, the intra-warpgroup overlap selected by
+# PDBRIDGE_ATTN_WGMMA=3, and a previous build's default when .dev/old/pdbridge.xz is carried: its binary runs
+# with this bundle's libraries), then the PyTorch peer (PEERS=1) for same-run ratios.
+stage_ab() {
+  stage_models
+  local args="prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --out $R/bench.jsonl"
+  if [ -f $DEV/old/pdbridge.xz ]; then
+    xz -dc $DEV/old/pdbridge.xz > $P/pdbridge-old && chmod +x $P/pdbridge-old && run ab_old $P/pdbridge-old bench $args --label llama8b-old-build
+  fi
+  run ab_default $PDB bench $args --label llama8b-default
+  PDBRIDGE_ATTN_WGMMA=3 run ab_overlap $PDB bench $args --label llama8b-overlap
+  PDBRIDGE_ATTN_WGMMA=3 run ab_overlap_16k $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 32768 --reps 3 --chunk 16384 --out $R/bench.jsonl --label llama8b-overlap-chunk16k
+  [ "${PEERS:-1}" = 1 ] && [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
+}
 # Issue 4's Qwen3-8B rows with the current kernels (the disk holds one 8B model: the Llama one goes first, so run
 # this stage after the stages that use it).
 stage_qwen() {
@@ -148,7 +162,7 @@ stage_link() {
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|qwen|fp8|scale|pace|m1|demo|link) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|ab|qwen|fp8|scale|pace|m1|demo|link) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

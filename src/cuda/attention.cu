@@ -237,7 +237,8 @@ AttentionTuning AttentionTuning::from_env() {
     if (const char* e = std::getenv("PDBRIDGE_ATTN_WARPS"); e && std::string(e) == "4") r.warps = 4, r.wgmma = false;
     if (const char* e = std::getenv("PDBRIDGE_ATTN_KTILE"); e && std::string(e) == "128") r.key_tile = 128, r.wgmma = false;
     if (const char* e = std::getenv("PDBRIDGE_ATTN_WGMMA"); e && std::string(e) == "0") r.wgmma = false;
-    if (const char* e = std::getenv("PDBRIDGE_ATTN_WGMMA"); e && std::string(e) == "1") r.pingpong = false;
+    if (const char* e = std::getenv("PDBRIDGE_ATTN_WGMMA"); e && std::string(e) == "1") r.schedule = WgmmaSchedule::kLockstep;
+    if (const char* e = std::getenv("PDBRIDGE_ATTN_WGMMA"); e && std::string(e) == "3") r.schedule = WgmmaSchedule::kOverlap;
     return r;
   }();
   return t;
@@ -248,7 +249,7 @@ void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv
   if (s.n_q <= 0) return;
   if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0) throw std::invalid_argument("attention: heads not a multiple of kv heads");
   if (s.pos0 + s.n_q > s.kv_capacity) throw std::invalid_argument("attention: keys past the cache capacity");
-  if (tuning.wgmma && wgmma_attention_supported(s)) return causal_attention_wgmma(q, k, v, out, s, stream, tuning.pingpong);
+  if (tuning.wgmma && wgmma_attention_supported(s)) return causal_attention_wgmma(q, k, v, out, s, stream, tuning.schedule);
   switch (s.head_dim) {
     case 64: return launch_tuned<64>(q, k, v, out, s, tuning, stream);
     case 128: return launch_tuned<128>(q, k, v, out, s, tuning, stream);

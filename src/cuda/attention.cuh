@@ -23,11 +23,16 @@ struct AttentionShape {
 // from PDBRIDGE_ATTN_WARPS / PDBRIDGE_ATTN_KTILE (8 x 64 when unset; either selects the mma.sync kernel). Head_dim 128 on sm_90 runs the
 // wgmma kernel unless PDBRIDGE_ATTN_WGMMA=0 (measured on the H200: 22,118 vs 18,364 tok/s at 32K), in its
 // ping-pong form unless PDBRIDGE_ATTN_WGMMA=1 (same run, Llama-3.1-8B shape: 22,877 vs 22,437 tok/s at 32K,
-// 9,539 vs 9,237 at 128K).
+// 9,539 vs 9,237 at 128K); PDBRIDGE_ATTN_WGMMA=3 selects the intra-warpgroup overlap schedule.
+enum class WgmmaSchedule {
+  kLockstep,  // both warpgroups: QK, wait, softmax, PV, wait
+  kPingPong,  // the warpgroups half a tile apart, one's softmax under the other's products
+  kOverlap,   // each warpgroup's softmax of tile j under its own PV of tile j-1
+};
 struct AttentionTuning {
   int warps = 8, key_tile = 64;
   bool wgmma = true;  // head_dim 128 on sm_90: attention_wgmma.cu; elsewhere (and when false) the mma.sync kernel
-  bool pingpong = true;  // the wgmma kernel with its warpgroups half a tile apart; false: both in lockstep
+  WgmmaSchedule schedule = WgmmaSchedule::kPingPong;
   static AttentionTuning from_env();
 };
 
@@ -41,7 +46,8 @@ void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv
 // The Hopper kernel (attention_wgmma.cu): head_dim 128, sm_90 only; same arguments and results.
 bool wgmma_attention_supported(const AttentionShape& s);
 void causal_attention_wgmma(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
-                            const AttentionShape& s, cudaStream_t stream, bool pingpong = false);
+                            const AttentionShape& s, cudaStream_t stream,
+                            WgmmaSchedule schedule = WgmmaSchedule::kPingPong);
 // The same over the engine's fp8 K/V option (rope.cuh QkvRopeArgs::k_fp8): e4m3 rows
 // [n_kv_heads x kv_capacity x 128] and one f32 scale per (head, row) [n_kv_heads x kv_capacity];
 // each row is used as bf16(code x scale). head_dim 128 on sm_90 only (throws otherwise).

@@ -6,7 +6,8 @@
 // layouts wgmma reads: K rows K-major for S = Q K^T, V rows read as MN-major (transposed) for O += P V.
 // P stays in registers: an S accumulator fragment is exactly a wgmma A fragment. Built for sm_90a only
 // (wgmma); other targets get a stub that reports it. A second kernel, the default, runs the two warpgroups
-// half a tile apart so that one's softmax overlaps the other's products (PDBRIDGE_ATTN_WGMMA=1: the first).
+// half a tile apart so that one's softmax overlaps the other's products (PDBRIDGE_ATTN_WGMMA=1: the first); a
+// third overlaps each warpgroup's softmax with its own previous P V (PDBRIDGE_ATTN_WGMMA=3).
 #include "cuda/attention.cuh"
 
 #include <stdexcept>
@@ -44,6 +45,8 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits for all but the most recent committed group (groups complete in commit order).
+__device__ __forceinline__ void wgmma_wait_all_but_one() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 // Shared memory written through the generic proxy (cp.async) must be visible to wgmma's async proxy.
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -52,6 +55,15 @@ __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy
 __device__ __forceinline__ void fence_operands(float* r) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// The same for a P fragment that an in-flight wgmma reads from registers: keeps its registers untouched
+// (not reused for other values) until this point.
+__device__ __forceinline__ void fence_operands(uint32_t (&r)[kKeys / 16][4]) {
+#pragma unroll
+  for (int i = 0; i < kKeys / 16; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
 }
 
 // D(64x128, f32) (+)= A(64x16, bf16, shared, K-major) * B(16x128, bf16, shared, K-major): S = Q K^T.
@@ -100,44 +112,61 @@ __device__ __forceinline__ void issue_pv(float* o, const uint32_t (&pa)[kKeys / 
   wgmma_commit();
 }
 
-// The online softmax of one tile's scores (in sc, complete) for this thread's two rows: causal mask,
-// running max and sum, O rescaled, and P packed to bf16 A fragments for issue_pv.
-__device__ __forceinline__ void softmax_tile(float* sc, int64_t key0, bool needs_mask, const int64_t (&qpos)[2], int t, float scale_log2,
-                                             float (&m_run)[2], float (&l_run)[2], float* o, uint32_t (&pa)[kKeys / 16][4]) {
+// 2^x in one MUFU instruction. exp2f (no fast-math) wraps the same instruction in a range check and two
+// multiplies so that results below 2^-126 stay denormal; here such a P is 0, which changes nothing a bf16 P
+// could hold, and the softmax runs under the other warpgroup's products only if it is short.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The online softmax of one tile's scores (in sc, complete, not yet scaled) for this thread's two rows, in
+// place: causal mask, running max and sum (in log2 units of the scaled scores), P = 2^(scaled score - max).
+// Returns through corr the factor O must be rescaled by before this tile's P V is added. It touches neither O
+// nor the P fragments, so it can run while a product that reads them is in flight. The scale is folded into
+// one FMA per score: the max of the raw scores, scaled, is the max of the scaled ones (scale > 0).
+__device__ __forceinline__ void softmax_scores(float* sc, int64_t key0, bool needs_mask, const int64_t (&qpos)[2], int t, float scale_log2,
+                                               float (&m_run)[2], float (&l_run)[2], float (&corr)[2]) {
+  if (needs_mask) {
 #pragma unroll
-  for (int j = 0; j < kKeys / 8; ++j)
+    for (int j = 0; j < kKeys / 8; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float x = sc[j * 4 + e] * scale_log2;
-      if (needs_mask) {
-        const int64_t kpos = key0 + j * 8 + 2 * t + (e & 1);
-        if (kpos > qpos[e >> 1]) x = -INFINITY;
-      }
-      sc[j * 4 + e] = x;
-    }
+      for (int e = 0; e < 4; ++e)
+        if (key0 + j * 8 + 2 * t + (e & 1) > qpos[e >> 1]) sc[j * 4 + e] = -INFINITY;
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float mx = m_run[h];
+    float raw = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < kKeys / 8; ++j) mx = fmaxf(mx, fmaxf(sc[j * 4 + 2 * h], sc[j * 4 + 2 * h + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    for (int j = 0; j < kKeys / 8; ++j) raw = fmaxf(raw, fmaxf(sc[j * 4 + 2 * h], sc[j * 4 + 2 * h + 1]));
+    raw = fmaxf(raw, __shfl_xor_sync(0xffffffffu, raw, 1));
+    raw = fmaxf(raw, __shfl_xor_sync(0xffffffffu, raw, 2));
+    const float mx = fmaxf(m_run[h], raw * scale_log2);
     // A row with every key masked so far keeps m = -inf: exp2(-inf - -inf) would be NaN.
-    const float corr = mx == -INFINITY ? 1.0f : exp2f(m_run[h] - mx);
-    const float base = mx == -INFINITY ? 0.0f : mx;
+    corr[h] = mx == -INFINITY ? 1.0f : exp2_ftz(m_run[h] - mx);
+    const float neg_base = mx == -INFINITY ? 0.0f : -mx;
     m_run[h] = mx;
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < kKeys / 8; ++j) {
-      sc[j * 4 + 2 * h] = exp2f(sc[j * 4 + 2 * h] - base);
-      sc[j * 4 + 2 * h + 1] = exp2f(sc[j * 4 + 2 * h + 1] - base);
+      sc[j * 4 + 2 * h] = exp2_ftz(fmaf(sc[j * 4 + 2 * h], scale_log2, neg_base));
+      sc[j * 4 + 2 * h + 1] = exp2_ftz(fmaf(sc[j * 4 + 2 * h + 1], scale_log2, neg_base));
       sum += sc[j * 4 + 2 * h] + sc[j * 4 + 2 * h + 1];
     }
-    l_run[h] = l_run[h] * corr + sum;
-#pragma unroll
-    for (int j = 0; j < kD / 8; ++j) { o[j * 4 + 2 * h] *= corr; o[j * 4 + 2 * h + 1] *= corr; }
+    l_run[h] = l_run[h] * corr[h] + sum;
   }
-  // All of P is packed before the first product, so no product waits on registers still being written.
+}
+
+__device__ __forceinline__ void rescale_o(float* o, const float (&corr)[2]) {
+#pragma unroll
+  for (int j = 0; j < kD / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[j * 4 + e] *= corr[e >> 1];
+}
+
+// P (in sc) to the bf16 A fragments of issue_pv: the fragment for keys 16kk..16kk+15 is S blocks 2kk, 2kk+1.
+__device__ __forceinline__ void pack_p(const float* sc, uint32_t (&pa)[kKeys / 16][4]) {
 #pragma unroll
   for (int kk = 0; kk < kKeys / 16; ++kk) {
     pa[kk][0] = pack_bf16(sc[8 * kk + 0], sc[8 * kk + 1]);
@@ -145,6 +174,16 @@ __device__ __forceinline__ void softmax_tile(float* sc, int64_t key0, bool needs
     pa[kk][2] = pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
     pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
   }
+}
+
+// The whole step for kernels that wait for every product before it: O rescaled at once and all of P packed
+// before the first product, so no product waits on registers still being written.
+__device__ __forceinline__ void softmax_tile(float* sc, int64_t key0, bool needs_mask, const int64_t (&qpos)[2], int t, float scale_log2,
+                                             float (&m_run)[2], float (&l_run)[2], float* o, uint32_t (&pa)[kKeys / 16][4]) {
+  float corr[2];
+  softmax_scores(sc, key0, needs_mask, qpos, t, scale_log2, m_run, l_run, corr);
+  rescale_o(o, corr);
+  pack_p(sc, pa);
 }
 
 // What one block of either kernel works on: 2 x 64 query rows of one head (heaviest blocks first),
@@ -378,6 +417,68 @@ flash_attention_wgmma_pingpong(const __nv_bfloat16* __restrict__ q, const __nv_b
 #endif
 }
 
+// The same product with each warpgroup's softmax overlapping its own P V (FlashAttention-3's intra-warpgroup
+// overlap): in tile j's interval a warpgroup rescales O by tile j-1's factor, issues QK(j) and PV(j-1),
+// waits for QK(j) only and runs softmax(j) on the scores while PV(j-1) is still in flight; then it waits for
+// PV(j-1) and packs P(j). Both warpgroups run the same schedule; K/V take the ping-pong kernel's three stages
+// (tile j's K and tile j-1's V are read in the same interval). O after the last tile is the other kernels'.
+__global__ void __launch_bounds__(kThreads, 1)
+flash_attention_wgmma_overlap(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
+                              __nv_bfloat16* __restrict__ out, AttentionShape s) {
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // only the sm_90a build has this kernel; the launcher checks the device first
+#else
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t sbase = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;  // swizzle atoms: 1024-aligned
+  const uint32_t sQ = sbase, sK0 = sQ + kGroups * kQBytes, sV0 = sK0 + kStagesPingPong * kKVBytes;
+  const BlockPlan b = plan_block(s, k, v);
+  auto load_tile = [&](int tile) {
+    const int stage = tile % kStagesPingPong;
+    load_kv(sK0 + stage * kKVBytes, sV0 + stage * kKVBytes, b, tile);
+  };
+  load_q(sQ, q, s, b);
+  load_tile(0);
+
+  float o[64], sc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  uint32_t pa[kKeys / 16][4];
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, corr[2] = {1.0f, 1.0f};
+  const float scale_log2 = s.scale * 1.4426950408889634f;
+  const uint32_t sQg = sQ + b.group * kQBytes;
+  const int n_tiles = b.n_tiles;
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    cp_async_wait<0>();  // this tile, issued an interval ago (and Q)
+    fence_async_shared();
+    __syncthreads();  // every copy visible; tile-2's stage free: PV(tile-2) was waited for last interval
+    if (tile + 1 < n_tiles) load_tile(tile + 1);
+    // O is quiescent (PV(tile-2) was waited for; on the first tile corr is 1). Rescaling it after QK(tile) is
+    // issued, as FlashAttention-3 does, makes ptxas insert a wait for every product before the rescale.
+    rescale_o(o, corr);
+    issue_qk(sc, sQg, sK0 + (tile % kStagesPingPong) * kKVBytes);
+    if (tile > 0) {
+      issue_pv(o, pa, sV0 + ((tile + kStagesPingPong - 1) % kStagesPingPong) * kKVBytes);
+      wgmma_wait_all_but_one();  // QK(tile) done; PV(tile-1) may still run
+    } else {
+      wgmma_wait_all();
+    }
+    fence_operands(sc);
+    const int64_t key0 = int64_t(tile) * kKeys;
+    softmax_scores(sc, key0, key0 + kKeys - 1 > s.pos0 + b.q_first, b.qpos, b.t, scale_log2, m_run, l_run, corr);
+    wgmma_wait_all();  // PV(tile-1) done: O and the P fragments are free
+    fence_operands(o);
+    fence_operands(pa);
+    pack_p(sc, pa);
+  }
+  rescale_o(o, corr);
+  issue_pv(o, pa, sV0 + ((n_tiles - 1) % kStagesPingPong) * kKVBytes);
+  wgmma_wait_all();
+  fence_operands(o);
+  store_normalized_rows<kD>(o, l_run, b.q_first + b.row_in_block, s.n_q, int64_t(s.n_heads) * kD, int64_t(b.head) * kD, b.t, out);
+#endif
+}
+
 bool device_is_sm90() {
   static const bool yes = [] {
     int dev = 0, major = 0, minor = 0;
@@ -394,7 +495,7 @@ bool device_is_sm90() {
 bool wgmma_attention_supported(const AttentionShape& s) { return s.head_dim == kD && device_is_sm90(); }
 
 void causal_attention_wgmma(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
-                            const AttentionShape& s, cudaStream_t stream, bool pingpong) {
+                            const AttentionShape& s, cudaStream_t stream, WgmmaSchedule schedule) {
   if (!wgmma_attention_supported(s)) throw std::invalid_argument("attention: the wgmma kernel needs head_dim 128 on an sm_90 GPU");
   if (s.n_q <= 0) return;
   static bool configured = false;
@@ -402,11 +503,13 @@ void causal_attention_wgmma(const __nv_bfloat16* q, const __nv_bfloat16* k, cons
     PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wgmma<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wgmma<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wgmma_pingpong, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytesPingPong));
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wgmma_overlap, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytesPingPong));
     configured = true;
   }
   const int64_t rows = kGroups * kRowsPerGroup;
   const dim3 grid(unsigned((s.n_q + rows - 1) / rows), unsigned(s.n_heads));
-  if (pingpong) flash_attention_wgmma_pingpong<<<grid, kThreads, kSmemBytesPingPong, stream>>>(q, k, v, out, s);
+  if (schedule == WgmmaSchedule::kPingPong) flash_attention_wgmma_pingpong<<<grid, kThreads, kSmemBytesPingPong, stream>>>(q, k, v, out, s);
+  else if (schedule == WgmmaSchedule::kOverlap) flash_attention_wgmma_overlap<<<grid, kThreads, kSmemBytesPingPong, stream>>>(q, k, v, out, s);
   else flash_attention_wgmma<false><<<grid, kThreads, kSmemBytes, stream>>>(q, k, v, nullptr, nullptr, out, s);
   PDB_CUDA_LAUNCHED();
 }
