@@ -106,9 +106,10 @@ stage_attn() {
     run llama_bench $LC/build/bin/llama-bench -m $M/llama8b/decoder-f16.gguf -ngl 99 -fa 1 -b 4096 -ub 2048 -p 8192,32768 -n 0 -r 2 -o md
   fi
 }
-# The attention schedules side by side in one run (the default, the intra-warpgroup overlap selected by
-# PDBRIDGE_ATTN_WGMMA=3, and a previous build's default when .dev/old/pdbridge.xz is carried: its binary runs
-# with this bundle's libraries), then the PyTorch peer (PEERS=1) for same-run ratios.
+# A kernel change against the build before it, in one run: a previous build's default when
+# .dev/old/pdbridge.xz is carried (its binary runs with this bundle's libraries), this build's default at 4K
+# and 16K chunks, then the PyTorch peer (PEERS=1) for same-run ratios. AB_ENV="NAME=value" adds this build
+# with that setting (an A/B switch such as PDBRIDGE_ATTN_WGMMA=1).
 stage_ab() {
   stage_models
   local args="prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --out $R/bench.jsonl"
@@ -116,8 +117,8 @@ stage_ab() {
     xz -dc $DEV/old/pdbridge.xz > $P/pdbridge-old && chmod +x $P/pdbridge-old && run ab_old $P/pdbridge-old bench $args --label llama8b-old-build
   fi
   run ab_default $PDB bench $args --label llama8b-default
-  PDBRIDGE_ATTN_WGMMA=3 run ab_overlap $PDB bench $args --label llama8b-overlap
-  PDBRIDGE_ATTN_WGMMA=3 run ab_overlap_16k $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 32768 --reps 3 --chunk 16384 --out $R/bench.jsonl --label llama8b-overlap-chunk16k
+  [ -n "${AB_ENV:-}" ] && run ab_variant env "$AB_ENV" $PDB bench $args --label "llama8b-$AB_ENV"
+  run ab_default_16k $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 32768 --reps 3 --chunk 16384 --out $R/bench.jsonl --label llama8b-default-chunk16k
   [ "${PEERS:-1}" = 1 ] && [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
 }
 # Issue 4's Qwen3-8B rows with the current kernels (the disk holds one 8B model: the Llama one goes first, so run

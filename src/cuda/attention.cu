@@ -238,7 +238,6 @@ AttentionTuning AttentionTuning::from_env() {
     if (const char* e = std::getenv("PDBRIDGE_ATTN_KTILE"); e && std::string(e) == "128") r.key_tile = 128, r.wgmma = false;
     if (const char* e = std::getenv("PDBRIDGE_ATTN_WGMMA"); e && std::string(e) == "0") r.wgmma = false;
     if (const char* e = std::getenv("PDBRIDGE_ATTN_WGMMA"); e && std::string(e) == "1") r.schedule = WgmmaSchedule::kLockstep;
-    if (const char* e = std::getenv("PDBRIDGE_ATTN_WGMMA"); e && std::string(e) == "3") r.schedule = WgmmaSchedule::kOverlap;
     return r;
   }();
   return t;

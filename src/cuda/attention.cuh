@@ -23,11 +23,10 @@ struct AttentionShape {
 // from PDBRIDGE_ATTN_WARPS / PDBRIDGE_ATTN_KTILE (8 x 64 when unset; either selects the mma.sync kernel). Head_dim 128 on sm_90 runs the
 // wgmma kernel unless PDBRIDGE_ATTN_WGMMA=0 (measured on the H200: 22,118 vs 18,364 tok/s at 32K), in its
 // ping-pong form unless PDBRIDGE_ATTN_WGMMA=1 (same run, Llama-3.1-8B shape: 22,877 vs 22,437 tok/s at 32K,
-// 9,539 vs 9,237 at 128K); PDBRIDGE_ATTN_WGMMA=3 selects the intra-warpgroup overlap schedule.
+// 9,539 vs 9,237 at 128K).
 enum class WgmmaSchedule {
   kLockstep,  // both warpgroups: QK, wait, softmax, PV, wait
   kPingPong,  // the warpgroups half a tile apart, one's softmax under the other's products
-  kOverlap,   // each warpgroup's softmax of tile j under its own PV of tile j-1
 };
 struct AttentionTuning {
   int warps = 8, key_tile = 64;

@@ -6,8 +6,10 @@
 // layouts wgmma reads: K rows K-major for S = Q K^T, V rows read as MN-major (transposed) for O += P V.
 // P stays in registers: an S accumulator fragment is exactly a wgmma A fragment. Built for sm_90a only
 // (wgmma); other targets get a stub that reports it. A second kernel, the default, runs the two warpgroups
-// half a tile apart so that one's softmax overlaps the other's products (PDBRIDGE_ATTN_WGMMA=1: the first); a
-// third overlaps each warpgroup's softmax with its own previous P V (PDBRIDGE_ATTN_WGMMA=3).
+// half a tile apart so that one's softmax overlaps the other's products (PDBRIDGE_ATTN_WGMMA=1: the first).
+// FlashAttention-3's intra-warpgroup overlap (each warpgroup's softmax of tile j under its own P V of tile
+// j-1) was measured as a third schedule on the H200 and was slower than the ping-pong (23,838 vs 24,586 tok/s
+// at 32K, same run; commit 1cdd595 has it).
 #include "cuda/attention.cuh"
 
 #include <stdexcept>
@@ -45,8 +47,6 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Waits for all but the most recent committed group (groups complete in commit order).
-__device__ __forceinline__ void wgmma_wait_all_but_one() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 // Shared memory written through the generic proxy (cp.async) must be visible to wgmma's async proxy.
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -55,15 +55,6 @@ __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy
 __device__ __forceinline__ void fence_operands(float* r) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-
-// The same for a P fragment that an in-flight wgmma reads from registers: keeps its registers untouched
-// (not reused for other values) until this point.
-__device__ __forceinline__ void fence_operands(uint32_t (&r)[kKeys / 16][4]) {
-#pragma unroll
-  for (int i = 0; i < kKeys / 16; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
 }
 
 // D(64x128, f32) (+)= A(64x16, bf16, shared, K-major) * B(16x128, bf16, shared, K-major): S = Q K^T.
@@ -123,8 +114,7 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 
 // The online softmax of one tile's scores (in sc, complete, not yet scaled) for this thread's two rows, in
 // place: causal mask, running max and sum (in log2 units of the scaled scores), P = 2^(scaled score - max).
-// Returns through corr the factor O must be rescaled by before this tile's P V is added. It touches neither O
-// nor the P fragments, so it can run while a product that reads them is in flight. The scale is folded into
+// Returns through corr the factor O must be rescaled by before this tile's P V is added. The scale is folded into
 // one FMA per score: the max of the raw scores, scaled, is the max of the scaled ones (scale > 0).
 __device__ __forceinline__ void softmax_scores(float* sc, int64_t key0, bool needs_mask, const int64_t (&qpos)[2], int t, float scale_log2,
                                                float (&m_run)[2], float (&l_run)[2], float (&corr)[2]) {
@@ -417,68 +407,6 @@ flash_attention_wgmma_pingpong(const __nv_bfloat16* __restrict__ q, const __nv_b
 #endif
 }
 
-// The same product with each warpgroup's softmax overlapping its own P V (FlashAttention-3's intra-warpgroup
-// overlap): in tile j's interval a warpgroup rescales O by tile j-1's factor, issues QK(j) and PV(j-1),
-// waits for QK(j) only and runs softmax(j) on the scores while PV(j-1) is still in flight; then it waits for
-// PV(j-1) and packs P(j). Both warpgroups run the same schedule; K/V take the ping-pong kernel's three stages
-// (tile j's K and tile j-1's V are read in the same interval). O after the last tile is the other kernels'.
-__global__ void __launch_bounds__(kThreads, 1)
-flash_attention_wgmma_overlap(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
-                              __nv_bfloat16* __restrict__ out, AttentionShape s) {
-#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  __trap();  // only the sm_90a build has this kernel; the launcher checks the device first
-#else
-  extern __shared__ uint8_t smem_raw[];
-  const uint32_t sbase = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;  // swizzle atoms: 1024-aligned
-  const uint32_t sQ = sbase, sK0 = sQ + kGroups * kQBytes, sV0 = sK0 + kStagesPingPong * kKVBytes;
-  const BlockPlan b = plan_block(s, k, v);
-  auto load_tile = [&](int tile) {
-    const int stage = tile % kStagesPingPong;
-    load_kv(sK0 + stage * kKVBytes, sV0 + stage * kKVBytes, b, tile);
-  };
-  load_q(sQ, q, s, b);
-  load_tile(0);
-
-  float o[64], sc[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-  uint32_t pa[kKeys / 16][4];
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, corr[2] = {1.0f, 1.0f};
-  const float scale_log2 = s.scale * 1.4426950408889634f;
-  const uint32_t sQg = sQ + b.group * kQBytes;
-  const int n_tiles = b.n_tiles;
-
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    cp_async_wait<0>();  // this tile, issued an interval ago (and Q)
-    fence_async_shared();
-    __syncthreads();  // every copy visible; tile-2's stage free: PV(tile-2) was waited for last interval
-    if (tile + 1 < n_tiles) load_tile(tile + 1);
-    // O is quiescent (PV(tile-2) was waited for; on the first tile corr is 1). Rescaling it after QK(tile) is
-    // issued, as FlashAttention-3 does, makes ptxas insert a wait for every product before the rescale.
-    rescale_o(o, corr);
-    issue_qk(sc, sQg, sK0 + (tile % kStagesPingPong) * kKVBytes);
-    if (tile > 0) {
-      issue_pv(o, pa, sV0 + ((tile + kStagesPingPong - 1) % kStagesPingPong) * kKVBytes);
-      wgmma_wait_all_but_one();  // QK(tile) done; PV(tile-1) may still run
-    } else {
-      wgmma_wait_all();
-    }
-    fence_operands(sc);
-    const int64_t key0 = int64_t(tile) * kKeys;
-    softmax_scores(sc, key0, key0 + kKeys - 1 > s.pos0 + b.q_first, b.qpos, b.t, scale_log2, m_run, l_run, corr);
-    wgmma_wait_all();  // PV(tile-1) done: O and the P fragments are free
-    fence_operands(o);
-    fence_operands(pa);
-    pack_p(sc, pa);
-  }
-  rescale_o(o, corr);
-  issue_pv(o, pa, sV0 + ((n_tiles - 1) % kStagesPingPong) * kKVBytes);
-  wgmma_wait_all();
-  fence_operands(o);
-  store_normalized_rows<kD>(o, l_run, b.q_first + b.row_in_block, s.n_q, int64_t(s.n_heads) * kD, int64_t(b.head) * kD, b.t, out);
-#endif
-}
-
 bool device_is_sm90() {
   static const bool yes = [] {
     int dev = 0, major = 0, minor = 0;
@@ -503,13 +431,11 @@ void causal_attention_wgmma(const __nv_bfloat16* q, const __nv_bfloat16* k, cons
     PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wgmma<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wgmma<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wgmma_pingpong, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytesPingPong));
-    PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_wgmma_overlap, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytesPingPong));
     configured = true;
   }
   const int64_t rows = kGroups * kRowsPerGroup;
   const dim3 grid(unsigned((s.n_q + rows - 1) / rows), unsigned(s.n_heads));
   if (schedule == WgmmaSchedule::kPingPong) flash_attention_wgmma_pingpong<<<grid, kThreads, kSmemBytesPingPong, stream>>>(q, k, v, out, s);
-  else if (schedule == WgmmaSchedule::kOverlap) flash_attention_wgmma_overlap<<<grid, kThreads, kSmemBytesPingPong, stream>>>(q, k, v, out, s);
   else flash_attention_wgmma<false><<<grid, kThreads, kSmemBytes, stream>>>(q, k, v, nullptr, nullptr, out, s);
   PDB_CUDA_LAUNCHED();
 }
