@@ -166,8 +166,8 @@ __device__ __forceinline__ void pack_p(const float* sc, uint32_t (&pa)[kKeys / 1
   }
 }
 
-// The whole step for kernels that wait for every product before it: O rescaled at once and all of P packed
-// before the first product, so no product waits on registers still being written.
+// One tile's softmax step, called with no product in flight: O rescaled, then all of P packed before the
+// next product, so no product waits on registers still being written.
 __device__ __forceinline__ void softmax_tile(float* sc, int64_t key0, bool needs_mask, const int64_t (&qpos)[2], int t, float scale_log2,
                                              float (&m_run)[2], float (&l_run)[2], float* o, uint32_t (&pa)[kKeys / 16][4]) {
   float corr[2];
