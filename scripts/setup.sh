@@ -82,5 +82,31 @@ build_llama() {
   log "llama.cpp ${commit:0:12} ready in build/llama/bin"
 }
 
+# A second llama-server from the same source with ggml's OpenBLAS backend: its prompt matmuls sum in
+# OpenBLAS's order, which the recipe does not mirror, so the tests cover a CPU decoder of the
+# fidelity guard's tolerance class (as a Metal or CUDA decoder is). Cached like the first; only the
+# server is built. PDBRIDGE_BLAS_DECODER=0 skips it (the tolerance tests then fail, saying why).
+build_llama_blas() {
+  [[ ${PDBRIDGE_BLAS_DECODER:-1} == 0 ]] && { log "skipping the OpenBLAS llama-server (PDBRIDGE_BLAS_DECODER=0)"; return; }
+  local commit; commit="$(cat "$ROOT/build/llama/COMMIT")"
+  local src="$CACHE/llama-src-${commit:0:12}" out="$CACHE/llama-blas-${commit:0:12}"
+  if [[ ! -x $out/bin/llama-server || ! -f $out/.complete ]]; then
+    log "building llama-server ${commit:0:12} with GGML_BLAS=ON (OpenBLAS; first time: ~8 min on 2 cores) into $out"
+    cmake -S "$src" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
+      -DGGML_CUDA=OFF -DGGML_BLAS=ON -DGGML_BLAS_VENDOR=OpenBLAS -DBUILD_SHARED_LIBS=OFF >"$out.cmake.log" 2>&1 \
+      || { tail -30 "$out.cmake.log"; die "llama.cpp (BLAS) cmake failed"; }
+    cmake --build "$out/build" -j "$JOBS" --target llama-server >"$out.build.log" 2>&1 \
+      || { tail -40 "$out.build.log"; die "llama.cpp (BLAS) build failed (log: $out.build.log)"; }
+    mkdir -p "$out/bin"
+    cp "$out/build/bin/llama-server" "$out/bin/llama-server"
+    echo "$commit" >"$out/.complete"
+  fi
+  ln -sfn "$out/bin" "$ROOT/build/llama/bin-blas"
+  "$ROOT/build/llama/bin-blas/llama-server" --version >/dev/null 2>&1 || die "built OpenBLAS llama-server does not run"
+  log "OpenBLAS llama-server ready in build/llama/bin-blas"
+}
+
 install_apt_packages
 build_llama "$(fetch_bundle)"
+build_llama_blas

@@ -241,12 +241,12 @@ TEST(CudaParity, BridgedStateAgainstTheDecodersOwn) {
     auto tokens = random_tokens(std::random_device{}(), T, 100000);
     std::shared_ptr<const Recipe> recipe = Recipe::load(st.decoder_gguf, 2);
     auto backend = make_cuda_backend(mdir + "/hf", recipe, 2, 256);
-    auto [native, ours] = test::native_and_bridged_states(st, *backend, tokens, 256);
+    auto [native, ours, fid] = test::native_and_bridged_states(st, *backend, tokens, 256);
     auto layer0 = diff_states(native, ours, 1);
     auto all = diff_states(native, ours);
     ASSERT_TRUE(all.same_layout) << all.layout_note;
-    std::printf("CUDA PARITY %s %s cache=%s layer0: %.4f%% identical, max ulp %lld | all: %.4f%% identical, max ulp %lld, max |d| %.3g\n",
-                c.model.c_str(), c.gguf.c_str(), c.cache.c_str(), layer0.pct_identical(), (long long)layer0.max_ulp(), all.pct_identical(),
+    std::printf("CUDA PARITY %s %s cache=%s decoder class %s (%s) layer0: %.4f%% identical, max ulp %lld | all: %.4f%% identical, max ulp %lld, max |d| %.3g\n",
+                c.model.c_str(), c.gguf.c_str(), c.cache.c_str(), to_string(fid.cls), fid.isa.c_str(), layer0.pct_identical(), (long long)layer0.max_ulp(), all.pct_identical(),
                 (long long)all.max_ulp(), all.max_abs());
     EXPECT_GE(layer0.pct_identical(), 99.0);
     EXPECT_LT(all.max_abs(), 0.5);

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <future>
 #include <random>
@@ -101,6 +102,66 @@ TEST(Hardening, MetricsCountVerdictsBytesAndTokens) {
   EXPECT_NE(pm.find("pdbridge_prefill_requests_total{status=\"complete\"} 1"), std::string::npos) << pm;
   EXPECT_NE(pm.find("pdbridge_prefill_queue_wait_seconds_count 1"), std::string::npos) << pm;
   EXPECT_EQ(pm.find("pdbridge_prefill_wire_bytes_total 0\n"), std::string::npos) << pm;
+}
+
+// Prometheus convention: a fresh front door exposes its series at 0, so rate() and alerts work
+// before the first request.
+TEST(Hardening, FreshFrontDoorExposesItsSeriesAtZero) {
+  test::StackOptions so;
+  so.model_dir = tiny();
+  so.start_prefill = false;
+  test::Stack st(so);
+  const std::string fm = get(st.front_port, "/metrics");
+  for (const char* line : {"pdbridge_front_requests_total{verdict=\"complete\"} 0", "pdbridge_front_requests_total{verdict=\"declined\"} 0",
+                           "pdbridge_front_declines_total{reason=\"calibration\"} 0", "pdbridge_front_bridged_tokens_total 0",
+                           "pdbridge_front_wire_bytes_total 0", "pdbridge_front_active_requests 0",
+                           "pdbridge_front_stage_seconds_count{stage=\"total\"} 0"})
+    EXPECT_NE(fm.find(line), std::string::npos) << line << " missing from\n" << fm;
+}
+
+// A body that is not UTF-8 is the client's error: 400 with a plain message, on both servers, and the
+// servers go on serving.
+TEST(Hardening, InvalidUtf8BodyIsA400WithAPlainMessage) {
+  test::StackOptions so;
+  so.model_dir = tiny();
+  test::Stack st(so);
+  const std::string bad = std::string("{\"prompt\": \"caf") + char(0xC3) + char(0x28) + " " + char(0xFF) + "\", \"n_predict\": 4}";
+  for (const auto& [port, path] : std::vector<std::pair<int, std::string>>{{st.front_port, "/completion"},
+                                                                             {st.front_port, "/v1/chat/completions"},
+                                                                             {st.prefill_port, "/v1/bridge/prefill"}}) {
+    auto r = test::http_post(port, path, bad, 30);
+    EXPECT_EQ(r.status, 400) << path << ": " << r.body;
+    json j = json::parse(r.body);  // itself valid JSON (UTF-8)
+    const std::string msg = j["error"]["message"].get<std::string>();
+    EXPECT_NE(msg.find("UTF-8"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("json.exception"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(st.post_front("/completion", body("still serving")).status, 200);
+}
+
+// No compiled Python among the repository's files (one was once committed). In a git checkout the
+// tracked files are checked (an ignored local __pycache__ is not the repository's); else the tree.
+TEST(Repository, HoldsNoCompiledPython) {
+  const fs::path root = fs::path(PDBRIDGE_TESTS_DIR).parent_path();
+  std::vector<std::string> files;
+  if (fs::exists(root / ".git")) {
+    FILE* p = popen(("git -C '" + root.string() + "' ls-files").c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    char line[4096];
+    while (fgets(line, sizeof line, p)) files.emplace_back(line, strcspn(line, "\n"));
+    ASSERT_EQ(pclose(p), 0) << "git ls-files failed";
+    ASSERT_FALSE(files.empty());
+  } else {
+    for (auto it = fs::recursive_directory_iterator(root); it != fs::recursive_directory_iterator(); ++it) {
+      const auto name = it->path().filename().string();
+      if (it->is_directory() && (name == "build" || name == ".dev" || name == ".cache" || name == "node_modules")) it.disable_recursion_pending();
+      else files.push_back(fs::relative(it->path(), root).string());
+    }
+  }
+  std::vector<std::string> found;
+  for (const auto& f : files)
+    if (f.find("__pycache__/") != std::string::npos || fs::path(f).extension() == ".pyc") found.push_back(f);
+  EXPECT_TRUE(found.empty()) << found.size() << " compiled Python files, e.g. " << (found.empty() ? "" : found[0]);
 }
 
 TEST(Hardening, PromptLongerThanADecoderSlotIsRefusedBeforeAnyCapture) {

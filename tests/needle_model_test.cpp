@@ -92,16 +92,21 @@ TEST(NeedleModel, BridgedStateAgreesWithTheDecodersOwn) {
     ASSERT_EQ(tok.status, 200) << tok.body;
     std::vector<int32_t> tokens = tok.json()["tokens"].get<std::vector<int32_t>>();
     auto backend = make_cpu_backend(std::make_shared<CpuEngine>(so.hf_dir, 2), std::shared_ptr<const Recipe>(Recipe::load(st.decoder_gguf, 2)));
-    auto [native, ours] = test::native_and_bridged_states(st, *backend, tokens, 256);
+    auto [native, ours, fid] = test::native_and_bridged_states(st, *backend, tokens, 256);
     auto layer0 = diff_states(native, ours, 1);
     auto all = diff_states(native, ours);
     ASSERT_TRUE(all.same_layout) << all.layout_note;
-    std::printf("NEEDLE PARITY HF bf16 -> GGUF %s, cache %s, %zu tokens: layer0 %.4f%% identical, max ulp %lld | all %zu layers: %.4f%% identical, max ulp %lld, max |d| %.3g\n",
-                c.gguf.c_str(), c.cache.c_str(), tokens.size(), layer0.pct_identical(), (long long)layer0.max_ulp(), all.tensors.size() / 2,
-                all.pct_identical(), (long long)all.max_ulp(), all.max_abs());
-    for (const auto& t : all.tensors) std::printf("  %-12s %.4f%% max ulp %lld\n", t.name.c_str(), t.pct_identical(), (long long)t.max_ulp);
-    EXPECT_GE(layer0.pct_identical(), c.min_pct_layer0);
-    EXPECT_GE(all.pct_identical(), c.min_pct_all);
+    std::printf("NEEDLE PARITY HF bf16 -> GGUF %s, cache %s, %zu tokens, decoder class %s (%s): layer0 %.4f%% identical, max ulp %lld | all %zu layers: %.4f%% identical, max ulp %lld, max |d| %.3g\n",
+                c.gguf.c_str(), c.cache.c_str(), tokens.size(), to_string(fid.cls), fid.isa.c_str(), layer0.pct_identical(), (long long)layer0.max_ulp(),
+                all.tensors.size() / 2, all.pct_identical(), (long long)all.max_ulp(), all.max_abs());
+    for (const auto& t : all.tensors) std::printf("  %-12s %.4f%% max ulp %lld rel rms %.3g\n", t.name.c_str(), t.pct_identical(), (long long)t.max_ulp, t.rel_rms());
+    ASSERT_NE(fid.cls, FidelityClass::mismatch) << fid.note;
+    if (fid.cls == FidelityClass::mirrored) {  // the pinned CPU build on x86 (AVX2 or AVX-512)
+      EXPECT_GE(layer0.pct_identical(), c.min_pct_layer0);
+      EXPECT_GE(all.pct_identical(), c.min_pct_all);
+    } else {  // an ISA whose sums are not mirrored: the guard's layer-0 bounds held (above); the answer test covers the rest
+      std::printf("  decoder not mirrored here: asserting the tolerance class only (%s)\n", fid.note.c_str());
+    }
     EXPECT_LT(all.max_abs(), 8.0);  // measured up to 3.0 with the Q4_0 decoder
   }
 }

@@ -46,14 +46,25 @@ std::vector<uint8_t> slurp(const std::string& p) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
-// min_pct_all: the whole-model floor. With an f16 cache the engine's decoder-faithful mode mirrors
-// llama.cpp's whole CPU forward (tinyBLAS order, its RoPE recurrence, its tiled flash attention over
-// the f16 cache, its vectorized SwiGLU) and the state is bit-identical; with a Q8_0 cache it mirrors
-// the per-key attention over rotated Q8_0 K/V as well. q4_0, bf16 and f32 caches are not mirrored yet:
-// there deeper layers differ by one quantization step (or a few f32 ulps) on the flipped elements. With F16 weights on both sides the
-// deeper layers agree less (~75%): an unexplained gap in how we mirror the decoder's F16 path (open item).
-struct ParityCase { std::string model, gguf, cache; double min_pct_all; int64_t max_ulp_all; double max_abs_all; };
-void PrintTo(const ParityCase& c, std::ostream* os) { *os << c.model << "/" << c.gguf << "/" << c.cache; }
+// The bounds a case asserts depend on the decoder's fidelity class, learned from its own layer 0
+// (calibrate_layer0, as the front door does) and printed:
+//  - mirrored (the pinned CPU build on x86, AVX2 or AVX-512): min_pct_all / max_ulp_all / max_abs_all.
+//    With an f16 cache the engine's decoder-faithful mode mirrors llama.cpp's whole CPU forward for
+//    the decoder's ISA (tinyBLAS order, its RoPE recurrence, its tiled flash attention over the f16
+//    cache, its vectorized SwiGLU and expf) and the state is bit-identical; with a Q8_0 cache it
+//    mirrors the per-key attention over rotated Q8_0 K/V as well. q4_0, bf16 and f32 caches are not
+//    mirrored yet: there deeper layers differ by one quantization step (or a few f32 ulps) on the
+//    flipped elements.
+//  - tolerance (a decoder whose sums the recipe does not mirror: the OpenBLAS build here, a GPU or
+//    an unmirrored ISA elsewhere): layer 0 within the guard's bounds for its cache type, and every
+//    layer's error RMS below max_rel_rms_tolerance of the values' RMS.
+struct ParityCase {
+  std::string model, gguf, cache;
+  double min_pct_all; int64_t max_ulp_all; double max_abs_all;
+  bool blas_decoder = false;
+  double max_rel_rms_tolerance = 0.05;
+};
+void PrintTo(const ParityCase& c, std::ostream* os) { *os << c.model << "/" << c.gguf << "/" << c.cache << (c.blas_decoder ? "/blas" : ""); }
 
 }  // namespace
 
@@ -62,28 +73,39 @@ class Parity : public ::testing::TestWithParam<ParityCase> {};
 TEST_P(Parity, BridgedStateMatchesTheDecodersOwn) {
   const auto& c = GetParam();
   const std::string mdir = test::models_dir() + "/" + c.model;
-  test::Stack st(test::parity_stack_options(mdir, c.gguf, c.cache));
+  auto so = test::parity_stack_options(mdir, c.gguf, c.cache);
+  if (c.blas_decoder) so.decoder_bin = test::blas_llama_server();
+  test::Stack st(so);
   const int T = 700;
   auto tokens = random_tokens(11, T, 100000);
   // The decoder's own cache for the prompt, and ours from the HF checkpoint and the decoder GGUF's recipe
   auto backend = make_cpu_backend(std::make_shared<CpuEngine>(mdir + "/hf", 2), std::shared_ptr<const Recipe>(Recipe::load(st.decoder_gguf, 2)));
-  auto [native, ours] = test::native_and_bridged_states(st, *backend, tokens, 128);
+  auto [native, ours, fid] = test::native_and_bridged_states(st, *backend, tokens, 128);
   ASSERT_EQ(native.cell_count, uint32_t(T));
   auto layer0 = diff_states(native, ours, 1);
   auto all = diff_states(native, ours);
   ASSERT_TRUE(all.same_layout) << all.layout_note;
   ASSERT_TRUE(all.same_tokens);
-  std::printf("PARITY %s %s cache=%s layer0: %.4f%% identical, max ulp %lld | all %zu layers: %.4f%% identical, max ulp %lld, max |d| %.3g\n",
-              c.model.c_str(), c.gguf.c_str(), c.cache.c_str(), layer0.pct_identical(), (long long)layer0.max_ulp(),
-              all.tensors.size() / 2, all.pct_identical(), (long long)all.max_ulp(), all.max_abs());
-  for (const auto& t : all.tensors) std::printf("  %-12s %.4f%% max ulp %lld\n", t.name.c_str(), t.pct_identical(), (long long)t.max_ulp);
-  if (c.cache != "f32") {  // f32 keeps the accumulation-order bits the f16 rounding hides
-    EXPECT_GE(layer0.pct_identical(), 99.9);
-    EXPECT_LE(layer0.max_ulp(), 1);
+  std::printf("PARITY %s %s cache=%s decoder=%s class=%s isa=%s | layer0: %.4f%% identical, max ulp %lld | all %zu layers: %.4f%% identical, max ulp %lld, max |d| %.3g\n",
+              c.model.c_str(), c.gguf.c_str(), c.cache.c_str(), c.blas_decoder ? "openblas" : "pinned", to_string(fid.cls), fid.isa.c_str(),
+              layer0.pct_identical(), (long long)layer0.max_ulp(), all.tensors.size() / 2, all.pct_identical(), (long long)all.max_ulp(), all.max_abs());
+  for (const auto& t : all.tensors)
+    std::printf("  %-12s %.4f%% max ulp %lld rel rms %.3g\n", t.name.c_str(), t.pct_identical(), (long long)t.max_ulp, t.rel_rms());
+  ASSERT_NE(fid.cls, FidelityClass::mismatch) << fid.note;
+  if (fid.cls == FidelityClass::mirrored) {
+    std::printf("  asserting the mirrored class's bounds\n");
+    if (c.cache != "f32") {  // f32 keeps the accumulation-order bits the f16 rounding hides
+      EXPECT_GE(layer0.pct_identical(), 99.9);
+      EXPECT_LE(layer0.max_ulp(), 1);
+    }
+    EXPECT_GE(all.pct_identical(), c.min_pct_all);
+    EXPECT_LE(all.max_ulp(), c.max_ulp_all);
+    EXPECT_LT(all.max_abs(), c.max_abs_all);
+  } else {
+    std::printf("  asserting the tolerance class's bounds (rel RMS <= %.3g per tensor)\n", c.max_rel_rms_tolerance);
+    for (const auto& t : all.tensors) EXPECT_LE(t.rel_rms(), c.max_rel_rms_tolerance) << t.name;
   }
-  EXPECT_GE(all.pct_identical(), c.min_pct_all);
-  EXPECT_LE(all.max_ulp(), c.max_ulp_all);
-  EXPECT_LT(all.max_abs(), c.max_abs_all);
+  if (c.blas_decoder) EXPECT_EQ(fid.cls, FidelityClass::tolerance) << "the OpenBLAS decoder's layer 0 should not be bit-identical: " << fid.note;
 }
 
 INSTANTIATE_TEST_SUITE_P(Caches, Parity,
@@ -91,9 +113,11 @@ INSTANTIATE_TEST_SUITE_P(Caches, Parity,
                                            ParityCase{"llama-tiny-h16", "f16", "f16", 99.9, 1, 0.01}, ParityCase{"qwen3-tiny", "f32", "f16", 99.9, 1, 0.01},
                                            ParityCase{"qwen3-tiny", "f32", "q8_0", 99.9, 1, 0.1},
                                            ParityCase{"llama-tiny", "f32", "q4_0", 55.0, 1, 1.0}, ParityCase{"qwen3-tiny", "f32", "q4_0", 55.0, 1, 1.0},
-                                           ParityCase{"llama-tiny", "f32", "bf16", 95.0, 1 << 30, 0.05}, ParityCase{"llama-tiny", "f32", "f32", 0.0, 1 << 30, 0.01}),
+                                           ParityCase{"llama-tiny", "f32", "bf16", 95.0, 1 << 30, 0.05}, ParityCase{"llama-tiny", "f32", "f32", 0.0, 1 << 30, 0.01},
+                                           ParityCase{"llama-tiny", "f32", "f32", 0.0, 1 << 30, 0.01, true},
+                                           ParityCase{"qwen3-tiny", "f32", "q8_0", 0.0, 1 << 30, 1.0, true}),
                          [](const auto& info) {
-                           std::string n = info.param.model + "_" + info.param.gguf + "_" + info.param.cache;
+                           std::string n = info.param.model + "_" + info.param.gguf + "_" + info.param.cache + (info.param.blas_decoder ? "_openblas" : "");
                            for (auto& ch : n) if (ch == '-') ch = '_';
                            return n;
                          });

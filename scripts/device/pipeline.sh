@@ -5,11 +5,11 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,fp8,scale,pace,m1,demo,link,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,fp8,scale,pace,m1,demo,link,gpudec,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
-has() { [ "$STAGES" = all ] && [ "$1" != fp8 ] && [ "$1" != attn ] && [ "$1" != scale ] && [ "$1" != pace ] && [ "$1" != m1 ] && [ "$1" != link ] && [ "$1" != demo ] && return 0; [[ ",$STAGES," == *",$1,"* ]]; }
+has() { [ "$STAGES" = all ] && [ "$1" != fp8 ] && [ "$1" != attn ] && [ "$1" != scale ] && [ "$1" != pace ] && [ "$1" != m1 ] && [ "$1" != link ] && [ "$1" != demo ] && [ "$1" != gpudec ] && return 0; [[ ",$STAGES," == *",$1,"* ]]; }
 LC=/tmp/llama-cuda; mkdir -p $LC
 T0=$(date +%s)
 ts() { echo "[$(date +%T) +$(( $(date +%s) - T0 ))s] $*"; }
@@ -137,6 +137,9 @@ stage_qwen() {
     fi
   fi
 }
+# Issue 17: the fidelity guard and the bridge on a CUDA-built llama-server, on the GPU and on the device's CPU
+# (gpu_decoder.sh; results in $R/fid). It builds its own llama-server (CUDA, with the server target).
+stage_gpudec() { LC=/tmp/llama-cuda-server T0=$T0 bash $DEV/gpu_decoder.sh $DEV; }
 stage_fp8() {
   [ -f $M/llama8b/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16
   [ -f $M/llama8b/decoder-q4_0.gguf ] || run quantize_q4 $P/build/llama/bin/llama-quantize $M/llama8b/decoder-f16.gguf $M/llama8b/decoder-q4_0.gguf Q4_0
@@ -163,7 +166,7 @@ stage_link() {
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|ab|qwen|fp8|scale|pace|m1|demo|link) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|ab|qwen|fp8|scale|pace|m1|demo|link|gpudec) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

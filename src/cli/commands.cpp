@@ -145,7 +145,7 @@ void register_front(CLI::App& app) {
   cmd->add_option("--max-prompt-tokens", o->max_prompt_tokens, "Longest prompt accepted (0: no limit beyond the decoder's)")->capture_default_str();
   cmd->add_option("--max-body-mb", o->max_body_mb, "Largest request body")->capture_default_str();
   cmd->add_flag("!--no-calibrate", o->calibrate, "Skip the layer-0 check of the running decoder against its GGUF");
-  cmd->add_option("--decoder-simd", o->decoder_simd, "Decoder CPU matmul width: 16 AVX-512, 8 AVX2, 4 NEON, 0 none (default: this host)");
+  cmd->add_option("--decoder-simd", o->decoder_simd, "Decoder CPU SIMD width the CPU engine mirrors: 16 AVX-512, 8 AVX2, 4 NEON, 0 none (default: learned by the calibration probe)");
   cmd->callback([o] { guarded("front", [&] { return run_front(*o); }); });
 }
 
@@ -187,6 +187,7 @@ void register_doctor(CLI::App& app) {
   cmd->add_option("--slot-dir", o->slot_dir, "The decoder's slot directory");
   cmd->add_option("--model", o->model_dir, "The prefill engine's HF checkpoint directory");
   cmd->add_option("--memory-limit-mb", o->memory_limit_mb, "Memory the prefill box must have available")->capture_default_str();
+  cmd->add_option("--fidelity-json", o->fidelity_json, "Write the decoder calibration's fidelity numbers (class, ISA, layer-0 errors) to this file");
   cmd->callback([o] { guarded("doctor", [&] { return run_doctor(*o) == 0 ? 0 : 1; }); });
 }
 

@@ -10,7 +10,20 @@ namespace pdb {
 
 void json_error(httplib::Response& res, int status, const std::string& message, const std::string& type) {
   res.status = status;
-  res.set_content(nlohmann::json{{"error", {{"message", message}, {"type", type}, {"code", status}}}}.dump(), "application/json");
+  res.set_content(nlohmann::json{{"error", {{"message", message}, {"type", type}, {"code", status}}}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                  "application/json");
+}
+
+std::string json_body_error(const std::exception& e) {
+  std::string what = e.what();
+  if (what.rfind("[json.exception.", 0) == 0)
+    if (const size_t close = what.find("] "); close != std::string::npos) what = what.substr(close + 2);
+  std::string msg = "request body is not valid JSON";
+  if (const auto* pe = dynamic_cast<const nlohmann::json::parse_error*>(&e)) msg += " at byte " + std::to_string(pe->byte);
+  if (what.find("UTF-8") != std::string::npos) return msg + ": invalid UTF-8 in a string (JSON text must be UTF-8)";
+  // Keep the reason, not the echo of the client's bytes ("; last read: '...'").
+  if (const size_t last = what.find("; last read:"); last != std::string::npos) what = what.substr(0, last);
+  return msg + ": " + what;
 }
 
 bool check_bearer(const std::string& api_key, const httplib::Request& req, httplib::Response& res) {

@@ -8,7 +8,13 @@
 
 namespace pdb {
 
+// Error bodies are dumped with invalid UTF-8 replaced (U+FFFD): a message quoting a client's bytes
+// must never turn a 400 into a 500.
 void json_error(httplib::Response& res, int status, const std::string& message, const std::string& type);
+// A plain message for a body that does not parse: where and why, without the JSON library's
+// exception tag, and with the client's bytes sanitized ("request body is not valid JSON at byte 14:
+// invalid UTF-8"). `e` is the exception json::parse threw.
+std::string json_body_error(const std::exception& e);
 // True when no key is configured or the request carries `Authorization: Bearer <key>`; else sets 401.
 bool check_bearer(const std::string& api_key, const httplib::Request& req, httplib::Response& res);
 // Gives every empty-bodied error response a JSON message.

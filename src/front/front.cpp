@@ -82,7 +82,8 @@ class BackgroundRemover {
 
 void openai_error(httplib::Response& res, int status, const std::string& msg, const std::string& type = "invalid_request_error") {
   res.status = status;
-  res.set_content(json{{"error", {{"message", msg}, {"type", type}, {"code", status}}}}.dump(), "application/json");
+  res.set_content(json{{"error", {{"message", msg}, {"type", type}, {"code", status}}}}.dump(-1, ' ', false, json::error_handler_t::replace),
+                  "application/json");
 }
 
 struct BadRequest : std::runtime_error { using std::runtime_error::runtime_error; };
@@ -140,11 +141,13 @@ struct Verdict {
   // t_probe: learning the decoder's state layout (a probe prefill + calibration; once per decoder, again
   // after a failed restore); t_wire: from the capture request to its last byte (the engine runs inside it).
   double t_tokenize = 0, t_probe = 0, t_engine = 0, t_wire = 0, t_restore = 0, t_bridge = 0;
+  json fidelity;  // the decoder's fidelity class and numbers, for bridged and declined requests
   json to_json() const {
     json j = {{"verdict", verdict}, {"tokens", tokens}, {"bridged_tokens", bridged_tokens}, {"bytes", bytes},
               {"t_tokenize_s", t_tokenize}, {"t_probe_s", t_probe}, {"t_engine_s", t_engine}, {"t_wire_s", t_wire},
               {"t_restore_s", t_restore}, {"t_bridge_s", t_bridge}};
     j["cached_tokens"] = cached_tokens ? json(*cached_tokens) : json(nullptr);
+    if (!fidelity.is_null()) j["fidelity"] = fidelity;
     return j;
   }
 };
@@ -157,6 +160,7 @@ class Front {
     fingerprint_ = recipe_fingerprint(info_);
     info_vocab_ = int64_t(g->get("tokenizer.ggml.tokens").arr.size());
     if (!fs::is_directory(o.slot_dir)) throw std::runtime_error("--slot-dir " + o.slot_dir + " is not a directory");
+    declare_metrics();
   }
 
   void connect_decoder() {
@@ -190,7 +194,7 @@ class Front {
       std::lock_guard<std::mutex> l(layout_m_);
       layout_.reset();
       calibration_.clear();
-      calibration_error_.clear();
+      calibration_error_.clear();  // fidelity_ keeps the numbers measured, for /health and doctor
     }
     slots_.release(slot, std::vector<int32_t>{});  // the slot now holds the probe prompt: no prefix to offer
   }
@@ -215,11 +219,15 @@ class Front {
     spdlog::info("front: decoder state layout: {}", s.layout.describe());
     layout_ = s.layout;
     calibration_error_.clear();
+    fidelity_.reset();
     if (o_.calibrate) {
-      auto c = calibrate_layer0(o_.decoder_gguf, s, probe, cache_spec(s.layout));
+      CalibrationOptions co;
+      if (o_.decoder_simd >= 0) { co.widths = {o_.decoder_simd}; co.width_from_operator = true; }
+      auto c = calibrate_layer0(o_.decoder_gguf, s, probe, cache_spec_for(s.layout, 0), co);
       calibration_ = c.note;
-      spdlog::info("front: calibration {}", c.note);
-      if (c.pct_identical < 99.0)
+      fidelity_ = c;
+      spdlog::info("front: calibration {}; decoder ISA {} ({})", c.note, c.isa, c.isa_source);
+      if (c.cls == FidelityClass::mismatch)
         calibration_error_ = "decoder calibration failed (" + c.note + "): the running llama-server does not compute what " +
                              o_.decoder_gguf + " says (RoPE or model override?)";
     }
@@ -231,12 +239,25 @@ class Front {
     layout_.reset();
   }
 
-  CacheSpec cache_spec(const StateLayout& L) const {
+  CacheSpec cache_spec_for(const StateLayout& L, int simd_width) const {
     CacheSpec s = CacheSpec::decoder_default(L.layers[0].k_type, L.layers[0].v_type, info_.head_dim);
     if (o_.attn_rot == "off") s.rot_k = s.rot_v = false;
     else if (o_.attn_rot == "on") { s.rot_k = s.rot_v = true; }
-    s.simd_width = o_.decoder_simd >= 0 ? o_.decoder_simd : host_simd_width();
+    s.simd_width = simd_width;
     return s;
+  }
+  // The width the prefill engine mirrors: the operator's, else the one calibration found, else this host's.
+  CacheSpec cache_spec(const StateLayout& L) const {
+    int w = o_.decoder_simd >= 0 ? o_.decoder_simd : host_simd_width();
+    if (o_.decoder_simd < 0 && fidelity_ && fidelity_->simd_width) w = fidelity_->simd_width;
+    return cache_spec_for(L, w);
+  }
+  // What the verdict header and /health say of the decoder's arithmetic (caller holds layout_m_ or a copy).
+  json fidelity_summary() const {
+    if (!o_.calibrate) return json{{"class", "unchecked"}, {"note", "--no-calibrate"}};
+    if (!fidelity_) return json(nullptr);
+    return json{{"class", to_string(fidelity_->cls)}, {"decoder_isa", fidelity_->isa}, {"simd_width", fidelity_->simd_width},
+                {"k_rel_rms", fidelity_->k.rel_rms()}, {"v_rel_rms", fidelity_->v.rel_rms()}, {"pct_identical", fidelity_->pct_identical}};
   }
 
   // Pulls the capture for `tokens` into a state file in the slot dir and restores it into `slot`.
@@ -247,6 +268,7 @@ class Front {
   void handle_generation(const std::string& path, const httplib::Request& req, httplib::Response& res);
   void proxy(const httplib::Request& req, httplib::Response& res);
   void record(const Verdict& v, double total_s, int status);
+  void declare_metrics();
   bool wait_for_decoder(double timeout_s) {
     const auto end = Clock::now() + std::chrono::duration<double>(timeout_s);
     httplib::Client c(dec_.target().host, dec_.target().port);
@@ -268,6 +290,7 @@ class Front {
   std::mutex layout_m_;
   std::optional<StateLayout> layout_;
   std::string calibration_, calibration_error_;
+  std::optional<CalibrationResult> fidelity_;
   int64_t info_vocab_ = 0;
   BackgroundRemover remover_;
   std::atomic<int64_t> slot_ctx_{0};  // tokens one decoder slot holds (0: unknown)
@@ -282,7 +305,12 @@ void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
   const auto t0 = Clock::now();
   const StateLayout L = layout(slot);
   v.t_probe = secs(t0);
-  const CacheSpec spec = cache_spec(L);
+  CacheSpec spec;
+  {
+    std::lock_guard<std::mutex> l(layout_m_);
+    spec = cache_spec(L);
+    v.fidelity = fidelity_summary();
+  }
   const int64_t T = int64_t(tokens.size());
   std::string name;
   {
@@ -394,6 +422,20 @@ std::string decline_reason(const std::string& v) {
 }
 }  // namespace
 
+// Prometheus convention: every series exists at 0 from the start, so rate() and alerts work on a
+// fresh front door. The label values are the ones record() uses.
+void Front::declare_metrics() {
+  for (const char* cls : {"complete", "partial", "native_short", "native_warm", "declined"})
+    metrics_.counter("pdbridge_front_requests_total", "Generation requests by verdict", {{"verdict", cls}});
+  for (const char* r : {"fingerprint", "calibration", "bad_capture", "prefill_busy", "timeout", "prefill_unavailable", "restore", "other"})
+    metrics_.counter("pdbridge_front_declines_total", "Bridges declined, by reason", {{"reason", r}});
+  metrics_.counter("pdbridge_front_bridged_tokens_total", "Tokens mounted from bridged captures");
+  metrics_.counter("pdbridge_front_wire_bytes_total", "Capture bytes received from the prefill server");
+  metrics_.gauge("pdbridge_front_active_requests", "Generation requests in flight");
+  for (const char* st : {"probe", "engine", "wire", "restore", "bridge", "total"})
+    metrics_.histogram("pdbridge_front_stage_seconds", "Time per stage", Metrics::seconds_buckets(), {{"stage", st}});
+}
+
 void Front::record(const Verdict& v, double total_s, int status) {
   const std::string cls = verdict_class(v.verdict);
   metrics_.counter("pdbridge_front_requests_total", "Generation requests by verdict", {{"verdict", cls}}).Increment();
@@ -429,7 +471,7 @@ void Front::handle_generation(const std::string& path, const httplib::Request& r
   try {
     body = json::parse(req.body);
   } catch (const json::exception& e) {
-    return openai_error(res, 400, std::string("request body is not valid JSON: ") + e.what());
+    return openai_error(res, 400, json_body_error(e));
   }
   if (!body.is_object()) return openai_error(res, 400, "request body must be a JSON object");
   if (body.contains("stream") && !body["stream"].is_boolean()) return openai_error(res, 400, "'stream' must be a boolean");
@@ -467,6 +509,10 @@ void Front::handle_generation(const std::string& path, const httplib::Request& r
     } catch (const std::exception& e) {
       v.verdict = std::string("declined: ") + e.what();
       v.bridged_tokens = 0;
+      if (v.fidelity.is_null()) {
+        std::lock_guard<std::mutex> l(layout_m_);
+        v.fidelity = fidelity_summary();
+      }
       v.t_bridge = secs(t0) - v.t_tokenize;
       spdlog::warn("front: bridge declined on slot {}: {}", slot, e.what());
       try { dec_.slot_action(slot, "erase"); } catch (...) {}
@@ -487,7 +533,7 @@ void Front::handle_generation(const std::string& path, const httplib::Request& r
     }
     if (!r) {
       release(std::vector<int32_t>{});
-      res.set_header("X-PD-Bridge", v.to_json().dump());
+      res.set_header("X-PD-Bridge", v.to_json().dump(-1, ' ', false, json::error_handler_t::replace));
       return openai_error(res, 502, "decoder unreachable: " + httplib::to_string(r.error()), "upstream_error");
     }
     try {
@@ -497,12 +543,12 @@ void Front::handle_generation(const std::string& path, const httplib::Request& r
     release(r->status == 200 ? std::optional(tokens) : std::optional(std::vector<int32_t>{}));
     record(v, secs(t0), r->status);
     res.status = r->status;
-    res.set_header("X-PD-Bridge", v.to_json().dump());
+    res.set_header("X-PD-Bridge", v.to_json().dump(-1, ' ', false, json::error_handler_t::replace));
     res.set_content(r->body, r->get_header_value("Content-Type").empty() ? "application/json" : r->get_header_value("Content-Type"));
     return;
   }
   // Streaming: the verdict header goes out first, then the decoder's bytes as they arrive.
-  res.set_header("X-PD-Bridge", v.to_json().dump());
+  res.set_header("X-PD-Bridge", v.to_json().dump(-1, ' ', false, json::error_handler_t::replace));
   record(v, secs(t0), 200);
   auto shared_body = std::make_shared<std::string>(body.dump());
   auto done = std::make_shared<bool>(false);
@@ -557,6 +603,7 @@ void Front::serve(httplib::Server& srv) {
       j["layout"] = layout_ ? json(layout_->describe()) : json(nullptr);
       j["calibration"] = calibration_.empty() ? json(nullptr) : json(calibration_);
       j["calibration_error"] = calibration_error_.empty() ? json(nullptr) : json(calibration_error_);
+      j["fidelity"] = fidelity_ ? fidelity_->to_json() : fidelity_summary();
     } else {
       j["layout"] = "probing";
     }

@@ -252,7 +252,7 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, in
           for (int64_t idx = b; idx < e; ++idx) {
             const int64_t r = idx / nh, hh = idx % nh, kvh = hh / group;
             ggmlnum::flash_attn_row(q.data() + r * qd + hh * hd, K + kvh * hd, V + kvh * hd, kvd, p0 + r + 1, hd, scale,
-                                    att.data() + r * qd + hh * hd);
+                                    att.data() + r * qd + hh * hd, lanes);
           }
         });
       } else if (lanes) {
@@ -310,7 +310,7 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, in
       u.resize(size_t(n * F));
       gemm(x.data(), L.wg, n, H, F, g.data());
       gemm(x.data(), L.wu, n, H, F, u.data());
-      if (faithful) ggmlnum::swiglu(int64_t(g.size()), g.data(), g.data(), u.data());
+      if (faithful) ggmlnum::swiglu(n, F, g.data(), g.data(), u.data(), lanes);
       else for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
       gemm(g.data(), L.wd, n, F, H, o.data());
       for (size_t i = 0; i < h.size(); ++i) h[i] += o[i];

@@ -13,7 +13,9 @@ inline float from_bits(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; 
 constexpr int64_t kTile = 64;  // GGML_FA_TILE_KV
 }  // namespace
 
-float v_expf(float x) {
+namespace {
+// ggml_v_expf for __m256 (AVX2) and float32x4_t (NEON: the same operations, lane for lane).
+float v_expf_avx2(float x) {
   const float r = 0x1.8p23f;
   const float z = std::fma(x, 0x1.715476p+0f, r);
   const float n = z - r;
@@ -32,17 +34,54 @@ float v_expf(float x) {
   return std::fma(s2, j, s2) * s1;
 }
 
-float silu(float x) {
-  const float e = v_expf(0.0f - x);
+// ggml_v_expf for __m512: the polynomial keeps its constant 1 and _mm512_scalef_ps multiplies by
+// 2^n, rounding once (subnormal results included), which std::ldexp reproduces.
+float v_expf_avx512(float x) {
+  const float r = 0x1.8p23f;
+  const float z = std::fma(x, 0x1.715476p+0f, r);
+  const float n = z - r;
+  const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
+  const float u = b * b;
+  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), u,
+                           std::fma(0x1.ffffecp-1f, b, 1.0f));
+  if (std::fabs(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;
+  return std::ldexp(j, int(n));
+}
+
+// One vector of exponentials reduced to a float as ggml_vec_soft_max_f32 does on each ISA.
+float reduce_vector(const float* e, int lanes) {
+  if (lanes == 4) return (e[0] + e[1]) + (e[2] + e[3]);  // vaddvq_f32: faddp, faddp
+  float a[16];
+  for (int i = 0; i < lanes; ++i) a[i] = e[i];
+  for (int w = lanes / 2; w >= 1; w /= 2)  // _mm512_reduce_add_ps / the AVX2 extract-movehl-movehdup sequence
+    for (int i = 0; i < w; ++i) a[i] = a[i + w] + a[i];
+  return a[0];
+}
+
+int checked_lanes(int lanes) { return lanes == 4 || lanes == 16 ? lanes : 8; }
+}  // namespace
+
+float v_expf(float x, int lanes) { return checked_lanes(lanes) == 16 ? v_expf_avx512(x) : v_expf_avx2(x); }
+
+float silu(float x, int lanes) {
+  const float e = v_expf(0.0f - x, lanes);
   return x / (1.0f + e);
 }
 
-void swiglu(int64_t n, float* y, const float* gate, const float* up) {
-  for (int64_t i = 0; i < n; ++i) y[i] = silu(gate[i]) * up[i];
+void swiglu(int64_t rows, int64_t n, float* y, const float* gate, const float* up, int lanes) {
+  lanes = checked_lanes(lanes);
+  const int64_t vec_end = n / lanes * lanes;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* yr = y + r * n;
+    const float *g = gate + r * n, *u = up + r * n;
+    for (int64_t i = 0; i < vec_end; ++i) yr[i] = silu(g[i], lanes) * u[i];
+    for (int64_t i = vec_end; i < n; ++i) yr[i] = g[i] / (1.0f + expf(-g[i])) * u[i];  // ggml_silu_f32
+  }
 }
 
 void flash_attn_row(const float* q, const float* k, const float* v, int64_t stride, int64_t n_valid, int64_t hd, float scale,
-                    float* out) {
+                    float* out, int lanes) {
+  lanes = checked_lanes(lanes);
   float M = -INFINITY, S = 0.0f;
   std::vector<float> acc(static_cast<size_t>(hd), 0.0f);
   float p[kTile];
@@ -65,15 +104,14 @@ void flash_attn_row(const float* q, const float* k, const float* v, int64_t stri
     M = Mnew;
     // ggml_vec_soft_max_f32 over the 64-wide tile: masked entries (past the causal limit) are exp(-inf) = 0
     double sum = 0;
-    for (int64_t g8 = 0; g8 < kTile; g8 += 8) {
-      float e[8];
-      for (int i = 0; i < 8; ++i) {
-        const int64_t j = g8 + i;
-        e[i] = j < nt ? v_expf(p[j] - M) : 0.0f;
+    for (int64_t g0 = 0; g0 < kTile; g0 += lanes) {
+      float e[16];
+      for (int i = 0; i < lanes; ++i) {
+        const int64_t j = g0 + i;
+        e[i] = j < nt ? v_expf(p[j] - M, lanes) : 0.0f;
         if (j < nt) p[j] = e[i];
       }
-      const float t0_ = e[4] + e[0], t1 = e[5] + e[1], t2 = e[6] + e[2], t3 = e[7] + e[3];
-      sum += double((t0_ + t2) + (t1 + t3));
+      sum += double(reduce_vector(e, lanes));
     }
     S = float(double(S) + sum);
     for (int64_t j = 0; j < nt; ++j) {

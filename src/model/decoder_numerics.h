@@ -1,20 +1,26 @@
 // The float arithmetic of llama.cpp's CPU forward that our engine mirrors in its decoder-faithful
-// mode (x86 AVX2 path): ggml's vectorized expf, SiLU/SwiGLU, and the tiled flash attention over the
-// KV cache (64-key tiles, sequential FMA dots, online softmax with a double-summed exponent total).
-// Each function reproduces one ggml-cpu routine lane for lane, so results match bit for bit.
+// mode: ggml's vectorized expf, SiLU/SwiGLU, and the tiled flash attention over the KV cache (64-key
+// tiles, sequential FMA dots, online softmax with a double-summed exponent total). Each function
+// reproduces one ggml-cpu routine lane for lane, so results match bit for bit, for the decoder's
+// SIMD ISA named by its float width `lanes`: 8 = AVX2, 16 = AVX-512 (F+DQ), 4 = NEON. The ISAs differ
+// in ggml_v_expf (AVX-512 scales by 2^n with vscalefps and keeps the polynomial's constant term)
+// and in how ggml_vec_soft_max_f32 folds each vector of exponentials before adding it to its
+// double total (16 or 8 lanes folded in halves; NEON's vaddvq adds adjacent pairs).
 #pragma once
 #include <cstdint>
 
 namespace pdb::ggmlnum {
 
-float v_expf(float x);                 // ggml_v_expf (AVX2), one lane
-float silu(float x);                   // ggml_v_silu: x / (1 + v_expf(-x))
-void swiglu(int64_t n, float* y, const float* gate, const float* up);  // ggml_vec_swiglu_f32
+float v_expf(float x, int lanes = 8);  // ggml_v_expf, one lane
+float silu(float x, int lanes = 8);    // ggml_v_silu: x / (1 + v_expf(-x))
+// ggml_vec_swiglu_f32 on each of `rows` rows of `n` elements; the tail past the last full vector
+// goes through ggml_silu_f32 (libm expf), as in ggml.
+void swiglu(int64_t rows, int64_t n, float* y, const float* gate, const float* up, int lanes = 8);
 
 // One query row of ggml_compute_forward_flash_attn_ext_tiled: keys/values [n_keys x stride] (rows
 // already as the decoder's cache holds them), only keys j < n_valid are visible (causal mask).
 void flash_attn_row(const float* q, const float* k, const float* v, int64_t stride, int64_t n_valid, int64_t head_dim,
-                    float scale, float* out);
+                    float scale, float* out, int lanes = 8);
 
 }  // namespace pdb::ggmlnum
 

@@ -239,7 +239,7 @@ int run_prefill_server(const PrefillServerOptions& o) {
       pr = wire::PrefillRequest::parse(json::parse(req.body));
     } catch (const json::exception& e) {
       reject_counter("bad_request").Increment();
-      return json_error(res, 400, std::string("request body is not valid JSON: ") + e.what(), "invalid_request_error");
+      return json_error(res, 400, json_body_error(e), "invalid_request_error");
     } catch (const std::invalid_argument& e) {
       reject_counter("bad_request").Increment();
       return json_error(res, 400, e.what(), "invalid_request_error");

@@ -73,6 +73,9 @@ int run_doctor(const DoctorOptions& in) {
       if (o.prefill_url.empty()) o.prefill_url = h->value("prefill_url", "");
       if (o.decoder_gguf.empty()) o.decoder_gguf = h->value("decoder_gguf", "");
       if (o.slot_dir.empty()) o.slot_dir = h->value("slot_dir", "");
+      const json fid = h->value("fidelity", json());
+      if (fid.is_object() && fid.contains("class"))
+        rep.ok("front fidelity class", fmt::format("{} (decoder ISA {}): {}", fid.value("class", "?"), fid.value("decoder_isa", "?"), fid.value("note", "")));
       if (!h->value("calibration_error", json()).is_null()) rep.fail("front calibration", (*h)["calibration_error"].get<std::string>(), "restart llama-server without overrides, or point the front at the GGUF it runs");
     }
   }
@@ -95,6 +98,7 @@ int run_doctor(const DoctorOptions& in) {
   auto props = get_json(o.decoder_url, "/props", "", &err);
   std::optional<ParsedState> probe;
   std::vector<int32_t> probe_tokens;
+  json fidelity;
   if (!props) {
     rep.fail("decoder", o.decoder_url + " unreachable: " + err, "start it with `pdbridge decoder --gguf ... --slot-dir ...`");
   } else {
@@ -124,11 +128,12 @@ int run_doctor(const DoctorOptions& in) {
     }
     if (probe) {
       CacheSpec spec = CacheSpec::decoder_default(probe->layout.layers[0].k_type, probe->layout.layers[0].v_type, info.head_dim);
-      spec.simd_width = host_simd_width();
       auto c = calibrate_layer0(o.decoder_gguf, *probe, probe_tokens, spec);
-      if (c.pct_identical < 99.0)
+      if (c.cls == FidelityClass::mismatch)
         rep.fail("decoder calibration", c.note, "llama-server computes something else than its GGUF says: remove --rope-* / --yarn-* overrides, or use the GGUF it runs");
       else rep.ok("decoder calibration", c.note);
+      rep.ok("decoder fidelity class", fmt::format("{}: decoder ISA {} ({})", to_string(c.cls), c.isa, c.isa_source));
+      fidelity = c.to_json();
       // room for the largest state file at the decoder's context
       auto slots_j = get_json(o.decoder_url, "/slots", "", &err);
       const int64_t n_ctx = slots_j && slots_j->is_array() && !slots_j->empty() ? (*slots_j)[0].value("n_ctx", int64_t(0)) : 0;
@@ -180,6 +185,11 @@ int run_doctor(const DoctorOptions& in) {
     }
   } else {
     rep.warn("HF config vs GGUF", "no HF checkpoint to compare (pass --model)");
+  }
+  if (!o.fidelity_json.empty()) {
+    std::ofstream out(o.fidelity_json);
+    out << fidelity.dump(2) << "\n";
+    if (!out) rep.fail("fidelity report", "cannot write " + o.fidelity_json, "pass a writable --fidelity-json path");
   }
   fmt::print("{} checks failed, {} warnings\n", rep.failed, rep.warned);
   return rep.failed;

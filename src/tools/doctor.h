@@ -7,6 +7,7 @@ namespace pdb {
 struct DoctorOptions {
   std::string front_url, decoder_url, prefill_url, decoder_gguf, slot_dir, model_dir, api_key;
   int64_t memory_limit_mb = 1024;  // headroom the prefill box must have
+  std::string fidelity_json;       // where to write the calibration's numbers (JSON), if set
 };
 
 // Returns the number of failed checks (0: healthy).

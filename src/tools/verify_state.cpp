@@ -18,7 +18,9 @@ nlohmann::json StateDiff::to_json() const {
   nlohmann::json layers = nlohmann::json::array();
   for (const auto& t : tensors)
     layers.push_back({{"tensor", t.name}, {"elements", t.elements}, {"pct_identical", t.pct_identical()},
-                      {"max_abs", t.max_abs}, {"max_ulp", t.max_ulp}});
+                      {"max_abs", t.max_abs}, {"max_ulp", t.max_ulp}, {"pct_within_1_ulp", t.pct_within(0)},
+                      {"pct_within_2_ulp", t.pct_within(1)}, {"pct_within_4_ulp", t.pct_within(2)}, {"rel_rms", t.rel_rms()},
+                      {"max_rel", t.max_rel()}});
   return {{"same_layout", same_layout}, {"same_tokens", same_tokens}, {"layout_note", layout_note},
           {"elements", elements()}, {"pct_identical", pct_identical()}, {"max_ulp", max_ulp()}, {"max_abs", max_abs()},
           {"tensors", layers}};
@@ -63,7 +65,11 @@ void compare_rows(GgmlType t, const uint8_t* a, const uint8_t* b, int64_t n_rows
       }
       if (fa[size_t(i)] == fb[size_t(i)] && (ulp == 0 || t == GgmlType::Q4_0)) d.identical++;
       d.max_ulp = std::max(d.max_ulp, ulp);
-      d.max_abs = std::max(d.max_abs, double(std::fabs(fa[size_t(i)] - fb[size_t(i)])));
+      for (int w = 0; w < 3; ++w) d.within_ulp[w] += ulp <= (int64_t(1) << w);
+      const double diff = double(fa[size_t(i)]) - double(fb[size_t(i)]);
+      d.max_abs = std::max(d.max_abs, std::fabs(diff));
+      d.sum_sq_diff += diff * diff;
+      d.sum_sq_ref += double(fa[size_t(i)]) * double(fa[size_t(i)]);
     }
   }
 }

@@ -1,5 +1,6 @@
 // `pdbridge verify-state A B`: compares two llama.cpp sequence-state files tensor by tensor.
 #pragma once
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -14,7 +15,18 @@ struct TensorDiff {
   int64_t elements = 0, identical = 0;  // identical: same encoded value (same bits for float types)
   double max_abs = 0;
   int64_t max_ulp = 0;         // float types: distance in representable values; quantized: in int codes
+  int64_t within_ulp[3] = {};  // elements at most 1, 2, 4 ulp (codes) apart
+  double sum_sq_diff = 0, sum_sq_ref = 0;  // sums over elements of (a-b)^2 and a^2 (a: the first state)
   double pct_identical() const { return elements ? 100.0 * double(identical) / double(elements) : 100.0; }
+  double pct_within(int i) const { return elements ? 100.0 * double(within_ulp[i]) / double(elements) : 100.0; }
+  // The error's RMS relative to the first state's RMS: ~1e-4 for a different summation order in f16,
+  // of the order of 1 for another model or RoPE.
+  double rel_rms() const { return sum_sq_ref > 0 ? std::sqrt(sum_sq_diff / sum_sq_ref) : (sum_sq_diff > 0 ? INFINITY : 0.0); }
+  // The largest single error in units of the first state's RMS.
+  double max_rel() const {
+    const double rms = elements ? std::sqrt(sum_sq_ref / double(elements)) : 0.0;
+    return rms > 0 ? max_abs / rms : (max_abs > 0 ? INFINITY : 0.0);
+  }
 };
 
 struct StateDiff {

@@ -36,6 +36,7 @@ Stack::Stack(const StackOptions& o) {
   std::vector<std::string> da = {pdbridge_bin(), "decoder", "--gguf", decoder_gguf, "--port", std::to_string(decoder_port), "--slot-dir",
                                  slot_dir, "--ctx", std::to_string(o.ctx), "--parallel", std::to_string(o.parallel), "--cache-type",
                                  o.cache_type, "--threads", "2"};
+  if (!o.decoder_bin.empty()) { da.push_back("--server-bin"); da.push_back(o.decoder_bin); }
   if (!o.decoder_extra.empty()) { da.push_back("--"); da.insert(da.end(), o.decoder_extra.begin(), o.decoder_extra.end()); }
   decoder_argv_ = da;
   decoder_ = std::make_unique<Child>(da, dir + "/decoder.log");
@@ -102,6 +103,13 @@ std::string Stack::logs() const {
   return s;
 }
 
+std::string blas_llama_server() {
+  const std::string p = build_dir() + "/llama/bin-blas/llama-server";
+  if (!fs::exists(p))
+    throw std::runtime_error(p + " is missing: scripts/setup.sh builds it (unless PDBRIDGE_BLAS_DECODER=0); run `make build`");
+  return p;
+}
+
 std::string random_text(uint64_t seed, int words) {
   static const char* kWords[] = {"river", "stone", "quantum", "ledger", "orbit", "maple", "cipher", "harbor", "velvet", "signal",
                                  "tundra", "lantern", "paradox", "copper", "meadow", "vector", "echo", "saffron", "glacier", "thread",
@@ -139,7 +147,9 @@ StatePair native_and_bridged_states(Stack& st, PrefillBackend& backend, const st
   req.fingerprint = recipe_fingerprint(recipe.info());
   const CacheSpec spec = CacheSpec::decoder_default(L0.k_type, L0.v_type, recipe.info().head_dim);
   req.k_type = spec.k_type; req.v_type = spec.v_type; req.rot_k = spec.rot_k; req.rot_v = spec.rot_v;
-  req.simd_width = host_simd_width() ? host_simd_width() : 8;
+  // The width the front door would send: the one the decoder's own layer 0 shows (its ISA).
+  out.fidelity = calibrate_layer0(st.decoder_gguf, out.native, tokens, spec);
+  req.simd_width = out.fidelity.simd_width ? out.fidelity.simd_width : 8;
   {
     CaptureAssembler as(st.slot_dir + "/bridged.bin", out.native.layout, tokens, req.fingerprint);
     auto cr = run_capture(backend, req, chunk, EmitFn([&](std::vector<uint8_t>&& f, bool) { as.feed(f.data(), f.size()); return Emit::Ok; }));

@@ -1,6 +1,7 @@
 // The whole bridge as real processes on loopback: llama-server (via `pdbridge decoder`), the
 // prefill server and the front door, each on a free port, stopped on destruction.
 #pragma once
+#include "front/calibration.h"
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +26,7 @@ struct StackOptions {
   bool start_prefill = true;
   std::vector<std::string> front_extra, prefill_extra, decoder_extra;
   std::string hf_dir;  // default: <model_dir>/hf
+  std::string decoder_bin;  // llama-server to run (default: the pinned build's); see blas_llama_server()
 };
 
 struct HttpReply {
@@ -63,8 +65,14 @@ StackOptions parity_stack_options(const std::string& model_dir, const std::strin
 // The decoder's own state for `tokens` (slot 0 prefilled, saved as native.bin) and the state the
 // backend bridges for the same tokens in the decoder's layout (bridged.bin, assembled in-process by
 // the front door's code), both parsed. Throws if a step fails.
-struct StatePair { ParsedState native, bridged; };
+// `fidelity` is the calibration of the decoder on these very tokens: its class (mirrored or within
+// tolerance) and the SIMD width the bridged state was computed with.
+struct StatePair { ParsedState native, bridged; CalibrationResult fidelity; };
 StatePair native_and_bridged_states(Stack& st, PrefillBackend& backend, const std::vector<int32_t>& tokens, int64_t chunk);
+
+// The OpenBLAS-backend llama-server that scripts/setup.sh builds beside the pinned one: a CPU decoder
+// whose prompt matmuls the recipe does not mirror (fidelity class: tolerance). Throws if missing.
+std::string blas_llama_server();
 
 // Deterministic pseudo-random text the tokenizers split into many tokens.
 std::string random_text(uint64_t seed, int words);
