@@ -11,7 +11,7 @@
 #   --parity N CHARS    eval parity prompts and length (default: 8 8000; 0 skips)
 #   --ctx N             tokens per decoder slot (default: 20000)
 #   --decoder-cpu       hide CUDA devices from the decoder alone (a CUDA-built llama-server on the CPU; also DECODER_CPU=1)
-# Output: OUTDIR/LABEL.{doctor.txt,fidelity.json,cold.jsonl,parity.jsonl,summary.txt} and the servers' logs.
+# Output: OUTDIR/LABEL.{doctor.txt,fidelity.json,cold.jsonl,parity.jsonl,parity_report.json,summary.txt} and the servers' logs.
 set -uo pipefail
 LABEL=${1:?label}; OUTD=${2:?outdir}; G=${3:?gguf}; HF=${4:?hf dir}; DEVICE=${5:?cpu|cuda}; CACHE=${6:?cache type}; shift 6
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -61,6 +61,6 @@ if [[ $CLASS != mismatch && $COLD_RUNS != 0 ]]; then
 fi
 if [[ $CLASS != mismatch && $PAR_N != 0 ]]; then
   "$BIN" eval parity --front "http://127.0.0.1:$F" --decoder "http://127.0.0.1:$D" --prompts "$PAR_N" --chars "$PAR_CHARS" \
-    --out "$OUTD/$LABEL.parity.jsonl" 2>&1 | tail -n 8 | tee -a "$OUTD/$LABEL.summary.txt"
+    --out "$OUTD/$LABEL.parity.jsonl" 2>/dev/null | tee "$OUTD/$LABEL.parity_report.json" | tee -a "$OUTD/$LABEL.summary.txt"
 fi
 exit 0

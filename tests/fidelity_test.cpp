@@ -72,7 +72,7 @@ TEST(Fidelity, PinnedCpuDecoderIsMirroredAtTheIsaItRunsOn) {
 
 // Every geometry mismatch stays far outside the summation-order bounds, in every cache type.
 TEST(Fidelity, GeometryMismatchesAreDeclinedInEveryCacheType) {
-  struct Case { std::string what, cache; std::vector<std::string> decoder_flags; bool blas = false; };
+  struct Case { std::string what, cache; std::vector<std::string> decoder_flags; };
   const std::string other = test::models_dir() + "/llama-tiny-other/decoder-f32.gguf";
   const std::vector<Case> cases = {
       {"--rope-freq-base 250000", "f16", {"--rope-freq-base", "250000"}},
@@ -80,10 +80,10 @@ TEST(Fidelity, GeometryMismatchesAreDeclinedInEveryCacheType) {
       {"--rope-freq-base 250000", "q4_0", {"--rope-freq-base", "250000"}},
       {"--rope-scaling linear --rope-scale 2", "f16", {"--rope-scaling", "linear", "--rope-scale", "2"}},
       {"--rope-scaling yarn --rope-scale 2", "f16", {"--rope-scaling", "yarn", "--rope-scale", "2", "--yarn-orig-ctx", "4096"}},
+      {"--rope-scaling yarn --rope-scale 2", "q8_0", {"--rope-scaling", "yarn", "--rope-scale", "2", "--yarn-orig-ctx", "4096"}},
       {"--rope-scaling yarn --rope-scale 2", "q4_0", {"--rope-scaling", "yarn", "--rope-scale", "2", "--yarn-orig-ctx", "4096"}},
       {"another model of the same shape (seed 9)", "f16", {"-m", other}},
       {"another model of the same shape (seed 9)", "q4_0", {"-m", other}},
-      {"OpenBLAS build, --rope-freq-base 250000", "f16", {"--rope-freq-base", "250000"}, true},
   };
   for (const auto& c : cases) {
     test::StackOptions so;
@@ -91,7 +91,6 @@ TEST(Fidelity, GeometryMismatchesAreDeclinedInEveryCacheType) {
     so.cache_type = c.cache;
     so.decoder_extra = c.decoder_flags;
     so.start_prefill = false;
-    if (c.blas) so.decoder_bin = test::blas_llama_server();
     test::Stack st(so);
     const json h = calibrated_health(st);
     print_fidelity(c.what + ", " + c.cache + " cache", h["fidelity"]);
@@ -102,6 +101,23 @@ TEST(Fidelity, GeometryMismatchesAreDeclinedInEveryCacheType) {
     EXPECT_EQ(r.verdict()["fidelity"].value("class", ""), "mismatch") << r.verdict().dump();
     EXPECT_LT(r.json()["timings"]["cache_n"].get<int64_t>(), 10) << "a cache was mounted on a mismatched decoder";
   }
+}
+
+// The tolerance class does not loosen the guard: a RoPE override on the OpenBLAS decoder is still declined.
+TEST(Fidelity, OpenBlasDecoderStillDeclinesARopeOverride) {
+  test::StackOptions so;
+  so.model_dir = tiny();
+  so.decoder_extra = {"--rope-freq-base", "250000"};
+  so.start_prefill = false;
+  so.decoder_bin = test::blas_llama_server();
+  test::Stack st(so);
+  const json h = calibrated_health(st);
+  print_fidelity("OpenBLAS build, --rope-freq-base 250000, f16 cache", h["fidelity"]);
+  EXPECT_EQ(h["fidelity"].value("class", ""), "mismatch") << h.dump();
+  auto r = st.post_front("/completion", completion(test::random_text(34, 600)));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.verdict().value("verdict", "").find("calibration"), std::string::npos) << r.verdict().dump();
+  EXPECT_LT(r.json()["timings"]["cache_n"].get<int64_t>(), 10) << "a cache was mounted on a mismatched decoder";
 }
 
 // A decoder whose arithmetic the recipe does not mirror (OpenBLAS prompt matmuls) is within

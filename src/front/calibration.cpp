@@ -22,8 +22,8 @@ FidelityBounds fidelity_bounds(GgmlType t) {
     case GgmlType::F32:
     case GgmlType::F16:
     case GgmlType::BF16: return {0.02};
-    case GgmlType::Q8_0: return {0.05};
-    default: return {0.15};  // Q4_0 and other block types: a flipped code is 1/8 of the block's range
+    case GgmlType::Q8_0: return {0.03};
+    default: return {0.05};  // Q4_0 and other block types: a flipped code is 1/8 of the block's range
   }
 }
 

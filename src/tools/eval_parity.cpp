@@ -115,6 +115,7 @@ int run_eval_parity(const EvalParityOptions& o) {
     verdicts[v.rfind("declined", 0) == 0 ? "declined" : v.rfind("partial", 0) == 0 ? "partial" : v]++;
     bridge.add(nat, bri);
     json row = {{"seed", seed}, {"verdict", v}, {"native_ids", nat.ids}, {"bridged_ids", bri.ids}, {"cached", bri.cached}};
+    if (!nat.top.empty() && !bri.top.empty()) row["kl_first_token"] = kl_topk(nat.top[0], bri.top[0]);
     if (!o.ref_decoder_url.empty()) {
       Completion ref = complete(o.ref_decoder_url, "", prompt, o.n_predict, o.n_probs, true);
       quant.add(nat, ref);
