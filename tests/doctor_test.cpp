@@ -38,6 +38,10 @@ TEST(Doctor, HealthyDeploymentPasses) {
   EXPECT_EQ(st.run_doctor(&out), 0) << out;
   EXPECT_NE(out.find("decoder calibration"), std::string::npos) << out;
   EXPECT_NE(out.find("fingerprints"), std::string::npos) << out;
+  // the decoder's fidelity class, and one bridge end to end with the first token's KL against the decoder's own
+  EXPECT_NE(out.find("[ ok ] decoder fidelity class mirrored"), std::string::npos) << out;
+  EXPECT_NE(out.find("[ ok ] bridge probe           complete"), std::string::npos) << out;
+  EXPECT_NE(out.find("KL "), std::string::npos) << out;
 }
 
 TEST(Doctor, WrongRopeInTheDecodersRuntimeFlags) {
@@ -48,6 +52,7 @@ TEST(Doctor, WrongRopeInTheDecodersRuntimeFlags) {
   std::string out;
   EXPECT_NE(st.run_doctor(&out), 0);
   EXPECT_NE(out.find("[FAIL] decoder calibration"), std::string::npos) << out;
+  EXPECT_NE(out.find("[FAIL] bridge probe"), std::string::npos) << out;  // declined, served natively
   // and the front door refuses to mount anything onto that decoder
   auto r = st.post_front("/completion", {{"prompt", test::random_text(9, 600)}, {"n_predict", 4}, {"temperature", 0}});
   ASSERT_EQ(r.status, 200) << r.body;

@@ -55,6 +55,7 @@ TEST(Fidelity, PinnedCpuDecoderIsMirroredAtTheIsaItRunsOn) {
     test::StackOptions so;
     so.model_dir = tiny();
     so.decoder_type = gguf;
+    so.decoder_bin = test::build_dir() + "/llama/bin/llama-server";  // the pinned build, whatever PDBRIDGE_LLAMA_SERVER says
     test::Stack st(so);
     const json h = calibrated_health(st);
     const json f = h["fidelity"];

@@ -30,6 +30,11 @@ fi
 ts "llama-server CUDA: $($S --version 2>&1 | tail -2 | tr '\n' ' ')"
 lscpu | grep -E "Model name|Flags" | sed 's/Flags:/Flags (avx):/' | tr ' ' '\n' | grep -E "^(Model|name|avx|Xeon|EPYC)|avx" | tr '\n' ' ' > $R/fid/cpu.txt; echo >> $R/fid/cpu.txt
 NEEDLE_HF=$REPO/models/needle-llama; NG=$P/build/models/needle
+TM=$P/build/test-models
+[ -f $TM/llama-tiny-other/decoder-f32.gguf ] || timeout 300 bash -c "set -e; $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0,q4_0; \
+  $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny-h16 --hf-dtype f16 --gguf-types f16; \
+  $PDB make-model --arch llama --preset tiny --seed 9 --out $TM/llama-tiny-other --hf-dtype f32 --gguf-types f32; \
+  $PDB make-model --arch qwen3 --preset tiny --seed 2 --out $TM/qwen3-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0" > $R/fid/test_models.log 2>&1
 FS="bash $REPO/scripts/fidelity_stack.sh"
 gpu() { ts "gpu $1"; SERVER_BIN=$S timeout ${FID_LIMIT:-420} $FS "$@"; }
 cpu() { ts "cpu $1"; SERVER_BIN=$S DECODER_CPU=1 timeout ${FID_LIMIT:-420} $FS "$@"; }
@@ -42,6 +47,7 @@ gpu needle_q4_0_gpu_q4cache $R/fid $NG/decoder-q4_0.gguf $NEEDLE_HF cuda q4_0 --
 gpu mm_ropebase_gpu $R/fid $NG/decoder-q4_0.gguf $NEEDLE_HF cuda f16 -- -ngl 99 --rope-freq-base 250000
 gpu mm_yarn2_gpu $R/fid $NG/decoder-f16.gguf $NEEDLE_HF cuda f16 -- -ngl 99 --rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 4096
 gpu mm_linear2_gpu_q4cache $R/fid $NG/decoder-q4_0.gguf $NEEDLE_HF cuda q4_0 -- -ngl 99 --rope-scaling linear --rope-scale 2
+gpu mm_othermodel_gpu $R/fid $TM/llama-tiny/decoder-f32.gguf $TM/llama-tiny/hf cuda f16 -- -ngl 99 -m $TM/llama-tiny-other/decoder-f32.gguf
 # The shipped model on the device's CPU.
 cpu needle_q4_0_cpu $R/fid $NG/decoder-q4_0.gguf $NEEDLE_HF cuda f16 --cold 8000,16000 2 --parity 8 8000
 cpu needle_f16_cpu $R/fid $NG/decoder-f16.gguf $NEEDLE_HF cuda f16 --cold 16000 2 --parity 0 0
@@ -53,11 +59,6 @@ ts "cpu (bundle build) needle_f16_cpu_bundlebuild"; timeout 120 $FS needle_f16_c
 if [ "${FID_TESTS:-1}" = 1 ]; then
   cp -f $P/build/llama/bin/llama-server $P/llama-server.bundle 2>/dev/null
   ln -sf $S $P/build/llama/bin/llama-server
-  TM=$P/build/test-models
-  [ -f $TM/llama-tiny-other/decoder-f32.gguf ] || timeout 300 bash -c "set -e; $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0,q4_0; \
-    $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny-h16 --hf-dtype f16 --gguf-types f16; \
-    $PDB make-model --arch llama --preset tiny --seed 9 --out $TM/llama-tiny-other --hf-dtype f32 --gguf-types f32; \
-    $PDB make-model --arch qwen3 --preset tiny --seed 2 --out $TM/qwen3-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0" > $R/fid/test_models.log 2>&1
   ts "CPU parity/fidelity tests on the device's CPU"
   CUDA_VISIBLE_DEVICES= timeout 600 $P/build/tests/integration_tests --gtest_filter='Caches/Parity*:NeedleModel.BridgedState*:Fidelity.Pinned*:Fidelity.Geometry*:-*openblas*' > $R/fid/cpu_tests.log 2>&1
   ts "tests rc=$?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|PARITY|FIDELITY" $R/fid/cpu_tests.log | head -60

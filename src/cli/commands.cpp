@@ -55,7 +55,7 @@ void register_decoder(CLI::App& app) {
   cmd->add_option("--parallel", o->parallel, "Slots")->capture_default_str();
   cmd->add_option("--cache-type", o->cache_type, "KV cache type: f16|q8_0|q4_0|f32|bf16")->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (default: llama-server's)");
-  cmd->add_option("--server-bin", o->server_bin, "llama-server binary (default: build/llama/bin/llama-server)");
+  cmd->add_option("--server-bin", o->server_bin, "llama-server binary (default: build/llama/bin/llama-server)")->envname("PDBRIDGE_LLAMA_SERVER");
   cmd->add_option("extra", o->extra, "Extra llama-server arguments (after --)");
   cmd->callback([o] { guarded("decoder", [&] { return run_decoder(*o); }); });
 }

@@ -597,7 +597,7 @@ void Front::serve(httplib::Server& srv) {
   srv.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     json j = {{"ok", true}, {"front", "pdbridge"}, {"fingerprint", fingerprint_}, {"geometry", recipe_geometry(info_)},
               {"decoder_url", o_.decoder_url}, {"prefill_url", o_.prefill_url}, {"decoder_gguf", o_.decoder_gguf},
-              {"slot_dir", o_.slot_dir}};
+              {"slot_dir", o_.slot_dir}, {"min_tokens", o_.min_tokens}, {"min_tail", o_.min_tail}};
     // A probe holds the layout lock for seconds on a large CPU decoder: health answers meanwhile.
     if (std::unique_lock<std::mutex> l(layout_m_, std::try_to_lock); l.owns_lock()) {
       j["layout"] = layout_ ? json(layout_->describe()) : json(nullptr);

@@ -1,6 +1,7 @@
 #include "model/decoder_numerics.h"
 
 #include "formats/numeric.h"
+#include "model/gemm_lanes.h"
 
 #include <cmath>
 #include <cstring>
@@ -48,14 +49,12 @@ float v_expf_avx512(float x) {
   return std::ldexp(j, int(n));
 }
 
-// One vector of exponentials reduced to a float as ggml_vec_soft_max_f32 does on each ISA.
+// One vector of exponentials reduced to a float as ggml_vec_soft_max_f32 does on each ISA: the same
+// horizontal sums as tinyBLAS's (halves on x86, neighbours on NEON).
 float reduce_vector(const float* e, int lanes) {
-  if (lanes == 4) return (e[0] + e[1]) + (e[2] + e[3]);  // vaddvq_f32: faddp, faddp
   float a[16];
   for (int i = 0; i < lanes; ++i) a[i] = e[i];
-  for (int w = lanes / 2; w >= 1; w /= 2)  // _mm512_reduce_add_ps / the AVX2 extract-movehl-movehdup sequence
-    for (int i = 0; i < w; ++i) a[i] = a[i + w] + a[i];
-  return a[0];
+  return fold_lanes(a, lanes);
 }
 
 int checked_lanes(int lanes) { return lanes == 4 || lanes == 16 ? lanes : 8; }

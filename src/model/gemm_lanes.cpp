@@ -8,13 +8,6 @@
 namespace pdb {
 namespace {
 
-template <int KN>
-inline float fold(float* acc) {
-  for (int w = KN / 2; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) acc[i] = acc[i + w] + acc[i];
-  return acc[0];
-}
-
 // A 4 x 4 tile of outputs; each accumulator sees exactly the sequence dot_lanes would.
 template <int KN>
 void tile(const float* x, const float* w, float* y, int64_t rr, int64_t oo, int64_t nr, int64_t no, int64_t k, int64_t ldy) {
@@ -29,7 +22,7 @@ void tile(const float* x, const float* w, float* y, int64_t rr, int64_t oo, int6
       }
     }
   for (int64_t r = 0; r < nr; ++r)
-    for (int64_t o = 0; o < no; ++o) y[(rr + r) * ldy + oo + o] = fold<KN>(acc[r][o]);
+    for (int64_t o = 0; o < no; ++o) y[(rr + r) * ldy + oo + o] = fold_lanes(acc[r][o], KN);
 }
 
 template <int KN>

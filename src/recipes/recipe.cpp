@@ -12,6 +12,7 @@
 #include "common/parallel.h"
 #include "formats/gguf.h"
 #include "formats/numeric.h"
+#include "model/gemm_lanes.h"
 #include "model/rmsnorm.h"
 
 namespace pdb {
@@ -167,9 +168,7 @@ float dot_lanes(const float* a, const float* b, int64_t k, int kn) {
   float acc[16] = {};
   for (int64_t l = 0; l < k; l += kn)
     for (int i = 0; i < kn; ++i) acc[i] = std::fma(a[l + i], b[l + i], acc[i]);
-  for (int w = kn / 2; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) acc[i] = acc[i + w] + acc[i];
-  return acc[0];
+  return fold_lanes(acc, kn);
 }
 
 static void add_bias(const RecipeWeight& w, int64_t rows, float* y) {

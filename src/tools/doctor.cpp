@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <chrono>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -13,6 +14,7 @@
 #include "common/process.h"
 #include "formats/gguf.h"
 #include "front/calibration.h"
+#include "tools/eval_parity.h"
 #include "front/decoder_client.h"
 #include "prefill/server.h"
 #include "recipes/recipe.h"
@@ -62,6 +64,7 @@ std::string canonical(const std::string& p) {
 int run_doctor(const DoctorOptions& in) {
   DoctorOptions o = in;
   Report rep;
+  int64_t front_min_tokens = 0;
   std::string err;
   if (!o.front_url.empty()) {
     auto h = get_json(o.front_url, "/health", "", &err);
@@ -73,6 +76,7 @@ int run_doctor(const DoctorOptions& in) {
       if (o.prefill_url.empty()) o.prefill_url = h->value("prefill_url", "");
       if (o.decoder_gguf.empty()) o.decoder_gguf = h->value("decoder_gguf", "");
       if (o.slot_dir.empty()) o.slot_dir = h->value("slot_dir", "");
+      front_min_tokens = h->value("min_tokens", int64_t(0));
       const json fid = h->value("fidelity", json());
       if (fid.is_object() && fid.contains("class"))
         rep.ok("front fidelity class", fmt::format("{} (decoder ISA {}): {}", fid.value("class", "?"), fid.value("decoder_isa", "?"), fid.value("note", "")));
@@ -174,7 +178,25 @@ int run_doctor(const DoctorOptions& in) {
       else if (mem >= 0) rep.ok("prefill memory", fmt::format("{} MiB available", mem));
     }
   }
-  // 3. the HF config the engine runs vs the decoder's GGUF (the "four places" of RoPE/window settings)
+  // 3. one bridge end to end through the front door: its verdict, and the first token's distribution
+  // after the bridged restore against the decoder's own prefill of the same prompt.
+  if (!o.front_url.empty() && props && !o.prefill_url.empty()) {
+    try {
+      const int64_t min_tokens = front_min_tokens > 0 ? front_min_tokens : 4096;
+      const auto p = probe_output_parity(o.front_url, o.decoder_url, o.api_key, std::max<int64_t>(4000, min_tokens * 6),
+                                         uint64_t(std::chrono::system_clock::now().time_since_epoch().count()));
+      const std::string what = fmt::format("{}, {} of {} tokens cached; first token {} the decoder's own, KL {:.3g}; fidelity class {}", p.verdict,
+                                           p.tokens_cached, p.prompt_tokens, p.same_first_token ? "same as" : "differs from", p.kl_first_token,
+                                           p.fidelity.is_object() ? p.fidelity.value("class", "?") : "?");
+      if (p.verdict != "complete") rep.fail("bridge probe", what, "see the verdict: the checks above say which link refuses");
+      else rep.ok("bridge probe", what);
+      fidelity["bridge_probe"] = {{"verdict", p.verdict}, {"kl_first_token", p.kl_first_token}, {"same_first_token", p.same_first_token},
+                                  {"tokens_cached", p.tokens_cached}, {"prompt_tokens", p.prompt_tokens}};
+    } catch (const std::exception& e) {
+      rep.fail("bridge probe", e.what(), "the front door or the decoder did not answer a completion");
+    }
+  }
+  // 4. the HF config the engine runs vs the decoder's GGUF (the "four places" of RoPE/window settings)
   if (!o.model_dir.empty() && fs::exists(o.model_dir + "/config.json")) {
     try {
       auto mism = config_mismatches(o.model_dir, o.decoder_gguf);

@@ -21,7 +21,7 @@ struct Completion {
   std::vector<int32_t> ids;
   std::vector<std::map<int32_t, double>> top;  // per generated position: id -> logprob
   std::string verdict;
-  int64_t cached = 0;
+  int64_t cached = 0, prompt_n = 0;
 };
 
 Completion complete(const std::string& url, const std::string& key, const std::string& prompt, int n_predict, int n_probs, bool native) {
@@ -43,7 +43,10 @@ Completion complete(const std::string& url, const std::string& key, const std::s
     out.top.push_back(std::move(m));
   }
   out.verdict = r->get_header_value("X-PD-Bridge");
-  if (j.contains("timings")) out.cached = j["timings"].value("cache_n", int64_t(0));
+  if (j.contains("timings")) {
+    out.cached = j["timings"].value("cache_n", int64_t(0));
+    out.prompt_n = j["timings"].value("prompt_n", int64_t(0));
+  }
   return out;
 }
 
@@ -96,6 +99,24 @@ std::string haystack(uint64_t seed, int64_t chars) {
 }
 
 }  // namespace
+
+ParityProbe probe_output_parity(const std::string& front_url, const std::string& decoder_url, const std::string& api_key, int64_t chars,
+                                uint64_t seed) {
+  const std::string prompt = haystack(seed, chars);
+  Completion nat = complete(decoder_url, "", prompt, 1, 20, true);
+  Completion bri = complete(front_url, api_key, prompt, 1, 20, false);
+  ParityProbe p;
+  auto vj = json::parse(bri.verdict, nullptr, false);
+  if (!vj.is_discarded()) {
+    p.verdict = vj.value("verdict", "?");
+    p.fidelity = vj.value("fidelity", json());
+    p.prompt_tokens = vj.value("tokens", int64_t(0));
+  }
+  p.tokens_cached = bri.cached;
+  if (!nat.top.empty() && !bri.top.empty()) p.kl_first_token = kl_topk(nat.top[0], bri.top[0]);
+  p.same_first_token = !nat.ids.empty() && !bri.ids.empty() && nat.ids[0] == bri.ids[0];
+  return p;
+}
 
 int run_eval_parity(const EvalParityOptions& o) {
   uint64_t seed = o.seed ? o.seed : uint64_t(std::chrono::system_clock::now().time_since_epoch().count());
