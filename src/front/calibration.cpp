@@ -164,7 +164,9 @@ CalibrationResult calibrate_layer0(const std::string& decoder_gguf, const Parsed
                                    identical_at.size(), best_w);
   } else {
     res.isa = "not mirrored";
-    res.isa_source = fmt::format("no SIMD width reproduces layer 0 (closest: {}): a GPU, BLAS or other backend", best_w);
+    res.isa_source = res.cls == FidelityClass::tolerance
+                         ? fmt::format("no SIMD width reproduces layer 0 (closest: {}): a GPU, BLAS or unmirrored CPU backend", best_w)
+                         : fmt::format("no SIMD width reproduces layer 0 (closest: {}), and the errors are of a different geometry", best_w);
   }
   res.note = fmt::format(
       "layer 0: {:.3f}% of {} K/V elements identical; K rel RMS {:.3g}, max {:.3g} RMS, {:.2f}% within 4 ulp; V rel RMS {:.3g}, max {:.3g} "
