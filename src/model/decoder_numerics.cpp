@@ -49,14 +49,6 @@ float v_expf_avx512(float x) {
   return std::ldexp(j, int(n));
 }
 
-// One vector of exponentials reduced to a float as ggml_vec_soft_max_f32 does on each ISA: the same
-// horizontal sums as tinyBLAS's (halves on x86, neighbours on NEON).
-float reduce_vector(const float* e, int lanes) {
-  float a[16];
-  for (int i = 0; i < lanes; ++i) a[i] = e[i];
-  return fold_lanes(a, lanes);
-}
-
 int checked_lanes(int lanes) { return lanes == 4 || lanes == 16 ? lanes : 8; }
 }  // namespace
 
@@ -110,7 +102,7 @@ void flash_attn_row(const float* q, const float* k, const float* v, int64_t stri
         e[i] = j < nt ? v_expf(p[j] - M, lanes) : 0.0f;
         if (j < nt) p[j] = e[i];
       }
-      sum += double(reduce_vector(e, lanes));
+      sum += double(fold_lanes(e, lanes));  // the ISA's horizontal sum (halves on x86, neighbours on NEON)
     }
     S = float(double(S) + sum);
     for (int64_t j = 0; j < nt; ++j) {
