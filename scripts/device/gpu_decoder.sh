@@ -36,8 +36,10 @@ TM=$P/build/test-models
   $PDB make-model --arch llama --preset tiny --seed 9 --out $TM/llama-tiny-other --hf-dtype f32 --gguf-types f32; \
   $PDB make-model --arch qwen3 --preset tiny --seed 2 --out $TM/qwen3-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0" > $R/fid/test_models.log 2>&1
 FS="bash $REPO/scripts/fidelity_stack.sh"
-gpu() { ts "gpu $1"; SERVER_BIN=$S timeout ${FID_LIMIT:-420} $FS "$@"; }
-cpu() { ts "cpu $1"; SERVER_BIN=$S DECODER_CPU=1 timeout ${FID_LIMIT:-420} $FS "$@"; }
+# FID_CASES (a regex over the case names) reruns a subset, e.g. FID_CASES='needle_f16_gpu|mm_othermodel_gpu'.
+want() { [[ -z ${FID_CASES:-} || $1 =~ ^(${FID_CASES})$ ]]; }
+gpu() { want $1 || return 0; ts "gpu $1"; SERVER_BIN=$S timeout ${FID_LIMIT:-420} $FS "$@"; }
+cpu() { want $1 || return 0; ts "cpu $1"; SERVER_BIN=$S DECODER_CPU=1 timeout ${FID_LIMIT:-420} $FS "$@"; }
 # The shipped model on the GPU decoder: bridges, needle answers (fresh seeds), output parity, and the guard's numbers.
 gpu needle_q4_0_gpu $R/fid $NG/decoder-q4_0.gguf $NEEDLE_HF cuda f16 --cold 8000,16000 4 --parity 16 8000 -- -ngl 99
 gpu needle_f16_gpu $R/fid $NG/decoder-f16.gguf $NEEDLE_HF cuda f16 --cold 8000,16000 2 --parity 8 8000 -- -ngl 99
@@ -54,7 +56,7 @@ cpu needle_f16_cpu $R/fid $NG/decoder-f16.gguf $NEEDLE_HF cuda f16 --cold 16000 
 cpu mm_ropebase_cpu $R/fid $NG/decoder-f16.gguf $NEEDLE_HF cuda f16 -- --rope-freq-base 250000
 # The bundle's llama-server (built on the development machine, whose AVX-512 has no AVX512-FP16) on this CPU: with F16
 # weights the device-built binary (-march=native here: AVX512-FP16) is not mirrored, this one is.
-ts "cpu (bundle build) needle_f16_cpu_bundlebuild"; timeout 120 $FS needle_f16_cpu_bundlebuild $R/fid $NG/decoder-f16.gguf $NEEDLE_HF cuda f16 --cold 0 0 --parity 0 0
+want needle_f16_cpu_bundlebuild && ts "cpu (bundle build) needle_f16_cpu_bundlebuild" && timeout 120 $FS needle_f16_cpu_bundlebuild $R/fid $NG/decoder-f16.gguf $NEEDLE_HF cuda f16 --cold 0 0 --parity 0 0
 # CPU parity and fidelity tests against the device-built CPU decoder (its ISA, not the build machine's).
 if [ "${FID_TESTS:-1}" = 1 ]; then
   cp -f $P/build/llama/bin/llama-server $P/llama-server.bundle 2>/dev/null
