@@ -115,7 +115,9 @@ INSTANTIATE_TEST_SUITE_P(Caches, Parity,
                                            ParityCase{"llama-tiny", "f32", "q4_0", 55.0, 1, 1.0}, ParityCase{"qwen3-tiny", "f32", "q4_0", 55.0, 1, 1.0},
                                            ParityCase{"llama-tiny", "f32", "bf16", 95.0, 1 << 30, 0.05}, ParityCase{"llama-tiny", "f32", "f32", 0.0, 1 << 30, 0.01},
                                            ParityCase{"llama-tiny", "f32", "f32", 0.0, 1 << 30, 0.01, true},
-                                           ParityCase{"qwen3-tiny", "f32", "q8_0", 0.0, 1 << 30, 1.0, true}),
+                                           ParityCase{"qwen3-tiny", "f32", "q8_0", 0.0, 1 << 30, 1.0, true},
+                                           ParityCase{"qwen3moe-tiny", "f32", "f16", 99.9, 1, 0.01}, ParityCase{"qwen3moe-tiny", "f32", "q8_0", 99.9, 1, 0.1},
+                                           ParityCase{"qwen3moe-tiny-h16", "f16", "f16", 99.9, 1, 0.01}),
                          [](const auto& info) {
                            std::string n = info.param.model + "_" + info.param.gguf + "_" + info.param.cache + (info.param.blas_decoder ? "_openblas" : "");
                            for (auto& ch : n) if (ch == '-') ch = '_';
@@ -123,7 +125,7 @@ INSTANTIATE_TEST_SUITE_P(Caches, Parity,
                          });
 
 TEST(Chunking, ChunkedCaptureIsIdenticalToOneShot) {
-  for (const std::string model : {"llama-tiny", "qwen3-tiny"}) {
+  for (const std::string model : {"llama-tiny", "qwen3-tiny", "qwen3moe-tiny"}) {
     const std::string mdir = test::models_dir() + "/" + model;
     CpuEngine engine(mdir + "/hf", 2);
     auto recipe = Recipe::load(mdir + "/decoder-f32.gguf", 2);

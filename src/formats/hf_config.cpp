@@ -44,9 +44,24 @@ HfConfig HfConfig::parse(const json& j) {
   const std::string mt = j.value("model_type", "");
   if (mt == "llama") c.arch = "llama";
   else if (mt == "qwen3") c.arch = "qwen3";
-  else bad(fmt::format("model_type '{}' is not supported (llama, qwen3)", mt));
+  else if (mt == "qwen3_moe") c.arch = "qwen3moe";
+  else bad(fmt::format("model_type '{}' is not supported (llama, qwen3, qwen3_moe)", mt));
   c.hidden_size = req_int(j, "hidden_size");
-  c.intermediate_size = req_int(j, "intermediate_size");
+  // A MoE checkpoint's intermediate_size is the unused dense width (Qwen3-30B-A3B: 6144); optional there.
+  c.intermediate_size = c.arch == "qwen3moe" && !j.contains("intermediate_size") ? 0 : req_int(j, "intermediate_size");
+  if (c.arch == "qwen3moe") {
+    c.num_experts = req_int(j, "num_experts");
+    c.num_experts_per_tok = req_int(j, "num_experts_per_tok");
+    c.moe_intermediate_size = req_int(j, "moe_intermediate_size");
+    if (c.num_experts_per_tok > c.num_experts) bad(fmt::format("num_experts_per_tok {} exceeds num_experts {}", c.num_experts_per_tok, c.num_experts));
+    // Kept for the record only: llama.cpp's qwen3moe always renormalizes the top-k weights
+    // (src/models/qwen3moe.cpp), and the engine computes what the decoder computes.
+    c.norm_topk_prob = j.value("norm_topk_prob", false);
+    // Dense layers between MoE layers have no experts to convert: llama.cpp's qwen3moe cannot load them.
+    if (j.value("decoder_sparse_step", int64_t(1)) != 1) bad("decoder_sparse_step != 1 (dense layers between MoE layers) is not what llama.cpp's qwen3moe runs");
+    if (j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array() && !j["mlp_only_layers"].empty())
+      bad("mlp_only_layers is not empty: llama.cpp's qwen3moe runs every layer as MoE");
+  }
   c.num_layers = req_int(j, "num_hidden_layers");
   c.num_heads = req_int(j, "num_attention_heads");
   c.num_kv_heads = j.contains("num_key_value_heads") ? req_int(j, "num_key_value_heads") : c.num_heads;
@@ -107,10 +122,18 @@ HfConfig HfConfig::load(const std::string& dir) {
 
 json HfConfig::to_json() const {
   json j;
-  j["architectures"] = {arch == "llama" ? "LlamaForCausalLM" : "Qwen3ForCausalLM"};
-  j["model_type"] = arch;
+  j["architectures"] = {arch == "llama" ? "LlamaForCausalLM" : arch == "qwen3" ? "Qwen3ForCausalLM" : "Qwen3MoeForCausalLM"};
+  j["model_type"] = arch == "qwen3moe" ? "qwen3_moe" : arch;
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
+  if (moe()) {
+    j["num_experts"] = num_experts;
+    j["num_experts_per_tok"] = num_experts_per_tok;
+    j["moe_intermediate_size"] = moe_intermediate_size;
+    j["norm_topk_prob"] = norm_topk_prob;
+    j["decoder_sparse_step"] = 1;
+    j["mlp_only_layers"] = json::array();
+  }
   j["num_hidden_layers"] = num_layers;
   j["num_attention_heads"] = num_heads;
   j["num_key_value_heads"] = num_kv_heads;

@@ -1,4 +1,5 @@
-// Hugging Face config.json for the dense architectures we prefill (llama, qwen3).
+// Hugging Face config.json for the architectures we prefill: llama, qwen3 (dense) and qwen3moe
+// (Qwen3MoeForCausalLM: qwen3's attention, a routed mixture-of-experts FFN in every layer).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -22,13 +23,19 @@ struct RopeScaling {
 };
 
 struct HfConfig {
-  std::string arch;  // "llama" or "qwen3" (from model_type)
+  std::string arch;  // "llama", "qwen3" or "qwen3moe" (llama.cpp's names; from model_type)
   int64_t hidden_size = 0, intermediate_size = 0, num_layers = 0, num_heads = 0, num_kv_heads = 0;
   int64_t head_dim = 0, vocab_size = 0, max_position_embeddings = 0;
   double rms_norm_eps = 1e-6, rope_theta = 10000.0;
   bool tie_word_embeddings = false, attention_bias = false;
   std::string torch_dtype = "float32";
   RopeScaling rope_scaling;
+  // Mixture of experts (qwen3moe): routed experts, how many each token uses, each expert's FFN width,
+  // and the checkpoint's norm_topk_prob (llama.cpp renormalizes the selected weights whatever it says).
+  int64_t num_experts = 0, num_experts_per_tok = 0, moe_intermediate_size = 0;
+  bool norm_topk_prob = true;
+  bool moe() const { return num_experts > 0; }
+  bool qk_norm() const { return arch == "qwen3" || arch == "qwen3moe"; }  // per-head RMSNorm of Q and K
   // Block-FP8 checkpoints: quantization_config {quant_method: fp8, weight_block_size: [128, 128]}.
   bool fp8 = false;
   int64_t fp8_block_rows = 128, fp8_block_cols = 128;

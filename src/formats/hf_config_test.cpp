@@ -77,3 +77,38 @@ TEST(HfConfig, ClearErrors) {
 }
 
 }  // namespace pdb
+
+namespace pdb {
+
+// Qwen3-30B-A3B's config.json fields, and what llama.cpp's qwen3moe cannot run.
+TEST(HfConfig, ParsesQwen3MoeAndRefusesDenseLayersBetweenExperts) {
+  json j = {{"model_type", "qwen3_moe"}, {"hidden_size", 2048}, {"intermediate_size", 6144}, {"num_hidden_layers", 48},
+            {"num_attention_heads", 32}, {"num_key_value_heads", 4}, {"head_dim", 128}, {"vocab_size", 151936},
+            {"num_experts", 128}, {"num_experts_per_tok", 8}, {"moe_intermediate_size", 768}, {"norm_topk_prob", true},
+            {"decoder_sparse_step", 1}, {"mlp_only_layers", json::array()}, {"rope_theta", 1000000.0}};
+  auto c = HfConfig::parse(j);
+  EXPECT_EQ(c.arch, "qwen3moe");
+  EXPECT_TRUE(c.moe());
+  EXPECT_TRUE(c.qk_norm());
+  EXPECT_EQ(c.num_experts, 128);
+  EXPECT_EQ(c.num_experts_per_tok, 8);
+  EXPECT_EQ(c.moe_intermediate_size, 768);
+  const auto back = HfConfig::parse(c.to_json());  // what make-model writes reads back the same
+  EXPECT_EQ(back.arch, "qwen3moe");
+  EXPECT_EQ(back.num_experts, 128);
+  EXPECT_EQ(back.moe_intermediate_size, 768);
+  auto bad = j;
+  bad["mlp_only_layers"] = {0, 47};
+  EXPECT_THROW(HfConfig::parse(bad), std::runtime_error);
+  bad = j;
+  bad["decoder_sparse_step"] = 2;
+  EXPECT_THROW(HfConfig::parse(bad), std::runtime_error);
+  bad = j;
+  bad["num_experts_per_tok"] = 129;
+  EXPECT_THROW(HfConfig::parse(bad), std::runtime_error);
+  bad = j;
+  bad.erase("num_experts");
+  EXPECT_THROW(HfConfig::parse(bad), std::runtime_error);
+}
+
+}  // namespace pdb

@@ -30,6 +30,29 @@ std::vector<HfTensorSpec> hf_tensor_specs(const HfConfig& c) {
       s.push_back({p + "self_attn.k_norm.weight", {hd}, g + "attn_k_norm.weight", 0});
     }
     s.push_back({p + "post_attention_layernorm.weight", {H}, g + "ffn_norm.weight", 0});
+    if (c.moe()) {
+      // Qwen3MoE: the router, then each expert's SwiGLU MLP; the GGUF stacks the experts per projection
+      // (convert_hf_to_gguf.py's Qwen2MoeModel: ffn_{gate,up,down}_exps, the router kept in F32).
+      const int64_t E = c.num_experts, Fe = c.moe_intermediate_size;
+      HfTensorSpec router{p + "mlp.gate.weight", {E, H}, g + "ffn_gate_inp.weight", 0};
+      router.keep_f32 = true;
+      s.push_back(router);
+      HfTensorSpec gate{"", {E, Fe, H}, g + "ffn_gate_exps.weight", 0}, up{"", {E, Fe, H}, g + "ffn_up_exps.weight", 0},
+          down{"", {E, H, Fe}, g + "ffn_down_exps.weight", 0};
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = fmt::format("{}mlp.experts.{}.", p, e);
+        s.push_back({x + "gate_proj.weight", {Fe, H}, "", 0});
+        s.push_back({x + "up_proj.weight", {Fe, H}, "", 0});
+        s.push_back({x + "down_proj.weight", {H, Fe}, "", 0});
+        gate.stack.push_back(x + "gate_proj.weight");
+        up.stack.push_back(x + "up_proj.weight");
+        down.stack.push_back(x + "down_proj.weight");
+      }
+      s.push_back(gate);
+      s.push_back(up);
+      s.push_back(down);
+      continue;
+    }
     s.push_back({p + "mlp.gate_proj.weight", {F, H}, g + "ffn_gate.weight", 0});
     s.push_back({p + "mlp.up_proj.weight", {F, H}, g + "ffn_up.weight", 0});
     s.push_back({p + "mlp.down_proj.weight", {H, F}, g + "ffn_down.weight", 0});
@@ -51,7 +74,7 @@ void permute_qk_rows(const float* hf, float* gguf, int64_t n_heads, int64_t hd, 
 
 std::string vocab_name_for_arch(const std::string& arch) {
   if (arch == "llama") return "ggml-vocab-llama-bpe.gguf";
-  if (arch == "qwen3") return "ggml-vocab-qwen2.gguf";
+  if (arch == "qwen3" || arch == "qwen3moe") return "ggml-vocab-qwen2.gguf";
   throw std::invalid_argument("no vocab for arch " + arch);
 }
 
@@ -116,6 +139,11 @@ void write_decoder_gguf(const HfConfig& c, const HfWeightSource& src, const Gguf
   w.set(a + ".attention.value_length", GgufValue::of_u32(uint32_t(c.head_dim)));
   w.set(a + ".rope.dimension_count", GgufValue::of_u32(uint32_t(c.head_dim)));
   w.set(a + ".vocab_size", GgufValue::of_u32(uint32_t(c.vocab_size)));
+  if (c.moe()) {
+    w.set(a + ".expert_count", GgufValue::of_u32(uint32_t(c.num_experts)));
+    w.set(a + ".expert_used_count", GgufValue::of_u32(uint32_t(c.num_experts_per_tok)));
+    w.set(a + ".expert_feed_forward_length", GgufValue::of_u32(uint32_t(c.moe_intermediate_size)));
+  }
   const auto& rs = c.rope_scaling;
   if (rs.type == RopeScalingType::Linear) {
     w.set(a + ".rope.scaling.type", GgufValue::of_str("linear"));
@@ -149,7 +177,7 @@ void write_decoder_gguf(const HfConfig& c, const HfWeightSource& src, const Gguf
   }
   for (const auto& sp : specs) {
     if (sp.gguf_name.empty()) continue;
-    const bool is_matrix = sp.shape.size() == 2;
+    const bool is_matrix = sp.shape.size() >= 2 && !sp.keep_f32;
     const GgmlType t = is_matrix ? o.type : GgmlType::F32;
     std::vector<int64_t> ne(sp.shape.rbegin(), sp.shape.rend());
     const int threads = o.threads;
@@ -157,7 +185,9 @@ void write_decoder_gguf(const HfConfig& c, const HfWeightSource& src, const Gguf
       int64_t n = 1;
       for (auto d : sp.shape) n *= d;
       std::vector<float> f(static_cast<size_t>(n));
-      src(sp.hf_name, f.data());
+      if (sp.stack.empty()) src(sp.hf_name, f.data());
+      else
+        for (size_t e = 0; e < sp.stack.size(); ++e) src(sp.stack[e], f.data() + e * size_t(n / int64_t(sp.stack.size())));
       if (sp.permute_heads) {
         std::vector<float> p(f.size());
         permute_qk_rows(f.data(), p.data(), sp.permute_heads, hd, sp.shape[1]);

@@ -20,6 +20,10 @@ struct HfTensorSpec {
   std::vector<int64_t> shape;  // HF (numpy) order
   std::string gguf_name;       // empty: not stored in the GGUF (e.g. tied lm_head)
   int permute_heads = 0;       // llama Q/K: number of heads whose rows are reordered
+  // A GGUF tensor stacked from several HF tensors (MoE experts: `stack[e]` is expert e's [out x in],
+  // the GGUF tensor ne {in, out, n_expert}); hf_name is then empty and shape is {n_expert, out, in}.
+  std::vector<std::string> stack;
+  bool keep_f32 = false;       // stays F32 in every GGUF type (the MoE router, as llama.cpp's converter keeps it)
 };
 
 // Every tensor of the architecture, in the order the HF checkpoint and the GGUF hold them.

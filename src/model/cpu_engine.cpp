@@ -16,13 +16,15 @@
 #include "model/decoder_numerics.h"
 #include "recipes/recipe.h"
 #include "model/gemm_lanes.h"
+#include "model/moe_ffn.h"
 #include "model/rmsnorm.h"
 
 namespace pdb {
 
 struct CpuEngine::Layer {
   std::vector<float> in_norm, post_norm, q_norm, k_norm;
-  std::vector<float> wq, wk, wv, wo, wg, wu, wd;  // HF layout [out x in]
+  std::vector<float> wq, wk, wv, wo, wg, wu, wd;  // HF layout [out x in]; wg/wu/wd empty in MoE layers
+  MoeWeights moe;                                 // qwen3moe: the router and the experts
 };
 
 namespace {
@@ -75,10 +77,23 @@ CpuEngine::CpuEngine(const std::string& hf_dir, int threads) : cfg_(HfConfig::lo
     L->wk = load_matrix(*ck, c, p + "self_attn.k_proj.weight", c.num_kv_heads * hd, H);
     L->wv = load_matrix(*ck, c, p + "self_attn.v_proj.weight", c.num_kv_heads * hd, H);
     L->wo = load_matrix(*ck, c, p + "self_attn.o_proj.weight", H, c.num_heads * hd);
-    L->wg = load_matrix(*ck, c, p + "mlp.gate_proj.weight", F, H);
-    L->wu = load_matrix(*ck, c, p + "mlp.up_proj.weight", F, H);
-    L->wd = load_matrix(*ck, c, p + "mlp.down_proj.weight", H, F);
-    if (c.arch == "qwen3") {
+    if (c.moe()) {
+      auto& m = L->moe;
+      m.n_expert = c.num_experts; m.n_used = c.num_experts_per_tok; m.hidden = H; m.ff = c.moe_intermediate_size;
+      m.norm_topk = true;  // llama.cpp's qwen3moe, whatever norm_topk_prob says
+      m.router = load_matrix(*ck, c, p + "mlp.gate.weight", m.n_expert, H);
+      for (int64_t e = 0; e < m.n_expert; ++e) {
+        const std::string x = fmt::format("{}mlp.experts.{}.", p, e);
+        m.gate.push_back(load_matrix(*ck, c, x + "gate_proj.weight", m.ff, H));
+        m.up.push_back(load_matrix(*ck, c, x + "up_proj.weight", m.ff, H));
+        m.down.push_back(load_matrix(*ck, c, x + "down_proj.weight", H, m.ff));
+      }
+    } else {
+      L->wg = load_matrix(*ck, c, p + "mlp.gate_proj.weight", F, H);
+      L->wu = load_matrix(*ck, c, p + "mlp.up_proj.weight", F, H);
+      L->wd = load_matrix(*ck, c, p + "mlp.down_proj.weight", H, F);
+    }
+    if (c.qk_norm()) {
       L->q_norm = load_vector(*ck, p + "self_attn.q_norm.weight", hd);
       L->k_norm = load_vector(*ck, p + "self_attn.k_norm.weight", hd);
     }
@@ -90,7 +105,7 @@ CpuEngine::CpuEngine(const std::string& hf_dir, int threads) : cfg_(HfConfig::lo
   auto& r = ggml_rope_;
   r.n_dims = int(hd);
   r.freq_base = float(c.rope_theta);
-  r.mode = c.arch == "qwen3" ? RopeMode::Neox : RopeMode::Norm;
+  r.mode = c.qk_norm() ? RopeMode::Neox : RopeMode::Norm;
   r.n_ctx_orig = int(c.rope_scaling.original_max_position_embeddings ? c.rope_scaling.original_max_position_embeddings : c.max_position_embeddings);
   faithful_ok_ = true;
   switch (c.rope_scaling.type) {
@@ -125,8 +140,12 @@ void CpuEngine::round_weights_to(int bits) {
     });
   };
   round(embed_);
-  for (auto& L : layers_)
+  for (auto& L : layers_) {
     for (auto* w : {&L->wq, &L->wk, &L->wv, &L->wo, &L->wg, &L->wu, &L->wd}) round(*w);
+    round(L->moe.router);  // an F32 tensor in the GGUF, holding the checkpoint's (rounded) values
+    for (auto* set : {&L->moe.gate, &L->moe.up, &L->moe.down})
+      for (auto& w : *set) round(w);
+  }
   for (auto& w : wq_perm_) round(w);
   for (auto& w : wk_perm_) round(w);
 }
@@ -148,7 +167,7 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, in
   for (auto& kq : kq8) kq.resize(size_t(T) * q8_row);
   for (auto& k : kcache) k.resize(size_t(T * kvd));
   for (auto& v : vcache) v.resize(size_t(T * kvd));
-  if (lanes && (H % lanes || F % lanes || qd % lanes || hd % lanes)) lanes = 0;
+  if (lanes && (H % lanes || (!c.moe() && F % lanes) || qd % lanes || hd % lanes)) lanes = 0;
   std::vector<float> xr;
   auto gemm = [&](const float* xx, const std::vector<float>& w, int64_t rows, int64_t in, int64_t out, float* y) {
     if (act_precision_ != 32) {
@@ -178,7 +197,7 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, in
       gemm(x.data(), permuted ? wq_perm_[size_t(l)] : L.wq, n, H, qd, q.data());
       gemm(x.data(), permuted ? wk_perm_[size_t(l)] : L.wk, n, H, kvd, k.data());
       gemm(x.data(), L.wv, n, H, kvd, v.data());
-      if (c.arch == "qwen3") {
+      if (c.qk_norm()) {
         rmsnorm_rows(q.data(), L.q_norm.data(), q.data(), n * nh, hd, eps);
         rmsnorm_rows(k.data(), L.k_norm.data(), k.data(), n * nkv, hd, eps);
       }
@@ -306,6 +325,11 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, in
       gemm(att.data(), L.wo, n, qd, H, o.data());
       for (size_t i = 0; i < h.size(); ++i) h[i] += o[i];
       rmsnorm_rows(h.data(), L.post_norm.data(), x.data(), n, H, eps);
+      if (c.moe()) {
+        moe_ffn(L.moe, x.data(), n, faithful ? lanes : 0, act_precision_, threads_, o.data());
+        for (size_t i = 0; i < h.size(); ++i) h[i] += o[i];
+        continue;
+      }
       g.resize(size_t(n * F));
       u.resize(size_t(n * F));
       gemm(x.data(), L.wg, n, H, F, g.data());

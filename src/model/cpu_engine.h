@@ -1,4 +1,4 @@
-// The prefill engine's CPU backend: a chunked causal forward for llama and qwen3 HF checkpoints
+// The prefill engine's CPU backend: a chunked causal forward for llama, qwen3 and qwen3moe HF checkpoints
 // (f32/f16/bf16, block-FP8 dequantized on load) with its own numerics (OpenBLAS GEMMs, f32
 // attention). No prefix caching: every request computes every token. The only output the bridge
 // needs is the per-layer hook: the residual stream entering each layer, per chunk.

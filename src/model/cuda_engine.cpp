@@ -154,6 +154,7 @@ std::string fp8_unsupported(const HfConfig& c, const SafetensorsCheckpoint& ck) 
 CudaEngine::CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8)
     : cfg_(HfConfig::load(hf_dir)), w_(std::make_unique<Weights>()), kv_fp8_(kv_fp8) {
   const auto& c = cfg_;
+  if (c.moe()) throw std::runtime_error(fmt::format("CUDA engine: {} (mixture of experts) is not implemented yet; use --device cpu", c.arch));
   if (c.head_dim != 64 && c.head_dim != 128) throw std::runtime_error(fmt::format("CUDA engine: head_dim {} not supported (64, 128)", c.head_dim));
   if (c.hidden_size % 8 || c.intermediate_size % 8) throw std::runtime_error("CUDA engine: hidden and intermediate sizes must be multiples of 8");
   if (c.attention_bias) throw std::runtime_error("CUDA engine: attention biases are not supported");
@@ -194,7 +195,7 @@ CudaEngine::CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8)
     Weights::Layer L;
     L.in_norm = upload_f32(ck->to_f32(p + "input_layernorm.weight"));
     L.post_norm = upload_f32(ck->to_f32(p + "post_attention_layernorm.weight"));
-    if (c.arch == "qwen3") {
+    if (c.qk_norm()) {
       L.q_norm = upload_f32(ck->to_f32(p + "self_attn.q_norm.weight"));
       L.k_norm = upload_f32(ck->to_f32(p + "self_attn.k_norm.weight"));
     }

@@ -70,6 +70,63 @@ void swiglu(int64_t rows, int64_t n, float* y, const float* gate, const float* u
   }
 }
 
+namespace {
+// GGML_F32_VEC_REDUCE over GGML_F32_ARR = 4 vectors of `lanes` floats held in acc[0 .. 4*lanes).
+float reduce_vec_dot(float* acc, int lanes) {
+  for (int i = 0; i < 2 * lanes; ++i) acc[i] = acc[i] + acc[i + 2 * lanes];
+  for (int i = 0; i < lanes; ++i) acc[i] = acc[i] + acc[i + lanes];
+  if (lanes == 8) {  // _mm_add_ps(lo, hi), then two _mm_hadd_ps: neighbour pairs
+    for (int i = 0; i < 4; ++i) acc[i] = acc[i] + acc[i + 4];
+    return fold_lanes(acc, 4);
+  }
+  return fold_lanes(acc, lanes);  // _mm512_reduce_add_ps halves; vaddvq_f32 neighbour pairs
+}
+
+// The vectorized part of ggml_vec_dot_f32/_f16: elements [0, *np) summed and reduced.
+float vec_dot_body(const float* x, const float* y, int64_t n, int lanes, int64_t* np) {
+  const int64_t step = 4 * int64_t(lanes);
+  *np = n / step * step;
+  float acc[64] = {};
+  for (int64_t i = 0; i < *np; i += step)
+    for (int64_t j = 0; j < step; ++j) acc[j] = std::fma(x[i + j], y[i + j], acc[j]);
+  return reduce_vec_dot(acc, lanes);
+}
+}  // namespace
+
+float vec_dot_f32(const float* x, const float* y, int64_t n, int lanes) {
+  int64_t np = 0;
+  float sum = vec_dot_body(x, y, n, checked_lanes(lanes), &np);
+  for (int64_t i = np; i < n; ++i) sum = std::fma(x[i], y[i], sum);  // `sumf += x[i]*y[i]`, contracted
+  return sum;
+}
+
+float vec_dot_f16(const float* x, const float* y, int64_t n, int lanes) {
+  int64_t np = 0;
+  double sum = double(vec_dot_body(x, y, n, checked_lanes(lanes), &np));
+  for (int64_t i = np; i < n; ++i) sum += double(x[i] * y[i]);
+  return float(sum);
+}
+
+void soft_max_row(const float* x, float* y, int64_t n, int lanes) {
+  lanes = checked_lanes(lanes);
+  float max = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) max = std::max(max, x[i]);
+  double sum = 0;
+  int64_t i = 0;
+  float v[16];
+  for (; i + lanes <= n; i += lanes) {
+    for (int l = 0; l < lanes; ++l) v[l] = y[i + l] = v_expf(x[i + l] - max, lanes);
+    sum += double(fold_lanes(v, lanes));
+  }
+  for (; i < n; ++i) {
+    const float e = expf(x[i] - max);
+    sum += double(e);
+    y[i] = e;
+  }
+  const float inv = float(1.0 / sum);
+  for (int64_t k = 0; k < n; ++k) y[k] *= inv;
+}
+
 void flash_attn_row(const float* q, const float* k, const float* v, int64_t stride, int64_t n_valid, int64_t hd, float scale,
                     float* out, int lanes) {
   lanes = checked_lanes(lanes);

@@ -17,6 +17,19 @@ float silu(float x, int lanes = 8);    // ggml_v_silu: x / (1 + v_expf(-x))
 // goes through ggml_silu_f32 (libm expf), as in ggml.
 void swiglu(int64_t rows, int64_t n, float* y, const float* gate, const float* up, int lanes = 8);
 
+// ggml_vec_dot_f32 / ggml_vec_dot_f16 (the per-row products of mul_mat_id, i.e. every MoE expert
+// matmul, which never go through tinyBLAS): 4 accumulators of `lanes` floats over steps of 4*lanes,
+// folded pairwise, then the vector's horizontal sum (AVX-512 halves; AVX2 halves to 4 then hadd's
+// neighbour pairs; NEON vaddvq), then the scalar tail (f32: in float with FMA; f16: in double).
+// For f16 pass the values already rounded to f16.
+float vec_dot_f32(const float* x, const float* y, int64_t n, int lanes = 8);
+float vec_dot_f16(const float* x, const float* y, int64_t n, int lanes = 8);
+
+// ggml_compute_forward_soft_max_f32 on one row without mask or scale: max, ggml_vec_soft_max_f32
+// (ggml_v_expf per full vector, its horizontal sum added to a double total; libm expf for the
+// tail), then every element times (float)(1/total).
+void soft_max_row(const float* x, float* y, int64_t n, int lanes = 8);
+
 // One query row of ggml_compute_forward_flash_attn_ext_tiled: keys/values [n_keys x stride] (rows
 // already as the decoder's cache holds them), only keys j < n_valid are visible (causal mask).
 void flash_attn_row(const float* q, const float* k, const float* v, int64_t stride, int64_t n_valid, int64_t head_dim,

@@ -4,10 +4,36 @@
 
 namespace pdb {
 
-std::vector<std::string> preset_names() { return {"tiny", "small", "8b"}; }
+std::vector<std::string> preset_names() { return {"tiny", "small", "8b", "qwen3-30b-a3b"}; }
+
+namespace {
+// Qwen3MoE shapes. tiny: every width a multiple of 64, so the decoder's per-row expert dot products
+// (ggml_vec_dot, 32 or 64 floats per step) have no scalar tail on any x86 ISA.
+HfConfig qwen3moe_preset(const std::string& preset) {
+  HfConfig c;
+  c.arch = "qwen3moe";
+  c.torch_dtype = "float32";
+  c.rope_theta = 1000000.0;
+  c.rms_norm_eps = 1e-6;
+  c.norm_topk_prob = true;
+  if (preset == "tiny") {
+    c.hidden_size = 128; c.num_layers = 2; c.num_heads = 4; c.num_kv_heads = 2; c.head_dim = 64;
+    c.intermediate_size = 384; c.max_position_embeddings = 32768;
+    c.num_experts = 8; c.num_experts_per_tok = 2; c.moe_intermediate_size = 64;
+  } else if (preset == "qwen3-30b-a3b") {  // Qwen3-30B-A3B's config.json
+    c.hidden_size = 2048; c.num_layers = 48; c.num_heads = 32; c.num_kv_heads = 4; c.head_dim = 128;
+    c.intermediate_size = 6144; c.max_position_embeddings = 40960;
+    c.num_experts = 128; c.num_experts_per_tok = 8; c.moe_intermediate_size = 768;
+  } else {
+    throw std::invalid_argument("unknown qwen3moe preset '" + preset + "' (tiny, qwen3-30b-a3b)");
+  }
+  return c;
+}
+}  // namespace
 
 HfConfig preset_config(const std::string& arch, const std::string& preset) {
-  if (arch != "llama" && arch != "qwen3") throw std::invalid_argument("unknown arch '" + arch + "' (llama, qwen3)");
+  if (arch == "qwen3moe") return qwen3moe_preset(preset);
+  if (arch != "llama" && arch != "qwen3") throw std::invalid_argument("unknown arch '" + arch + "' (llama, qwen3, qwen3moe)");
   HfConfig c;
   c.arch = arch;
   c.torch_dtype = "float32";

@@ -146,6 +146,12 @@ std::vector<std::string> config_mismatches(const std::string& hf_dir, const std:
   differ("head dim", double(hc.head_dim), double(ri.head_dim), 0);
   differ("rms_norm_eps", hc.rms_norm_eps, ri.norm_eps, 1e-6);
   differ("rope_theta", hc.rope_theta, ri.rope.freq_base, 1e-6);
+  if (hc.moe()) {  // the experts never reach the cache, but an engine routing differently computes another model
+    const std::string a = ri.arch;
+    differ("num_experts", double(hc.num_experts), double(g->get_int_opt(a + ".expert_count").value_or(0)), 0);
+    differ("num_experts_per_tok", double(hc.num_experts_per_tok), double(g->get_int_opt(a + ".expert_used_count").value_or(0)), 0);
+    differ("moe_intermediate_size", double(hc.moe_intermediate_size), double(g->get_int_opt(a + ".expert_feed_forward_length").value_or(0)), 0);
+  }
   const auto& rs = hc.rope_scaling;
   const auto& r = ri.rope;
   const bool gguf_linear_or_yarn = r.freq_scale != 1.0f;

@@ -1,6 +1,7 @@
 // Recipe for llama.cpp's `qwen3` architecture (src/models/qwen3.cpp in the decoder):
 //   x = rms_norm(h) * attn_norm;  K = RoPE_NEOX(rms_norm_per_head(Wk x) * attn_k_norm);  V = Wv x
 // No row permutation: qwen3 GGUFs keep HF's rotate-half layout, which is ggml's NEOX mode.
+// qwen3moe (recipes/qwen3moe.cpp) caches exactly this: only its FFN differs.
 #include <fmt/format.h>
 
 #include "formats/gguf.h"
@@ -12,9 +13,9 @@ namespace {
 
 class Qwen3Recipe final : public Recipe {
  public:
-  Qwen3Recipe(const GgufFile& g, int threads, int max_layers) {
+  Qwen3Recipe(const GgufFile& g, int threads, int max_layers, const std::string& arch) {
     threads_ = threads;
-    load_common(g, "qwen3", max_layers);
+    load_common(g, arch, max_layers);
     for (int64_t l = 0; l < loaded_layers_; ++l) {
       auto n = g.to_f32(g.tensor(fmt::format("blk.{}.attn_k_norm.weight", l)));
       if (int64_t(n.size()) != info_.head_dim) throw std::runtime_error("attn_k_norm has the wrong size");
@@ -35,6 +36,12 @@ class Qwen3Recipe final : public Recipe {
 
 }  // namespace
 
-std::unique_ptr<Recipe> make_qwen3_recipe(const GgufFile& g, int threads, int max_layers) { return std::make_unique<Qwen3Recipe>(g, threads, max_layers); }
+std::unique_ptr<Recipe> make_qwen3_recipe(const GgufFile& g, int threads, int max_layers) {
+  return std::make_unique<Qwen3Recipe>(g, threads, max_layers, "qwen3");
+}
+// The cache math shared with qwen3moe, whose attention is qwen3's.
+std::unique_ptr<Recipe> make_qwen3_family_recipe(const GgufFile& g, int threads, int max_layers, const std::string& arch) {
+  return std::make_unique<Qwen3Recipe>(g, threads, max_layers, arch);
+}
 
 }  // namespace pdb

@@ -19,6 +19,7 @@ namespace pdb {
 
 std::unique_ptr<Recipe> make_llama_recipe(const GgufFile& g, int threads, int max_layers);
 std::unique_ptr<Recipe> make_qwen3_recipe(const GgufFile& g, int threads, int max_layers);
+std::unique_ptr<Recipe> make_qwen3moe_recipe(const GgufFile& g, int threads, int max_layers);
 
 CacheSpec CacheSpec::decoder_default(GgmlType k, GgmlType v, int64_t head_dim) {
   CacheSpec s;
@@ -36,7 +37,8 @@ std::unique_ptr<Recipe> Recipe::load(const std::string& gguf_path, int threads, 
   std::unique_ptr<Recipe> r;
   if (arch == "llama") r = make_llama_recipe(*g, threads, max_layers);
   else if (arch == "qwen3") r = make_qwen3_recipe(*g, threads, max_layers);
-  else throw std::runtime_error(fmt::format("{}: no recipe for decoder architecture '{}' (llama, qwen3)", gguf_path, arch));
+  else if (arch == "qwen3moe") r = make_qwen3moe_recipe(*g, threads, max_layers);
+  else throw std::runtime_error(fmt::format("{}: no recipe for decoder architecture '{}' (llama, qwen3, qwen3moe)", gguf_path, arch));
   const auto* te = g->find_tensor("token_embd.weight");
   if (te && te->ne.size() == 2 && te->ne[0] == r->info_.n_embd && can_dequantize(te->type)) r->gguf_ = g;
   return r;
@@ -89,7 +91,7 @@ RecipeInfo read_recipe_info(const GgufFile& g) {
     throw std::runtime_error("decoders with different K and V head sizes are not supported");
   info.norm_eps = float(g.get_float(a + ".attention.layer_norm_rms_epsilon"));
   auto& r = info.rope;
-  r.mode = a == "qwen3" ? RopeMode::Neox : RopeMode::Norm;
+  r.mode = a == "qwen3" || a == "qwen3moe" ? RopeMode::Neox : RopeMode::Norm;
   r.n_dims = int(g.get_int_opt(a + ".rope.dimension_count").value_or(info.head_dim));
   r.freq_base = float(g.get_float_opt(a + ".rope.freq_base").value_or(10000.0));
   const std::string stype = g.find(a + ".rope.scaling.type") ? g.get_string(a + ".rope.scaling.type") : "none";

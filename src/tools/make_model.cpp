@@ -200,13 +200,15 @@ void make_model(const MakeModelOptions& o) {
   };
   const auto specs = hf_tensor_specs(c);
   std::map<std::string, HfTensorSpec> by_name;
-  for (const auto& s : specs) by_name[s.hf_name] = s;
+  for (const auto& s : specs)
+    if (!s.hf_name.empty()) by_name[s.hf_name] = s;
   HfWeightSource master = [&](const std::string& name, float* dst) { fill_master(by_name.at(name), dst); };
 
   // HF checkpoint
   spdlog::info("make-model: {} {} seed {} -> {}/hf ({}, vocab {})", o.arch, o.preset, seed, o.out, o.hf_dtype, c.vocab_size);
   SafetensorsWriter sw;
   for (const auto& sp : specs) {
+    if (sp.hf_name.empty()) continue;  // a GGUF-only stack of HF tensors (MoE experts)
     const bool matrix = sp.shape.size() == 2;
     const bool fp8_weight = c.fp8 && matrix && sp.hf_name != "model.embed_tokens.weight" && sp.hf_name != "lm_head.weight";
     StDtype dt = o.hf_dtype == "f32" ? StDtype::F32 : o.hf_dtype == "f16" ? StDtype::F16 : StDtype::BF16;
