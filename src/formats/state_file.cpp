@@ -45,8 +45,19 @@ uint64_t StateLayout::kv_bytes_per_cell() const {
   return b;
 }
 
+std::vector<StateSection> StateLayout::sections() const {
+  std::vector<StateSection> out;
+  for (uint32_t l = 0; l < n_layer(); ++l) out.push_back({l, SectionKind::K, layers[l].k_type, layers[l].k_row_bytes, layers[l].n_embd_k, false});
+  for (uint32_t l = 0; l < n_layer(); ++l)
+    if (layers[l].has_v()) out.push_back({l, SectionKind::V, layers[l].v_type, layers[l].v_row_bytes, layers[l].n_embd_v, v_trans});
+  return out;
+}
+
 std::string StateLayout::describe() const {
   if (layers.empty()) return fmt::format("n_stream {} (no layers)", n_stream);
+  if (!has_v())
+    return fmt::format("n_stream {} stream {} layers {} K {} ({} B/row), no V sections{}", n_stream, stream, layers.size(),
+                       ggml_type_name(layers[0].k_type), layers[0].k_row_bytes, v_trans ? " v_trans" : "");
   return fmt::format("n_stream {} stream {} layers {} K {} ({} B/row) V {} ({} B/row){}", n_stream, stream, layers.size(),
                      ggml_type_name(layers[0].k_type), layers[0].k_row_bytes, ggml_type_name(layers[0].v_type),
                      layers[0].v_row_bytes, v_trans ? " v_trans" : "");
@@ -110,6 +121,13 @@ ParsedState parse_state_bytes(std::vector<uint8_t> bytes, const std::string& nam
       L.n_embd_k = uint32_t(L.k_row_bytes / tr->type_size * tr->block_size);
       s.k_data.push_back(r.take(L.k_row_bytes * cells, "K rows"));
     }
+    // A cache without V tensors (MLA) writes no V section at all: what follows is then only the
+    // zero cell counts of the streams after this one. A V section is at least 12 bytes per layer,
+    // so the two cannot be confused.
+    if (r.n - r.pos == 4 * uint64_t(s.layout.n_stream - st - 1)) {
+      for (auto& L : s.layout.layers) { L.v_row_bytes = 0; L.n_embd_v = 0; }
+      continue;
+    }
     for (uint32_t l = 0; l < n_layer; ++l) {
       auto& L = s.layout.layers[l];
       const int32_t vt = r.get<int32_t>("v_type");
@@ -157,6 +175,8 @@ StateFileGeometry::StateFileGeometry(const StateLayout& layout, size_t n_tokens,
     off += l.k_row_bytes * n_cells;
   }
   for (const auto& l : layout.layers) {
+    if (l.has_v() != layout.has_v()) throw std::invalid_argument("a layout with V sections in some layers only");
+    if (!l.has_v()) continue;
     off += layout.v_trans ? 4 + 4 + 4 : 4 + 8;
     v_base_.push_back(off);
     off += l.v_row_bytes * n_cells;
@@ -215,6 +235,7 @@ StateFileWriter::StateFileWriter(const std::string& path, const StateLayout& lay
     std::memcpy(kh, &kt, 4);
     std::memcpy(kh + 4, &L.k_row_bytes, 8);
     pwrite_all(kh, 12, geo_.k_row_offset(l, 0) - 12);
+    if (!L.has_v()) continue;
     const int32_t vt = int32_t(L.v_type);
     if (!layout.v_trans) {
       std::memcpy(kh, &vt, 4);
@@ -254,6 +275,7 @@ void StateFileWriter::write_k_rows(uint32_t layer, uint32_t cell, uint32_t rows,
 void StateFileWriter::write_v_rows(uint32_t layer, uint32_t cell, uint32_t rows, const uint8_t* data) {
   const auto& lay = geo_.layout();
   if (layer >= lay.n_layer() || uint64_t(cell) + rows > geo_.n_cells()) throw std::out_of_range("V rows outside the state file");
+  if (!lay.layers[layer].has_v()) throw std::out_of_range("V rows for a layout without V sections");
   const auto& L = lay.layers[layer];
   if (!lay.v_trans) {
     pwrite_all(data, size_t(L.v_row_bytes) * rows, geo_.v_row_offset(layer, cell));

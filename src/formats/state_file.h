@@ -18,8 +18,26 @@ struct StateLayerTypes {
   GgmlType k_type = GgmlType::F16;
   uint64_t k_row_bytes = 0;
   GgmlType v_type = GgmlType::F16;
-  uint64_t v_row_bytes = 0;  // non-transposed V; for v_trans this is elem_bytes * n_embd_v
+  // non-transposed V; for v_trans this is elem_bytes * n_embd_v. 0: the layer has no V section at all,
+  // not even a header (MLA: deepseek2 caches one K row, and V is a view of it).
+  uint64_t v_row_bytes = 0;
   uint32_t n_embd_k = 0, n_embd_v = 0;  // elements per row
+  bool has_v() const { return v_row_bytes != 0; }
+};
+
+// One section of a decoder's state: rows of one kind for one layer, as the file holds them. The
+// contract between recipe, wire and assembler is "rows of a section": a frame names its section and
+// its first row, the layout says where a row sits. In llama.cpp's plain KV cache every section has
+// one row per token (cell); a pooled cache (DeepSeek-V4) will add sections with other row counts.
+enum class SectionKind : uint8_t { K = 0, V = 1 };
+struct StateSection {
+  uint32_t layer = 0;
+  SectionKind kind = SectionKind::K;
+  GgmlType type = GgmlType::F16;
+  uint64_t row_bytes = 0;
+  uint32_t n_embd = 0;
+  bool transposed = false;  // V of a v_trans file: element-major
+  uint64_t rows_for(uint64_t n_tokens) const { return n_tokens; }
 };
 
 // Everything the decoder's reader checks, learned from a file the running decoder wrote itself.
@@ -29,6 +47,9 @@ struct StateLayout {
   bool v_trans = false;
   std::vector<StateLayerTypes> layers;
   uint32_t n_layer() const { return uint32_t(layers.size()); }
+  bool has_v() const { return !layers.empty() && layers[0].has_v(); }
+  // Every section in file order (all K sections, then all V sections where there are any).
+  std::vector<StateSection> sections() const;
   uint64_t kv_bytes_per_cell() const;
   std::string describe() const;
 };
@@ -39,7 +60,8 @@ struct ParsedState {
   StateLayout layout;
   uint32_t cell_count = 0;
   std::vector<int32_t> positions;
-  // K row r of layer l: k_data[l] + r * k_row_bytes. V: row-major when !v_trans, else element-major.
+  // K row r of layer l: k_data[l] + r * k_row_bytes. V: row-major when !v_trans, else element-major;
+  // v_data is empty when the layout has no V sections.
   std::vector<const uint8_t*> k_data, v_data;
   std::vector<uint8_t> storage;  // owns the bytes (the file)
 };

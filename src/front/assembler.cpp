@@ -22,7 +22,7 @@ int64_t CaptureAssembler::finish_partial(const std::string& path) {
   const int64_t tp = trailer_->value("tokens", int64_t(0));
   if (tp <= 0 || tp > T_) throw std::runtime_error(fmt::format("partial trailer with {} of {} tokens", tp, T_));
   for (size_t l = 0; l < layout_.layers.size(); ++l)
-    if (k_next_[l] < tp || v_next_[l] < tp)
+    if (k_next_[l] < tp || (layout_.layers[l].has_v() && v_next_[l] < tp))
       throw std::runtime_error(fmt::format("partial capture: layer {} covers K {} V {} of the sealed {} rows", l, k_next_[l], v_next_[l], tp));
   std::vector<int32_t> prefix(tokens_.begin(), tokens_.begin() + tp);
   // A different temporary name: `path`.partial is the file being read.
@@ -36,6 +36,7 @@ int64_t CaptureAssembler::finish_partial(const std::string& path) {
       buf.resize(size_t(std::max(L.k_row_bytes, L.v_row_bytes)) * n);
       writer_.read_k_rows(l, c, n, buf.data());
       out.write_k_rows(l, c, n, buf.data());
+      if (!L.has_v()) continue;
       writer_.read_v_rows(l, c, n, buf.data());
       out.write_v_rows(l, c, n, buf.data());
     }
@@ -70,6 +71,7 @@ void CaptureAssembler::on_frame(const wire::FrameHeader& h, const uint8_t* paylo
   if (h.layer >= n_layer) throw wire::Error(fmt::format("frame for layer {} of {}", h.layer, n_layer));
   const bool is_k = h.kind == wire::FrameKind::K;
   const auto& LT = layout_.layers[h.layer];
+  if (!is_k && !LT.has_v()) throw wire::Error(fmt::format("V rows for layer {}, which has no V section in the decoder's state", h.layer));
   const GgmlType want = is_k ? LT.k_type : LT.v_type;
   if (h.type != uint8_t(want))
     throw wire::Error(fmt::format("layer {} {} rows of type {} (decoder wants {})", h.layer, wire::kind_name(h.kind), h.type, ggml_type_name(want)));
@@ -91,7 +93,7 @@ void CaptureAssembler::finish() {
   if (st != "complete") throw std::runtime_error(fmt::format("capture {} at {} tokens: {}", st, trailer_->value("tokens", 0), trailer_->value("reason", "")));
   if (trailer_->value("tokens", int64_t(-1)) != T_) throw std::runtime_error("trailer token count differs from the request");
   for (size_t l = 0; l < layout_.layers.size(); ++l)
-    if (k_next_[l] != T_ || v_next_[l] != T_)
+    if (k_next_[l] != T_ || (layout_.layers[l].has_v() && v_next_[l] != T_))
       throw std::runtime_error(fmt::format("layer {} incomplete: K {} V {} of {} rows", l, k_next_[l], v_next_[l], T_));
   writer_.commit();
 }

@@ -1,0 +1,148 @@
+// The state-file owner on layouts with and without V sections: what the writer lays out, the parser
+// reads back byte for byte, and the assembler refuses rows for sections the decoder's state lacks.
+#include "formats/state_file.h"
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+
+#include "front/assembler.h"
+#include "wire/protocol.h"
+
+namespace pdb {
+namespace {
+
+std::string scratch(const std::string& name) {
+  const auto d = std::filesystem::temp_directory_path() / ("pdb-state-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(d);
+  return (d / name).string();
+}
+
+// deepseek2 with MLA: one 576-wide K row per token per layer, no V tensors.
+StateLayout mla_layout(uint32_t n_layer, uint32_t n_stream) {
+  StateLayout lay;
+  lay.n_stream = n_stream;
+  for (uint32_t l = 0; l < n_layer; ++l) {
+    StateLayerTypes t;
+    t.k_type = GgmlType::F16;
+    t.n_embd_k = 576;
+    t.k_row_bytes = 576 * 2;
+    lay.layers.push_back(t);
+  }
+  return lay;
+}
+
+std::vector<uint8_t> pattern(size_t n, uint8_t seed) {
+  std::vector<uint8_t> b(n);
+  for (size_t i = 0; i < n; ++i) b[i] = uint8_t(i * 131 + seed);
+  return b;
+}
+
+}  // namespace
+
+TEST(StateFile, LayoutWithoutVSectionsRoundTrips) {
+  for (uint32_t n_stream : {1u, 3u}) {
+    const StateLayout lay = mla_layout(3, n_stream);
+    EXPECT_FALSE(lay.has_v());
+    ASSERT_EQ(lay.sections().size(), 3u);  // K sections only
+    const uint32_t cells = 37;
+    std::vector<int32_t> tokens(cells);
+    std::iota(tokens.begin(), tokens.end(), 100);
+    const std::string path = scratch("mla.bin");
+    {
+      StateFileWriter w(path, lay, tokens, cells);
+      for (uint32_t l = 0; l < 3; ++l) {
+        const auto rows = pattern(lay.layers[l].k_row_bytes * cells, uint8_t(l));
+        w.write_k_rows(l, 0, cells, rows.data());
+      }
+      std::vector<uint8_t> v(1152);
+      EXPECT_THROW(w.write_v_rows(0, 0, 1, v.data()), std::out_of_range);
+      // llama.cpp's arithmetic (fact sheet §3): header, tokens, stream counts, 12 B of metadata per
+      // cell, v_trans + n_layer, then per layer a 12-byte K header and the rows; nothing for V.
+      EXPECT_EQ(w.geometry().total_bytes(), 12 + 4 * cells + 4 + 4 * n_stream + 12 * cells + 8 + 3 * (12 + 1152 * cells));
+      w.commit();
+    }
+    const ParsedState s = parse_state_file(path);
+    EXPECT_EQ(s.cell_count, cells);
+    EXPECT_EQ(s.tokens, tokens);
+    ASSERT_EQ(s.layout.n_layer(), 3u);
+    EXPECT_FALSE(s.layout.has_v()) << s.layout.describe();
+    EXPECT_TRUE(s.v_data.empty());
+    for (uint32_t l = 0; l < 3; ++l) {
+      EXPECT_EQ(s.layout.layers[l].n_embd_k, 576u);
+      const auto rows = pattern(1152 * cells, uint8_t(l));
+      EXPECT_EQ(0, std::memcmp(s.k_data[l], rows.data(), rows.size())) << "layer " << l;
+    }
+  }
+}
+
+TEST(StateFile, LayoutWithVSectionsStillHasThem) {
+  StateLayout lay;
+  for (int l = 0; l < 2; ++l) {
+    StateLayerTypes t;
+    t.n_embd_k = t.n_embd_v = 128;
+    t.k_row_bytes = t.v_row_bytes = 256;
+    lay.layers.push_back(t);
+  }
+  ASSERT_EQ(lay.sections().size(), 4u);
+  EXPECT_EQ(lay.sections()[2].kind, SectionKind::V);
+  std::vector<int32_t> tokens(5, 7);
+  const std::string path = scratch("kv.bin");
+  {
+    StateFileWriter w(path, lay, tokens, 5);
+    const auto rows = pattern(256 * 5, 9);
+    for (uint32_t l = 0; l < 2; ++l) { w.write_k_rows(l, 0, 5, rows.data()); w.write_v_rows(l, 0, 5, rows.data()); }
+    w.commit();
+  }
+  const ParsedState s = parse_state_file(path);
+  EXPECT_TRUE(s.layout.has_v());
+  ASSERT_EQ(s.v_data.size(), 2u);
+  EXPECT_EQ(s.layout.layers[1].v_row_bytes, 256u);
+}
+
+TEST(StateFile, AssemblerRefusesVRowsForALayoutWithoutThem) {
+  const StateLayout lay = mla_layout(1, 1);
+  std::vector<int32_t> tokens(4, 3);
+  CaptureAssembler as(scratch("asm.bin"), lay, tokens, "fp");
+  std::vector<uint8_t> frames;
+  wire::encode_json_frame(wire::FrameKind::Hello, {{"fingerprint", "fp"}, {"n_tokens", 4}, {"k_row_bytes", 1152}, {"v_row_bytes", 0}}, frames);
+  as.feed(frames.data(), frames.size());
+  const auto rows = pattern(1152 * 4, 1);
+  std::vector<uint8_t> v;
+  wire::FrameHeader h;
+  h.kind = wire::FrameKind::V;
+  h.type = uint8_t(GgmlType::F16);
+  h.n_rows = 4;
+  wire::encode_frame(h, rows.data(), rows.size(), v);
+  EXPECT_THROW(as.feed(v.data(), v.size()), wire::Error);
+}
+
+TEST(StateFile, KOnlyCaptureCommitsWhenEveryKSectionIsCovered) {
+  const StateLayout lay = mla_layout(2, 1);
+  std::vector<int32_t> tokens(4, 3);
+  const std::string path = scratch("asm2.bin");
+  CaptureAssembler as(path, lay, tokens, "fp");
+  std::vector<uint8_t> f;
+  wire::encode_json_frame(wire::FrameKind::Hello, {{"fingerprint", "fp"}, {"n_tokens", 4}, {"k_row_bytes", 1152}, {"v_row_bytes", 0}}, f);
+  const auto rows = pattern(1152 * 4, 2);
+  for (uint32_t l = 0; l < 2; ++l) {
+    wire::FrameHeader h;
+    h.kind = wire::FrameKind::K;
+    h.type = uint8_t(GgmlType::F16);
+    h.layer = l;
+    h.n_rows = 4;
+    wire::encode_frame(h, rows.data(), rows.size(), f);
+  }
+  wire::encode_json_frame(wire::FrameKind::Trailer, {{"status", "complete"}, {"tokens", 4}}, f);
+  as.feed(f.data(), f.size());
+  ASSERT_NO_THROW(as.finish());
+  const ParsedState s = parse_state_file(path);
+  EXPECT_FALSE(s.layout.has_v());
+  EXPECT_EQ(0, std::memcmp(s.k_data[1], rows.data(), rows.size()));
+}
+
+}  // namespace pdb
