@@ -45,10 +45,30 @@ HfConfig HfConfig::parse(const json& j) {
   if (mt == "llama") c.arch = "llama";
   else if (mt == "qwen3") c.arch = "qwen3";
   else if (mt == "qwen3_moe") c.arch = "qwen3moe";
-  else bad(fmt::format("model_type '{}' is not supported (llama, qwen3, qwen3_moe)", mt));
+  else if (mt == "deepseek_v2") c.arch = "deepseek2";
+  else bad(fmt::format("model_type '{}' is not supported (llama, qwen3, qwen3_moe, deepseek_v2)", mt));
   c.hidden_size = req_int(j, "hidden_size");
   // A MoE checkpoint's intermediate_size is the unused dense width (Qwen3-30B-A3B: 6144); optional there.
   c.intermediate_size = c.arch == "qwen3moe" && !j.contains("intermediate_size") ? 0 : req_int(j, "intermediate_size");
+  if (c.arch == "deepseek2") {
+    c.q_lora_rank = j.contains("q_lora_rank") && !j["q_lora_rank"].is_null() ? req_int(j, "q_lora_rank") : 0;
+    c.kv_lora_rank = req_int(j, "kv_lora_rank");
+    c.qk_nope_head_dim = req_int(j, "qk_nope_head_dim");
+    c.qk_rope_head_dim = req_int(j, "qk_rope_head_dim");
+    c.v_head_dim = req_int(j, "v_head_dim");
+    if (c.qk_rope_head_dim % 2) bad("qk_rope_head_dim must be even");
+    c.num_experts = req_int(j, "n_routed_experts");
+    c.num_experts_per_tok = req_int(j, "num_experts_per_tok");
+    c.moe_intermediate_size = req_int(j, "moe_intermediate_size");
+    c.n_shared_experts = req_int(j, "n_shared_experts");
+    c.first_k_dense_replace = j.value("first_k_dense_replace", int64_t(0));
+    c.norm_topk_prob = j.value("norm_topk_prob", false);
+    c.routed_scaling_factor = num(j, "routed_scaling_factor", 1.0);
+    if (j.value("scoring_func", std::string("softmax")) != "softmax") bad("scoring_func other than softmax (DeepSeek-V3's sigmoid) is not supported");
+    if (j.value("n_group", int64_t(1)) > 1 && j.value("topk_group", int64_t(1)) < j.value("n_group", int64_t(1)))
+      bad("group-limited routing (n_group > 1) is not supported: llama.cpp's rule differs from DeepSeek-V2's");
+    if (j.value("moe_layer_freq", int64_t(1)) != 1) bad("moe_layer_freq != 1 is not what llama.cpp's deepseek2 runs");
+  }
   if (c.arch == "qwen3moe") {
     c.num_experts = req_int(j, "num_experts");
     c.num_experts_per_tok = req_int(j, "num_experts_per_tok");
@@ -67,7 +87,8 @@ HfConfig HfConfig::parse(const json& j) {
   c.num_kv_heads = j.contains("num_key_value_heads") ? req_int(j, "num_key_value_heads") : c.num_heads;
   c.vocab_size = req_int(j, "vocab_size");
   c.max_position_embeddings = j.contains("max_position_embeddings") ? req_int(j, "max_position_embeddings") : 4096;
-  if (j.contains("head_dim") && !j["head_dim"].is_null()) c.head_dim = req_int(j, "head_dim");
+  if (c.arch == "deepseek2") c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  else if (j.contains("head_dim") && !j["head_dim"].is_null()) c.head_dim = req_int(j, "head_dim");
   else {
     if (c.hidden_size % c.num_heads) bad("hidden_size is not a multiple of num_attention_heads and head_dim is absent");
     c.head_dim = c.hidden_size / c.num_heads;
@@ -78,8 +99,10 @@ HfConfig HfConfig::parse(const json& j) {
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
   c.attention_bias = j.value("attention_bias", false);
   c.torch_dtype = j.value("torch_dtype", "float32");
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    const json& rs = j["rope_scaling"];
+  // transformers 5 re-saves call it rope_parameters
+  const char* rs_key = j.contains("rope_scaling") && !j["rope_scaling"].is_null() ? "rope_scaling" : "rope_parameters";
+  if (j.contains(rs_key) && !j[rs_key].is_null()) {
+    const json& rs = j[rs_key];
     if (!rs.is_object()) bad("rope_scaling must be an object or null");
     std::string t = rs.value("rope_type", rs.value("type", "default"));
     auto& s = c.rope_scaling;
@@ -96,6 +119,8 @@ HfConfig HfConfig::parse(const json& j) {
     s.beta_fast = num(rs, "beta_fast", 32.0);
     s.beta_slow = num(rs, "beta_slow", 1.0);
     if (rs.contains("attention_factor") && !rs["attention_factor"].is_null()) s.attention_factor = num(rs, "attention_factor", 1.0);
+    s.mscale = num(rs, "mscale", 0.0);
+    s.mscale_all_dim = num(rs, "mscale_all_dim", 0.0);
   }
   if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
     const json& q = j["quantization_config"];
@@ -122,22 +147,27 @@ HfConfig HfConfig::load(const std::string& dir) {
 
 json HfConfig::to_json() const {
   json j;
-  j["architectures"] = {arch == "llama" ? "LlamaForCausalLM" : arch == "qwen3" ? "Qwen3ForCausalLM" : "Qwen3MoeForCausalLM"};
-  j["model_type"] = arch == "qwen3moe" ? "qwen3_moe" : arch;
+  j["architectures"] = {arch == "llama" ? "LlamaForCausalLM" : arch == "qwen3" ? "Qwen3ForCausalLM"
+                        : arch == "qwen3moe" ? "Qwen3MoeForCausalLM" : "DeepseekV2ForCausalLM"};
+  j["model_type"] = arch == "qwen3moe" ? "qwen3_moe" : arch == "deepseek2" ? "deepseek_v2" : arch;
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
   if (moe()) {
-    j["num_experts"] = num_experts;
-    j["num_experts_per_tok"] = num_experts_per_tok;
-    j["moe_intermediate_size"] = moe_intermediate_size;
-    j["norm_topk_prob"] = norm_topk_prob;
-    j["decoder_sparse_step"] = 1;
-    j["mlp_only_layers"] = json::array();
+    j[arch == "deepseek2" ? "n_routed_experts" : "num_experts"] = num_experts;
+    j.update({{"num_experts_per_tok", num_experts_per_tok}, {"moe_intermediate_size", moe_intermediate_size}, {"norm_topk_prob", norm_topk_prob}});
   }
+  if (arch == "deepseek2")
+    j.update({{"q_lora_rank", q_lora_rank ? json(q_lora_rank) : json(nullptr)}, {"kv_lora_rank", kv_lora_rank},
+              {"qk_nope_head_dim", qk_nope_head_dim}, {"qk_rope_head_dim", qk_rope_head_dim}, {"v_head_dim", v_head_dim},
+              {"n_shared_experts", n_shared_experts}, {"first_k_dense_replace", first_k_dense_replace}, {"moe_layer_freq", 1},
+              {"routed_scaling_factor", routed_scaling_factor}, {"scoring_func", "softmax"}, {"topk_method", "greedy"},
+              {"n_group", 1}, {"topk_group", 1}});
+  else if (moe())
+    j.update({{"decoder_sparse_step", 1}, {"mlp_only_layers", json::array()}});
   j["num_hidden_layers"] = num_layers;
   j["num_attention_heads"] = num_heads;
   j["num_key_value_heads"] = num_kv_heads;
-  j["head_dim"] = head_dim;
+  if (arch != "deepseek2") j["head_dim"] = head_dim;  // deepseek's config derives it from the MLA dims
   j["vocab_size"] = vocab_size;
   j["max_position_embeddings"] = max_position_embeddings;
   j["rms_norm_eps"] = rms_norm_eps;
@@ -152,6 +182,8 @@ json HfConfig::to_json() const {
                {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
     if (rope_scaling.type == RopeScalingType::Llama3) { rs["low_freq_factor"] = rope_scaling.low_freq_factor; rs["high_freq_factor"] = rope_scaling.high_freq_factor; }
     if (rope_scaling.type == RopeScalingType::Yarn) { rs["beta_fast"] = rope_scaling.beta_fast; rs["beta_slow"] = rope_scaling.beta_slow; }
+    if (rope_scaling.mscale) rs["mscale"] = rope_scaling.mscale;
+    if (rope_scaling.mscale_all_dim) rs["mscale_all_dim"] = rope_scaling.mscale_all_dim;
     j["rope_scaling"] = rs;
   }
   if (fp8) j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"}, {"weight_block_size", {fp8_block_rows, fp8_block_cols}}};

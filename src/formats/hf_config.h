@@ -20,6 +20,7 @@ struct RopeScaling {
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
   double beta_fast = 32.0, beta_slow = 1.0;               // yarn
   std::optional<double> attention_factor;                  // yarn: default 0.1*ln(factor)+1
+  double mscale = 0, mscale_all_dim = 0;                   // deepseek yarn (0: absent)
 };
 
 struct HfConfig {
@@ -36,6 +37,12 @@ struct HfConfig {
   bool norm_topk_prob = true;
   bool moe() const { return num_experts > 0; }
   bool qk_norm() const { return arch == "qwen3" || arch == "qwen3moe"; }  // per-head RMSNorm of Q and K
+  // deepseek2 (DeepseekV2ForCausalLM): multi-head latent attention and shared experts. head_dim is
+  // then qk_nope + qk_rope (the score width); the cache row is kv_lora_rank + qk_rope wide.
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  int64_t n_shared_experts = 0, first_k_dense_replace = 0;
+  double routed_scaling_factor = 1.0;
+  bool mla() const { return kv_lora_rank > 0; }
   // Block-FP8 checkpoints: quantization_config {quant_method: fp8, weight_block_size: [128, 128]}.
   bool fp8 = false;
   int64_t fp8_block_rows = 128, fp8_block_cols = 128;

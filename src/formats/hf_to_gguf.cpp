@@ -12,7 +12,98 @@
 
 namespace pdb {
 
+namespace {
+
+// A SwiGLU MLP: HF <hf>.{gate,up,down}_proj -> GGUF ffn_{gate,up,down}<suffix> (dense: "", shared experts: "_shexp").
+void add_swiglu_mlp(const std::string& hf, const std::string& g, const std::string& suffix, int64_t F, int64_t H, std::vector<HfTensorSpec>& s) {
+  s.push_back({hf + ".gate_proj.weight", {F, H}, g + "ffn_gate" + suffix + ".weight", 0});
+  s.push_back({hf + ".up_proj.weight", {F, H}, g + "ffn_up" + suffix + ".weight", 0});
+  s.push_back({hf + ".down_proj.weight", {H, F}, g + "ffn_down" + suffix + ".weight", 0});
+}
+
+void add_output(const HfConfig& c, std::vector<HfTensorSpec>& s) {
+  s.push_back({"model.norm.weight", {c.hidden_size}, "output_norm.weight", 0});
+  if (!c.tie_word_embeddings) s.push_back({"lm_head.weight", {c.vocab_size, c.hidden_size}, "output.weight", 0});
+}
+
+// Routed experts (stacked per projection in the GGUF) and the router, for qwen3moe and deepseek2.
+void add_routed_experts(const HfConfig& c, const std::string& p, const std::string& g, std::vector<HfTensorSpec>& s) {
+  const int64_t E = c.num_experts, Fe = c.moe_intermediate_size, H = c.hidden_size;
+  HfTensorSpec router{p + "mlp.gate.weight", {E, H}, g + "ffn_gate_inp.weight", 0};
+  router.keep_f32 = true;
+  s.push_back(router);
+  HfTensorSpec gate{"", {E, Fe, H}, g + "ffn_gate_exps.weight", 0}, up{"", {E, Fe, H}, g + "ffn_up_exps.weight", 0},
+      down{"", {E, H, Fe}, g + "ffn_down_exps.weight", 0};
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string x = fmt::format("{}mlp.experts.{}.", p, e);
+    s.push_back({x + "gate_proj.weight", {Fe, H}, "", 0});
+    s.push_back({x + "up_proj.weight", {Fe, H}, "", 0});
+    s.push_back({x + "down_proj.weight", {H, Fe}, "", 0});
+    gate.stack.push_back(x + "gate_proj.weight");
+    up.stack.push_back(x + "up_proj.weight");
+    down.stack.push_back(x + "down_proj.weight");
+  }
+  s.push_back(gate);
+  s.push_back(up);
+  s.push_back(down);
+}
+
+// deepseek2 (DeepSeek-V2-Lite's safetensors names; the GGUF as llama.cpp's converter writes an MLA model).
+std::vector<HfTensorSpec> deepseek2_specs(const HfConfig& c) {
+  const int64_t H = c.hidden_size, nh = c.num_heads, qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  const int64_t kvl = c.kv_lora_rank, rope = c.qk_rope_head_dim, nope = c.qk_nope_head_dim, vd = c.v_head_dim;
+  std::vector<HfTensorSpec> s;
+  s.push_back({"model.embed_tokens.weight", {c.vocab_size, H}, "token_embd.weight", 0});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l), g = fmt::format("blk.{}.", l);
+    s.push_back({p + "input_layernorm.weight", {H}, g + "attn_norm.weight", 0});
+    if (c.q_lora_rank) {
+      s.push_back({p + "self_attn.q_a_proj.weight", {c.q_lora_rank, H}, g + "attn_q_a.weight", 0});
+      s.push_back({p + "self_attn.q_a_layernorm.weight", {c.q_lora_rank}, g + "attn_q_a_norm.weight", 0});
+      s.push_back({p + "self_attn.q_b_proj.weight", {nh * qk, c.q_lora_rank}, g + "attn_q_b.weight", 0});
+    } else {
+      s.push_back({p + "self_attn.q_proj.weight", {nh * qk, H}, g + "attn_q.weight", 0});
+    }
+    s.push_back({p + "self_attn.kv_a_proj_with_mqa.weight", {kvl + rope, H}, g + "attn_kv_a_mqa.weight", 0});
+    s.push_back({p + "self_attn.kv_a_layernorm.weight", {kvl}, g + "attn_kv_a_norm.weight", 0});
+    const std::string kvb = p + "self_attn.kv_b_proj.weight";
+    s.push_back({kvb, {nh * (nope + vd), kvl}, "", 0});
+    HfTensorSpec kb{"", {nh, kvl, nope}, g + "attn_k_b.weight", 0}, vb{"", {nh, vd, kvl}, g + "attn_v_b.weight", 0};
+    kb.kv_b_part = 1; kb.derive_from = kvb;
+    vb.kv_b_part = 2; vb.derive_from = kvb;
+    s.push_back(kb);
+    s.push_back(vb);
+    s.push_back({p + "self_attn.o_proj.weight", {H, nh * vd}, g + "attn_output.weight", 0});
+    s.push_back({p + "post_attention_layernorm.weight", {H}, g + "ffn_norm.weight", 0});
+    if (l < c.first_k_dense_replace) {
+      add_swiglu_mlp(p + "mlp", g, "", c.intermediate_size, H, s);
+      continue;
+    }
+    add_routed_experts(c, p, g, s);
+    add_swiglu_mlp(p + "mlp.shared_experts", g, "_shexp", c.moe_intermediate_size * c.n_shared_experts, H, s);  // one MLP
+  }
+  add_output(c, s);
+  return s;
+}
+
+// kv_b_proj [n_head x (nope + v) x kv_lora] -> attn_k_b [n_head x kv_lora x nope] (transposed per
+// head) or attn_v_b [n_head x v x kv_lora].
+void split_kv_b(const HfConfig& c, int part, const float* kvb, float* out) {
+  const int64_t nh = c.num_heads, nope = c.qk_nope_head_dim, vd = c.v_head_dim, kvl = c.kv_lora_rank;
+  for (int64_t h = 0; h < nh; ++h) {
+    const float* head = kvb + h * (nope + vd) * kvl;
+    if (part == 1)
+      for (int64_t r = 0; r < kvl; ++r)
+        for (int64_t i = 0; i < nope; ++i) out[(h * kvl + r) * nope + i] = head[i * kvl + r];
+    else
+      std::copy(head + nope * kvl, head + (nope + vd) * kvl, out + h * vd * kvl);
+  }
+}
+
+}  // namespace
+
 std::vector<HfTensorSpec> hf_tensor_specs(const HfConfig& c) {
+  if (c.arch == "deepseek2") return deepseek2_specs(c);
   const int64_t H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
   const int64_t q_dim = c.num_heads * hd, kv_dim = c.num_kv_heads * hd;
   const bool llama = c.arch == "llama";
@@ -30,35 +121,13 @@ std::vector<HfTensorSpec> hf_tensor_specs(const HfConfig& c) {
       s.push_back({p + "self_attn.k_norm.weight", {hd}, g + "attn_k_norm.weight", 0});
     }
     s.push_back({p + "post_attention_layernorm.weight", {H}, g + "ffn_norm.weight", 0});
-    if (c.moe()) {
-      // Qwen3MoE: the router, then each expert's SwiGLU MLP; the GGUF stacks the experts per projection
-      // (convert_hf_to_gguf.py's Qwen2MoeModel: ffn_{gate,up,down}_exps, the router kept in F32).
-      const int64_t E = c.num_experts, Fe = c.moe_intermediate_size;
-      HfTensorSpec router{p + "mlp.gate.weight", {E, H}, g + "ffn_gate_inp.weight", 0};
-      router.keep_f32 = true;
-      s.push_back(router);
-      HfTensorSpec gate{"", {E, Fe, H}, g + "ffn_gate_exps.weight", 0}, up{"", {E, Fe, H}, g + "ffn_up_exps.weight", 0},
-          down{"", {E, H, Fe}, g + "ffn_down_exps.weight", 0};
-      for (int64_t e = 0; e < E; ++e) {
-        const std::string x = fmt::format("{}mlp.experts.{}.", p, e);
-        s.push_back({x + "gate_proj.weight", {Fe, H}, "", 0});
-        s.push_back({x + "up_proj.weight", {Fe, H}, "", 0});
-        s.push_back({x + "down_proj.weight", {H, Fe}, "", 0});
-        gate.stack.push_back(x + "gate_proj.weight");
-        up.stack.push_back(x + "up_proj.weight");
-        down.stack.push_back(x + "down_proj.weight");
-      }
-      s.push_back(gate);
-      s.push_back(up);
-      s.push_back(down);
+    if (c.moe()) {  // Qwen3MoE: every layer routed, no shared expert
+      add_routed_experts(c, p, g, s);
       continue;
     }
-    s.push_back({p + "mlp.gate_proj.weight", {F, H}, g + "ffn_gate.weight", 0});
-    s.push_back({p + "mlp.up_proj.weight", {F, H}, g + "ffn_up.weight", 0});
-    s.push_back({p + "mlp.down_proj.weight", {H, F}, g + "ffn_down.weight", 0});
+    add_swiglu_mlp(p + "mlp", g, "", F, H, s);
   }
-  s.push_back({"model.norm.weight", {H}, "output_norm.weight", 0});
-  if (!c.tie_word_embeddings) s.push_back({"lm_head.weight", {c.vocab_size, H}, "output.weight", 0});
+  add_output(c, s);
   return s;
 }
 
@@ -75,6 +144,7 @@ void permute_qk_rows(const float* hf, float* gguf, int64_t n_heads, int64_t hd, 
 std::string vocab_name_for_arch(const std::string& arch) {
   if (arch == "llama") return "ggml-vocab-llama-bpe.gguf";
   if (arch == "qwen3" || arch == "qwen3moe") return "ggml-vocab-qwen2.gguf";
+  if (arch == "deepseek2") return "ggml-vocab-llama-bpe.gguf";  // a byte-level BPE vocab of our own models
   throw std::invalid_argument("no vocab for arch " + arch);
 }
 
@@ -144,6 +214,26 @@ void write_decoder_gguf(const HfConfig& c, const HfWeightSource& src, const Gguf
     w.set(a + ".expert_used_count", GgufValue::of_u32(uint32_t(c.num_experts_per_tok)));
     w.set(a + ".expert_feed_forward_length", GgufValue::of_u32(uint32_t(c.moe_intermediate_size)));
   }
+  if (c.arch == "deepseek2") {
+    // MLA as llama.cpp reads it (src/models/deepseek2.cpp): one KV head whose K row is the latent plus
+    // the roped part and whose V is the latent; the per-head score/value widths in the _mla keys.
+    w.set(a + ".attention.head_count_kv", GgufValue::of_u32(1));
+    w.set(a + ".attention.key_length", GgufValue::of_u32(uint32_t(c.kv_lora_rank + c.qk_rope_head_dim)));
+    w.set(a + ".attention.value_length", GgufValue::of_u32(uint32_t(c.kv_lora_rank)));
+    w.set(a + ".attention.key_length_mla", GgufValue::of_u32(uint32_t(c.qk_nope_head_dim + c.qk_rope_head_dim)));
+    w.set(a + ".attention.value_length_mla", GgufValue::of_u32(uint32_t(c.v_head_dim)));
+    w.set(a + ".rope.dimension_count", GgufValue::of_u32(uint32_t(c.qk_rope_head_dim)));
+    // Always written (llama.cpp's converter omits it for a null q_lora_rank, which only loads at 26/27 layers).
+    w.set(a + ".attention.q_lora_rank", GgufValue::of_u32(uint32_t(c.q_lora_rank)));
+    w.set(a + ".attention.kv_lora_rank", GgufValue::of_u32(uint32_t(c.kv_lora_rank)));
+    w.set(a + ".leading_dense_block_count", GgufValue::of_u32(uint32_t(c.first_k_dense_replace)));
+    w.set(a + ".expert_shared_count", GgufValue::of_u32(uint32_t(c.n_shared_experts)));
+    w.set(a + ".expert_weights_scale", GgufValue::of_f32(float(c.routed_scaling_factor)));
+    w.set(a + ".expert_weights_norm", GgufValue::of_bool(c.norm_topk_prob));
+    w.set(a + ".expert_gating_func", GgufValue::of_u32(1));  // softmax
+    if (c.rope_scaling.type == RopeScalingType::Yarn && c.rope_scaling.mscale_all_dim)
+      w.set(a + ".rope.scaling.yarn_log_multiplier", GgufValue::of_f32(float(0.1 * c.rope_scaling.mscale_all_dim)));
+  }
   const auto& rs = c.rope_scaling;
   if (rs.type == RopeScalingType::Linear) {
     w.set(a + ".rope.scaling.type", GgufValue::of_str("linear"));
@@ -181,11 +271,15 @@ void write_decoder_gguf(const HfConfig& c, const HfWeightSource& src, const Gguf
     const GgmlType t = is_matrix ? o.type : GgmlType::F32;
     std::vector<int64_t> ne(sp.shape.rbegin(), sp.shape.rend());
     const int threads = o.threads;
-    w.add_tensor(sp.gguf_name, t, ne, [sp, t, &src, threads, hd = c.head_dim](uint8_t* dst, size_t nbytes) {
+    w.add_tensor(sp.gguf_name, t, ne, [sp, t, &src, threads, hd = c.head_dim, &c](uint8_t* dst, size_t nbytes) {
       int64_t n = 1;
       for (auto d : sp.shape) n *= d;
       std::vector<float> f(static_cast<size_t>(n));
-      if (sp.stack.empty()) src(sp.hf_name, f.data());
+      if (sp.kv_b_part) {
+        std::vector<float> kvb(static_cast<size_t>(c.num_heads * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank));
+        src(sp.derive_from, kvb.data());
+        split_kv_b(c, sp.kv_b_part, kvb.data(), f.data());
+      } else if (sp.stack.empty()) src(sp.hf_name, f.data());
       else
         for (size_t e = 0; e < sp.stack.size(); ++e) src(sp.stack[e], f.data() + e * size_t(n / int64_t(sp.stack.size())));
       if (sp.permute_heads) {

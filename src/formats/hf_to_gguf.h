@@ -24,6 +24,10 @@ struct HfTensorSpec {
   // the GGUF tensor ne {in, out, n_expert}); hf_name is then empty and shape is {n_expert, out, in}.
   std::vector<std::string> stack;
   bool keep_f32 = false;       // stays F32 in every GGUF type (the MoE router, as llama.cpp's converter keeps it)
+  // deepseek2's attn_k_b (1) / attn_v_b (2): the per-head halves of HF's kv_b_proj (`derive_from`),
+  // k_b transposed, as convert_hf_to_gguf.py splits them for MLA.
+  int kv_b_part = 0;
+  std::string derive_from;
 };
 
 // Every tensor of the architecture, in the order the HF checkpoint and the GGUF hold them.

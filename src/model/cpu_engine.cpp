@@ -61,6 +61,7 @@ void gemm_xwt(const float* x, const std::vector<float>& w, int64_t rows, int64_t
 }  // namespace
 
 CpuEngine::CpuEngine(const std::string& hf_dir, int threads) : cfg_(HfConfig::load(hf_dir)), threads_(threads) {
+  if (cfg_.mla()) throw std::runtime_error(fmt::format("{}: the CPU engine's MLA forward is not implemented yet (the recipe and converter are)", cfg_.arch));
   openblas_set_num_threads(threads);
   auto ck = SafetensorsCheckpoint::open(hf_dir);
   const auto& c = cfg_;

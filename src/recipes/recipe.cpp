@@ -20,6 +20,7 @@ namespace pdb {
 std::unique_ptr<Recipe> make_llama_recipe(const GgufFile& g, int threads, int max_layers);
 std::unique_ptr<Recipe> make_qwen3_recipe(const GgufFile& g, int threads, int max_layers);
 std::unique_ptr<Recipe> make_qwen3moe_recipe(const GgufFile& g, int threads, int max_layers);
+std::unique_ptr<Recipe> make_deepseek2_recipe(const GgufFile& g, int threads, int max_layers);
 
 CacheSpec CacheSpec::decoder_default(GgmlType k, GgmlType v, int64_t head_dim) {
   CacheSpec s;
@@ -38,7 +39,8 @@ std::unique_ptr<Recipe> Recipe::load(const std::string& gguf_path, int threads, 
   if (arch == "llama") r = make_llama_recipe(*g, threads, max_layers);
   else if (arch == "qwen3") r = make_qwen3_recipe(*g, threads, max_layers);
   else if (arch == "qwen3moe") r = make_qwen3moe_recipe(*g, threads, max_layers);
-  else throw std::runtime_error(fmt::format("{}: no recipe for decoder architecture '{}' (llama, qwen3, qwen3moe)", gguf_path, arch));
+  else if (arch == "deepseek2") r = make_deepseek2_recipe(*g, threads, max_layers);
+  else throw std::runtime_error(fmt::format("{}: no recipe for decoder architecture '{}' (llama, qwen3, qwen3moe, deepseek2)", gguf_path, arch));
   const auto* te = g->find_tensor("token_embd.weight");
   if (te && te->ne.size() == 2 && te->ne[0] == r->info_.n_embd && can_dequantize(te->type)) r->gguf_ = g;
   return r;
@@ -87,8 +89,17 @@ RecipeInfo read_recipe_info(const GgufFile& g) {
   const int64_t n_head = g.get_int(a + ".attention.head_count");
   info.n_head_kv = g.get_int_opt(a + ".attention.head_count_kv").value_or(n_head);
   info.head_dim = g.get_int_opt(a + ".attention.key_length").value_or(info.n_embd / n_head);
-  if (g.get_int_opt(a + ".attention.value_length").value_or(info.head_dim) != info.head_dim)
+  if (a == "deepseek2") {
+    // Only the MLA form caches one latent row (llama.cpp: both _mla keys present and non-zero); a
+    // legacy deepseek2 GGUF caches full per-head K and V, which no recipe here computes.
+    if (!g.get_int_opt(a + ".attention.key_length_mla").value_or(0) || !g.get_int_opt(a + ".attention.value_length_mla").value_or(0))
+      throw std::runtime_error("deepseek2 GGUF without the MLA keys (key_length_mla, value_length_mla): convert it with MLA");
+    info.kv_lora_rank = g.get_int(a + ".attention.kv_lora_rank");
+    if (info.n_head_kv != 1 || g.get_int_opt(a + ".attention.value_length").value_or(0) != info.kv_lora_rank)
+      throw std::runtime_error("deepseek2 GGUF: an MLA cache has one KV head and value_length == kv_lora_rank");
+  } else if (g.get_int_opt(a + ".attention.value_length").value_or(info.head_dim) != info.head_dim) {
     throw std::runtime_error("decoders with different K and V head sizes are not supported");
+  }
   info.norm_eps = float(g.get_float(a + ".attention.layer_norm_rms_epsilon"));
   auto& r = info.rope;
   r.mode = a == "qwen3" || a == "qwen3moe" ? RopeMode::Neox : RopeMode::Norm;
@@ -104,12 +115,27 @@ RecipeInfo read_recipe_info(const GgufFile& g) {
     r.attn_factor = float(g.get_float_opt(a + ".rope.scaling.yarn_attn_factor").value_or(1.0));
     r.beta_fast = float(g.get_float_opt(a + ".rope.scaling.yarn_beta_fast").value_or(32.0));
     r.beta_slow = float(g.get_float_opt(a + ".rope.scaling.yarn_beta_slow").value_or(1.0));
+    if (a == "deepseek2") {
+      // llama_context's YaRN attention factor for deepseek2 (src/llama-context.cpp): with a log
+      // multiplier, get_mscale(f, m_all) / get_mscale(f, m_all) = 1, then divided by 1 + 0.1 ln f, which
+      // the kernel multiplies back: cos/sin keep magnitude ~1. Only the server's own CLI changes it.
+      auto get_mscale = [](float scale, float m) { return scale <= 1.0f ? 1.0f : (0.1f * m * logf(scale) + 1.0f); };
+      const float f = 1.0f / r.freq_scale;
+      const float log_mul = float(g.get_float_opt(a + ".rope.scaling.yarn_log_multiplier").value_or(0.0)) / 0.1f;
+      float attn = log_mul != 0.0f ? get_mscale(f, log_mul) / get_mscale(f, log_mul) : get_mscale(f, 1.0f);
+      attn *= 1.0f / (1.0f + 0.1f * logf(f));
+      attn *= float(g.get_float_opt(a + ".rope.scaling.attn_factor").value_or(1.0));
+      r.attn_factor = attn;
+      r.beta_fast = 32.0f;  // deepseek2 does not read the beta keys (llama-hparams defaults)
+      r.beta_slow = 1.0f;
+    }
   }
   if (const auto* rf = g.find_tensor("rope_freqs.weight")) r.freq_factors = g.to_f32(*rf);
   XXH3_state_t* hs = XXH3_createState();
   XXH3_64bits_reset(hs);
   for (int64_t l = 0; l < info.n_layer; ++l)
-    for (const char* t : {"attn_norm.weight", "attn_k.weight", "attn_v.weight", "attn_k_norm.weight", "attn_k.bias", "attn_v.bias"})
+    for (const char* t : {"attn_norm.weight", "attn_k.weight", "attn_v.weight", "attn_k_norm.weight", "attn_k.bias", "attn_v.bias",
+                          "attn_kv_a_mqa.weight", "attn_kv_a_norm.weight"})
       if (const auto* ti = g.find_tensor(fmt::format("blk.{}.{}", l, t))) XXH3_64bits_update(hs, g.data(*ti), ti->n_bytes());
   if (const auto* rf = g.find_tensor("rope_freqs.weight")) XXH3_64bits_update(hs, g.data(*rf), rf->n_bytes());
   info.weights_hash = fmt::format("{:016x}", XXH3_64bits_digest(hs));
@@ -119,11 +145,13 @@ RecipeInfo read_recipe_info(const GgufFile& g) {
 
 nlohmann::json recipe_geometry(const RecipeInfo& i) {
   const auto& r = i.rope;
-  return {{"arch", i.arch}, {"n_layer", i.n_layer}, {"n_embd", i.n_embd}, {"n_head_kv", i.n_head_kv}, {"head_dim", i.head_dim},
+  nlohmann::json j = {{"arch", i.arch}, {"n_layer", i.n_layer}, {"n_embd", i.n_embd}, {"n_head_kv", i.n_head_kv}, {"head_dim", i.head_dim},
           {"norm_eps", i.norm_eps}, {"rope_mode", r.mode == RopeMode::Neox ? "neox" : "norm"}, {"rope_n_dims", r.n_dims},
           {"rope_freq_base", r.freq_base}, {"rope_freq_scale", r.freq_scale}, {"rope_ext_factor", r.ext_factor},
           {"rope_attn_factor", r.attn_factor}, {"rope_beta_fast", r.beta_fast}, {"rope_beta_slow", r.beta_slow},
           {"rope_n_ctx_orig", r.n_ctx_orig}, {"rope_freq_factors", r.freq_factors}, {"weights_hash", i.weights_hash}};
+  if (i.mla()) j["kv_lora_rank"] = i.kv_lora_rank;  // absent for the others: their fingerprints stay as they were
+  return j;
 }
 
 std::string recipe_fingerprint(const RecipeInfo& info) {
@@ -131,7 +159,7 @@ std::string recipe_fingerprint(const RecipeInfo& info) {
   return fmt::format("{:016x}", XXH3_64bits(s.data(), s.size()));
 }
 
-void Recipe::load_common(const GgufFile& g, const std::string& a, int max_layers) {
+void Recipe::load_common(const GgufFile& g, const std::string& a, int max_layers, bool kv_projections) {
   info_ = read_recipe_info(g);
   if (info_.arch != a) throw std::logic_error("recipe/arch mismatch");
   loaded_layers_ = max_layers > 0 ? std::min<int64_t>(max_layers, info_.n_layer) : info_.n_layer;
@@ -141,9 +169,11 @@ void Recipe::load_common(const GgufFile& g, const std::string& a, int max_layers
     auto n = g.to_f32(g.tensor(p + "attn_norm.weight"));
     if (int64_t(n.size()) != info_.n_embd) throw std::runtime_error(p + "attn_norm.weight has the wrong size");
     std::copy(n.begin(), n.end(), attn_norm_all_.begin() + l * info_.n_embd);
+    if (!kv_projections) continue;
     wk_.push_back(load_weight(g, p + "attn_k.weight", p + "attn_k.bias"));
     wv_.push_back(load_weight(g, p + "attn_v.weight", p + "attn_v.bias"));
   }
+  if (!kv_projections) return;
   if (wk_[0].rows != info_.n_embd_kv() || wk_[0].cols != info_.n_embd) throw std::runtime_error("attn_k has unexpected shape");
 }
 

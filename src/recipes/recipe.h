@@ -1,6 +1,7 @@
 // A recipe computes, from a layer's input residual stream, exactly the K/V cache rows the decoder
 // (llama.cpp) would store — with the decoder's own weights (from its GGUF), norms, RoPE, cache type
-// and Hadamard rotation. One file per decoder architecture (llama.cpp, qwen3.cpp); the shared math
+// and Hadamard rotation. One file per decoder architecture (llama.cpp, qwen3.cpp, qwen3moe.cpp,
+// deepseek2.cpp); the shared math
 // (weight numerics, rotation, row conversion, fingerprint) lives here.
 #pragma once
 #include <cstdint>
@@ -44,7 +45,12 @@ struct RecipeInfo {
   float norm_eps = 1e-5f;
   GgmlRopeParams rope;
   std::string weights_hash;  // xxh3 over the recipe tensors' bytes
+  // MLA (deepseek2): one cache row per token of kv_lora_rank latent + rope dims (head_dim here is that
+  // row's width, n_head_kv 1) and no V section.
+  int64_t kv_lora_rank = 0;
+  bool mla() const { return kv_lora_rank > 0; }
   int64_t n_embd_kv() const { return n_head_kv * head_dim; }
+  int64_t n_embd_v() const { return mla() ? 0 : n_embd_kv(); }  // V row width; 0: no V section
 };
 
 // Hyperparameters and the recipe-weights hash, straight from the decoder GGUF (no weights loaded).
@@ -68,9 +74,10 @@ class Recipe {
   // architecture: x = rms_norm(h)*attn_norm; K = RoPE(k_head(Wk x)); V = Wv x.
   void kv_f32(int layer, const float* h, int64_t rows, int64_t pos0, int simd_width, float* k, float* v) const;
 
-  // Rows in the decoder's cache format: k_out/v_out get rows * row_bytes(type) bytes each.
-  void kv_rows(int layer, const float* h, int64_t rows, int64_t pos0, const CacheSpec& spec,
-               std::vector<uint8_t>& k_out, std::vector<uint8_t>& v_out) const;
+  // Rows in the decoder's cache format: k_out/v_out get rows * row_bytes(type) bytes each (v_out
+  // stays empty where the decoder has no V section: MLA).
+  virtual void kv_rows(int layer, const float* h, int64_t rows, int64_t pos0, const CacheSpec& spec,
+                       std::vector<uint8_t>& k_out, std::vector<uint8_t>& v_out) const;
 
   int threads() const { return threads_; }
   int64_t loaded_layers() const { return loaded_layers_; }
@@ -93,7 +100,8 @@ class Recipe {
   std::vector<float> attn_norm_all_;  // [n_layer x n_embd]
   std::vector<RecipeWeight> wk_, wv_;
 
-  void load_common(const GgufFile& g, const std::string& arch, int max_layers);
+  // `kv_projections`: load attn_k/attn_v (every architecture but MLA, whose recipe loads its own).
+  void load_common(const GgufFile& g, const std::string& arch, int max_layers, bool kv_projections = true);
   // What an architecture does to one K head between the projection and RoPE (qwen3: its K norm).
   virtual void k_head_before_rope(int layer, float* k_head) const {}
   int64_t loaded_layers_ = 0;

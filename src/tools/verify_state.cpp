@@ -96,6 +96,7 @@ StateDiff diff_states(const ParsedState& a, const ParsedState& b, int first_laye
     TensorDiff k{fmt::format("layer {} K", l)};
     compare_rows(A.k_type, a.k_data[l], b.k_data[l], a.cell_count, A.n_embd_k, k);
     d.tensors.push_back(k);
+    if (!A.has_v()) continue;  // MLA: the K row is the whole cache
     TensorDiff v{fmt::format("layer {} V", l)};
     if (!la.v_trans) compare_rows(A.v_type, a.v_data[l], b.v_data[l], a.cell_count, A.n_embd_v, v);
     else compare_rows(A.v_type, a.v_data[l], b.v_data[l], 1, int64_t(A.n_embd_v) * a.cell_count, v);  // element-major, same order in both

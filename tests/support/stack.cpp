@@ -47,6 +47,7 @@ Stack::Stack(const StackOptions& o) {
   if (o.start_prefill) prefill_ = std::make_unique<Child>(prefill_argv_, dir + "/prefill.log");
   if (!wait_http_ok("127.0.0.1", decoder_port, "/health", 120)) throw std::runtime_error("decoder did not start:\n" + decoder_->log());
   if (prefill_ && !wait_http_ok("127.0.0.1", prefill_port, "/health", 120)) throw std::runtime_error("prefill did not start:\n" + prefill_->log());
+  if (!o.start_front) return;
   front_port = free_port();
   std::vector<std::string> fa = {pdbridge_bin(), "front", "--decoder", "http://127.0.0.1:" + std::to_string(decoder_port),
                                  "--decoder-gguf", decoder_gguf, "--slot-dir", slot_dir, "--prefill",

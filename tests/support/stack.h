@@ -24,6 +24,7 @@ struct StackOptions {
   int parallel = 2, ctx = 8192;
   int64_t min_tokens = 256, min_tail = 128;
   bool start_prefill = true;
+  bool start_front = true;            // false: the decoder (and prefill) only
   std::vector<std::string> front_extra, prefill_extra, decoder_extra;
   std::string hf_dir;  // default: <model_dir>/hf
   std::string decoder_bin;  // llama-server to run (default: the pinned build's); see blas_llama_server()
