@@ -8,6 +8,10 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <thread>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
 
 #include "formats/state_file.h"
 #include "recipes/recipe.h"
@@ -15,6 +19,7 @@
 #include "tools/verify_state.h"
 
 namespace pdb {
+using json = nlohmann::json;
 
 struct MlaCase { std::string gguf, cache; };
 void PrintTo(const MlaCase& c, std::ostream* os) { *os << c.gguf << "/" << c.cache; }
@@ -84,6 +89,32 @@ TEST(Convert, MoeAndMlaCheckpointsConvertToTheGgufsTheDecoderLoads) {
       EXPECT_TRUE(x == y) << model << " " << t << ": the converted GGUF differs from make-model's";
     }
   }
+}
+
+// The front door beside a deepseek2 decoder: its startup calibration classes the decoder on the K-only
+// state (the pinned build: mirrored), and with no prefill engine for MLA yet a request is declined
+// and served natively, with the reason in the verdict.
+TEST(MlaFront, CalibratesOnTheKOnlyStateAndServesNativelyWithoutAnEngine) {
+  test::StackOptions so;
+  so.model_dir = test::models_dir() + "/deepseek2-tiny";
+  so.start_prefill = false;
+  test::Stack st(so);
+  httplib::Client c("127.0.0.1", st.front_port);
+  json h;
+  for (int i = 0; i < 600 && !(h.is_object() && h["fidelity"].is_object() && h["fidelity"].contains("class")); ++i) {
+    if (auto r = c.Get("/health"); r && r->status == 200) h = json::parse(r->body);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(h["fidelity"].is_object()) << h.dump() << st.logs();
+  std::printf("MLA front fidelity: %s\n", h["fidelity"].dump().c_str());
+  EXPECT_EQ(h["fidelity"].value("class", ""), "mirrored") << h.dump();
+  const std::string prompt = test::random_text(77, 700);
+  auto r = st.post_front("/completion", {{"prompt", prompt}, {"n_predict", 8}, {"temperature", 0}});
+  ASSERT_EQ(r.status, 200) << r.body << st.logs();
+  const auto v = r.verdict();
+  EXPECT_EQ(v.value("verdict", "").rfind("declined: ", 0), 0u) << v.dump();
+  EXPECT_EQ(v["bridged_tokens"].get<int64_t>(), 0);
+  EXPECT_FALSE(r.json().value("content", "").empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(Caches, Mla, ::testing::Values(MlaCase{"f32", "f16"}, MlaCase{"f32", "q8_0"}, MlaCase{"f16", "f16"}),

@@ -77,9 +77,9 @@ StateDiff layer0_diff(const Recipe& recipe, const ParsedState& st, const std::ve
   ours.layout = st.layout;
   ours.layout.layers.resize(1);
   ours.k_data = {k.data()};
-  ours.v_data = {v.data()};
+  if (L.has_v()) ours.v_data = {v.data()};
   std::vector<uint8_t> vt;
-  if (st.layout.v_trans) {  // our V is row-major; transpose to the decoder's element-major order
+  if (L.has_v() && st.layout.v_trans) {  // our V is row-major; transpose to the decoder's element-major order
     const size_t el = L.v_row_bytes / L.n_embd_v;
     vt.resize(v.size());
     for (size_t c = 0; c < size_t(n); ++c)
@@ -91,11 +91,15 @@ StateDiff layer0_diff(const Recipe& recipe, const ParsedState& st, const std::ve
   theirs.cell_count = st.cell_count;
   theirs.layout = ours.layout;
   theirs.k_data = {st.k_data[0]};
-  theirs.v_data = {st.v_data[0]};
+  if (L.has_v()) theirs.v_data = {st.v_data[0]};
   return diff_states(theirs, ours, 1);  // the decoder's values are the reference of the relative errors
 }
 
-double worst_rel_rms(const StateDiff& d) { return std::max(d.tensors[0].rel_rms(), d.tensors[1].rel_rms()); }
+double worst_rel_rms(const StateDiff& d) {
+  double w = 0;
+  for (const auto& t : d.tensors) w = std::max(w, t.rel_rms());
+  return w;
+}
 
 }  // namespace
 
@@ -125,7 +129,9 @@ CalibrationResult calibrate_layer0(const std::string& decoder_gguf, const Parsed
   }
   // With quantized K/V weights the products are integer block sums: their result does not depend on
   // the SIMD width, so layer 0 cannot tell the decoder's ISA.
-  const bool width_observable = float_type(g->tensor("blk.0.attn_k.weight").type) || float_type(g->tensor("blk.0.attn_v.weight").type);
+  bool width_observable = false;
+  for (const char* t : {"blk.0.attn_k.weight", "blk.0.attn_v.weight", "blk.0.attn_kv_a_mqa.weight"})
+    if (const auto* ti = g->find_tensor(t)) width_observable = width_observable || float_type(ti->type);
   if (!width_observable) widths.resize(1);
   StateDiff best;
   int best_w = 0;
@@ -145,13 +151,14 @@ CalibrationResult calibrate_layer0(const std::string& decoder_gguf, const Parsed
     return res;
   }
   res.k = best.tensors[0];
-  res.v = best.tensors[1];
+  const bool has_v = best.tensors.size() > 1;  // MLA: the K row is the whole cache
+  if (has_v) res.v = best.tensors[1];
   res.pct_identical = best.pct_identical();
   res.elements = best.elements();
   res.simd_width = best_w;
   const auto& L = st.layout.layers[0];
   const FidelityBounds bk = fidelity_bounds(L.k_type), bv = fidelity_bounds(L.v_type);
-  const bool within = res.k.rel_rms() <= bk.max_rel_rms && res.v.rel_rms() <= bv.max_rel_rms;
+  const bool within = res.k.rel_rms() <= bk.max_rel_rms && (!has_v || res.v.rel_rms() <= bv.max_rel_rms);
   res.cls = !identical_at.empty() ? FidelityClass::mirrored : within ? FidelityClass::tolerance : FidelityClass::mismatch;
   if (res.cls == FidelityClass::mirrored) {
     res.isa = isa_name(best_w);
@@ -168,12 +175,19 @@ CalibrationResult calibrate_layer0(const std::string& decoder_gguf, const Parsed
                          ? fmt::format("no SIMD width reproduces layer 0 (closest: {}): a GPU, BLAS or unmirrored CPU backend", best_w)
                          : fmt::format("no SIMD width reproduces layer 0 (closest: {}), and the errors are of a different geometry", best_w);
   }
-  res.note = fmt::format(
-      "layer 0: {:.3f}% of {} K/V elements identical; K rel RMS {:.3g}, max {:.3g} RMS, {:.2f}% within 4 ulp; V rel RMS {:.3g}, max {:.3g} "
-      "RMS, {:.2f}% within 4 ulp (bounds {} K {:.3g} / {} V {:.3g}): {}{}",
-      res.pct_identical, res.elements, res.k.rel_rms(), res.k.max_rel(), res.k.pct_within(2), res.v.rel_rms(), res.v.max_rel(),
-      res.v.pct_within(2), ggml_type_name(L.k_type), bk.max_rel_rms, ggml_type_name(L.v_type), bv.max_rel_rms, to_string(res.cls),
-      res.cls == FidelityClass::mirrored ? " (" + res.isa + ")" : "");
+  const std::string mirrored_isa = res.cls == FidelityClass::mirrored ? " (" + res.isa + ")" : "";
+  if (!has_v)
+    res.note = fmt::format(
+        "layer 0: {:.3f}% of {} K elements identical (no V section); K rel RMS {:.3g}, max {:.3g} RMS, {:.2f}% within 4 ulp (bound {} K {:.3g}): {}{}",
+        res.pct_identical, res.elements, res.k.rel_rms(), res.k.max_rel(), res.k.pct_within(2), ggml_type_name(L.k_type), bk.max_rel_rms,
+        to_string(res.cls), mirrored_isa);
+  else
+    res.note = fmt::format(
+        "layer 0: {:.3f}% of {} K/V elements identical; K rel RMS {:.3g}, max {:.3g} RMS, {:.2f}% within 4 ulp; V rel RMS {:.3g}, max {:.3g} "
+        "RMS, {:.2f}% within 4 ulp (bounds {} K {:.3g} / {} V {:.3g}): {}{}",
+        res.pct_identical, res.elements, res.k.rel_rms(), res.k.max_rel(), res.k.pct_within(2), res.v.rel_rms(), res.v.max_rel(),
+        res.v.pct_within(2), ggml_type_name(L.k_type), bk.max_rel_rms, ggml_type_name(L.v_type), bv.max_rel_rms, to_string(res.cls),
+        mirrored_isa);
   return res;
 }
 

@@ -214,8 +214,9 @@ class Front {
     if (int64_t(s.layout.n_layer()) != info_.n_layer)
       throw std::runtime_error(fmt::format("decoder state has {} layers, its GGUF {}", s.layout.n_layer(), info_.n_layer));
     for (const auto& L : s.layout.layers)
-      if (L.n_embd_k != info_.n_embd_kv() || L.n_embd_v != info_.n_embd_kv())
-        throw std::runtime_error("decoder state row width does not match the GGUF's n_embd_kv");
+      if (L.n_embd_k != info_.n_embd_kv() || L.n_embd_v != info_.n_embd_v())
+        throw std::runtime_error(fmt::format("decoder state rows ({} K / {} V elements) do not match the GGUF's ({} / {})", L.n_embd_k,
+                                             L.n_embd_v, info_.n_embd_kv(), info_.n_embd_v()));
     spdlog::info("front: decoder state layout: {}", s.layout.describe());
     layout_ = s.layout;
     calibration_error_.clear();

@@ -13,7 +13,7 @@ class CpuBackend final : public PrefillBackend {
       : engine_(std::move(e)), recipe_(std::move(r)), faithful_(faithful) {
     // The decoder rounds each matmul input to its weights' dot type; with the same weights in two
     // dtypes (HF bf16, GGUF F16) the engine must round as the decoder does, not as its checkpoint.
-    if (faithful_ && recipe_->loaded_layers() > 0) {
+    if (faithful_ && recipe_->loaded_layers() > 0 && !recipe_->info().mla()) {
       const GgmlType t = recipe_->k_weight(0).type;
       if (t == GgmlType::F16) engine_->set_activation_precision(16);
       else if (t == GgmlType::BF16) engine_->set_activation_precision(17);

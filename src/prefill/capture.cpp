@@ -34,7 +34,7 @@ CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& r
                              {"n_layer", info.n_layer}, {"n_embd_kv", info.n_embd_kv()},
                              {"k_type", ggml_type_name(spec.k_type)}, {"v_type", ggml_type_name(spec.v_type)},
                              {"k_row_bytes", ggml_row_bytes(spec.k_type, info.n_embd_kv())},
-                             {"v_row_bytes", ggml_row_bytes(spec.v_type, info.n_embd_kv())},
+                             {"v_row_bytes", info.n_embd_v() ? ggml_row_bytes(spec.v_type, info.n_embd_v()) : 0},
                              {"rot_k", spec.rot_k}, {"rot_v", spec.rot_v}, {"chunk", chunk}},
                             hello);
     if (emit(std::move(hello), true) == Emit::Gone) aborted = true;
@@ -63,9 +63,11 @@ CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& r
             else v_hash = wire::payload_hash(b.v, b.v_bytes);
             wire::encode_frame(fh, b.k, b.k_bytes, frame);
             if (hasher.joinable()) hasher.join();
-            fh.kind = wire::FrameKind::V;
-            fh.type = uint8_t(spec.v_type);
-            wire::encode_frame_hashed(fh, b.v, b.v_bytes, v_hash, frame);
+            if (info.n_embd_v()) {  // no V frames where the decoder's state has no V section (MLA)
+              fh.kind = wire::FrameKind::V;
+              fh.type = uint8_t(spec.v_type);
+              wire::encode_frame_hashed(fh, b.v, b.v_bytes, v_hash, frame);
+            }
             const Emit e = emit(std::move(frame), false);
             if (e == Emit::Gone) { aborted = true; return false; }
             if (e == Emit::Seal) { sealed = true; return false; }
