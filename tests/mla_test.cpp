@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "formats/state_file.h"
+#include "model/cpu_engine.h"
+#include "prefill/backend.h"
 #include "recipes/recipe.h"
 #include "support/stack.h"
 #include "tools/verify_state.h"
@@ -89,6 +91,32 @@ TEST(Convert, MoeAndMlaCheckpointsConvertToTheGgufsTheDecoderLoads) {
       EXPECT_TRUE(x == y) << model << " " << t << ": the converted GGUF differs from make-model's";
     }
   }
+}
+
+// The whole bridged state (the CPU engine's MLA forward + the recipe, through the wire frames and the
+// assembler) against the decoder's own: layer 0 bit-identical; the deeper layers within the tolerance
+// bound, because the engine's MLA arithmetic is the decoder's formulas, not yet its summation order.
+TEST_P(Mla, BridgedStateMatchesTheDecodersOwn) {
+  const auto& c = GetParam();
+  const std::string mdir = test::models_dir() + "/deepseek2-tiny";
+  auto so = test::parity_stack_options(mdir, c.gguf, c.cache);
+  test::Stack st(so);
+  std::mt19937_64 g(11);
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 500; ++i) tokens.push_back(int32_t(1000 + g() % 100000));
+  auto backend = make_cpu_backend(std::make_shared<CpuEngine>(mdir + "/hf", 2), std::shared_ptr<const Recipe>(Recipe::load(st.decoder_gguf, 2)));
+  auto [native, ours, fid] = test::native_and_bridged_states(st, *backend, tokens, 128);
+  auto layer0 = diff_states(native, ours, 1);
+  auto all = diff_states(native, ours);
+  ASSERT_TRUE(all.same_layout) << all.layout_note;
+  std::printf("MLA PARITY deepseek2-tiny %s cache=%s class=%s isa=%s | layer0 %.4f%% identical | all %zu sections: %.4f%% identical, max |d| %.3g\n",
+              c.gguf.c_str(), c.cache.c_str(), to_string(fid.cls), fid.isa.c_str(), layer0.pct_identical(), all.tensors.size(), all.pct_identical(),
+              all.max_abs());
+  for (const auto& t : all.tensors) std::printf("  %-12s %.4f%% rel rms %.3g\n", t.name.c_str(), t.pct_identical(), t.rel_rms());
+  ASSERT_EQ(all.tensors.size(), 2u);  // two layers, K sections only
+  EXPECT_EQ(fid.cls, FidelityClass::mirrored) << fid.note;
+  EXPECT_EQ(layer0.pct_identical(), 100.0);
+  for (const auto& t : all.tensors) EXPECT_LE(t.rel_rms(), 0.02) << t.name;
 }
 
 // The front door beside a deepseek2 decoder: its startup calibration classes the decoder on the K-only

@@ -16,6 +16,7 @@
 #include "model/decoder_numerics.h"
 #include "recipes/recipe.h"
 #include "model/gemm_lanes.h"
+#include "model/cpu_engine_mla.h"
 #include "model/moe_ffn.h"
 #include "model/rmsnorm.h"
 
@@ -61,7 +62,10 @@ void gemm_xwt(const float* x, const std::vector<float>& w, int64_t rows, int64_t
 }  // namespace
 
 CpuEngine::CpuEngine(const std::string& hf_dir, int threads) : cfg_(HfConfig::load(hf_dir)), threads_(threads) {
-  if (cfg_.mla()) throw std::runtime_error(fmt::format("{}: the CPU engine's MLA forward is not implemented yet (the recipe and converter are)", cfg_.arch));
+  if (cfg_.mla()) {
+    load_mla(hf_dir);
+    return;
+  }
   openblas_set_num_threads(threads);
   auto ck = SafetensorsCheckpoint::open(hf_dir);
   const auto& c = cfg_;
@@ -135,6 +139,7 @@ CpuEngine::~CpuEngine() = default;
 
 void CpuEngine::round_weights_to(int bits) {
   if (bits != 16 && bits != 17) throw std::invalid_argument("round_weights_to: 16 (f16) or 17 (bf16)");
+  if (cfg_.mla()) return;  // the MLA forward multiplies the checkpoint's own values (its arithmetic is not mirrored yet)
   auto round = [&](std::vector<float>& w) {
     parallel_for(int64_t(w.size()), threads_, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) w[size_t(i)] = bits == 16 ? round_f16(w[size_t(i)]) : round_bf16(w[size_t(i)]);
@@ -153,6 +158,7 @@ void CpuEngine::round_weights_to(int bits) {
 
 int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, int lanes, const LayerHook& hook,
                            const std::function<bool()>& cancelled, const KvRounding& kv_round, const DecoderCacheSpec& cache) {
+  if (cfg_.mla()) return prefill_mla(tokens, chunk, lanes, hook, cancelled, kv_round);
   const auto& c = cfg_;
   const int64_t T = int64_t(tokens.size()), H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
   const int64_t nh = c.num_heads, nkv = c.num_kv_heads, qd = nh * hd, kvd = nkv * hd, group = nh / nkv;

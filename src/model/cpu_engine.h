@@ -1,4 +1,5 @@
-// The prefill engine's CPU backend: a chunked causal forward for llama, qwen3 and qwen3moe HF checkpoints
+// The prefill engine's CPU backend: a chunked causal forward for llama, qwen3, qwen3moe and deepseek2 (MLA,
+// model/cpu_engine_mla.cpp) HF checkpoints
 // (f32/f16/bf16, block-FP8 dequantized on load) with its own numerics (OpenBLAS GEMMs, f32
 // attention). No prefix caching: every request computes every token. The only output the bridge
 // needs is the per-layer hook: the residual stream entering each layer, per chunk.
@@ -49,6 +50,11 @@ class CpuEngine {
 
  private:
   struct Layer;
+  struct MlaLayer;  // deepseek2 (cpu_engine_mla.cpp)
+  void load_mla(const std::string& hf_dir);
+  int64_t prefill_mla(const std::vector<int32_t>& tokens, int64_t chunk, int lanes, const LayerHook& hook,
+                      const std::function<bool()>& cancelled, const KvRounding& kv_round);
+  std::vector<std::unique_ptr<MlaLayer>> mla_layers_;
   HfConfig cfg_;
   int threads_;
   std::vector<float> embed_;

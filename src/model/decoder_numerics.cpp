@@ -129,9 +129,14 @@ void soft_max_row(const float* x, float* y, int64_t n, int lanes) {
 
 void flash_attn_row(const float* q, const float* k, const float* v, int64_t stride, int64_t n_valid, int64_t hd, float scale,
                     float* out, int lanes) {
+  flash_attn_row_kv(q, k, v, stride, n_valid, hd, hd, scale, out, lanes);
+}
+
+void flash_attn_row_kv(const float* q, const float* k, const float* v, int64_t stride, int64_t n_valid, int64_t hd, int64_t dv,
+                       float scale, float* out, int lanes) {
   lanes = checked_lanes(lanes);
   float M = -INFINITY, S = 0.0f;
-  std::vector<float> acc(static_cast<size_t>(hd), 0.0f);
+  std::vector<float> acc(static_cast<size_t>(dv), 0.0f);
   float p[kTile];
   for (int64_t t0 = 0; t0 < n_valid; t0 += kTile) {
     const int64_t nt = std::min(kTile, n_valid - t0);
@@ -146,7 +151,7 @@ void flash_attn_row(const float* q, const float* k, const float* v, int64_t stri
     const float Mnew = std::fmax(M, tile_max);
     if (Mnew > M) {
       const float ms = expf(M - Mnew);
-      for (int64_t d = 0; d < hd; ++d) acc[size_t(d)] *= ms;
+      for (int64_t d = 0; d < dv; ++d) acc[size_t(d)] *= ms;
       S *= ms;
     }
     M = Mnew;
@@ -164,11 +169,11 @@ void flash_attn_row(const float* q, const float* k, const float* v, int64_t stri
     S = float(double(S) + sum);
     for (int64_t j = 0; j < nt; ++j) {
       const float* vr = v + (t0 + j) * stride;
-      for (int64_t d = 0; d < hd; ++d) acc[size_t(d)] = std::fma(p[j], vr[d], acc[size_t(d)]);
+      for (int64_t d = 0; d < dv; ++d) acc[size_t(d)] = std::fma(p[j], vr[d], acc[size_t(d)]);
     }
   }
   const float inv = S == 0.0f ? 0.0f : 1.0f / S;
-  for (int64_t d = 0; d < hd; ++d) out[d] = acc[size_t(d)] * inv;
+  for (int64_t d = 0; d < dv; ++d) out[d] = acc[size_t(d)] * inv;
 }
 
 }  // namespace pdb::ggmlnum

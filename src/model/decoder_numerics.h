@@ -34,6 +34,10 @@ void soft_max_row(const float* x, float* y, int64_t n, int lanes = 8);
 // already as the decoder's cache holds them), only keys j < n_valid are visible (causal mask).
 void flash_attn_row(const float* q, const float* k, const float* v, int64_t stride, int64_t n_valid, int64_t head_dim,
                     float scale, float* out, int lanes = 8);
+// The same with values narrower than keys (MLA's absorbed attention: keys kv_lora + rope wide, values
+// the first kv_lora elements of the same rows).
+void flash_attn_row_kv(const float* q, const float* k, const float* v, int64_t stride, int64_t n_valid, int64_t dk, int64_t dv,
+                       float scale, float* out, int lanes = 8);
 
 }  // namespace pdb::ggmlnum
 

@@ -59,6 +59,8 @@ MoeRouting moe_route(const MoeWeights& w, const float* x, int64_t rows, int lane
         const float sum = std::max(float(s), 6.103515625e-5f);
         for (int64_t j = 0; j < K; ++j) wt[j] = wt[j] / sum;
       }
+      if (w.w_scale != 0.0f && w.w_scale != 1.0f)
+        for (int64_t j = 0; j < K; ++j) wt[j] *= w.w_scale;
     }
   });
   return r;

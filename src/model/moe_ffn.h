@@ -15,6 +15,7 @@ namespace pdb {
 struct MoeWeights {
   int64_t n_expert = 0, n_used = 0, hidden = 0, ff = 0;  // ff: one expert's width
   bool norm_topk = true;                                 // renormalize the selected weights (qwen3moe: always)
+  float w_scale = 1.0f;                                  // routed_scaling_factor (llama.cpp applies it unless 0 or 1)
   std::vector<float> router;                             // [n_expert x hidden], HF layout
   std::vector<std::vector<float>> gate, up, down;        // per expert: [ff x hidden], [ff x hidden], [hidden x ff]
 };

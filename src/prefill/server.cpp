@@ -142,8 +142,14 @@ std::vector<std::string> config_mismatches(const std::string& hf_dir, const std:
   if (hc.arch != ri.arch) out.push_back(fmt::format("architecture: config.json {} vs GGUF {}", hc.arch, ri.arch));
   differ("layers", double(hc.num_layers), double(ri.n_layer), 0);
   differ("hidden size", double(hc.hidden_size), double(ri.n_embd), 0);
-  differ("kv heads", double(hc.num_kv_heads), double(ri.n_head_kv), 0);
-  differ("head dim", double(hc.head_dim), double(ri.head_dim), 0);
+  if (hc.mla()) {  // the decoder caches one latent row: kv_lora_rank + rope dims, one "head"
+    differ("kv_lora_rank", double(hc.kv_lora_rank), double(ri.kv_lora_rank), 0);
+    differ("qk_rope_head_dim", double(hc.qk_rope_head_dim), double(ri.rope.n_dims), 0);
+    differ("cache row width", double(hc.kv_lora_rank + hc.qk_rope_head_dim), double(ri.head_dim), 0);
+  } else {
+    differ("kv heads", double(hc.num_kv_heads), double(ri.n_head_kv), 0);
+    differ("head dim", double(hc.head_dim), double(ri.head_dim), 0);
+  }
   differ("rms_norm_eps", hc.rms_norm_eps, ri.norm_eps, 1e-6);
   differ("rope_theta", hc.rope_theta, ri.rope.freq_base, 1e-6);
   if (hc.moe()) {  // the experts never reach the cache, but an engine routing differently computes another model
