@@ -125,7 +125,7 @@ INSTANTIATE_TEST_SUITE_P(Caches, Parity,
                          });
 
 TEST(Chunking, ChunkedCaptureIsIdenticalToOneShot) {
-  for (const std::string model : {"llama-tiny", "qwen3-tiny", "qwen3moe-tiny"}) {
+  for (const std::string model : {"llama-tiny", "qwen3-tiny", "qwen3moe-tiny", "deepseek2-tiny"}) {
     const std::string mdir = test::models_dir() + "/" + model;
     CpuEngine engine(mdir + "/hf", 2);
     auto recipe = Recipe::load(mdir + "/decoder-f32.gguf", 2);
@@ -133,8 +133,10 @@ TEST(Chunking, ChunkedCaptureIsIdenticalToOneShot) {
     layout.n_stream = 1;
     for (int l = 0; l < recipe->info().n_layer; ++l) {
       StateLayerTypes t;
-      t.n_embd_k = t.n_embd_v = uint32_t(recipe->info().n_embd_kv());
-      t.k_row_bytes = t.v_row_bytes = ggml_row_bytes(GgmlType::F16, t.n_embd_k);
+      t.n_embd_k = uint32_t(recipe->info().n_embd_kv());
+      t.n_embd_v = uint32_t(recipe->info().n_embd_v());  // 0 for MLA: no V section
+      t.k_row_bytes = ggml_row_bytes(GgmlType::F16, t.n_embd_k);
+      t.v_row_bytes = t.n_embd_v ? ggml_row_bytes(GgmlType::F16, t.n_embd_v) : 0;
       layout.layers.push_back(t);
     }
     auto tokens = random_tokens(7, 300, 100000);

@@ -5,9 +5,10 @@
 // the absorbed query [W_UK_h^T q_nope | RoPE(q_pe)] attends over the rows (keys: the whole row,
 // values: its latent part), then W_UV_h per head and Wo. Scores scaled by mscale^2 / sqrt(nope + rope)
 // (YaRN with DeepSeek's mscale, as llama.cpp pre-scales kq_scale).
-// Not mirrored yet: the products and the attention follow the decoder's formulas but not its
-// summation order (its batched wk_b/wv_b products and 576-wide flash attention), so the rows of layer
-// 1 onwards are in the tolerance class, however the decoder runs.
+// With `lanes` the dense products sum in tinyBLAS order (batch-independent: chunked == one-shot) and the
+// experts as mul_mat_id does; not mirrored yet: the absorbed wk_b/wv_b products (ggml's batched
+// mul_mat) and the decoder's 576-wide flash attention, so the rows of layer 1 onwards agree to
+// rounding (the tolerance class), not bit for bit, however the decoder runs.
 #include <cblas.h>
 
 #include <cmath>
@@ -19,6 +20,7 @@
 #include "formats/safetensors.h"
 #include "model/cpu_engine_mla.h"
 #include "model/decoder_numerics.h"
+#include "model/gemm_lanes.h"
 #include "model/rmsnorm.h"
 #include "recipes/rope_ggml.h"
 
@@ -31,17 +33,20 @@ std::vector<float> tensor(const SafetensorsCheckpoint& ck, const std::string& na
   return ck.to_f32(name);
 }
 
-void gemm(const float* x, const std::vector<float>& w, int64_t rows, int64_t in, int64_t out, float* y) {
+// lanes 4/8/16: every output summed in one fixed order (batch-independent: chunked == one-shot).
+void gemm(const float* x, const std::vector<float>& w, int64_t rows, int64_t in, int64_t out, float* y, int lanes, int threads) {
+  if (lanes && in % lanes == 0) return gemm_lanes(x, w.data(), y, rows, out, in, lanes, threads);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(out), int(in), 1.0f, x, int(in), w.data(), int(in), 0.0f, y, int(out));
 }
 
 void swiglu_mlp(const float* x, const std::vector<float>& wg, const std::vector<float>& wu, const std::vector<float>& wd, int64_t n,
-                int64_t H, int64_t F, float* out) {
+                int64_t H, int64_t F, float* out, int lanes, int threads) {
   std::vector<float> g(static_cast<size_t>(n * F)), u(static_cast<size_t>(n * F));
-  gemm(x, wg, n, H, F, g.data());
-  gemm(x, wu, n, H, F, u.data());
-  for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-  gemm(g.data(), wd, n, F, H, out);
+  gemm(x, wg, n, H, F, g.data(), lanes, threads);
+  gemm(x, wu, n, H, F, u.data(), lanes, threads);
+  if (lanes) ggmlnum::swiglu(n, F, g.data(), g.data(), u.data(), lanes);
+  else for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  gemm(g.data(), wd, n, F, H, out, lanes, threads);
 }
 
 }  // namespace
@@ -101,8 +106,8 @@ void CpuEngine::load_mla(const std::string& hf_dir) {
 
 int64_t CpuEngine::prefill_mla(const std::vector<int32_t>& tokens, int64_t chunk, int lanes, const LayerHook& hook,
                                const std::function<bool()>& cancelled, const KvRounding& kv_round) {
-  (void)lanes;
   const auto& c = cfg_;
+  if (lanes != 4 && lanes != 8 && lanes != 16) lanes = 0;
   const int64_t T = int64_t(tokens.size()), H = c.hidden_size, nh = c.num_heads;
   const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, vd = c.v_head_dim, kvl = c.kv_lora_rank;
   const int64_t qk = nope + rope, row = kvl + rope;
@@ -146,14 +151,14 @@ int64_t CpuEngine::prefill_mla(const std::vector<int32_t>& tokens, int64_t chunk
       q.resize(size_t(n * nh * qk));
       if (c.q_lora_rank) {
         std::vector<float> qa(size_t(n * c.q_lora_rank));
-        gemm(x.data(), L.wq_a, n, H, c.q_lora_rank, qa.data());
+        gemm(x.data(), L.wq_a, n, H, c.q_lora_rank, qa.data(), lanes, threads_);
         rmsnorm_rows(qa.data(), L.q_a_norm.data(), qa.data(), n, c.q_lora_rank, eps);
-        gemm(qa.data(), L.wq_b, n, c.q_lora_rank, nh * qk, q.data());
+        gemm(qa.data(), L.wq_b, n, c.q_lora_rank, nh * qk, q.data(), lanes, threads_);
       } else {
-        gemm(x.data(), L.wq, n, H, nh * qk, q.data());
+        gemm(x.data(), L.wq, n, H, nh * qk, q.data(), lanes, threads_);
       }
       a.resize(size_t(n * row));
-      gemm(x.data(), L.wkv_a, n, H, row, a.data());
+      gemm(x.data(), L.wkv_a, n, H, row, a.data(), lanes, threads_);
       // The cached rows, and the absorbed queries [W_UK_h^T q_nope | RoPE(q_pe)] per head.
       std::vector<float> qabs(static_cast<size_t>(n * nh * row));
       parallel_for(n, threads_, [&](int64_t b, int64_t e) {
@@ -186,7 +191,7 @@ int64_t CpuEngine::prefill_mla(const std::vector<int32_t>& tokens, int64_t chunk
         std::vector<float> lat(static_cast<size_t>(kvl));
         for (int64_t idx = b; idx < e; ++idx) {
           const int64_t r = idx / nh, hh = idx % nh;
-          ggmlnum::flash_attn_row_kv(qabs.data() + idx * row, K, K, row, p0 + r + 1, row, kvl, kq_scale, lat.data(), 8);
+          ggmlnum::flash_attn_row_kv(qabs.data() + idx * row, K, K, row, p0 + r + 1, row, kvl, kq_scale, lat.data(), lanes ? lanes : 8);
           const float* vb = L.v_b[size_t(hh)].data();
           float* out = att.data() + r * nh * vd + hh * vd;
           for (int64_t d = 0; d < vd; ++d) {
@@ -197,14 +202,14 @@ int64_t CpuEngine::prefill_mla(const std::vector<int32_t>& tokens, int64_t chunk
         }
       });
       o.resize(size_t(n * H));
-      gemm(att.data(), L.wo, n, nh * vd, H, o.data());
+      gemm(att.data(), L.wo, n, nh * vd, H, o.data(), lanes, threads_);
       for (size_t i = 0; i < h.size(); ++i) h[i] += o[i];
       rmsnorm_rows(h.data(), L.post_norm.data(), x.data(), n, H, eps);
       const int64_t F = L.dense ? c.intermediate_size : c.moe_intermediate_size * c.n_shared_experts;
-      swiglu_mlp(x.data(), L.wg, L.wu, L.wd, n, H, F, o.data());  // dense FFN, or the shared experts
+      swiglu_mlp(x.data(), L.wg, L.wu, L.wd, n, H, F, o.data(), lanes, threads_);  // dense FFN, or the shared experts
       if (!L.dense) {
         y.resize(size_t(n * H));
-        moe_ffn(L.moe, x.data(), n, 0, 32, threads_, y.data());
+        moe_ffn(L.moe, x.data(), n, lanes, 32, threads_, y.data());
         for (size_t i = 0; i < o.size(); ++i) o[i] = y[i] + o[i];  // moe_out + shexp
       }
       for (size_t i = 0; i < h.size(); ++i) h[i] += o[i];
