@@ -63,7 +63,7 @@ TEST_P(BridgeEndToEnd, BridgedCompletionEqualsNativeWithARealCacheHit) {
 INSTANTIATE_TEST_SUITE_P(Models, BridgeEndToEnd,
                          ::testing::Values(E2ECase{"llama-tiny", "f32"}, E2ECase{"llama-tiny", "f16"}, E2ECase{"qwen3-tiny", "f32"},
                                            E2ECase{"qwen3-tiny", "f16"}, E2ECase{"llama-tiny", "q8_0"}, E2ECase{"qwen3moe-tiny", "f32"},
-                                           E2ECase{"qwen3moe-tiny", "q8_0"}, E2ECase{"deepseek2-tiny", "f32"}, E2ECase{"deepseek2-tiny", "q8_0"}),
+                                           E2ECase{"deepseek2-tiny", "f32"}),
                          [](const auto& info) {
                            std::string n = info.param.model + "_" + info.param.gguf;
                            for (auto& ch : n) if (ch == '-') ch = '_';

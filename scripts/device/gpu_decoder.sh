@@ -34,7 +34,10 @@ TM=$P/build/test-models
 [ -f $TM/llama-tiny-other/decoder-f32.gguf ] || timeout 300 bash -c "set -e; $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0,q4_0; \
   $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny-h16 --hf-dtype f16 --gguf-types f16; \
   $PDB make-model --arch llama --preset tiny --seed 9 --out $TM/llama-tiny-other --hf-dtype f32 --gguf-types f32; \
-  $PDB make-model --arch qwen3 --preset tiny --seed 2 --out $TM/qwen3-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0" > $R/fid/test_models.log 2>&1
+  $PDB make-model --arch qwen3 --preset tiny --seed 2 --out $TM/qwen3-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
+  $PDB make-model --arch qwen3moe --preset tiny --seed 3 --out $TM/qwen3moe-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
+  $PDB make-model --arch qwen3moe --preset tiny --seed 3 --out $TM/qwen3moe-tiny-h16 --hf-dtype f16 --gguf-types f16; \
+  $PDB make-model --arch deepseek2 --preset tiny --seed 4 --out $TM/deepseek2-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0" > $R/fid/test_models.log 2>&1
 FS="bash $REPO/scripts/fidelity_stack.sh"
 # FID_CASES (a regex over the case names) reruns a subset, e.g. FID_CASES='needle_f16_gpu|mm_othermodel_gpu'.
 want() { [[ -z ${FID_CASES:-} || $1 =~ ^(${FID_CASES})$ ]]; }
@@ -62,7 +65,7 @@ if [ "${FID_TESTS:-1}" = 1 ]; then
   cp -f $P/build/llama/bin/llama-server $P/llama-server.bundle 2>/dev/null
   ln -sf $S $P/build/llama/bin/llama-server
   ts "CPU parity/fidelity tests on the device's CPU"
-  CUDA_VISIBLE_DEVICES= timeout 600 $P/build/tests/integration_tests --gtest_filter='Caches/Parity*:NeedleModel.BridgedState*:Fidelity.Pinned*:Fidelity.Geometry*:-*openblas*' > $R/fid/cpu_tests.log 2>&1
+  CUDA_VISIBLE_DEVICES= timeout 600 $P/build/tests/integration_tests --gtest_filter="${FID_TEST_FILTER:-Caches/Parity*:NeedleModel.BridgedState*:Fidelity.Pinned*:Fidelity.Geometry*:Caches/Mla*:Models/BridgeEndToEnd*moe*:Models/BridgeEndToEnd*deepseek2*:-*openblas*}" > $R/fid/cpu_tests.log 2>&1
   ts "tests rc=$?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|PARITY|FIDELITY" $R/fid/cpu_tests.log | head -60
   [ -f $P/llama-server.bundle ] && mv -f $P/llama-server.bundle $P/build/llama/bin/llama-server
 fi
