@@ -1,5 +1,6 @@
 // libFuzzer: the wire frame parser and the capture assembler must reject any byte stream with an
 // error, never crash, and never commit a state file from a stream that is not a complete capture.
+// The first byte picks the decoder's layout (even: K and V sections; odd: K sections only, as MLA).
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -14,11 +15,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::filesystem::create_directories(d);
     return d.string();
   }();
+  if (size == 0) return 0;
+  const bool k_only = data[0] & 1;
+  ++data;
+  --size;
   pdb::StateLayout layout;
   for (int l = 0; l < 2; ++l) {
     pdb::StateLayerTypes t;
-    t.n_embd_k = t.n_embd_v = 64;
-    t.k_row_bytes = t.v_row_bytes = 128;
+    t.n_embd_k = 64;
+    t.k_row_bytes = 128;
+    t.n_embd_v = k_only ? 0 : 64;
+    t.v_row_bytes = k_only ? 0 : 128;
     layout.layers.push_back(t);
   }
   std::vector<int32_t> tokens(8, 1);

@@ -32,18 +32,23 @@ int main(int argc, char** argv) {
   w.add_tensor_bytes("x.weight", pdb::GgmlType::F32, {4, 2}, std::vector<uint8_t>(32, 0));
   w.add_tensor_bytes("q.weight", pdb::GgmlType::Q8_0, {32, 1}, std::vector<uint8_t>(34, 1));
   w.write(d + "/corpus-fuzz_gguf/seed.gguf");
-  // capture stream matching the fuzz_frames layout: 2 layers, 64-wide f16 rows, 8 tokens, fingerprint "fp"
-  std::vector<uint8_t> s;
-  pdb::wire::encode_json_frame(pdb::wire::FrameKind::Hello, {{"fingerprint", "fp"}, {"n_tokens", 8}, {"k_row_bytes", 128}, {"v_row_bytes", 128}}, s);
-  std::vector<uint8_t> rows(128 * 8, 0x3c);
-  for (uint32_t l = 0; l < 2; ++l)
-    for (auto k : {pdb::wire::FrameKind::K, pdb::wire::FrameKind::V}) {
-      pdb::wire::FrameHeader h;
-      h.kind = k; h.type = 1; h.layer = l; h.pos0 = 0; h.n_rows = 8;
-      pdb::wire::encode_frame(h, rows.data(), rows.size(), s);
-    }
-  pdb::wire::encode_json_frame(pdb::wire::FrameKind::Trailer, {{"status", "complete"}, {"tokens", 8}}, s);
-  write(d + "/corpus-fuzz_frames/seed.bin", s);
+  // capture streams matching the fuzz_frames layouts: 2 layers, 64-wide f16 rows, 8 tokens, fingerprint "fp";
+  // a leading selector byte: 0 K and V sections, 1 K only (MLA)
+  for (const bool k_only : {false, true}) {
+    std::vector<uint8_t> s = {uint8_t(k_only ? 1 : 0)};
+    pdb::wire::encode_json_frame(pdb::wire::FrameKind::Hello,
+                                 {{"fingerprint", "fp"}, {"n_tokens", 8}, {"k_row_bytes", 128}, {"v_row_bytes", k_only ? 0 : 128}}, s);
+    std::vector<uint8_t> rows(128 * 8, 0x3c);
+    for (uint32_t l = 0; l < 2; ++l)
+      for (auto k : {pdb::wire::FrameKind::K, pdb::wire::FrameKind::V}) {
+        if (k_only && k == pdb::wire::FrameKind::V) continue;
+        pdb::wire::FrameHeader h;
+        h.kind = k; h.type = 1; h.layer = l; h.pos0 = 0; h.n_rows = 8;
+        pdb::wire::encode_frame(h, rows.data(), rows.size(), s);
+      }
+    pdb::wire::encode_json_frame(pdb::wire::FrameKind::Trailer, {{"status", "complete"}, {"tokens", 8}}, s);
+    write(d + (k_only ? "/corpus-fuzz_frames/seed-k-only.bin" : "/corpus-fuzz_frames/seed.bin"), s);
+  }
   // request + state file
   pdb::wire::PrefillRequest r;
   r.tokens = {1, 2, 3};
@@ -59,6 +64,16 @@ int main(int argc, char** argv) {
     sw.commit();
   }
   write(d + "/corpus-fuzz_requests/state.bin", slurp(d + "/state.bin"));
+  fs::remove(d + "/state.bin");
+  // an MLA state: K sections only, no V headers
+  for (auto& t : L.layers) { t.n_embd_v = 0; t.v_row_bytes = 0; }
+  {
+    pdb::StateFileWriter sw(d + "/state.bin", L, {5, 6, 7}, 3);
+    std::vector<uint8_t> row(64 * 3, 0);
+    for (uint32_t l = 0; l < 2; ++l) sw.write_k_rows(l, 0, 3, row.data());
+    sw.commit();
+  }
+  write(d + "/corpus-fuzz_requests/state-k-only.bin", slurp(d + "/state.bin"));
   fs::remove(d + "/state.bin");
   return 0;
 }
