@@ -137,6 +137,17 @@ CpuEngine::CpuEngine(const std::string& hf_dir, int threads) : cfg_(HfConfig::lo
 
 CpuEngine::~CpuEngine() = default;
 
+void CpuEngine::check_tokens(const std::vector<int32_t>& tokens) const {
+  for (int32_t t : tokens)
+    if (t < 0 || t >= cfg_.vocab_size) throw std::invalid_argument(fmt::format("token id {} outside the vocabulary ({})", t, cfg_.vocab_size));
+}
+
+void CpuEngine::embed_chunk(const std::vector<int32_t>& tokens, int64_t p0, int64_t n, std::vector<float>& h) const {
+  const int64_t H = cfg_.hidden_size;
+  h.resize(size_t(n * H));
+  for (int64_t r = 0; r < n; ++r) std::copy_n(embed_.data() + int64_t(tokens[size_t(p0 + r)]) * H, H, h.data() + r * H);
+}
+
 void CpuEngine::round_weights_to(int bits) {
   if (bits != 16 && bits != 17) throw std::invalid_argument("round_weights_to: 16 (f16) or 17 (bf16)");
   if (cfg_.mla()) return;  // the MLA forward multiplies the checkpoint's own values (its arithmetic is not mirrored yet)
@@ -164,8 +175,7 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, in
   const int64_t nh = c.num_heads, nkv = c.num_kv_heads, qd = nh * hd, kvd = nkv * hd, group = nh / nkv;
   const float eps = float(c.rms_norm_eps), scale = 1.0f / std::sqrt(float(hd));
   if (chunk <= 0) chunk = 512;
-  for (int32_t t : tokens)
-    if (t < 0 || t >= c.vocab_size) throw std::invalid_argument(fmt::format("token id {} outside the vocabulary ({})", t, c.vocab_size));
+  check_tokens(tokens);
   // The engine's own K/V for the whole prompt (f32), per layer.
   std::vector<std::vector<float>> kcache(size_t(c.num_layers)), vcache(size_t(c.num_layers));
   const size_t q8_row = size_t(kvd / 32 * 34);
@@ -188,8 +198,7 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, in
   std::vector<float> h, x, q, k, v, att, o, g, u;
   for (int64_t p0 = 0; p0 < T; p0 += chunk) {
     const int64_t n = std::min(chunk, T - p0);
-    h.resize(size_t(n * H));
-    for (int64_t r = 0; r < n; ++r) std::copy_n(embed_.data() + int64_t(tokens[size_t(p0 + r)]) * H, H, h.data() + r * H);
+    embed_chunk(tokens, p0, n, h);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       if (cancelled && cancelled()) return p0;
       const Layer& L = *layers_[size_t(l)];

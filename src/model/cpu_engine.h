@@ -51,6 +51,9 @@ class CpuEngine {
  private:
   struct Layer;
   struct MlaLayer;  // deepseek2 (cpu_engine_mla.cpp)
+  // Shared by every forward: token ids checked against the vocabulary; a chunk's embedding rows.
+  void check_tokens(const std::vector<int32_t>& tokens) const;
+  void embed_chunk(const std::vector<int32_t>& tokens, int64_t p0, int64_t n, std::vector<float>& h) const;
   void load_mla(const std::string& hf_dir);
   int64_t prefill_mla(const std::vector<int32_t>& tokens, int64_t chunk, int lanes, const LayerHook& hook,
                       const std::function<bool()>& cancelled, const KvRounding& kv_round);

@@ -113,8 +113,7 @@ int64_t CpuEngine::prefill_mla(const std::vector<int32_t>& tokens, int64_t chunk
   const int64_t qk = nope + rope, row = kvl + rope;
   const float eps = float(c.rms_norm_eps);
   if (chunk <= 0) chunk = 512;
-  for (int32_t t : tokens)
-    if (t < 0 || t >= c.vocab_size) throw std::invalid_argument(fmt::format("token id {} outside the vocabulary ({})", t, c.vocab_size));
+  check_tokens(tokens);
   // RoPE and the score scale as llama.cpp derives them for deepseek2 (src/llama-context.cpp, src/models/deepseek2.cpp).
   GgmlRopeParams rp;
   rp.n_dims = int(rope);
@@ -140,8 +139,7 @@ int64_t CpuEngine::prefill_mla(const std::vector<int32_t>& tokens, int64_t chunk
   std::vector<float> h, x, q, a, att, o, y;
   for (int64_t p0 = 0; p0 < T; p0 += chunk) {
     const int64_t n = std::min(chunk, T - p0);
-    h.resize(size_t(n * H));
-    for (int64_t r = 0; r < n; ++r) std::copy_n(embed_.data() + int64_t(tokens[size_t(p0 + r)]) * H, H, h.data() + r * H);
+    embed_chunk(tokens, p0, n, h);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       if (cancelled && cancelled()) return p0;
       const MlaLayer& L = *mla_layers_[size_t(l)];
