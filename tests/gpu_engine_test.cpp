@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "cuda/device.h"
@@ -36,6 +37,21 @@ std::string make_checkpoint(const std::string& name, const std::string& arch, co
   o.vocab_dir = test::llama_src() + "/models";
   make_model(o);
   return o.out + "/hf";
+}
+
+// deepseek2 `small` (DeepSeek-V2's head widths, which the GPU's MLA attention takes) with its decoder
+// GGUFs, made once per test process; its model directory.
+const std::string& deepseek2_small_dir() {
+  static const std::string dir = [] {
+    MakeModelOptions o;
+    o.arch = "deepseek2"; o.preset = "small"; o.seed = 7; o.out = test::temp_dir("deepseek2-small"); o.hf_dtype = "f32";
+    o.gguf_types = {"f32", "q8_0"};
+    o.vocab_dir = test::llama_src() + "/models";
+    o.llama_bin = test::llama_bin();
+    make_model(o);
+    return o.out;
+  }();
+  return dir;
 }
 
 std::vector<int32_t> random_tokens(uint64_t seed, int n, int vocab) {
@@ -101,8 +117,10 @@ TEST(GpuRecipe, RowsMatchTheCpuRecipeOnTheSameHiddenStates) {
 TEST(CudaEngine, ForwardTracksTheCpuEngineLayerByLayer) {
   SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA
-  for (const std::string model : {"llama-tiny", "qwen3-tiny"}) {
-    const std::string hf = test::models_dir() + "/" + model + "/hf";
+  // qwen3moe: grouped expert products; deepseek2 `small`: decompressed MLA attention (192/128) and routed + shared experts
+  for (const std::string& dir : {test::models_dir() + "/llama-tiny", test::models_dir() + "/qwen3-tiny", test::models_dir() + "/qwen3moe-tiny",
+                                 deepseek2_small_dir()}) {
+    const std::string hf = dir + "/hf", model = dir.substr(dir.find_last_of('/') + 1);
     CpuEngine cpu(hf, 2);
     CudaEngine gpu(hf, 2);
     const int64_t T = 700;
@@ -119,6 +137,54 @@ TEST(CudaEngine, ForwardTracksTheCpuEngineLayerByLayer) {
       std::printf("CUDA ENGINE %s layer %lld input: rel err vs CPU engine %.2e\n", model.c_str(), (long long)l, e);
       EXPECT_LT(e, l == 0 ? 1e-7 : 3e-2);
     }
+  }
+#endif
+}
+
+// deepseek2's GPU recipe: the cache row [rms_norm(latent) * w | RoPE(k_pe)], no V, against the CPU recipe.
+TEST(GpuRecipe, MlaRowsMatchTheCpuRecipeOnTheSameHiddenStates) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  cuda::Gemm gemm;
+  for (const std::string gguf : {"f32", "q8_0"}) {
+    auto recipe = Recipe::load(test::models_dir() + "/deepseek2-tiny/decoder-" + gguf + ".gguf", 2);
+    const auto& in = recipe->info();
+    ASSERT_TRUE(in.mla());
+    const int64_t rows = 300, pos0 = 1000, E = in.n_embd, C = in.n_embd_kv();
+    GpuRecipe gpu(*recipe, gemm, rows);
+    std::mt19937 g(std::random_device{}());
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    std::vector<float> h(size_t(rows * E));
+    for (auto& x : h) x = d(g);
+    cuda::DeviceBuffer dh(h.size() * 4), dk(size_t(rows * C) * 4), dv(4);
+    dh.upload(h.data(), h.size() * 4);
+    CacheSpec spec;
+    spec.k_type = spec.v_type = GgmlType::F32;
+    spec.simd_width = host_simd_width() ? host_simd_width() : 8;
+    size_t same = 0, total = 0;
+    int64_t worst = 0;
+    for (int layer = 0; layer < in.n_layer; ++layer) {
+      std::vector<uint8_t> kb, vb;
+      recipe->kv_rows(layer, h.data(), rows, pos0, spec, kb, vb);
+      EXPECT_TRUE(vb.empty());
+      std::vector<float> ck(size_t(rows * C)), gk(ck.size());
+      std::memcpy(ck.data(), kb.data(), ck.size() * 4);
+      gpu.set_positions(pos0, rows, nullptr);
+      gpu.kv_f32(layer, dh.as<float>(), rows, nullptr, dk.as<float>(), dv.as<float>());
+      PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      dk.download(gk.data(), gk.size() * 4);
+      for (size_t i = 0; i < ck.size(); ++i) {
+        const int64_t u = f16_ulp_distance(f32_to_fp16(ck[i]), f32_to_fp16(gk[i]));
+        same += u == 0;
+        worst = std::max(worst, u);
+        ++total;
+      }
+    }
+    const double pct = 100.0 * double(same) / double(total);
+    std::printf("GPU RECIPE deepseek2-tiny %s: %.4f%% of f16 cache elements identical to the CPU recipe, worst %lld ulp\n", gguf.c_str(), pct,
+                (long long)worst);
+    EXPECT_GE(pct, gguf == "f32" ? 99.0 : 97.0);
+    EXPECT_LE(worst, 16);
   }
 #endif
 }
@@ -203,9 +269,12 @@ TEST(CudaEngine, Fp8KvTracksBf16KvAndIsRefusedWhereItCannotRun) {
 // complete, the decoder's cache hit is real, and the bridged state is close to the decoder's own.
 TEST(CudaBridge, ServesTheBridgeEndToEndWithARealCacheHit) {
   SKIP_WITHOUT_GPU();
-  for (const std::string gguf : {"f32", "q8_0"}) {
+  struct Case { std::string dir, gguf; };
+  for (const Case& c : {Case{test::models_dir() + "/llama-tiny", "f32"}, Case{test::models_dir() + "/llama-tiny", "q8_0"},
+                       Case{test::models_dir() + "/qwen3moe-tiny", "f32"}, Case{deepseek2_small_dir(), "f32"}}) {
+    const std::string& gguf = c.gguf;
     test::StackOptions so;
-    so.model_dir = test::models_dir() + "/llama-tiny";
+    so.model_dir = c.dir;
     so.decoder_type = gguf;
     so.prefill_extra = {"--device", "cuda"};
     test::Stack st(so);
@@ -224,7 +293,7 @@ TEST(CudaBridge, ServesTheBridgeEndToEndWithARealCacheHit) {
     auto n = st.post_decoder("/completion", body);
     ASSERT_EQ(n.status, 200);
     const bool same = n.json()["content"] == r.json()["content"];
-    std::printf("CUDA BRIDGE llama-tiny %s: %lld tokens complete, cache_n %lld, answer %s native\n", gguf.c_str(), (long long)T,
+    std::printf("CUDA BRIDGE %s %s: %lld tokens complete, cache_n %lld, answer %s native\n", c.dir.c_str(), gguf.c_str(), (long long)T,
                 (long long)timings["cache_n"].get<int64_t>(), same ? "==" : "!=");
   }
 }
@@ -234,8 +303,9 @@ TEST(CudaParity, BridgedStateAgainstTheDecodersOwn) {
   SKIP_WITHOUT_GPU();
   struct Case { std::string model, gguf, cache; };
   for (const Case& c : {Case{"llama-tiny", "f32", "f16"}, Case{"qwen3-tiny", "f32", "f16"}, Case{"llama-tiny", "f32", "q8_0"},
-                       Case{"llama-tiny-h16", "f16", "f16"}}) {
-    const std::string mdir = test::models_dir() + "/" + c.model;
+                       Case{"llama-tiny-h16", "f16", "f16"}, Case{"qwen3moe-tiny", "f32", "f16"}, Case{"qwen3moe-tiny", "f32", "q8_0"},
+                       Case{"deepseek2-small", "f32", "f16"}, Case{"deepseek2-small", "q8_0", "q8_0"}}) {
+    const std::string mdir = c.model == "deepseek2-small" ? deepseek2_small_dir() : test::models_dir() + "/" + c.model;
     test::Stack st(test::parity_stack_options(mdir, c.gguf, c.cache));
     const int T = 700;
     auto tokens = random_tokens(std::random_device{}(), T, 100000);

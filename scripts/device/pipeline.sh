@@ -5,11 +5,11 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,fp8,scale,pace,m1,demo,link,gpudec,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
-has() { [ "$STAGES" = all ] && [ "$1" != fp8 ] && [ "$1" != attn ] && [ "$1" != scale ] && [ "$1" != pace ] && [ "$1" != m1 ] && [ "$1" != link ] && [ "$1" != demo ] && [ "$1" != gpudec ] && return 0; [[ ",$STAGES," == *",$1,"* ]]; }
+has() { [ "$STAGES" = all ] && [ "$1" != fp8 ] && [ "$1" != moe ] && [ "$1" != attn ] && [ "$1" != scale ] && [ "$1" != pace ] && [ "$1" != m1 ] && [ "$1" != link ] && [ "$1" != demo ] && [ "$1" != gpudec ] && return 0; [[ ",$STAGES," == *",$1,"* ]]; }
 LC=/tmp/llama-cuda; mkdir -p $LC
 T0=$(date +%s)
 ts() { echo "[$(date +%T) +$(( $(date +%s) - T0 ))s] $*"; }
@@ -22,7 +22,7 @@ mkdir -p /work/main && ln -sfn $P/build /work/main/build
 [ -e $REPO/build ] || ln -sfn $P/build $REPO/build
 run device_info_$DONE_MARK $PDB device-info || { ts "pdbridge does not run here"; touch $R/$DONE_MARK; exit 1; }
 # llama.cpp CUDA (peer), in the background
-{ has bench || has attn || has qwen; } && [ "${PEERS:-1}" = 1 ] && [ -f $DEV/llama-src.tar.xz ] && ( tar -xJf $DEV/llama-src.tar.xz -C $LC && cd $LC && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON \
+{ has bench || has attn || has qwen || has moe; } && [ "${PEERS:-1}" = 1 ] && [ -f $DEV/llama-src.tar.xz ] && ( tar -xJf $DEV/llama-src.tar.xz -C $LC && cd $LC && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON \
    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
    -DLLAMA_BUILD_SERVER=OFF -DGGML_CUDA_NCCL=OFF > $R/llama_cmake.log 2>&1 && nice -n 10 cmake --build build -j 8 --target llama-bench > $R/llama_build.log 2>&1
   echo $? > $R/llama_build.rc ) &
@@ -36,7 +36,9 @@ stage_tests() {
   TM=$P/build/test-models
   run test_models bash -c "set -e; $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0,q4_0; \
     $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny-h16 --hf-dtype f16 --gguf-types f16; \
-    $PDB make-model --arch qwen3 --preset tiny --seed 2 --out $TM/qwen3-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0"
+    $PDB make-model --arch qwen3 --preset tiny --seed 2 --out $TM/qwen3-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
+    $PDB make-model --arch qwen3moe --preset tiny --seed 3 --out $TM/qwen3moe-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
+    $PDB make-model --arch deepseek2 --preset tiny --seed 4 --out $TM/deepseek2-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0"
   run integration_cuda timeout 300 $P/build/tests/integration_tests --gtest_filter='GpuRecipe*:CudaEngine*:CudaBridge*:CudaParity*'
   [ "${AB:-0}" = 1 ] && PDBRIDGE_RECIPE_STREAM=1 run integration_cuda_recipe_stream timeout 300 $P/build/tests/integration_tests --gtest_filter='CudaBridge*:CudaParity*'
 }
@@ -137,6 +139,28 @@ stage_qwen() {
     fi
   fi
 }
+# Issue 18's H200 rows: the real Qwen3-30B-A3B and DeepSeek-V2-Lite layer shapes (random bf16 weights; fewer
+# layers than the models have, MOE_LAYERS / MLA_LAYERS, because the disk holds one model's checkpoint and GGUF
+# at a time only at that size), pdbridge's engine and engine + recipe + frames, the grouped expert products
+# against one product per expert (PDBRIDGE_MOE_GEMM=loop), PyTorch (Qwen3MoeForCausalLM / DeepseekV2ForCausalLM,
+# sdpa, bf16) and llama.cpp CUDA (llama-bench -fa 1) on the same F16 GGUF, all in this run.
+stage_moe() {
+  local L1=${MOE_LAYERS:-8} L2=${MLA_LAYERS:-8}
+  for spec in "qwen3moe qwen3-30b-a3b $L1 q3moe" "deepseek2 deepseek-v2-lite $L2 dsv2"; do
+    set -- $spec
+    local arch=$1 preset=$2 layers=$3 dir=$M/$4
+    [ $(free_gb) -lt 45 ] && rm -rf $M/llama8b $M/llama8b_fp8 $M/qwen8b
+    [ -f $dir/decoder-f16.gguf ] || run make_$4 $PDB make-model --arch $arch --preset $preset --layers $layers --seed 11 --out $dir --hf-dtype bf16 --gguf-types f16
+    run bench_$4 $PDB bench prefill --model $dir/hf --recipe $dir/decoder-f16.gguf --tokens 8192,32768 --reps 2 --chunk 4096 --label $preset-L$layers --out $R/bench.jsonl
+    PDBRIDGE_MOE_GEMM=loop run bench_$4_loop $PDB bench prefill --model $dir/hf --recipe $dir/decoder-f16.gguf --tokens 8192 --reps 2 --chunk 4096 --label $preset-L$layers-expert-loop --out $R/bench.jsonl
+    [ "${PEERS:-1}" = 1 ] && PYTHONUNBUFFERED=1 run torch_$4 python3 $DEV/torch_moe_peer.py $arch $layers
+    if [ "${PEERS:-1}" = 1 ] && [ -e $LC/build/CMakeCache.txt ]; then
+      ts "waiting for the llama.cpp CUDA build"; while [ ! -e $R/llama_build.rc ]; do sleep 5; done
+      run llama_bench_$4 $LC/build/bin/llama-bench -m $dir/decoder-f16.gguf -ngl 99 -fa 1 -b 4096 -ub 2048 -p 8192,32768 -n 0 -r 2 -o md
+    fi
+    rm -rf $dir
+  done
+}
 # Issue 17: the fidelity guard and the bridge on a CUDA-built llama-server, on the GPU and on the device's CPU
 # (gpu_decoder.sh; results in $R/fid). It builds its own llama-server (CUDA, with the server target).
 stage_gpudec() { LC=/tmp/llama-cuda-server T0=$T0 bash $DEV/gpu_decoder.sh $DEV; }
@@ -166,7 +190,7 @@ stage_link() {
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|ab|qwen|fp8|scale|pace|m1|demo|link|gpudec) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -8,6 +8,7 @@ import time
 
 import torch
 import transformers
+from torch_peer_timing import time_prefill
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 print("torch", torch.__version__, "transformers", transformers.__version__, torch.cuda.get_device_name(0), flush=True)
@@ -28,37 +29,4 @@ torch.cuda.synchronize()
 print("attn impl:", model.config._attn_implementation, "dtype:", next(model.parameters()).dtype,
       "params:", sum(p.numel() for p in model.parameters()), f"init {time.time() - t0:.1f}s", flush=True)
 
-
-def forward(ids):
-    try:
-        return model(input_ids=ids, use_cache=True, logits_to_keep=1).logits
-    except TypeError:  # transformers without logits_to_keep
-        h = model.model(input_ids=ids, use_cache=True).last_hidden_state
-        return model.lm_head(h[:, -1:])
-
-
-for T, warm, reps in [(8192, 2, 3), (32768, 1, 3)]:
-    try:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        ids = torch.randint(0, kw["vocab_size"], (1, T), device="cuda")
-        with torch.inference_mode():
-            for _ in range(warm):
-                del_me = forward(ids)
-                del del_me
-            torch.cuda.synchronize()
-            ts = []
-            for _ in range(reps):
-                s = torch.cuda.Event(enable_timing=True)
-                e = torch.cuda.Event(enable_timing=True)
-                s.record()
-                logits = forward(ids)
-                e.record()
-                torch.cuda.synchronize()
-                ts.append(s.elapsed_time(e) / 1e3)
-                del logits
-        mean = sum(ts) / len(ts)
-        print(f"TORCH-QWEN3 T={T} times_s={[round(x, 4) for x in ts]} mean={mean:.4f} tok/s(mean)={T / mean:.1f} "
-              f"tok/s(best)={T / min(ts):.1f} peak_mem_GiB={torch.cuda.max_memory_allocated() / 2**30:.1f}", flush=True)
-    except Exception as ex:
-        print(f"TORCH-QWEN3 T={T} FAILED: {type(ex).__name__}: {ex}", flush=True)
+time_prefill("TORCH-QWEN3", model, kw["vocab_size"], [(8192, 2, 3), (32768, 1, 3)])

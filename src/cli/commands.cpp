@@ -74,6 +74,7 @@ void register_make_model(CLI::App& app) {
   cmd->add_option("--llama-bin", o->llama_bin, "Directory with llama-quantize");
   cmd->add_option("--threads", o->threads, "Threads (default: all cores)");
   cmd->add_option("--context-length", o->context_length, "Declared training context (max_position_embeddings; default: the preset's)");
+  cmd->add_option("--layers", o->layers, "Number of layers (default: the preset's; real layer shapes with fewer layers, for benchmarks)");
   cmd->callback([o, types] {
     guarded("make-model", [&] { o->gguf_types = split_csv(*types); make_model(*o); return 0; });
   });

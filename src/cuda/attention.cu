@@ -50,19 +50,21 @@ __device__ __forceinline__ void load_tile(uint32_t smem, const __nv_bfloat16* g,
   }
 }
 
-template <int D, int W, int KT>
+// D: the width of queries and keys, DV of values and outputs (equal except for MLA's 192 / 128).
+template <int D, int DV, int W, int KT>
 __global__ void __launch_bounds__(32 * W, W == 4 ? 2 : 1)
 flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                        const __nv_bfloat16* __restrict__ v, __nv_bfloat16* __restrict__ out, AttentionShape s, int heads_per_block) {
   constexpr int kBlockRows = 16 * W;  // query rows (head, position) per block
   constexpr int C = D / 8;           // 16-byte chunks per row
   constexpr int KSTEPS = D / 16;     // mma k-steps over head_dim
-  constexpr int DTILES = D / 8;      // output n-tiles
+  constexpr int CV = DV / 8;         // 16-byte chunks per value row
+  constexpr int DTILES = DV / 8;     // output n-tiles
   extern __shared__ __align__(128) uint8_t smem_raw[];
   const uint32_t sbase = uint32_t(__cvta_generic_to_shared(smem_raw));
   const uint32_t sQ = sbase;
   // Stage s of K at sK0 + s * tile, of V at sV0 + s * tile (arithmetic, not an array: no stack frame).
-  constexpr uint32_t kTileBytes = KT * D * 2;
+  constexpr uint32_t kTileBytes = KT * D * 2, vTileBytes = KT * DV * 2;
   const uint32_t sK0 = sQ + kBlockRows * D * 2;
   const uint32_t sV0 = sK0 + 2 * kTileBytes;
 
@@ -79,7 +81,7 @@ flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
   const int64_t n_keys = s.pos0 + imin64(s.n_q, q_first + block_positions);  // keys this block can see
   const int n_tiles = int((n_keys + KT - 1) / KT);
   const __nv_bfloat16* kh = k + int64_t(kvh) * s.kv_capacity * D;
-  const __nv_bfloat16* vh = v + int64_t(kvh) * s.kv_capacity * D;
+  const __nv_bfloat16* vh = v + int64_t(kvh) * s.kv_capacity * DV;
 
   // Q rows: smem row w*16 + r is position q_first + (w % warps_per_head)*16 + r of head (w / warps_per_head).
   for (int i = threadIdx.x; i < kBlockRows * C; i += 32 * W) {
@@ -94,7 +96,7 @@ flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
     const int64_t k0 = int64_t(t) * KT;
     const int valid = int(imin64(KT, n_keys - k0));
     load_tile<D, W>(sK0 + stage * kTileBytes, kh + k0 * D, D, KT, valid);
-    load_tile<D, W>(sV0 + stage * kTileBytes, vh + k0 * D, D, KT, valid);
+    load_tile<DV, W>(sV0 + stage * vTileBytes, vh + k0 * DV, DV, KT, valid);
     cp_async_commit();
   };
   load_kv(0, 0);
@@ -188,7 +190,7 @@ flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
         for (int j = 0; j < DTILES; j += 2) {
           uint32_t b0, b1, b2, b3;
           const int key = kk * 16 + (mat & 1) * 8 + r;
-          ldmatrix_x4_trans(sV0 + stage * kTileBytes + swz(key, j + (mat >> 1), C), b0, b1, b2, b3);
+          ldmatrix_x4_trans(sV0 + stage * vTileBytes + swz(key, j + (mat >> 1), CV), b0, b1, b2, b3);
           mma_bf16(o[j], a, b0, b1);
           mma_bf16(o[j + 1], a, b2, b3);
         }
@@ -197,16 +199,16 @@ flash_attention_causal(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
     __syncthreads();  // the next iteration's prefetch overwrites this stage
   }
 
-  store_normalized_rows<D>(&o[0][0], l_run, q_first + sub * 16 + lane / 4, s.n_q, q_stride, int64_t(head) * D, lane % 4, out);
+  store_normalized_rows<DV>(&o[0][0], l_run, q_first + sub * 16 + lane / 4, s.n_q, int64_t(s.n_heads) * DV, int64_t(head) * DV, lane % 4, out);
 }
 
-template <int D, int W, int KT>
+template <int D, int DV, int W, int KT>
 void launch(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out, const AttentionShape& s,
             cudaStream_t stream) {
-  const int smem = (16 * W + 4 * KT) * D * 2;
+  const int smem = (16 * W + 2 * KT) * D * 2 + 2 * KT * DV * 2;
   static bool configured = false;  // attribute set once per process and instantiation
   if (!configured) {
-    PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_causal<D, W, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(flash_attention_causal<D, DV, W, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     configured = true;
   }
   const int group = s.n_heads / s.n_kv_heads;
@@ -214,16 +216,16 @@ void launch(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16*
   const int heads_per_block = (W == 8 && 8 % group == 0) ? group : 1;
   const int positions = 16 * (W / heads_per_block);
   const dim3 grid(unsigned((s.n_q + positions - 1) / positions), unsigned(s.n_heads / heads_per_block));
-  flash_attention_causal<D, W, KT><<<grid, 32 * W, smem, stream>>>(q, k, v, out, s, heads_per_block);
+  flash_attention_causal<D, DV, W, KT><<<grid, 32 * W, smem, stream>>>(q, k, v, out, s, heads_per_block);
   PDB_CUDA_LAUNCHED();
 }
 
-template <int D>
+template <int D, int DV = D>
 void launch_tuned(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out, const AttentionShape& s,
                   const AttentionTuning& t, cudaStream_t stream) {
-  if (t.warps == 4 && t.key_tile == 64) return launch<D, 4, 64>(q, k, v, out, s, stream);
-  if (t.warps == 8 && t.key_tile == 64) return launch<D, 8, 64>(q, k, v, out, s, stream);
-  if (t.warps == 8 && t.key_tile == 128) return launch<D, 8, 128>(q, k, v, out, s, stream);
+  if (t.warps == 4 && t.key_tile == 64) return launch<D, DV, 4, 64>(q, k, v, out, s, stream);
+  if (t.warps == 8 && t.key_tile == 64) return launch<D, DV, 8, 64>(q, k, v, out, s, stream);
+  if (D + DV <= 256 && t.warps == 8 && t.key_tile == 128) return launch<D, DV, 8, 128>(q, k, v, out, s, stream);
   throw std::invalid_argument("attention: no kernel for " + std::to_string(t.warps) + " warps x " + std::to_string(t.key_tile) +
                               " keys per tile (4 x 64, 8 x 64, 8 x 128)");
 }
@@ -248,6 +250,12 @@ void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv
   if (s.n_q <= 0) return;
   if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0) throw std::invalid_argument("attention: heads not a multiple of kv heads");
   if (s.pos0 + s.n_q > s.kv_capacity) throw std::invalid_argument("attention: keys past the cache capacity");
+  const int dv = s.v_dim();
+  if (dv != s.head_dim) {
+    if (s.head_dim == 192 && dv == 128) return launch_tuned<192, 128>(q, k, v, out, s, tuning, stream);
+    throw std::invalid_argument("attention: key width " + std::to_string(s.head_dim) + " with value width " + std::to_string(dv) +
+                                " not supported (192 / 128: MLA)");
+  }
   if (tuning.wgmma && wgmma_attention_supported(s)) return causal_attention_wgmma(q, k, v, out, s, stream, tuning.schedule);
   switch (s.head_dim) {
     case 64: return launch_tuned<64>(q, k, v, out, s, tuning, stream);

@@ -16,6 +16,8 @@ struct AttentionShape {
   int n_heads = 0, n_kv_heads = 0, head_dim = 0;
   int64_t kv_capacity = 0;  // rows per head in the K/V cache
   float scale = 0;          // softmax scale (1/sqrt(head_dim) for llama and qwen3)
+  int v_head_dim = 0;       // value (and output) width when it differs from head_dim: MLA's 192-wide keys, 128-wide values
+  int v_dim() const { return v_head_dim ? v_head_dim : head_dim; }
 };
 
 // Kernel variants for same-run A/B measurements: warps per block (4: one head per block; 8: a GQA
@@ -35,8 +37,9 @@ struct AttentionTuning {
   static AttentionTuning from_env();
 };
 
-// q: [n_q x n_heads x head_dim]; k, v: [n_kv_heads x kv_capacity x head_dim] (cache, rows 0..pos0+n_q-1
-// valid); out: [n_q x n_heads x head_dim]. Throws for an unsupported head_dim.
+// q: [n_q x n_heads x head_dim]; k: [n_kv_heads x kv_capacity x head_dim], v: [n_kv_heads x kv_capacity x
+// v_dim] (cache, rows 0..pos0+n_q-1 valid); out: [n_q x n_heads x v_dim]. head_dim 64 or 128 (v_dim equal),
+// or 192 with v_dim 128 (MLA, decompressed); throws otherwise.
 void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
                       const AttentionShape& s, cudaStream_t stream);
 void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,

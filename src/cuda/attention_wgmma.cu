@@ -420,7 +420,7 @@ bool device_is_sm90() {
 
 }  // namespace
 
-bool wgmma_attention_supported(const AttentionShape& s) { return s.head_dim == kD && device_is_sm90(); }
+bool wgmma_attention_supported(const AttentionShape& s) { return s.head_dim == kD && s.v_dim() == kD && device_is_sm90(); }
 
 void causal_attention_wgmma(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
                             const AttentionShape& s, cudaStream_t stream, WgmmaSchedule schedule) {

@@ -28,6 +28,7 @@
 #include "cuda/q8_gemm.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
+#include "cuda/kernel_test_support.h"
 #endif
 
 namespace pdb {
@@ -37,50 +38,7 @@ namespace {
   if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary()
 
 #ifdef PDBRIDGE_HAVE_CUDA
-std::mt19937& rng() {
-  static std::mt19937 g(std::random_device{}());
-  return g;
-}
-std::vector<float> randn(size_t n, float sd = 1.0f) {
-  std::normal_distribution<float> d(0.0f, sd);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng());
-  return v;
-}
-// Values as bf16 holds them (what the kernel sees) and the device copy.
-std::vector<float> round_bf16(std::vector<float> v) {
-  for (auto& x : v) x = bf16_to_f32(f32_to_bf16(x));
-  return v;
-}
-cuda::DeviceBuffer to_device_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> h(v.size());
-  for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
-  cuda::DeviceBuffer b(h.size() * 2);
-  b.upload(h.data(), h.size() * 2);
-  return b;
-}
-cuda::DeviceBuffer to_device_f32(const std::vector<float>& v) {
-  cuda::DeviceBuffer b(v.size() * 4);
-  b.upload(v.data(), v.size() * 4);
-  return b;
-}
-cuda::DeviceBuffer poisoned(size_t bytes) {
-  cuda::DeviceBuffer b(bytes);
-  PDB_CUDA_CHECK(cudaMemset(b.get(), 0xff, bytes));  // NaN in f32, bf16 and f16
-  return b;
-}
-std::vector<float> from_device_bf16(const cuda::DeviceBuffer& b, size_t n) {
-  std::vector<uint16_t> h(n);
-  b.download(h.data(), n * 2);
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = bf16_to_f32(h[i]);
-  return v;
-}
-std::vector<float> from_device_f32(const cuda::DeviceBuffer& b, size_t n) {
-  std::vector<float> v(n);
-  b.download(v.data(), n * 4);
-  return v;
-}
+using namespace test_kernels;
 #endif
 
 }  // namespace

@@ -9,11 +9,11 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
+__global__ void rmsnorm_kernel(const float* __restrict__ x, int64_t xs, const float* __restrict__ w, float* __restrict__ y, int64_t ys,
                                int64_t dim, float eps) {
   const int64_t row = blockIdx.x;
-  const float* xr = x + row * dim;
-  float* yr = y + row * dim;
+  const float* xr = x + row * xs;
+  float* yr = y + row * ys;
   double sum = 0.0;  // double, like the CPU twin, so the two agree to the last bit in most rows
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) sum += double(xr[i] * xr[i]);
   __shared__ double partial[kThreads];
@@ -67,7 +67,14 @@ void rmsnorm_rows_bf16(const float* x, const float* w, __nv_bfloat16* y, int64_t
 
 void rmsnorm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
   if (rows == 0) return;
-  rmsnorm_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, w, y, dim, eps);
+  rmsnorm_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, dim, w, y, dim, dim, eps);
+  PDB_CUDA_LAUNCHED();
+}
+
+void rmsnorm_rows_strided(const float* x, int64_t x_stride, const float* w, float* y, int64_t y_stride, int64_t rows, int64_t dim, float eps,
+                          cudaStream_t stream) {
+  if (rows == 0) return;
+  rmsnorm_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, x_stride, w, y, y_stride, dim, eps);
   PDB_CUDA_LAUNCHED();
 }
 

@@ -9,6 +9,10 @@ namespace pdb::cuda {
 
 // y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w   (w may be null)
 void rmsnorm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps, cudaStream_t stream);
+// The same over the first `dim` elements of rows x_stride / y_stride apart (in place allowed): MLA's latent
+// norm inside its cache row.
+void rmsnorm_rows_strided(const float* x, int64_t x_stride, const float* w, float* y, int64_t y_stride, int64_t rows, int64_t dim, float eps,
+                          cudaStream_t stream);
 // The engine's variant: f32 residual in, bf16 matmul input out (f32 statistics; float sum).
 void rmsnorm_rows_bf16(const float* x, const float* w, __nv_bfloat16* y, int64_t rows, int64_t dim, float eps, cudaStream_t stream);
 

@@ -85,11 +85,11 @@ __global__ void qkv_rope_kernel(const __nv_bfloat16* __restrict__ qkv, __nv_bflo
 }
 
 // One block (head_dim threads) per (row, head).
-__global__ void rope_ggml_kernel(float* __restrict__ k, const float* __restrict__ cs, int n_heads, int head_dim, int n_dims,
+__global__ void rope_ggml_kernel(float* __restrict__ k, int64_t row_stride, const float* __restrict__ cs, int n_heads, int head_dim, int n_dims,
                                  bool neox, const float* __restrict__ k_norm, float eps) {
   const int64_t r = blockIdx.x / n_heads;
   const int h = blockIdx.x % n_heads;
-  float* x = k + (r * n_heads + h) * head_dim;
+  float* x = k + r * row_stride + int64_t(h) * head_dim;
   __shared__ float buf[kMaxHeadDim];
   __shared__ double red[kMaxHeadDim];
   const int t = threadIdx.x;
@@ -138,10 +138,11 @@ void qkv_rope_to_cache(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, __nv_bflo
 }
 
 void rope_ggml_rows(float* k, const float* cs, int64_t rows, int n_heads, int head_dim, int n_dims, bool neox,
-                    const float* k_norm, float eps, cudaStream_t s) {
+                    const float* k_norm, float eps, cudaStream_t s, int64_t row_stride) {
   if (rows == 0) return;
   if (head_dim > kMaxHeadDim || n_dims > head_dim || n_dims % 2) throw std::invalid_argument("rope_ggml_rows: bad head_dim/n_dims");
-  rope_ggml_kernel<<<unsigned(rows * n_heads), unsigned(head_dim), 0, s>>>(k, cs, n_heads, head_dim, n_dims, neox, k_norm, eps);
+  if (row_stride == 0) row_stride = int64_t(n_heads) * head_dim;
+  rope_ggml_kernel<<<unsigned(rows * n_heads), unsigned(head_dim), 0, s>>>(k, row_stride, cs, n_heads, head_dim, n_dims, neox, k_norm, eps);
   PDB_CUDA_LAUNCHED();
 }
 

@@ -40,8 +40,9 @@ void qkv_rope_to_cache(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, __nv_bflo
 
 // The decoder's RoPE on K rows [rows x n_heads x head_dim] (f32, in place). cs: [rows x n_dims]
 // interleaved cos, sin per pair (ggml_rope_cache's layout). k_norm: per-head RMSNorm applied first
-// (qwen3's attn_k_norm, ggml's order: double sum, x*scale, then *w), or null.
+// (qwen3's attn_k_norm, ggml's order: double sum, x*scale, then *w), or null. row_stride: elements from
+// one row to the next (0: n_heads * head_dim; MLA ropes the k_pe tail of its wider cache row).
 void rope_ggml_rows(float* k, const float* cs, int64_t rows, int n_heads, int head_dim, int n_dims, bool neox,
-                    const float* k_norm, float eps, cudaStream_t s);
+                    const float* k_norm, float eps, cudaStream_t s, int64_t row_stride = 0);
 
 }  // namespace pdb::cuda

@@ -21,6 +21,7 @@
 #include "model/cpu_engine_mla.h"
 #include "model/decoder_numerics.h"
 #include "model/gemm_lanes.h"
+#include "model/mla_rope.h"
 #include "model/rmsnorm.h"
 #include "recipes/rope_ggml.h"
 
@@ -50,6 +51,32 @@ void swiglu_mlp(const float* x, const std::vector<float>& wg, const std::vector<
 }
 
 }  // namespace
+
+MlaRope mla_rope(const HfConfig& c) {
+  const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  MlaRope m;
+  GgmlRopeParams& rp = m.rope;
+  rp.n_dims = int(c.qk_rope_head_dim);
+  rp.freq_base = float(c.rope_theta);
+  rp.mode = RopeMode::Norm;
+  float kq_scale = 1.0f / std::sqrt(float(qk));
+  if (c.rope_scaling.type == RopeScalingType::Yarn) {
+    const auto& rs = c.rope_scaling;
+    rp.freq_scale = float(1.0 / rs.factor);
+    rp.ext_factor = 1.0f;
+    rp.n_ctx_orig = int(rs.original_max_position_embeddings);
+    const float f = 1.0f / rp.freq_scale;
+    rp.attn_factor = 1.0f / (1.0f + 0.1f * logf(f));
+    const float log_mul = float(rs.mscale_all_dim);
+    const float attn_org = rp.attn_factor * (1.0f + 0.1f * logf(f));
+    const float mscale = attn_org * (1.0f + 0.1f * log_mul * logf(f));
+    kq_scale = mscale * mscale / std::sqrt(float(qk));
+  } else if (c.rope_scaling.type != RopeScalingType::None) {
+    throw std::runtime_error("deepseek2: only YaRN (or no) RoPE scaling is supported");
+  }
+  m.kq_scale = kq_scale;
+  return m;
+}
 
 void CpuEngine::load_mla(const std::string& hf_dir) {
   const auto& c = cfg_;
@@ -114,26 +141,9 @@ int64_t CpuEngine::prefill_mla(const std::vector<int32_t>& tokens, int64_t chunk
   const float eps = float(c.rms_norm_eps);
   if (chunk <= 0) chunk = 512;
   check_tokens(tokens);
-  // RoPE and the score scale as llama.cpp derives them for deepseek2 (src/llama-context.cpp, src/models/deepseek2.cpp).
-  GgmlRopeParams rp;
-  rp.n_dims = int(rope);
-  rp.freq_base = float(c.rope_theta);
-  rp.mode = RopeMode::Norm;
-  float kq_scale = 1.0f / std::sqrt(float(qk));
-  if (c.rope_scaling.type == RopeScalingType::Yarn) {
-    const auto& rs = c.rope_scaling;
-    rp.freq_scale = float(1.0 / rs.factor);
-    rp.ext_factor = 1.0f;
-    rp.n_ctx_orig = int(rs.original_max_position_embeddings);
-    const float f = 1.0f / rp.freq_scale;
-    rp.attn_factor = 1.0f / (1.0f + 0.1f * logf(f));
-    const float log_mul = float(rs.mscale_all_dim);
-    const float attn_org = rp.attn_factor * (1.0f + 0.1f * logf(f));
-    const float mscale = attn_org * (1.0f + 0.1f * log_mul * logf(f));
-    kq_scale = mscale * mscale / std::sqrt(float(qk));
-  } else if (c.rope_scaling.type != RopeScalingType::None) {
-    throw std::runtime_error("deepseek2: only YaRN (or no) RoPE scaling is supported");
-  }
+  const MlaRope mr = mla_rope(c);
+  const GgmlRopeParams& rp = mr.rope;
+  const float kq_scale = mr.kq_scale;
   std::vector<std::vector<float>> cache(size_t(c.num_layers));  // the decoder's rows, [T x row] per layer
   for (auto& k : cache) k.resize(size_t(T * row));
   std::vector<float> h, x, q, a, att, o, y;

@@ -23,31 +23,15 @@
 #include "formats/ggml_types.h"
 #include "formats/numeric.h"
 #include "formats/safetensors.h"
+#include "model/cuda_engine_load.h"
 
 namespace pdb {
 
 using cuda::DeviceBuffer;
 using bf16 = __nv_bfloat16;
 
-struct CudaEngine::Weights {
-  DeviceBuffer embed;  // [vocab x hidden] f32 (exact for every checkpoint dtype)
-  struct Layer {
-    DeviceBuffer in_norm, post_norm, q_norm, k_norm;  // f32
-    DeviceBuffer wqkv, wo, wgu, wd;                   // bf16 [out x in], or e4m3 on the FP8 path; qkv and gate|up fused along out
-    DeviceBuffer wqkv_s, wo_s, wgu_s, wd_s;           // FP8 path: f32 scale per 128x128 block, in the product's order
-  };
-  std::vector<Layer> layers;
-  DeviceBuffer inv_freq;  // f32 [head_dim/2]
-  // Per-prompt state, grown on demand and kept for the next prompt.
-  DeviceBuffer kcache, vcache;  // [layers x kv_heads x capacity x head_dim] bf16, or e4m3 codes (kv_fp8)
-  DeviceBuffer kscale, vscale;  // kv_fp8: [layers x kv_heads x capacity] f32
-  DeviceBuffer kx, vx;          // kv_fp8, expanded: one layer's rows as bf16 [kv_heads x capacity x head_dim]
-  int64_t capacity = 0;
-  DeviceBuffer tokens, h, x, qkv, q, att, gu, act;
-  DeviceBuffer xq, xs, ybf;  // FP8 path: quantized activations, their scales, bf16 product for the residual add
-};
 
-namespace {
+namespace cuda_load {
 
 // HF tensor -> bf16 bytes (bf16 as is; f32/f16 rounded; block FP8 dequantized with its scales).
 std::vector<uint16_t> to_bf16(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& name, int64_t rows, int64_t cols,
@@ -107,6 +91,14 @@ DeviceBuffer upload_stacked(const SafetensorsCheckpoint& ck, const HfConfig& c, 
   return b;
 }
 
+}  // namespace cuda_load
+
+using cuda_load::to_bf16;
+using cuda_load::upload_f32;
+using cuda_load::upload_stacked;
+
+namespace {
+
 // Block-FP8 tensors stacked along their output dimension: e4m3 bytes as they are, and the
 // checkpoint's [out/128 x in/128] scale grids (weight_scale_inv: w = code * scale) concatenated and
 // written in the order the product reads them.
@@ -139,6 +131,7 @@ void upload_stacked_fp8(const SafetensorsCheckpoint& ck, const std::vector<std::
 // Why the FP8 products cannot run for this checkpoint ("" when they can).
 std::string fp8_unsupported(const HfConfig& c, const SafetensorsCheckpoint& ck) {
   if (!c.fp8) return "not an FP8 checkpoint";
+  if (c.moe() || c.mla()) return "the MoE/MLA engine runs bf16 products";
   if (c.fp8_block_rows != 128 || c.fp8_block_cols != 128)
     return fmt::format("weight_block_size [{}, {}] (the products take [128, 128])", c.fp8_block_rows, c.fp8_block_cols);
   for (int64_t d : {c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim})
@@ -154,11 +147,17 @@ std::string fp8_unsupported(const HfConfig& c, const SafetensorsCheckpoint& ck) 
 CudaEngine::CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8)
     : cfg_(HfConfig::load(hf_dir)), w_(std::make_unique<Weights>()), kv_fp8_(kv_fp8) {
   const auto& c = cfg_;
-  if (c.moe()) throw std::runtime_error(fmt::format("CUDA engine: {} (mixture of experts) is not implemented yet; use --device cpu", c.arch));
-  if (c.head_dim != 64 && c.head_dim != 128) throw std::runtime_error(fmt::format("CUDA engine: head_dim {} not supported (64, 128)", c.head_dim));
+  if (c.mla()) {
+    if (c.qk_nope_head_dim != 128 || c.qk_rope_head_dim != 64 || c.v_head_dim != 128)
+      throw std::runtime_error(fmt::format("CUDA engine: MLA head widths nope {} / rope {} / v {} not supported (128 / 64 / 128, DeepSeek-V2's)",
+                                           c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim));
+  } else if (c.head_dim != 64 && c.head_dim != 128) {
+    throw std::runtime_error(fmt::format("CUDA engine: head_dim {} not supported (64, 128)", c.head_dim));
+  }
   if (c.hidden_size % 8 || c.intermediate_size % 8) throw std::runtime_error("CUDA engine: hidden and intermediate sizes must be multiples of 8");
   if (c.attention_bias) throw std::runtime_error("CUDA engine: attention biases are not supported");
   if (cuda::device_count() == 0) throw std::runtime_error("CUDA engine: no CUDA device");
+  if (kv_fp8 && c.mla()) throw std::runtime_error("CUDA engine: fp8 K/V is not implemented for MLA (deepseek2)");
   if (kv_fp8) {
     if (const char* e = std::getenv("PDBRIDGE_FP8KV_FUSED"); e && std::string(e) == "1") fp8kv_fused_ = true;
     cuda::AttentionShape probe;
@@ -171,7 +170,7 @@ CudaEngine::CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8)
   gemm_ = std::make_unique<cuda::Gemm>();
   auto ck = SafetensorsCheckpoint::open(hf_dir);
   const int64_t H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
-  const StDtype wdt = ck->get("model.layers.0.self_attn.k_proj.weight").dtype;
+  const StDtype wdt = ck->get(c.mla() ? "model.layers.0.self_attn.kv_a_proj_with_mqa.weight" : "model.layers.0.self_attn.k_proj.weight").dtype;
   weights_note_ = wdt == StDtype::BF16 ? "bf16 weights" : fmt::format("{} weights converted to bf16 on load", st_dtype_name(wdt));
   if (c.fp8) {
     std::string why = fp8_unsupported(c, *ck), report;
@@ -190,7 +189,8 @@ CudaEngine::CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8)
     w_->embed = upload_f32(e);
     total += w_->embed.bytes();
   }
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+  if (c.mla()) load_mla(*ck, threads, total);
+  for (int64_t l = 0; l < (c.mla() ? 0 : c.num_layers); ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
     Weights::Layer L;
     L.in_norm = upload_f32(ck->to_f32(p + "input_layernorm.weight"));
@@ -212,14 +212,21 @@ CudaEngine::CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8)
     } else {
       L.wqkv = upload_stacked(*ck, c, qkv, H, threads, total);
       L.wo = upload_stacked(*ck, c, o, nh * hd, threads, total);
-      L.wgu = upload_stacked(*ck, c, gu, H, threads, total);
-      L.wd = upload_stacked(*ck, c, d, F, threads, total);
+      if (c.moe()) {
+        L.moe = std::make_unique<CudaMoeWeights>(load_cuda_moe(*ck, c, p, threads));
+        total += L.moe->bytes();
+      } else {
+        L.wgu = upload_stacked(*ck, c, gu, H, threads, total);
+        L.wd = upload_stacked(*ck, c, d, F, threads, total);
+      }
     }
     w_->layers.push_back(std::move(L));
   }
-  std::vector<float> inv;
-  for (double f : c.inv_freq()) inv.push_back(float(f));
-  w_->inv_freq = upload_f32(inv);
+  if (!c.mla()) {  // MLA's RoPE angles come from model/mla_rope.h per chunk
+    std::vector<float> inv;
+    for (double f : c.inv_freq()) inv.push_back(float(f));
+    w_->inv_freq = upload_f32(inv);
+  }
   weight_bytes_ = total;
   spdlog::info("cuda engine: {} layers, {:.2f} GiB of weights on {} ({})", c.num_layers, double(total) / (1 << 30), cuda::device_summary(), weights_note_);
 }
@@ -232,12 +239,14 @@ CudaEngine::~CudaEngine() {
 
 size_t CudaEngine::bytes_for_prompt(int64_t T, int64_t chunk) const {
   const auto& c = cfg_;
+  if (c.mla()) return bytes_for_prompt_mla(T, chunk);
   const int64_t H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
   chunk = std::min(chunk, T);
   const size_t per_row = kv_fp8_ ? size_t(hd) + 4 : size_t(hd) * 2;  // fp8: codes + one scale per head row
   size_t kv = size_t(2) * size_t(std::max<int64_t>(c.num_layers - 1, 1)) * size_t(nkv * T) * per_row;
   if (kv_fp8_ && !fp8kv_fused_) kv += size_t(2) * size_t(nkv * T * hd) * 2;  // one layer's rows expanded to bf16
-  size_t work = size_t(chunk) * size_t(4 + H * 4 + H * 2 + (nh + 2 * nkv) * hd * 2 + 2 * nh * hd * 2 + 2 * F * 2 + F * 2);
+  size_t work = size_t(chunk) * size_t(4 + H * 4 + H * 2 + (nh + 2 * nkv) * hd * 2 + 2 * nh * hd * 2 + (c.moe() ? 0 : 2 * F * 2 + F * 2));
+  if (c.moe()) work += CudaMoeFfn::bytes_for(c, chunk);
   if (fp8_) {
     const int64_t K = std::max({H, nh * hd, F}), rows = fp8_->padded_rows(chunk);
     work += size_t(rows - chunk) * size_t(H * 4 + H * 2 + (nh + 2 * nkv) * hd * 2 + nh * hd * 2 + 2 * F * 2 + F * 2) + size_t(rows * K) +
@@ -250,8 +259,7 @@ void CudaEngine::check_fits(int64_t T, int64_t chunk, size_t extra) const {
   const size_t need = bytes_for_prompt(T, chunk) + extra;
   const auto mem = cuda::device_memory();
   // What is already ours counts as available (the buffers are reused).
-  const size_t ours = w_->kcache.bytes() + w_->vcache.bytes() + w_->kscale.bytes() + w_->vscale.bytes() + w_->kx.bytes() + w_->vx.bytes() + w_->h.bytes() + w_->x.bytes() + w_->qkv.bytes() + w_->q.bytes() +
-                      w_->att.bytes() + w_->gu.bytes() + w_->act.bytes() + w_->xq.bytes() + w_->xs.bytes() + w_->ybf.bytes();
+  const size_t ours = w_->buffer_bytes();
   const size_t margin = size_t(512) << 20;
   if (need + margin > mem.free + ours)
     throw std::runtime_error(fmt::format("prompt of {} tokens needs {:.1f} GiB of GPU memory for the engine's K/V and buffers; "
@@ -270,6 +278,7 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
   chunk = std::min(chunk, T);
   for (int32_t t : tokens)
     if (t < 0 || t >= c.vocab_size) throw std::invalid_argument(fmt::format("token id {} outside the vocabulary ({})", t, c.vocab_size));
+  if (c.mla()) return prefill_mla(tokens, chunk, hook, cancelled, full_last_layer, skip_attention);
   check_fits(T, chunk);
   auto& W = *w_;
   const int64_t cache_layers = full_last_layer ? L : std::max<int64_t>(L - 1, 1);
@@ -304,8 +313,10 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
   W.qkv.resize(size_t(rows_cap * qkv_dim) * 2);
   W.q.resize(size_t(chunk * nh * hd) * 2);
   W.att.resize(size_t(rows_cap * nh * hd) * 2);
-  W.gu.resize(size_t(rows_cap * 2 * F) * 2);
-  W.act.resize(size_t(rows_cap * F) * 2);
+  if (!c.moe()) {
+    W.gu.resize(size_t(rows_cap * 2 * F) * 2);
+    W.act.resize(size_t(rows_cap * F) * 2);
+  }
   cudaStream_t s = stream_;
   auto& gemm = *gemm_;
   if (fp8_) {
@@ -389,6 +400,10 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
       }
       mm(W.att.get(), Lw.wo, Lw.wo_s, n, nh * hd, H, cuda::DType::F32, h, 1.0f);
       cuda::rmsnorm_rows_bf16(h, Lw.post_norm.as<float>(), x, n, H, eps, s);
+      if (Lw.moe) {
+        W.moe.forward(*Lw.moe, x, n, h, gemm, s);
+        continue;
+      }
       mm(x, Lw.wgu, Lw.wgu_s, n, H, 2 * F, cuda::DType::BF16, W.gu.get(), 0.0f);
       cuda::swiglu_rows(W.gu.as<bf16>(), W.act.as<bf16>(), n, F, s);
       mm(W.act.get(), Lw.wd, Lw.wd_s, n, F, H, cuda::DType::F32, h, 1.0f);

@@ -1,5 +1,5 @@
-// The prefill engine's CUDA backend: a chunked causal forward on the GPU for llama and qwen3 HF
-// checkpoints. bf16 weights and activations through cuBLASLt (f32 accumulation; block-FP8 checkpoints
+// The prefill engine's CUDA backend: a chunked causal forward on the GPU for llama, qwen3, qwen3moe
+// (cuda_moe_ffn.h) and deepseek2 (cuda_engine_mla.cpp) HF checkpoints. bf16 weights and activations through cuBLASLt (f32 accumulation; block-FP8 checkpoints
 // through block-scaled FP8 products, activations quantized per 1x128 block), an f32 residual
 // stream (the o_proj and down_proj products accumulate into it, fused via beta = 1), our flash
 // attention over the engine's own bf16 (or fp8) K/V cache, and fused RMSNorm / RoPE / SwiGLU kernels.
@@ -19,6 +19,8 @@
 #include "formats/hf_config.h"
 
 namespace pdb {
+
+class SafetensorsCheckpoint;
 
 class CudaEngine {
  public:
@@ -53,7 +55,14 @@ class CudaEngine {
                   const std::function<bool()>& cancelled = {}, bool full_last_layer = false, bool skip_attention = false);
 
  private:
-  struct Weights;
+  // deepseek2 (cuda_engine_mla.cpp): MLA attention decompressed per head, dense lead layers, routed +
+  // shared experts.
+  void load_mla(const SafetensorsCheckpoint& ck, int threads, size_t& total);
+  size_t bytes_for_prompt_mla(int64_t tokens, int64_t chunk) const;
+  int64_t prefill_mla(const std::vector<int32_t>& tokens, int64_t chunk, const DeviceHook& hook, const std::function<bool()>& cancelled,
+                      bool full_last_layer, bool skip_attention);
+
+  struct Weights;  // cuda_engine_load.h
   HfConfig cfg_;
   std::unique_ptr<Weights> w_;
   std::unique_ptr<cuda::Gemm> gemm_;

@@ -53,6 +53,12 @@ HfConfig deepseek2_preset(const std::string& preset) {
     c.intermediate_size = 256; c.max_position_embeddings = 16384;
     c.num_experts = 4; c.num_experts_per_tok = 2; c.moe_intermediate_size = 64; c.n_shared_experts = 1;
     rs.factor = 4;
+  } else if (preset == "small") {  // V2's own head widths (nope 128 + rope 64 keys, 128 values) at a small hidden size: the GPU tests' MLA
+    c.hidden_size = 256; c.num_layers = 3; c.num_heads = 4; c.num_kv_heads = 4;
+    c.kv_lora_rank = 128; c.qk_rope_head_dim = 64; c.qk_nope_head_dim = 128; c.v_head_dim = 128;
+    c.intermediate_size = 512; c.max_position_embeddings = 16384;
+    c.num_experts = 8; c.num_experts_per_tok = 2; c.moe_intermediate_size = 128; c.n_shared_experts = 1;
+    rs.factor = 4;
   } else if (preset == "deepseek-v2-lite") {  // DeepSeek-V2-Lite's config.json
     c.hidden_size = 2048; c.num_layers = 27; c.num_heads = 16; c.num_kv_heads = 16;
     c.kv_lora_rank = 512; c.qk_rope_head_dim = 64; c.qk_nope_head_dim = 128; c.v_head_dim = 128;
@@ -60,7 +66,7 @@ HfConfig deepseek2_preset(const std::string& preset) {
     c.num_experts = 64; c.num_experts_per_tok = 6; c.moe_intermediate_size = 1408; c.n_shared_experts = 2;
     rs.factor = 40;
   } else {
-    throw std::invalid_argument("unknown deepseek2 preset '" + preset + "' (tiny, deepseek-v2-lite)");
+    throw std::invalid_argument("unknown deepseek2 preset '" + preset + "' (tiny, small, deepseek-v2-lite)");
   }
   c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
   return c;

@@ -9,8 +9,9 @@
 namespace pdb::ref {
 
 void causal_attention(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v, std::vector<float>& out,
-                      int64_t n_q, int64_t pos0, int H, int KV, int D, int64_t cap, float scale) {
-  out.assign(size_t(n_q * H * D), 0.0f);
+                      int64_t n_q, int64_t pos0, int H, int KV, int D, int64_t cap, float scale, int DV) {
+  if (DV == 0) DV = D;
+  out.assign(size_t(n_q * H * DV), 0.0f);
   std::vector<double> s;
   for (int64_t i = 0; i < n_q; ++i)
     for (int h = 0; h < H; ++h) {
@@ -26,10 +27,10 @@ void causal_attention(const std::vector<float>& q, const std::vector<float>& k, 
       }
       double sum = 0;
       for (auto& x : s) { x = std::exp(x - mx); sum += x; }
-      for (int c = 0; c < D; ++c) {
+      for (int c = 0; c < DV; ++c) {
         double acc = 0;
-        for (int64_t j = 0; j < n_keys; ++j) acc += s[size_t(j)] * double(v[size_t((kvh * cap + j) * D + c)]);
-        out[size_t((i * H + h) * D + c)] = float(acc / sum);
+        for (int64_t j = 0; j < n_keys; ++j) acc += s[size_t(j)] * double(v[size_t((kvh * cap + j) * DV + c)]);
+        out[size_t((i * H + h) * DV + c)] = float(acc / sum);
       }
     }
 }

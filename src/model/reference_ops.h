@@ -6,9 +6,10 @@
 
 namespace pdb::ref {
 
-// Causal GQA attention in f64. q: [n_q x H x D]; k, v: [KV x cap x D]; out: [n_q x H x D].
+// Causal GQA attention in f64. q: [n_q x H x D]; k: [KV x cap x D]; v: [KV x cap x DV]; out: [n_q x H x DV]
+// (DV 0: D; MLA decompressed has D 192, DV 128).
 void causal_attention(const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v, std::vector<float>& out,
-                      int64_t n_q, int64_t pos0, int H, int KV, int D, int64_t cap, float scale);
+                      int64_t n_q, int64_t pos0, int H, int KV, int D, int64_t cap, float scale, int DV = 0);
 
 // The engine's QKV split + optional per-head RMSNorm + HF rotate-half RoPE + cache write.
 void qkv_rope_to_cache(const std::vector<float>& qkv, std::vector<float>& q_out, std::vector<float>& k_cache, std::vector<float>& v_cache,

@@ -89,6 +89,8 @@ class CudaBackend final : public PrefillBackend {
     chunk = std::min(chunk <= 0 ? max_chunk_ : chunk, max_chunk_);
     const auto& info = recipe_->info();
     const int64_t C = info.n_embd_kv();
+    const bool has_v = info.n_embd_v() > 0;  // MLA: one K row per token, no V section
+    const bool rot_k = spec.rot_k && !info.mla();  // llama.cpp never rotates the MLA row (recipes/deepseek2.cpp)
     for (auto& s : slots_) s.state = Slot::Free;
     std::atomic<bool> stopped{false};
     bool finished = false;
@@ -112,8 +114,8 @@ class CudaBackend final : public PrefillBackend {
             const uint8_t* k = nullptr;
             const uint8_t* v = nullptr;
             size_t kb = 0, vb = 0;
-            convert(s, spec.k_type, spec.rot_k, k_rotation_size(info.head_dim), s.hk, kq, k, kb, C);
-            convert(s, spec.v_type, spec.rot_v, kVRotationSize, s.hv, vq, v, vb, C);
+            convert(s, spec.k_type, rot_k, k_rotation_size(info.head_dim), s.hk, kq, k, kb, C);
+            if (has_v) convert(s, spec.v_type, spec.rot_v, kVRotationSize, s.hv, vq, v, vb, C);
             if (!sink(KvBlock{s.layer, s.pos0, s.rows, k, kb, v, vb})) stopped = true;
           }
         } catch (...) {
@@ -149,12 +151,13 @@ class CudaBackend final : public PrefillBackend {
       PDB_CUDA_CHECK(cudaStreamWaitEvent(rs, normed_ready_[nb], 0));
       gpu_recipe_.kv_from_normed(layer, normed_[nb].as<float>(), rows, rs, s.dk.as<float>(), s.dv.as<float>());
       PDB_CUDA_CHECK(cudaEventRecord(normed_free_[nb], rs));
-      const size_t kbytes = encode(spec.k_type, spec.rot_k, k_rotation_size(info.head_dim), s.dk, s.dkq, rows, C, rs);
-      const size_t vbytes = encode(spec.v_type, spec.rot_v, kVRotationSize, s.dv, s.dvq, rows, C, rs);
+      const size_t kbytes = encode(spec.k_type, rot_k, k_rotation_size(info.head_dim), s.dk, s.dkq, rows, C, rs);
+      const size_t vbytes = has_v ? encode(spec.v_type, spec.rot_v, kVRotationSize, s.dv, s.dvq, rows, C, rs) : 0;
       PDB_CUDA_CHECK(cudaEventRecord(s.computed, rs));
       PDB_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, s.computed, 0));
       PDB_CUDA_CHECK(cudaMemcpyAsync(s.hk.as<uint8_t>(), outgoing(spec.k_type, s.dk, s.dkq), kbytes, cudaMemcpyDeviceToHost, copy_stream_));
-      PDB_CUDA_CHECK(cudaMemcpyAsync(s.hv.as<uint8_t>(), outgoing(spec.v_type, s.dv, s.dvq), vbytes, cudaMemcpyDeviceToHost, copy_stream_));
+      if (has_v)
+        PDB_CUDA_CHECK(cudaMemcpyAsync(s.hv.as<uint8_t>(), outgoing(spec.v_type, s.dv, s.dvq), vbytes, cudaMemcpyDeviceToHost, copy_stream_));
       PDB_CUDA_CHECK(cudaEventRecord(s.copied, copy_stream_));
       std::lock_guard<std::mutex> l(mu);
       s.state = Slot::Enqueued;

@@ -25,8 +25,8 @@ class Deepseek2Recipe final : public Recipe {
       throw std::runtime_error(fmt::format("deepseek2 GGUF: key_length {} is not kv_lora_rank {} + rope dims {}", info_.head_dim, kvl, rot));
     for (int64_t l = 0; l < loaded_layers_; ++l) {
       const std::string p = fmt::format("blk.{}.", l);
-      wkv_a_.push_back(load_weight(g, p + "attn_kv_a_mqa.weight", p + "attn_kv_a_mqa.bias"));
-      if (wkv_a_.back().rows != info_.head_dim || wkv_a_.back().cols != info_.n_embd) throw std::runtime_error(p + "attn_kv_a_mqa has an unexpected shape");
+      wk_.push_back(load_weight(g, p + "attn_kv_a_mqa.weight", p + "attn_kv_a_mqa.bias"));
+      if (wk_.back().rows != info_.head_dim || wk_.back().cols != info_.n_embd) throw std::runtime_error(p + "attn_kv_a_mqa has an unexpected shape");
       auto n = g.to_f32(g.tensor(p + "attn_kv_a_norm.weight"));
       if (int64_t(n.size()) != kvl) throw std::runtime_error(p + "attn_kv_a_norm has the wrong size");
       kv_a_norm_.push_back(std::move(n));
@@ -39,7 +39,7 @@ class Deepseek2Recipe final : public Recipe {
     const int64_t E = info_.n_embd, C = info_.head_dim, kvl = info_.kv_lora_rank, rot = info_.rope.n_dims;
     std::vector<float> x(static_cast<size_t>(rows * E)), a(static_cast<size_t>(rows * C));
     attn_input(layer, h, rows, x.data());
-    project(wkv_a_[size_t(layer)], x.data(), rows, spec.simd_width, a.data());
+    project(wk_[size_t(layer)], x.data(), rows, spec.simd_width, a.data());
     const float* norm_w = kv_a_norm_[size_t(layer)].data();
     parallel_for(rows, threads_, [&](int64_t b, int64_t e) {
       std::vector<float> cache(static_cast<size_t>(rot));
@@ -55,8 +55,10 @@ class Deepseek2Recipe final : public Recipe {
     v_out.clear();
   }
 
+  const float* k_latent_norm(int layer) const override { return kv_a_norm_.at(size_t(layer)).data(); }
+
  private:
-  std::vector<RecipeWeight> wkv_a_;
+  // wk_ holds attn_kv_a_mqa (the whole row's projection); no wv_.
   std::vector<std::vector<float>> kv_a_norm_;
 };
 

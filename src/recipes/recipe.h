@@ -88,6 +88,9 @@ class Recipe {
   const float* attn_norm(int layer) const { return attn_norm_all_.data() + int64_t(layer) * info_.n_embd; }
   // Per-head RMSNorm weights applied to K before RoPE (qwen3), or null.
   virtual const float* k_head_norm(int layer) const { return nullptr; }
+  // MLA: k_weight is the whole cache row's projection (kv_a_mqa), v_weight absent, and this is the
+  // RMSNorm weight of the row's first kv_lora_rank elements (the latent; the rest is RoPE'd k_pe).
+  virtual const float* k_latent_norm(int layer) const { return nullptr; }
 
   // The decoder's own layer-0 input for `rows` tokens: its token_embd rows, dequantized as ggml does
   // (llama and qwen3 do not scale embeddings). With it layer 0 is the decoder's exactly, whatever its

@@ -60,7 +60,13 @@ GpuRecipe::GpuRecipe(const Recipe& cpu, cuda::Gemm& gemm, int64_t max_rows) : cp
   };
   for (int64_t l = 0; l < cpu.loaded_layers(); ++l) {
     wk_.push_back(upload(cpu.k_weight(int(l))));
-    wv_.push_back(upload(cpu.v_weight(int(l))));
+    if (in.mla()) {
+      cuda::DeviceBuffer lb(size_t(in.kv_lora_rank) * 4);
+      lb.upload(cpu.k_latent_norm(int(l)), size_t(in.kv_lora_rank) * 4);
+      latent_norm_.push_back(std::move(lb));
+    } else {
+      wv_.push_back(upload(cpu.v_weight(int(l))));
+    }
     cuda::DeviceBuffer nb(size_t(E) * 4);
     nb.upload(cpu.attn_norm(int(l)), size_t(E) * 4);
     norm_.push_back(std::move(nb));
@@ -144,8 +150,15 @@ void GpuRecipe::kv_from_normed(int layer, const float* d_x, int64_t rows, cudaSt
   const auto& in = cpu_.info();
   check(layer, rows);
   const Weight& wk = wk_[size_t(layer)];
-  const Weight& wv = wv_[size_t(layer)];
   project(wk, d_x, rows, s, d_k);
+  if (in.mla()) {  // [rms_norm(latent) * kv_a_norm | RoPE_NORM(k_pe)] in one row of head_dim; no V, no head norm
+    const int64_t C = in.head_dim, kvl = in.kv_lora_rank;
+    cuda::rmsnorm_rows_strided(d_k, C, latent_norm_[size_t(layer)].as<float>(), d_k, C, rows, kvl, in.norm_eps, s);
+    cuda::rope_ggml_rows(d_k + kvl, cs_.as<float>(), rows, 1, int(C - kvl), in.rope.n_dims, in.rope.mode == RopeMode::Neox, nullptr, in.norm_eps,
+                         s, C);
+    return;
+  }
+  const Weight& wv = wv_[size_t(layer)];
   project(wv, d_x, rows, s, d_v, same_activations(wk, wv));
   const float* kn = k_norm_.empty() ? nullptr : k_norm_[size_t(layer)].as<float>();
   cuda::rope_ggml_rows(d_k, cs_.as<float>(), rows, int(in.n_head_kv), int(in.head_dim), in.rope.n_dims, in.rope.mode == RopeMode::Neox, kn,

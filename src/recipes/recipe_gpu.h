@@ -30,7 +30,8 @@ class GpuRecipe {
 
   // Once per chunk, before kv_f32: the decoder's cos/sin for positions [pos0, pos0 + rows).
   void set_positions(int64_t pos0, int64_t rows, cudaStream_t s);
-  // d_k, d_v: [rows x n_embd_kv] f32 on the device: K after RoPE, V; before rotation and type.
+  // d_k, d_v: [rows x n_embd_kv] f32 on the device: K after RoPE, V; before rotation and type. MLA
+  // (deepseek2): d_k gets the cache row [rms_norm(latent) * w | RoPE(k_pe)], d_v is left untouched.
   void kv_f32(int layer, const float* d_h, int64_t rows, cudaStream_t s, float* d_k, float* d_v);
   // kv_f32 in two steps, so that a caller can run the second on another stream: the decoder's
   // attention norm of d_h into d_x ([rows x n_embd] f32), then K/V from d_x. kv_from_normed uses
@@ -56,7 +57,7 @@ class GpuRecipe {
   int64_t max_rows_ = 0;
   size_t bytes_ = 0;
   std::vector<Weight> wk_, wv_;
-  std::vector<cuda::DeviceBuffer> norm_, k_norm_;
+  std::vector<cuda::DeviceBuffer> norm_, k_norm_, latent_norm_;  // latent_norm_: MLA's kv_a_norm
   cuda::DeviceBuffer x_, xa_, cs_, xq_, xd_;  // xq_/xd_: the activation's Q8_0 codes and scales
   std::vector<float> cs_host_;
 };

@@ -45,9 +45,25 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
   const auto& c = be->config();
   const double H = double(c.hidden_size), F = double(c.intermediate_size), D = double(c.head_dim), NH = double(c.num_heads),
                KV = double(c.num_kv_heads), L = double(c.num_layers);
-  const double layer_params = H * (NH + 2 * KV) * D + NH * D * H + 3 * H * F;
-  // causal attention: QK^T and PV over T^2/2 (query, key) pairs per head and layer, 2 x 2 FLOP per pair and dimension
-  auto attention_flops = [&](double T, double layers) { return 2.0 * T * T * NH * D * layers; };
+  // The parameters one token meets in an average layer (MoE: the router and the experts it uses, shared
+  // ones included; MLA: its q, kv_a, kv_b and o products).
+  double layer_params = 0;
+  double DK = D, DV = D;  // score and value widths per head
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    double attn = H * (NH + 2 * KV) * D + NH * D * H;
+    if (c.mla()) {
+      DK = double(c.qk_nope_head_dim + c.qk_rope_head_dim);
+      DV = double(c.v_head_dim);
+      const double q = c.q_lora_rank ? H * c.q_lora_rank + double(c.q_lora_rank) * NH * DK : H * NH * DK;
+      attn = q + H * double(c.kv_lora_rank + c.qk_rope_head_dim) + double(c.kv_lora_rank) * NH * (c.qk_nope_head_dim + DV) + NH * DV * H;
+    }
+    double ffn = 3 * H * F;
+    if (c.moe() && !(c.mla() && l < c.first_k_dense_replace))
+      ffn = H * double(c.num_experts) + 3 * H * double(c.moe_intermediate_size) * double(c.num_experts_per_tok + c.n_shared_experts);
+    layer_params += (attn + ffn) / L;
+  }
+  // causal attention: QK^T and PV over T^2/2 (query, key) pairs per head and layer, 2 FLOP per pair and dimension of each
+  auto attention_flops = [&](double T, double layers) { return T * T * NH * (DK + DV) * layers; };
   const double gemm_rate = o.device == "cuda" ? cuda::measure_bf16_gemm_tflops() : 0.0;
   const auto ctype = ggml_type_from_name(o.cache_type);
   if (!ctype) throw std::invalid_argument("--cache-type: unknown type " + o.cache_type);

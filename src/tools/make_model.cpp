@@ -173,6 +173,11 @@ void make_model(const MakeModelOptions& o) {
   HfConfig c = preset_config(o.arch, o.preset);
   if (o.context_length < 0) throw std::invalid_argument("--context-length must be positive");
   if (o.context_length > 0) c.max_position_embeddings = o.context_length;
+  if (o.layers < 0) throw std::invalid_argument("--layers must be positive");
+  if (o.layers > 0) {
+    if (c.arch == "deepseek2" && o.layers <= c.first_k_dense_replace) throw std::invalid_argument("--layers must leave at least one MoE layer");
+    c.num_layers = o.layers;
+  }
   const std::string vocab_dir = o.vocab_dir.empty() ? self_dir() + "/llama/src/models" : o.vocab_dir;
   const std::string vocab = vocab_dir + "/" + vocab_name_for_arch(o.arch);
   if (!fs::exists(vocab)) throw std::runtime_error("vocab GGUF not found: " + vocab + " (run scripts/setup.sh)");

@@ -19,6 +19,9 @@ struct MakeModelOptions {
   // max_position_embeddings override (0: the preset's). llama-server caps a slot at the model's
   // training context, so scale runs past 128K tokens need a model that declares more.
   int64_t context_length = 0;
+  // num_layers override (0: the preset's): real layer shapes with fewer layers, for benchmarks on a
+  // machine whose disk cannot hold the whole model twice (HF checkpoint + GGUF).
+  int layers = 0;
 };
 
 void make_model(const MakeModelOptions& o);

@@ -1,0 +1,82 @@
+#include "cuda/grouped_gemm.cuh"
+
+#include <cublas_v2.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+namespace pdb::cuda {
+namespace {
+
+void check(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(fmt::format("cuBLAS {} failed: status {}", what, int(st)));
+}
+
+}  // namespace
+
+GroupedGemm::GroupedGemm() {
+  cublasHandle_t h = nullptr;
+  check(cublasCreate(&h), "create");
+  handle_ = h;
+  check(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "math mode");  // f32 accumulation, no TF32 (bf16 operands anyway)
+  PDB_CUDA_CHECK(cudaEventCreateWithFlags(&ptrs_copied_, cudaEventDisableTiming));
+  PDB_CUDA_CHECK(cudaEventRecord(ptrs_copied_, nullptr));
+  if (const char* e = std::getenv("PDBRIDGE_MOE_GEMM"); e && std::string(e) == "loop") loop_ = true;
+}
+
+GroupedGemm::~GroupedGemm() {
+  if (ptrs_copied_) cudaEventDestroy(ptrs_copied_);
+  if (handle_) cublasDestroy(static_cast<cublasHandle_t>(handle_));
+}
+
+// Column-major view, as Gemm::xwt: Y^T[out x rows] = W^T(op T of the [in x out] column-major W) * X^T.
+void GroupedGemm::xwt(const std::vector<GroupedProduct>& products, int64_t in, int64_t out, DType y_type, cudaStream_t s) {
+  auto h = static_cast<cublasHandle_t>(handle_);
+  check(cublasSetStream(h, s), "set stream");
+  const cudaDataType_t yt = y_type == DType::F32 ? CUDA_R_32F : y_type == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  const float alpha = 1.0f, beta = 0.0f;
+  std::vector<const GroupedProduct*> live;
+  for (const auto& p : products)
+    if (p.rows > 0) live.push_back(&p);
+  if (live.empty()) return;
+  if (in > INT32_MAX || out > INT32_MAX) throw std::invalid_argument("grouped product: dimensions past int32");
+  if (loop_) {
+    for (const auto* p : live)
+      check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(p->rows), int(in), &alpha, p->w, CUDA_R_16BF, int(in), p->x, CUDA_R_16BF,
+                         int(in), &beta, p->y, yt, int(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            "gemm");
+    return;
+  }
+  const int g = int(live.size());
+  const size_t G = static_cast<size_t>(g);
+  const int in32 = static_cast<int>(in), out32 = static_cast<int>(out);
+  std::vector<cublasOperation_t> ta(G, CUBLAS_OP_T), tb(G, CUBLAS_OP_N);
+  std::vector<int> m(G, out32), n(G, 0), k(G, in32), lda(G, in32), ldb(G, in32), ldc(G, out32), size(G, 1);
+  std::vector<float> alphas(G, alpha), betas(G, beta);
+  // The pointer arrays live on the device; their host staging is reused once the last copy has left it.
+  PDB_CUDA_CHECK(cudaEventSynchronize(ptrs_copied_));
+  const size_t bytes = size_t(3 * g) * sizeof(void*);
+  host_ptrs_.resize(bytes);
+  dev_ptrs_.resize(bytes);
+  auto** hp = host_ptrs_.as<void*>();
+  for (int i = 0; i < g; ++i) {
+    const auto* p = live[size_t(i)];
+    if (p->rows > INT32_MAX) throw std::invalid_argument("grouped product: rows past int32");
+    n[size_t(i)] = int(p->rows);
+    hp[i] = const_cast<void*>(p->w);
+    hp[g + i] = const_cast<void*>(p->x);
+    hp[2 * g + i] = p->y;
+  }
+  PDB_CUDA_CHECK(cudaMemcpyAsync(dev_ptrs_.get(), hp, bytes, cudaMemcpyHostToDevice, s));
+  PDB_CUDA_CHECK(cudaEventRecord(ptrs_copied_, s));
+  auto** dp = dev_ptrs_.as<void*>();
+  check(cublasGemmGroupedBatchedEx(h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alphas.data(), const_cast<const void* const*>(dp),
+                                   CUDA_R_16BF, lda.data(), const_cast<const void* const*>(dp + g), CUDA_R_16BF, ldb.data(), betas.data(),
+                                   dp + 2 * g, yt, ldc.data(), g, size.data(), CUBLAS_COMPUTE_32F),
+        "grouped gemm");
+}
+
+}  // namespace pdb::cuda

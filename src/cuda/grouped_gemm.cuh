@@ -1,0 +1,42 @@
+// Grouped products for the mixture-of-experts block: for each expert e with rows, Y_e = X_e W_e^T
+// (row-major, the engine's xwt convention), all experts in one cublasGemmGroupedBatchedEx call: one
+// launch whatever the number of experts and however unevenly the tokens fall on them. The group sizes
+// are host arrays in cuBLAS's interface, so the caller knows each expert's row count on the host (one
+// small download per MoE layer). bf16 operands, f32 accumulation.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "cuda/common.cuh"
+#include "cuda/gemm.cuh"
+
+namespace pdb::cuda {
+
+struct GroupedProduct {
+  const void* x = nullptr;  // [rows x in] bf16
+  const void* w = nullptr;  // [out x in] bf16
+  void* y = nullptr;        // [rows x out], bf16 or f32
+  int64_t rows = 0;
+};
+
+class GroupedGemm {
+ public:
+  GroupedGemm();
+  ~GroupedGemm();
+  GroupedGemm(const GroupedGemm&) = delete;
+  GroupedGemm& operator=(const GroupedGemm&) = delete;
+  // Every product shares in/out and the types. Products with no rows are left out. PDBRIDGE_MOE_GEMM=loop
+  // runs them as one cuBLAS product each instead (an A/B switch for the benchmark).
+  void xwt(const std::vector<GroupedProduct>& products, int64_t in, int64_t out, DType y_type, cudaStream_t s);
+
+ private:
+  void* handle_ = nullptr;
+  PinnedBuffer host_ptrs_;
+  DeviceBuffer dev_ptrs_;
+  cudaEvent_t ptrs_copied_ = nullptr;
+  bool loop_ = false;
+};
+
+}  // namespace pdb::cuda

@@ -1,0 +1,99 @@
+#include "model/cuda_moe_ffn.h"
+
+#include <stdexcept>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cuda/elementwise.cuh"
+#include "cuda/moe.cuh"
+#include "formats/hf_config.h"
+#include "model/cuda_engine_load.h"
+
+namespace pdb {
+
+using bf16 = __nv_bfloat16;
+
+CudaMoeWeights load_cuda_moe(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& prefix, int threads) {
+  CudaMoeWeights w;
+  w.n_expert = c.num_experts;
+  w.n_used = c.num_experts_per_tok;
+  w.hidden = c.hidden_size;
+  w.ff = c.moe_intermediate_size;
+  // As the CPU engine (model/cpu_engine*.cpp) and llama.cpp: qwen3moe always renormalizes, deepseek2 as its config says.
+  w.renormalize = c.arch == "qwen3moe" ? true : c.norm_topk_prob;
+  w.scale = c.routed_scaling_factor > 0 ? float(c.routed_scaling_factor) : 1.0f;
+  if (w.n_expert > 256 || w.n_used > 32) throw std::runtime_error(fmt::format("CUDA engine: {} of {} experts (at most 32 of 256)", w.n_used, w.n_expert));
+  if (w.ff % 8 || w.hidden % 8) throw std::runtime_error("CUDA engine: expert widths must be multiples of 8");
+  size_t total = 0;
+  w.router = cuda_load::upload_stacked(ck, c, {{prefix + "mlp.gate.weight", w.n_expert}}, w.hidden, threads, total);
+  const size_t gu_bytes = size_t(2 * w.ff * w.hidden) * 2, d_bytes = size_t(w.hidden * w.ff) * 2;
+  w.gu.resize(gu_bytes * size_t(w.n_expert));
+  w.down.resize(d_bytes * size_t(w.n_expert));
+  for (int64_t e = 0; e < w.n_expert; ++e) {
+    const std::string x = fmt::format("{}mlp.experts.{}.", prefix, e);
+    auto g = cuda_load::to_bf16(ck, c, x + "gate_proj.weight", w.ff, w.hidden, threads);
+    auto u = cuda_load::to_bf16(ck, c, x + "up_proj.weight", w.ff, w.hidden, threads);
+    auto d = cuda_load::to_bf16(ck, c, x + "down_proj.weight", w.hidden, w.ff, threads);
+    w.gu.upload(g.data(), g.size() * 2, size_t(e) * gu_bytes);
+    w.gu.upload(u.data(), u.size() * 2, size_t(e) * gu_bytes + g.size() * 2);
+    w.down.upload(d.data(), d.size() * 2, size_t(e) * d_bytes);
+  }
+  return w;
+}
+
+size_t CudaMoeFfn::bytes_for(const HfConfig& c, int64_t rows) {
+  const int64_t E = c.num_experts, k = c.num_experts_per_tok, H = c.hidden_size, F = c.moe_intermediate_size, g = rows * k;
+  return size_t(rows * E) * 4 + size_t(g) * (4 + 4 + 4 + 4) + size_t(E) * 8 + size_t(g) * size_t(H * 2 + 2 * F * 2 + F * 2 + H * 2);
+}
+
+size_t CudaMoeFfn::scratch_bytes() const {
+  return logits_.bytes() + experts_.bytes() + weights_.bytes() + counts_.bytes() + offsets_.bytes() + slot_of_.bytes() + token_of_.bytes() +
+         xg_.bytes() + gu_.bytes() + act_.bytes() + y_.bytes();
+}
+
+void CudaMoeFfn::forward(const CudaMoeWeights& w, const bf16* x, int64_t rows, float* h, cuda::Gemm& gemm, cudaStream_t s) {
+  if (rows <= 0) return;
+  const int64_t E = w.n_expert, k = w.n_used, H = w.hidden, F = w.ff, g = rows * k;
+  logits_.resize(size_t(rows * E) * 4);
+  experts_.resize(size_t(g) * 4);
+  weights_.resize(size_t(g) * 4);
+  counts_.resize(size_t(E) * 4);
+  offsets_.resize(size_t(E) * 4);
+  slot_of_.resize(size_t(g) * 4);
+  token_of_.resize(size_t(g) * 4);
+  xg_.resize(size_t(g * H) * 2);
+  gu_.resize(size_t(g * 2 * F) * 2);
+  act_.resize(size_t(g * F) * 2);
+  y_.resize(size_t(g * H) * 2);
+  counts_host_.resize(size_t(E) * 4);
+  gemm.xwt(cuda::DType::BF16, x, w.router.get(), cuda::DType::F32, logits_.get(), rows, H, E, 0.0f, s);
+  cuda::MoeRouteArgs ra;
+  ra.rows = rows;
+  ra.n_expert = int(E);
+  ra.n_used = int(k);
+  ra.renormalize = w.renormalize;
+  ra.scale = w.scale;
+  cuda::moe_route(logits_.as<float>(), experts_.as<int32_t>(), weights_.as<float>(), ra, s);
+  cuda::moe_group(experts_.as<int32_t>(), rows, int(k), int(E), counts_.as<int32_t>(), offsets_.as<int32_t>(), slot_of_.as<int32_t>(),
+                  token_of_.as<int32_t>(), s);
+  cuda::gather_rows(x, token_of_.as<int32_t>(), g, H, xg_.as<bf16>(), s);
+  PDB_CUDA_CHECK(cudaMemcpyAsync(counts_host_.as<int32_t>(), counts_.get(), size_t(E) * 4, cudaMemcpyDeviceToHost, s));
+  PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+  const int32_t* cnt = counts_host_.as<int32_t>();
+  std::vector<cuda::GroupedProduct> up(static_cast<size_t>(E)), down(static_cast<size_t>(E));
+  int64_t off = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = cnt[e];
+    up[size_t(e)] = {xg_.as<bf16>() + off * H, w.gu.as<bf16>() + e * 2 * F * H, gu_.as<bf16>() + off * 2 * F, n};
+    down[size_t(e)] = {act_.as<bf16>() + off * F, w.down.as<bf16>() + e * H * F, y_.as<bf16>() + off * H, n};
+    off += n;
+  }
+  if (off != g) throw std::runtime_error(fmt::format("MoE grouping placed {} of {} token choices", off, g));
+  grouped_.xwt(up, H, 2 * F, cuda::DType::BF16, s);
+  cuda::swiglu_rows(gu_.as<bf16>(), act_.as<bf16>(), g, F, s);
+  grouped_.xwt(down, F, H, cuda::DType::BF16, s);
+  cuda::moe_combine(y_.as<bf16>(), slot_of_.as<int32_t>(), weights_.as<float>(), rows, int(k), H, h, s);
+}
+
+}  // namespace pdb

@@ -1,0 +1,50 @@
+// The mixture-of-experts FFN block on the GPU, shared by the architectures that route tokens to
+// experts (qwen3moe's every layer, deepseek2's layers after the dense lead): the router product, the
+// routing (cuda/moe.cuh), the (token, choice) pairs grouped by expert, gate|up as ONE grouped product
+// over all experts, SwiGLU, down as another, and the weighted sum added into the f32 residual stream.
+// The CPU twin is model/moe_ffn.h (its fast path groups tokens the same way).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "cuda/common.cuh"
+#include "cuda/gemm.cuh"
+#include "cuda/grouped_gemm.cuh"
+
+namespace pdb {
+
+class SafetensorsCheckpoint;
+struct HfConfig;
+
+struct CudaMoeWeights {
+  int64_t n_expert = 0, n_used = 0, hidden = 0, ff = 0;
+  bool renormalize = true;
+  float scale = 1.0f;
+  cuda::DeviceBuffer router;  // [n_expert x hidden] bf16
+  cuda::DeviceBuffer gu;      // per expert [2 ff x hidden] bf16: gate rows, then up rows
+  cuda::DeviceBuffer down;    // per expert [hidden x ff] bf16
+  size_t bytes() const { return router.bytes() + gu.bytes() + down.bytes(); }
+};
+
+// Loads `prefix`mlp.gate and `prefix`mlp.experts.{e}.{gate,up,down}_proj (HF names, qwen3moe and deepseek2 alike).
+CudaMoeWeights load_cuda_moe(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& prefix, int threads);
+
+class CudaMoeFfn {
+ public:
+  // Device bytes the block's scratch needs for `rows` tokens (beyond the weights).
+  static size_t bytes_for(const HfConfig& c, int64_t rows);
+  // h[rows x hidden] += MoE(x[rows x hidden] bf16). Downloads the expert counts (one small
+  // synchronizing copy: cuBLAS's grouped product takes its group sizes on the host).
+  void forward(const CudaMoeWeights& w, const __nv_bfloat16* x, int64_t rows, float* h, cuda::Gemm& gemm, cudaStream_t s);
+  size_t scratch_bytes() const;
+
+ private:
+  cuda::GroupedGemm grouped_;
+  cuda::DeviceBuffer logits_, experts_, weights_, counts_, offsets_, slot_of_, token_of_, xg_, gu_, act_, y_;
+  cuda::PinnedBuffer counts_host_;
+};
+
+}  // namespace pdb
