@@ -39,7 +39,7 @@ stage_tests() {
     $PDB make-model --arch qwen3 --preset tiny --seed 2 --out $TM/qwen3-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
     $PDB make-model --arch qwen3moe --preset tiny --seed 3 --out $TM/qwen3moe-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
     $PDB make-model --arch deepseek2 --preset tiny --seed 4 --out $TM/deepseek2-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0"
-  run integration_cuda timeout 300 $P/build/tests/integration_tests --gtest_filter='GpuRecipe*:CudaEngine*:CudaBridge*:CudaParity*'
+  run integration_cuda timeout 480 $P/build/tests/integration_tests --gtest_filter='GpuRecipe*:CudaEngine*:CudaBridge*:CudaParity*'
   [ "${AB:-0}" = 1 ] && PDBRIDGE_RECIPE_STREAM=1 run integration_cuda_recipe_stream timeout 300 $P/build/tests/integration_tests --gtest_filter='CudaBridge*:CudaParity*'
 }
 stage_bench() {
