@@ -68,6 +68,8 @@ HfConfig HfConfig::parse(const json& j) {
     if (j.value("n_group", int64_t(1)) > 1 && j.value("topk_group", int64_t(1)) < j.value("n_group", int64_t(1)))
       bad("group-limited routing (n_group > 1) is not supported: llama.cpp's rule differs from DeepSeek-V2's");
     if (j.value("moe_layer_freq", int64_t(1)) != 1) bad("moe_layer_freq != 1 is not what llama.cpp's deepseek2 runs");
+    c.n_group = j.value("n_group", int64_t(0));
+    c.topk_group = j.value("topk_group", int64_t(0));
   }
   if (c.arch == "qwen3moe") {
     c.num_experts = req_int(j, "num_experts");
@@ -161,7 +163,7 @@ json HfConfig::to_json() const {
               {"qk_nope_head_dim", qk_nope_head_dim}, {"qk_rope_head_dim", qk_rope_head_dim}, {"v_head_dim", v_head_dim},
               {"n_shared_experts", n_shared_experts}, {"first_k_dense_replace", first_k_dense_replace}, {"moe_layer_freq", 1},
               {"routed_scaling_factor", routed_scaling_factor}, {"scoring_func", "softmax"}, {"topk_method", "greedy"},
-              {"n_group", 1}, {"topk_group", 1}});
+              {"n_group", n_group ? n_group : 1}, {"topk_group", topk_group ? topk_group : 1}});
   else if (moe())
     j.update({{"decoder_sparse_step", 1}, {"mlp_only_layers", json::array()}});
   j["num_hidden_layers"] = num_layers;

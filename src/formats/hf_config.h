@@ -42,6 +42,9 @@ struct HfConfig {
   int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
   int64_t n_shared_experts = 0, first_k_dense_replace = 0;
   double routed_scaling_factor = 1.0;
+  // Expert groups (1 group: plain top-k); 0 when config.json omits them. Written to the GGUF as llama.cpp's
+  // converter writes them, for the loader's n_expert_groups / n_group_used.
+  int64_t n_group = 0, topk_group = 0;
   bool mla() const { return kv_lora_rank > 0; }
   // Block-FP8 checkpoints: quantization_config {quant_method: fp8, weight_block_size: [128, 128]}.
   bool fp8 = false;

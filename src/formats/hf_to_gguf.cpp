@@ -231,6 +231,8 @@ void write_decoder_gguf(const HfConfig& c, const HfWeightSource& src, const Gguf
     w.set(a + ".expert_weights_scale", GgufValue::of_f32(float(c.routed_scaling_factor)));
     w.set(a + ".expert_weights_norm", GgufValue::of_bool(c.norm_topk_prob));
     w.set(a + ".expert_gating_func", GgufValue::of_u32(1));  // softmax
+    if (c.n_group) w.set(a + ".expert_group_count", GgufValue::of_u32(uint32_t(c.n_group)));
+    if (c.topk_group) w.set(a + ".expert_group_used_count", GgufValue::of_u32(uint32_t(c.topk_group)));
     if (c.rope_scaling.type == RopeScalingType::Yarn && c.rope_scaling.mscale_all_dim)
       w.set(a + ".rope.scaling.yarn_log_multiplier", GgufValue::of_f32(float(0.1 * c.rope_scaling.mscale_all_dim)));
   }

@@ -42,6 +42,7 @@ HfConfig deepseek2_preset(const std::string& preset) {
   c.norm_topk_prob = false;
   c.routed_scaling_factor = 1.0;
   c.first_k_dense_replace = 1;
+  c.n_group = c.topk_group = 1;  // DeepSeek-V2-Lite's config.json
   auto& rs = c.rope_scaling;
   rs.type = RopeScalingType::Yarn;
   rs.original_max_position_embeddings = 4096;
