@@ -144,7 +144,7 @@ void permute_qk_rows(const float* hf, float* gguf, int64_t n_heads, int64_t hd, 
 std::string vocab_name_for_arch(const std::string& arch) {
   if (arch == "llama") return "ggml-vocab-llama-bpe.gguf";
   if (arch == "qwen3" || arch == "qwen3moe") return "ggml-vocab-qwen2.gguf";
-  if (arch == "deepseek2") return "ggml-vocab-llama-bpe.gguf";  // a byte-level BPE vocab of our own models
+  if (arch == "deepseek2" || arch == "deepseek4") return "ggml-vocab-llama-bpe.gguf";  // a byte-level BPE vocab of our own models
   throw std::invalid_argument("no vocab for arch " + arch);
 }
 

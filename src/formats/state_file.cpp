@@ -1,4 +1,5 @@
 #include "formats/state_file.h"
+#include "formats/state_file_reader.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -12,32 +13,8 @@
 #include <fmt/format.h>
 
 namespace pdb {
-namespace {
-
-[[noreturn]] void fail(const std::string& name, const std::string& why) {
-  throw std::runtime_error(fmt::format("state file {}: {}", name, why));
-}
-
-struct Reader {
-  const uint8_t* p;
-  size_t n, pos = 0;
-  const std::string& name;
-  template <class T> T get(const char* what) {
-    if (sizeof(T) > n - pos) fail(name, fmt::format("truncated reading {} at offset {}", what, pos));
-    T v;
-    std::memcpy(&v, p + pos, sizeof(T));
-    pos += sizeof(T);
-    return v;
-  }
-  const uint8_t* take(uint64_t bytes, const char* what) {
-    if (bytes > n - pos) fail(name, fmt::format("truncated: {} needs {} bytes at offset {}, {} left", what, bytes, pos, n - pos));
-    const uint8_t* r = p + pos;
-    pos += bytes;
-    return r;
-  }
-};
-
-}  // namespace
+using state_io::fail;
+using state_io::Reader;
 
 uint64_t StateLayout::kv_bytes_per_cell() const {
   uint64_t b = 0;

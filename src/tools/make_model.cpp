@@ -170,6 +170,11 @@ void write_decoder_ggufs(const HfConfig& c, const HfWeightSource& master, const 
 void make_model(const MakeModelOptions& o) {
   if (o.out.empty()) throw std::invalid_argument("--out is required");
   const int threads = o.threads > 0 ? o.threads : default_threads();
+  if (o.arch == "deepseek4") {
+    const std::string vocab_dir = o.vocab_dir.empty() ? self_dir() + "/llama/src/models" : o.vocab_dir;
+    std::filesystem::create_directories(o.out);
+    return make_deepseek4_model(o, vocab_dir + "/" + vocab_name_for_arch(o.arch));
+  }
   HfConfig c = preset_config(o.arch, o.preset);
   if (o.context_length < 0) throw std::invalid_argument("--context-length must be positive");
   if (o.context_length > 0) c.max_position_embeddings = o.context_length;

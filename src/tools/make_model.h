@@ -25,6 +25,8 @@ struct MakeModelOptions {
 };
 
 void make_model(const MakeModelOptions& o);
+// deepseek4 (tools/make_model_deepseek4.cpp): the decoder GGUF (F32) of the preset; no HF checkpoint yet.
+void make_deepseek4_model(const MakeModelOptions& o, const std::string& vocab_gguf);
 
 // `pdbridge convert`: a real HF checkpoint (safetensors, any float dtype) to the decoder's GGUFs, as
 // users do it (convert to a float GGUF, then llama-quantize). The tokenizer comes from --vocab-gguf,

@@ -1,0 +1,84 @@
+// llama.cpp's DeepSeek-V4 sequence state (its `deepseek4` memory, src/llama-kv-cache-dsv4.cpp), parsed and
+// written by the same owner as the K/V state (formats/state_file.h). After the usual wrapper (magic, version,
+// tokens) a DSV4 file holds, in order (checked against files the running llama-server saves,
+// tests/deepseek4_state_test.cpp):
+//   'DSV4' u32 version, u32 mode
+//   [A] raw caches: a layer-less base part (one cell per position) and the SWA part (the last W cells, one
+//       K-only row per layer: the window)
+//   [B][C][D] compressed K pools: CSA (one row per 4 tokens, ratio-4 layers), HCA (one per 128, ratio-128
+//       layers), LID (the lightning indexer's rows, ratio-4 layers)
+//   [E][F][G] compressor states: f32 rings of kv and score rows per layer (CSA 8 x 2D, HCA 128 x D, LID 8 x 2I)
+// The sections a recipe fills are these rows; `sections()` names each with its place in the file.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pdb {
+
+constexpr uint32_t kDsv4Magic = 0x34565344;  // 'DSV4'
+
+// One (type, rows, row bytes) block at an offset of the file.
+struct Dsv4Block {
+  int32_t type = 0;         // ggml type
+  uint64_t ne0 = 0;         // elements per row
+  uint64_t rows = 0, row_bytes = 0;
+  uint64_t offset = 0;      // of the first row in the file
+  uint64_t bytes() const { return rows * row_bytes; }
+};
+
+struct Dsv4RawStream {
+  uint32_t cell_count = 0;
+  std::vector<int32_t> positions;
+  std::vector<std::vector<int32_t>> seq_ids;
+  uint32_t v_trans = 0;
+  std::vector<Dsv4Block> layers;  // K only; ne0 unknown from the file (0): row_bytes is what it says
+};
+struct Dsv4RawPart {
+  std::vector<Dsv4RawStream> streams;  // n_stream of them; the sequence's cells sit in one
+};
+
+struct Dsv4Pool {  // [B] [C] [D]
+  uint32_t version = 0, n_rows = 0, n_seq = 0;
+  std::vector<uint32_t> layer_ids;
+  std::vector<Dsv4Block> layers;
+};
+
+struct Dsv4Ring {  // [E] [F] [G]
+  uint32_t version = 0, ratio = 0, state_size = 0, n_embd_state = 0, n_seq = 0;
+  std::vector<uint32_t> layer_ids;
+  std::vector<Dsv4Block> kv, score;
+};
+
+enum class Dsv4SectionKind { Window, Csa, Hca, Lid, CsaKvRing, CsaScoreRing, HcaKvRing, HcaScoreRing, LidKvRing, LidScoreRing };
+struct Dsv4Section {
+  uint32_t layer = 0;
+  Dsv4SectionKind kind = Dsv4SectionKind::Window;
+  Dsv4Block block;
+};
+const char* to_string(Dsv4SectionKind k);
+
+struct Dsv4State {
+  std::vector<int32_t> raw_tokens;  // as stored (the server's packed form included)
+  std::vector<int32_t> tokens;      // decoded
+  bool packed_tokens = false;
+  uint32_t version = 0, mode = 0;
+  Dsv4RawPart base, swa;
+  Dsv4Pool csa, hca, lid;
+  Dsv4Ring csa_ring, hca_ring, lid_ring;
+  std::vector<uint8_t> storage;  // the file's bytes; blocks point into it
+
+  uint32_t cells() const;         // positions the state covers (the base part's cells)
+  uint32_t window_cells() const;  // cells with K rows (the SWA part's)
+  std::vector<Dsv4Section> sections() const;
+  std::string describe() const;
+};
+
+// True when the bytes after a state file's token list start a DSV4 memory.
+bool is_dsv4_state(const std::vector<uint8_t>& bytes);
+Dsv4State parse_dsv4_state_bytes(std::vector<uint8_t> bytes, const std::string& name);
+Dsv4State parse_dsv4_state_file(const std::string& path);
+// The file's bytes from the parsed fields and the blocks' data (a parsed file re-writes byte-identical).
+std::vector<uint8_t> serialize_dsv4_state(const Dsv4State& s);
+
+}  // namespace pdb
