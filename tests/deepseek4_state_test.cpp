@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <cmath>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +17,9 @@
 #include "formats/ggml_types.h"
 #include "formats/gguf.h"
 #include "formats/state_file_dsv4.h"
+#include "recipes/deepseek4.h"
+#include "recipes/recipe.h"
+#include "tools/make_model.h"
 #include "support/stack.h"
 #include "support/test_env.h"
 
@@ -35,7 +39,100 @@ std::vector<uint8_t> read_all(const std::string& p) {
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
+// One section: the file's rows (type t) against the recipe's f32 rows, both as f32 values.
+struct Compare { double rel_rms = 0, identical = 0; size_t n = 0; };
+Compare compare(const std::vector<uint8_t>& file, const Dsv4Block& blk, const std::vector<float>& want) {
+  Compare c;
+  const auto t = GgmlType(blk.type);
+  const int64_t ne0 = int64_t(t == GgmlType::F32 ? blk.row_bytes / 4 : (blk.ne0 ? blk.ne0 : int64_t(want.size() / std::max<uint64_t>(blk.rows, 1))));
+  std::vector<float> got(size_t(blk.rows * uint64_t(ne0)));
+  for (uint64_t r = 0; r < blk.rows; ++r) dequantize_row(t, file.data() + blk.offset + r * blk.row_bytes, got.data() + r * uint64_t(ne0), ne0);
+  EXPECT_EQ(got.size(), want.size());
+  // what the recipe's rows become in the decoder's type, then back: the comparison is of stored values
+  std::vector<float> w2(want.size());
+  if (t == GgmlType::F32) {
+    w2 = want;
+  } else {
+    std::vector<uint8_t> enc(ggml_row_bytes(t, ne0) * blk.rows);
+    rows_to_cache_type(t, want.data(), int64_t(blk.rows), ne0, enc.data());
+    for (uint64_t r = 0; r < blk.rows; ++r) dequantize_row(t, enc.data() + r * ggml_row_bytes(t, ne0), w2.data() + r * uint64_t(ne0), ne0);
+  }
+  double num = 0, den = 0;
+  size_t same = 0;
+  for (size_t i = 0; i < std::min(got.size(), w2.size()); ++i) {
+    num += (double(got[i]) - w2[i]) * (double(got[i]) - w2[i]);
+    den += double(got[i]) * got[i];
+    same += got[i] == w2[i];
+  }
+  c.n = got.size();
+  c.rel_rms = den > 0 ? std::sqrt(num / den) : (num > 0 ? 1.0 : 0.0);
+  c.identical = c.n ? 100.0 * double(same) / double(c.n) : 100.0;
+  return c;
+}
+
 }  // namespace
+
+// Layer 0 from the decoder's own embedding: every section the recipe makes against the server's file
+// (tolerance class: plain f32 sums and expf, not the decoder's SIMD order), and a recipe made from another
+// model's weights, which no bound may accept.
+TEST(Deepseek4State, RecipeLayer0SectionsMatchTheDecodersOwn) {
+  for (const std::string preset : {"tiny", "tiny-hca"}) {
+    const std::string model = "deepseek4-" + preset;
+    MakeModelOptions other;  // the same shapes and ratios, other weights
+    other.arch = "deepseek4"; other.preset = preset; other.seed = 77; other.out = test::temp_dir("deepseek4-other");
+    other.vocab_dir = test::llama_src() + "/models";
+    make_model(other);
+    for (const std::string cache : {"f16", "q8_0"}) {
+      test::StackOptions so;
+      so.model_dir = test::models_dir() + "/" + model;
+      so.cache_type = cache;
+      so.parallel = 1;
+      so.ctx = 4096;
+      so.start_prefill = false;
+      so.start_front = false;
+      test::Stack st(so);
+      const int T = 300;
+      const auto toks = tokens_of(5, T);
+      auto r = st.post_decoder("/completion", {{"prompt", toks}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", false}});
+      ASSERT_EQ(r.status, 200) << r.body;
+      ASSERT_EQ(st.post_decoder("/slots/0?action=save", {{"filename", "s.bin"}}).status, 200);
+      const Dsv4State s = parse_dsv4_state_file(st.slot_dir + "/s.bin");
+      const GgmlType kt = cache == "f16" ? GgmlType::F16 : GgmlType::Q8_0;
+      for (const std::string recipe_gguf : {st.decoder_gguf, other.out + "/decoder-f32.gguf"}) {
+        const bool own = recipe_gguf == st.decoder_gguf;
+        Deepseek4Recipe recipe(recipe_gguf);
+        const auto x = recipe.layer0_input(toks);
+        const auto sec = recipe.sections(0, x.data(), T, kt);
+        std::vector<std::pair<std::string, Compare>> rows;
+        for (const auto& stm : s.swa.streams)
+          if (stm.cell_count) rows.push_back({"window", compare(s.storage, [&] { auto b = stm.layers[0]; b.ne0 = uint64_t(recipe.config().head_dim); return b; }(), sec.window)});
+        auto first = [](const std::vector<uint32_t>& ids, const std::vector<Dsv4Block>& b) -> const Dsv4Block& {
+          if (ids.empty() || ids[0] != 0) throw std::runtime_error("the decoder's state has no layer-0 section of this kind");
+          return b[0];
+        };
+        if (sec.ratio == 4) {
+          rows.push_back({"csa", compare(s.storage, first(s.csa.layer_ids, s.csa.layers), sec.pool)});
+          rows.push_back({"lid", compare(s.storage, first(s.lid.layer_ids, s.lid.layers), sec.lid)});
+          rows.push_back({"csa-kv-ring", compare(s.storage, first(s.csa_ring.layer_ids, s.csa_ring.kv), sec.ring_kv)});
+          rows.push_back({"csa-score-ring", compare(s.storage, first(s.csa_ring.layer_ids, s.csa_ring.score), sec.ring_score)});
+          rows.push_back({"lid-kv-ring", compare(s.storage, first(s.lid_ring.layer_ids, s.lid_ring.kv), sec.lid_kv)});
+          rows.push_back({"lid-score-ring", compare(s.storage, first(s.lid_ring.layer_ids, s.lid_ring.score), sec.lid_score)});
+        } else {
+          ASSERT_EQ(sec.ratio, 128);
+          rows.push_back({"hca", compare(s.storage, first(s.hca.layer_ids, s.hca.layers), sec.pool)});
+          rows.push_back({"hca-kv-ring", compare(s.storage, first(s.hca_ring.layer_ids, s.hca_ring.kv), sec.ring_kv)});
+          rows.push_back({"hca-score-ring", compare(s.storage, first(s.hca_ring.layer_ids, s.hca_ring.score), sec.ring_score)});
+        }
+        for (const auto& [name, c] : rows) {
+          std::printf("DSV4 RECIPE %s cache=%s %s layer 0 %-15s %6zu values: %8.4f%% identical, rel RMS %.2e\n", model.c_str(), cache.c_str(),
+                      own ? "own   " : "OTHER ", name.c_str(), c.n, c.identical, c.rel_rms);
+          if (own) EXPECT_LT(c.rel_rms, cache == "f16" ? 2e-3 : 3e-2) << name;
+          else EXPECT_GT(c.rel_rms, 0.2) << name << ": another model's weights must not pass";
+        }
+      }
+    }
+  }
+}
 
 TEST(Deepseek4State, ServerFilesHaveEverySectionAndRewriteByteIdentical) {
   const std::string dir = test::models_dir() + "/deepseek4-tiny";

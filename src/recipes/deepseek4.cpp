@@ -1,0 +1,206 @@
+#include "recipes/deepseek4.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "formats/gguf.h"
+#include "model/rmsnorm.h"
+#include "recipes/recipe.h"
+#include "recipes/rope_ggml.h"
+
+namespace pdb {
+
+struct Deepseek4Recipe::Layer {
+  int64_t ratio = 0;
+  std::vector<float> attn_norm, hc_fn, hc_base, hc_scale, wkv, kv_norm;
+  std::vector<float> ckv, cgate, cape, cnorm;  // compressor (ratio != 0)
+  std::vector<float> ikv, igate, iape, inorm;  // indexer compressor (ratio 4)
+};
+
+namespace {
+
+uint32_t u32(const GgufFile& g, const std::string& k) { return uint32_t(g.get("deepseek4." + k).u); }
+float f32(const GgufFile& g, const std::string& k) { return float(g.get("deepseek4." + k).f); }
+
+// y[rows x out] = x[rows x in] W^T, W as the GGUF holds it ({in, out}: out rows of in floats)
+void project(const std::vector<float>& w, const float* x, int64_t rows, int64_t in, int64_t out, float* y) {
+  if (int64_t(w.size()) != in * out) throw std::runtime_error("deepseek4 recipe: weight shape");
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      float s = 0.0f;
+      const float* wr = w.data() + o * in;
+      for (int64_t i = 0; i < in; ++i) s += wr[i] * x[r * in + i];
+      y[r * out + o] = s;
+    }
+}
+
+int64_t rotation_size(int64_t n) {  // the largest power of two >= 64 dividing n (0: none)
+  int64_t s = 0;
+  for (int64_t p = 64; p <= n; p *= 2)
+    if (n % p == 0) s = p;
+  return s;
+}
+
+}  // namespace
+
+Deepseek4Recipe::Deepseek4Recipe(const std::string& path) : g_(GgufFile::open(path)) {
+  const GgufFile& g = *g_;
+  if (g.get_string("general.architecture") != "deepseek4") throw std::runtime_error(path + ": not a deepseek4 GGUF");
+  c_.hidden = u32(g, "embedding_length");
+  c_.layers = u32(g, "block_count");
+  c_.heads = u32(g, "attention.head_count");
+  c_.head_dim = u32(g, "attention.key_length");
+  c_.rope_dims = u32(g, "rope.dimension_count");
+  c_.q_lora = u32(g, "attention.q_lora_rank");
+  c_.window = u32(g, "attention.sliding_window");
+  c_.index_dim = u32(g, "attention.indexer.key_length");
+  c_.index_heads = u32(g, "attention.indexer.head_count");
+  c_.hc_streams = u32(g, "hyper_connection.count");
+  c_.hc_eps = f32(g, "hyper_connection.epsilon");
+  c_.rms_eps = f32(g, "attention.layer_norm_rms_epsilon");
+  c_.rope_base = g.find("deepseek4.rope.freq_base") ? f32(g, "rope.freq_base") : 10000.0f;
+  c_.compress_rope_base = f32(g, "attention.compress_rope_freq_base");
+  if (g.find("deepseek4.rope.scaling.type")) throw std::runtime_error("deepseek4 recipe: RoPE scaling (YaRN) is not implemented yet");
+  for (const auto& v : g.get("deepseek4.attention.compress_ratios").arr) c_.compress_ratios.push_back(int32_t(v.u));
+  if (c_.hc_streams != 4) throw std::runtime_error("deepseek4 recipe: hyper_connection.count must be 4");
+  const int64_t E = c_.hidden, D = c_.head_dim, I = c_.index_dim;
+  const auto& te = g.tensor("token_embd.weight");
+  if (te.type != GgmlType::F32) throw std::runtime_error("deepseek4 recipe: only F32 GGUFs yet");
+  embed_ = g.to_f32(te);
+  c_.vocab = int64_t(embed_.size()) / E;
+  auto t = [&](const std::string& n) { return g.to_f32(g.tensor(n)); };
+  for (int64_t l = 0; l < c_.layers; ++l) {
+    const std::string p = fmt::format("blk.{}.", l);
+    auto L = std::make_unique<Layer>();
+    L->ratio = c_.compress_ratios.at(size_t(l));
+    L->attn_norm = t(p + "attn_norm.weight");
+    L->hc_fn = t(p + "hc_attn_fn.weight");
+    L->hc_base = t(p + "hc_attn_base.weight");
+    L->hc_scale = t(p + "hc_attn_scale.weight");
+    L->wkv = t(p + "attn_kv.weight");
+    L->kv_norm = t(p + "attn_kv_a_norm.weight");
+    if (L->ratio) {
+      L->ckv = t(p + "attn_compressor_kv.weight");
+      L->cgate = t(p + "attn_compressor_gate.weight");
+      L->cape = t(p + "attn_compressor_ape.weight");
+      L->cnorm = t(p + "attn_compressor_norm.weight");
+    }
+    if (L->ratio == 4) {
+      L->ikv = t(p + "indexer_compressor_kv.weight");
+      L->igate = t(p + "indexer_compressor_gate.weight");
+      L->iape = t(p + "indexer_compressor_ape.weight");
+      L->inorm = t(p + "indexer_compressor_norm.weight");
+    }
+    if (int64_t(L->wkv.size()) != E * D || (L->ratio == 4 && int64_t(L->ikv.size()) != E * 2 * I))
+      throw std::runtime_error(p + ": unexpected deepseek4 tensor shapes");
+    layers_.push_back(std::move(L));
+  }
+}
+
+Deepseek4Recipe::~Deepseek4Recipe() = default;
+
+std::vector<float> Deepseek4Recipe::layer0_input(const std::vector<int32_t>& tokens) const {
+  const int64_t E = c_.hidden;
+  std::vector<float> x(tokens.size() * size_t(4 * E));
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= c_.vocab) throw std::invalid_argument(fmt::format("token {} outside the vocabulary", tokens[i]));
+    for (int h = 0; h < 4; ++h) std::copy_n(embed_.data() + int64_t(tokens[i]) * E, E, x.data() + (i * 4 + size_t(h)) * size_t(E));
+  }
+  return x;
+}
+
+Deepseek4LayerSections Deepseek4Recipe::sections(int layer, const float* x, int64_t T, GgmlType k_type) const {
+  const Layer& L = *layers_.at(size_t(layer));
+  const int64_t E = c_.hidden, D = c_.head_dim, I = c_.index_dim, r = c_.rope_dims, W = c_.window, mix = 24;
+  const float eps = c_.rms_eps;
+  const bool rotate = k_type != GgmlType::F32 && k_type != GgmlType::F16 && k_type != GgmlType::BF16;  // quantized caches are Hadamard-rotated
+  GgmlRopeParams rp;
+  rp.n_dims = int(r);
+  rp.mode = RopeMode::Norm;
+  rp.freq_base = L.ratio ? c_.compress_rope_base : c_.rope_base;
+  auto rope_at = [&](float* row, int64_t width, int64_t pos) {
+    std::vector<float> cs(static_cast<size_t>(r));
+    ggml_rope_cache(rp, pos, cs.data());
+    ggml_rope_apply(rp, cs.data(), row + (width - r));
+  };
+  // cur = rms_norm(sum_h pre[h] x_h) * attn_norm, pre[h] = sigmoid(mixes[h] * scale[0] + base[h]) + eps_hc
+  std::vector<float> cur(size_t(T * E));
+  {
+    std::vector<float> flatn(static_cast<size_t>(4 * E)), mixes(static_cast<size_t>(mix)), pre_mix(static_cast<size_t>(E));
+    for (int64_t t = 0; t < T; ++t) {
+      const float* xt = x + t * 4 * E;
+      rmsnorm_rows(xt, nullptr, flatn.data(), 1, 4 * E, eps);
+      project(L.hc_fn, flatn.data(), 1, 4 * E, mix, mixes.data());
+      std::fill(pre_mix.begin(), pre_mix.end(), 0.0f);
+      for (int h = 0; h < 4; ++h) {
+        const float pre = 1.0f / (1.0f + std::exp(-(mixes[size_t(h)] * L.hc_scale[0] + L.hc_base[size_t(h)]))) + c_.hc_eps;
+        for (int64_t i = 0; i < E; ++i) pre_mix[size_t(i)] += pre * xt[h * E + i];
+      }
+      rmsnorm_rows(pre_mix.data(), L.attn_norm.data(), cur.data() + t * E, 1, E, eps);
+    }
+  }
+  Deepseek4LayerSections out;
+  out.ratio = L.ratio;
+  // the window: the last min(T, W) positions' rows
+  const int64_t w0 = T - std::min(T, W);
+  out.window.resize(size_t((T - w0) * D));
+  project(L.wkv, cur.data() + w0 * E, T - w0, E, D, out.window.data());
+  for (int64_t i = 0; i < T - w0; ++i) {
+    float* row = out.window.data() + i * D;
+    rmsnorm_rows(row, L.kv_norm.data(), row, 1, D, eps);
+    rope_at(row, D, w0 + i);
+  }
+  if (rotate && rotation_size(D)) hadamard_rows(out.window.data(), int64_t(out.window.size()), rotation_size(D));
+  if (!L.ratio) return out;
+  // the compressors: a_t, g_t (+ ape row t mod ratio); pools of 128 or of 8 overlapping tokens
+  auto compress = [&](const std::vector<float>& wkv, const std::vector<float>& wgate, const std::vector<float>& ape,
+                      const std::vector<float>& norm, int64_t width, int64_t ratio, bool hadamard, std::vector<float>& rows,
+                      std::vector<float>& ring_kv, std::vector<float>& ring_score) {
+    const int64_t c = ratio == 4 ? 2 : 1, cw = c * width;
+    std::vector<float> a(size_t(T * cw)), g(size_t(T * cw));
+    project(wkv, cur.data(), T, E, cw, a.data());
+    project(wgate, cur.data(), T, E, cw, g.data());
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < cw; ++j) g[size_t(t * cw + j)] += ape[size_t((t % ratio) * cw + j)];
+    const int64_t blocks = T / ratio, ring = ratio == 4 ? 8 : 128;
+    rows.assign(size_t(blocks * width), 0.0f);
+    for (int64_t b = 0; b < blocks; ++b) {
+      float* row = rows.data() + b * width;
+      for (int64_t d = 0; d < width; ++d) {
+        // (value, score) entries: ratio 128: the block's tokens; ratio 4: the previous block's low halves, then this one's high halves
+        std::vector<std::pair<float, float>> e;
+        if (ratio == 128) {
+          for (int64_t j = 0; j < 128; ++j) e.push_back({a[size_t((128 * b + j) * cw + d)], g[size_t((128 * b + j) * cw + d)]});
+        } else {
+          for (int64_t j = 0; j < 4; ++j) {
+            const int64_t tp = 4 * b - 4 + j;
+            e.push_back(tp < 0 ? std::pair<float, float>{0.0f, -INFINITY} : std::pair<float, float>{a[size_t(tp * cw + d)], g[size_t(tp * cw + d)]});
+          }
+          for (int64_t j = 0; j < 4; ++j) e.push_back({a[size_t((4 * b + j) * cw + width + d)], g[size_t((4 * b + j) * cw + width + d)]});
+        }
+        float mx = -INFINITY;
+        for (const auto& [v, s] : e) mx = std::max(mx, s);
+        float sum = 0.0f, acc = 0.0f;
+        for (const auto& [v, s] : e) sum += std::exp(s - mx);
+        for (const auto& [v, s] : e) acc += v * (std::exp(s - mx) / sum);
+        row[d] = acc;
+      }
+      rmsnorm_rows(row, norm.data(), row, 1, width, eps);
+      rope_at(row, width, ratio * b);
+    }
+    if (hadamard && rotation_size(width) && !rows.empty()) hadamard_rows(rows.data(), int64_t(rows.size()), rotation_size(width));
+    ring_kv.assign(size_t(ring * cw), 0.0f);
+    ring_score.assign(size_t(ring * cw), 0.0f);
+    for (int64_t t = std::max<int64_t>(0, T - ring); t < T; ++t) {
+      std::copy_n(a.data() + t * cw, cw, ring_kv.data() + (t % ring) * cw);
+      std::copy_n(g.data() + t * cw, cw, ring_score.data() + (t % ring) * cw);
+    }
+  };
+  compress(L.ckv, L.cgate, L.cape, L.cnorm, D, L.ratio, rotate, out.pool, out.ring_kv, out.ring_score);
+  if (L.ratio == 4) compress(L.ikv, L.igate, L.iape, L.inorm, I, 4, true, out.lid, out.lid_kv, out.lid_score);
+  return out;
+}
+
+}  // namespace pdb
