@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "formats/gguf.h"
+#include "model/deepseek4_blocks.h"
 #include "model/rmsnorm.h"
 #include "recipes/recipe.h"
 #include "recipes/rope_ggml.h"
@@ -59,6 +60,17 @@ Deepseek4Recipe::Deepseek4Recipe(const std::string& path) : g_(GgufFile::open(pa
   c_.index_heads = u32(g, "attention.indexer.head_count");
   c_.hc_streams = u32(g, "hyper_connection.count");
   c_.hc_eps = f32(g, "hyper_connection.epsilon");
+  c_.hc_iterations = u32(g, "hyper_connection.sinkhorn_iterations");
+  c_.out_groups = u32(g, "attention.output_group_count");
+  c_.out_lora = u32(g, "attention.output_lora_rank");
+  c_.index_top_k = u32(g, "attention.indexer.top_k");
+  c_.experts = u32(g, "expert_count");
+  c_.experts_used = u32(g, "expert_used_count");
+  c_.shared_experts = u32(g, "expert_shared_count");
+  c_.expert_ff = u32(g, "expert_feed_forward_length");
+  c_.hash_layers = u32(g, "hash_layer_count");
+  c_.swiglu_clamp = f32(g, "swiglu_clamp_exp");
+  c_.expert_scale = f32(g, "expert_weights_scale");
   c_.rms_eps = f32(g, "attention.layer_norm_rms_epsilon");
   c_.rope_base = g.find("deepseek4.rope.freq_base") ? f32(g, "rope.freq_base") : 10000.0f;
   c_.compress_rope_base = f32(g, "attention.compress_rope_freq_base");
@@ -111,9 +123,10 @@ std::vector<float> Deepseek4Recipe::layer0_input(const std::vector<int32_t>& tok
   return x;
 }
 
-Deepseek4LayerSections Deepseek4Recipe::sections(int layer, const float* x, int64_t T, GgmlType k_type) const {
+Deepseek4LayerSections Deepseek4Recipe::sections(int layer, const float* x, int64_t T, GgmlType k_type, bool all_raw_rows,
+                                                 std::vector<float>* cur_out) const {
   const Layer& L = *layers_.at(size_t(layer));
-  const int64_t E = c_.hidden, D = c_.head_dim, I = c_.index_dim, r = c_.rope_dims, W = c_.window, mix = 24;
+  const int64_t E = c_.hidden, D = c_.head_dim, I = c_.index_dim, r = c_.rope_dims, W = c_.window;
   const float eps = c_.rms_eps;
   const bool rotate = k_type != GgmlType::F32 && k_type != GgmlType::F16 && k_type != GgmlType::BF16;  // quantized caches are Hadamard-rotated
   GgmlRopeParams rp;
@@ -125,26 +138,21 @@ Deepseek4LayerSections Deepseek4Recipe::sections(int layer, const float* x, int6
     ggml_rope_cache(rp, pos, cs.data());
     ggml_rope_apply(rp, cs.data(), row + (width - r));
   };
-  // cur = rms_norm(sum_h pre[h] x_h) * attn_norm, pre[h] = sigmoid(mixes[h] * scale[0] + base[h]) + eps_hc
-  std::vector<float> cur(size_t(T * E));
+  // cur = rms_norm(sum_h pre[h] x_h) * attn_norm (the hyper-connection pre-mix, model/deepseek4_blocks.h)
+  std::vector<float> cur(static_cast<size_t>(T * E));
   {
-    std::vector<float> flatn(static_cast<size_t>(4 * E)), mixes(static_cast<size_t>(mix)), pre_mix(static_cast<size_t>(E));
+    std::vector<float> pre_mix(static_cast<size_t>(E));
+    const Dsv4HcWeights hw{&L.hc_fn, &L.hc_base, &L.hc_scale};
     for (int64_t t = 0; t < T; ++t) {
-      const float* xt = x + t * 4 * E;
-      rmsnorm_rows(xt, nullptr, flatn.data(), 1, 4 * E, eps);
-      project(L.hc_fn, flatn.data(), 1, 4 * E, mix, mixes.data());
-      std::fill(pre_mix.begin(), pre_mix.end(), 0.0f);
-      for (int h = 0; h < 4; ++h) {
-        const float pre = 1.0f / (1.0f + std::exp(-(mixes[size_t(h)] * L.hc_scale[0] + L.hc_base[size_t(h)]))) + c_.hc_eps;
-        for (int64_t i = 0; i < E; ++i) pre_mix[size_t(i)] += pre * xt[h * E + i];
-      }
+      dsv4_hc_pre(hw, x + t * 4 * E, E, eps, c_.hc_eps, int(c_.hc_iterations), pre_mix.data());
       rmsnorm_rows(pre_mix.data(), L.attn_norm.data(), cur.data() + t * E, 1, E, eps);
     }
   }
+  if (cur_out) *cur_out = cur;
   Deepseek4LayerSections out;
   out.ratio = L.ratio;
-  // the window: the last min(T, W) positions' rows
-  const int64_t w0 = T - std::min(T, W);
+  // the window: the last min(T, W) positions' rows (all T for the engine)
+  const int64_t w0 = all_raw_rows ? 0 : T - std::min(T, W);
   out.window.resize(size_t((T - w0) * D));
   project(L.wkv, cur.data() + w0 * E, T - w0, E, D, out.window.data());
   for (int64_t i = 0; i < T - w0; ++i) {

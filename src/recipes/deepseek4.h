@@ -38,7 +38,11 @@ class Deepseek4Recipe {
   std::vector<float> layer0_input(const std::vector<int32_t>& tokens) const;
   // x: [T x 4 x E], the residual streams entering `layer` for positions 0..T-1. `k_type` decides the
   // Hadamard rotation of the window / CSA / HCA rows (quantized types only); LID rows are always rotated.
-  Deepseek4LayerSections sections(int layer, const float* x, int64_t T, GgmlType k_type) const;
+  // `all_raw_rows`: `window` holds every position's row (what the engine attends over); `cur_out`: the
+  // layer's attention input (the engine's q path starts from it).
+  Deepseek4LayerSections sections(int layer, const float* x, int64_t T, GgmlType k_type, bool all_raw_rows = false,
+                                  std::vector<float>* cur_out = nullptr) const;
+  const GgufFile& gguf() const { return *g_; }
 
  private:
   struct Layer;

@@ -1,0 +1,36 @@
+// The CPU engine's DeepSeek-V4 forward (llama.cpp's src/models/deepseek4.cpp, read for this): four
+// hyper-connection streams per token; per layer the attention over the sliding window of raw rows plus the
+// visible compressed rows (HCA: every finished 128-block; CSA: the lightning indexer's top-k of the finished
+// 4-blocks), per-head sinks, scale 1/sqrt(D), the output de-roped and through the grouped output LoRA; then
+// the MoE (hash-routed early layers by tid2eid, sqrt-softplus scores with the selection bias, normalized
+// weights, clamped SwiGLU, the shared expert). K/V rows are the recipe's (recipes/deepseek4.h), rounded
+// through the decoder's cache type as the decoder attends over them. Weights: the decoder GGUF's (F32) for
+// now: the HF checkpoint in DeepSeek's FP8/FP4 layout is not loaded yet. Plain f32 sums: tolerance class.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "formats/ggml_types.h"
+#include "recipes/deepseek4.h"
+
+namespace pdb {
+
+class Deepseek4CpuEngine {
+ public:
+  // (layer, x: [T x 4 x E] the streams entering it, T)
+  using Hook = std::function<void(int layer, const float* x, int64_t T)>;
+  Deepseek4CpuEngine(const Deepseek4Recipe& recipe, GgmlType k_type);
+  ~Deepseek4CpuEngine();
+  // One-shot forward over the prompt; the hook sees every layer's input, the last layer's included.
+  void forward(const std::vector<int32_t>& tokens, const Hook& hook) const;
+
+ private:
+  struct Layer;
+  const Deepseek4Recipe& recipe_;
+  GgmlType k_type_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+};
+
+}  // namespace pdb

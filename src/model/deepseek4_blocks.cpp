@@ -1,0 +1,76 @@
+#include "model/deepseek4_blocks.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "model/rmsnorm.h"
+
+namespace pdb {
+
+Dsv4HcMix dsv4_hc_pre(const Dsv4HcWeights& w, const float* x, int64_t E, float rms_eps, float hc_eps, int iters, float* y) {
+  const auto& fn = *w.fn;
+  const auto& base = *w.base;
+  const auto& scale = *w.scale;
+  if (int64_t(fn.size()) != 24 * 4 * E || base.size() != 24 || scale.size() != 3) throw std::runtime_error("deepseek4 hc weights have unexpected shapes");
+  std::vector<float> flatn(static_cast<size_t>(4 * E));
+  rmsnorm_rows(x, nullptr, flatn.data(), 1, 4 * E, rms_eps);
+  float m[24];
+  for (int o = 0; o < 24; ++o) {
+    float s = 0.0f;
+    const float* r = fn.data() + int64_t(o) * 4 * E;
+    for (int64_t i = 0; i < 4 * E; ++i) s += r[i] * flatn[size_t(i)];
+    m[o] = s;
+  }
+  auto sigmoid = [](float v) { return 1.0f / (1.0f + std::exp(-v)); };
+  Dsv4HcMix h;
+  for (int i = 0; i < 4; ++i) {
+    h.pre[i] = sigmoid(m[i] * scale[0] + base[size_t(i)]) + hc_eps;
+    h.post[i] = 2.0f * sigmoid(m[4 + i] * scale[1] + base[size_t(4 + i)]);
+  }
+  // Sinkhorn: softmax over dst for each src, + eps, then columns (per dst over src), then (iters - 1) x rows + columns
+  for (int src = 0; src < 4; ++src) {
+    float v[4], mx = -INFINITY, sum = 0.0f;
+    for (int dst = 0; dst < 4; ++dst) {
+      v[dst] = m[8 + dst + 4 * src] * scale[2] + base[size_t(8 + dst + 4 * src)];
+      mx = std::max(mx, v[dst]);
+    }
+    for (int dst = 0; dst < 4; ++dst) sum += (v[dst] = std::exp(v[dst] - mx));
+    for (int dst = 0; dst < 4; ++dst) h.comb[dst][src] = v[dst] / sum + hc_eps;
+  }
+  auto norm_cols = [&] {
+    for (int dst = 0; dst < 4; ++dst) {
+      float s = 0.0f;
+      for (int src = 0; src < 4; ++src) s += h.comb[dst][src];
+      for (int src = 0; src < 4; ++src) h.comb[dst][src] /= s + hc_eps;
+    }
+  };
+  auto norm_rows = [&] {
+    for (int src = 0; src < 4; ++src) {
+      float s = 0.0f;
+      for (int dst = 0; dst < 4; ++dst) s += h.comb[dst][src];
+      for (int dst = 0; dst < 4; ++dst) h.comb[dst][src] /= s + hc_eps;
+    }
+  };
+  norm_cols();
+  for (int i = 1; i < iters; ++i) {
+    norm_rows();
+    norm_cols();
+  }
+  for (int64_t i = 0; i < E; ++i) {
+    float s = 0.0f;
+    for (int hh = 0; hh < 4; ++hh) s += x[hh * E + i] * h.pre[hh];
+    y[i] = s;
+  }
+  return h;
+}
+
+void dsv4_hc_post(const Dsv4HcMix& m, const float* f, const float* x, int64_t E, float* x_next) {
+  for (int dst = 0; dst < 4; ++dst)
+    for (int64_t i = 0; i < E; ++i) {
+      float s = f[i] * m.post[dst];
+      for (int src = 0; src < 4; ++src) s += x[src * E + i] * m.comb[dst][src];
+      x_next[dst * E + i] = s;
+    }
+}
+
+}  // namespace pdb

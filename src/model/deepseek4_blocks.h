@@ -1,0 +1,26 @@
+// DeepSeek-V4's hyper-connection mix (llama.cpp's build_hc_pre / build_hc_sinkhorn / build_hc_post,
+// src/models/deepseek4.cpp), shared by the deepseek4 recipe (which needs only `pre`) and the CPU engine.
+// Four residual streams per token; `mixes` = fn . rms_norm(flat 4E); pre[h] = sigmoid(m[h] s0 + b[h]) + eps;
+// post[h] = 2 sigmoid(m[4+h] s1 + b[4+h]); comb[dst][src] = sinkhorn(m[8 + dst + 4 src] s2 + b[...]).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace pdb {
+
+struct Dsv4HcWeights {
+  const std::vector<float>* fn = nullptr;     // {4E, 24}: 24 rows of 4E
+  const std::vector<float>* base = nullptr;   // {24}
+  const std::vector<float>* scale = nullptr;  // {3}
+};
+
+struct Dsv4HcMix {
+  float pre[4], post[4], comb[4][4];  // comb[dst][src]
+};
+
+// x: one token's 4 streams [4 x E]. Writes the mix and y = sum_h pre[h] x_h ([E]).
+Dsv4HcMix dsv4_hc_pre(const Dsv4HcWeights& w, const float* x, int64_t E, float rms_eps, float hc_eps, int sinkhorn_iters, float* y);
+// x_next[dst] = f * post[dst] + sum_src x[src] comb[dst][src]   (x, x_next: [4 x E]; may not alias)
+void dsv4_hc_post(const Dsv4HcMix& m, const float* f, const float* x, int64_t E, float* x_next);
+
+}  // namespace pdb
