@@ -192,6 +192,77 @@ TEST(Deepseek4State, EngineAndRecipeGiveEveryLayersSectionsWithinTheToleranceCla
   }
 }
 
+// The bridge for DeepSeek-V4 without the wire: the engine and the recipe make every section of the first
+// T-1 tokens, `write_dsv4_state` lays them out as the decoder's own probe file, llama-server restores it and
+// computes only the last token (cache_n = T-1, prompt_n = 1), and the state it then holds matches the one it
+// makes natively for the T tokens, section by section.
+TEST(Deepseek4State, BridgedStateFromTheEngineRestoresAndTheDecoderContinuesAsNatively) {
+  for (const std::string cache : {"f16", "q8_0"}) {
+    test::StackOptions so;
+    so.model_dir = test::models_dir() + "/deepseek4-tiny";
+    so.cache_type = cache;
+    so.parallel = 1;
+    so.ctx = 4096;
+    so.start_prefill = false;
+    so.start_front = false;
+    test::Stack st(so);
+    const GgmlType kt = cache == "f16" ? GgmlType::F16 : GgmlType::Q8_0;
+    // the layout, learned from a short prompt of the decoder's own
+    ASSERT_EQ(st.post_decoder("/completion", {{"prompt", tokens_of(1, 40)}, {"n_predict", 0}, {"id_slot", 0}}).status, 200);
+    ASSERT_EQ(st.post_decoder("/slots/0?action=save", {{"filename", "probe.bin"}}).status, 200);
+    const Dsv4State like = parse_dsv4_state_file(st.slot_dir + "/probe.bin");
+    const int T = 517;  // T-1 = 516: 129 CSA rows, 4 HCA rows, the window full; the last token completes a 4-block
+    const auto toks = tokens_of(42, T);
+    const std::vector<int32_t> head(toks.begin(), toks.end() - 1);
+    Deepseek4Recipe recipe(st.decoder_gguf);
+    Deepseek4CpuEngine engine(recipe, kt);
+    std::vector<Dsv4LayerBytes> layers;
+    engine.forward(head, [&](int l, const float* x, int64_t n) { layers.push_back(recipe.to_bytes(recipe.sections(l, x, n, kt), kt)); });
+    const auto bytes = write_dsv4_state(like, head, uint32_t(recipe.config().window), layers);
+    {
+      std::ofstream f(st.slot_dir + "/bridged.bin", std::ios::binary);
+      f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+    }
+    ASSERT_EQ(st.post_decoder("/slots/0?action=erase", json::object()).status, 200);
+    auto r = st.post_decoder("/slots/0?action=restore", {{"filename", "bridged.bin"}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    r = st.post_decoder("/completion", {{"prompt", toks}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", true}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.json()["timings"]["cache_n"].get<int64_t>(), T - 1) << r.json()["timings"].dump();
+    EXPECT_EQ(r.json()["timings"]["prompt_n"].get<int64_t>(), 1) << r.json()["timings"].dump();
+    ASSERT_EQ(st.post_decoder("/slots/0?action=save", {{"filename", "after.bin"}}).status, 200);
+    ASSERT_EQ(st.post_decoder("/slots/0?action=erase", json::object()).status, 200);
+    r = st.post_decoder("/completion", {{"prompt", toks}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", false}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    ASSERT_EQ(st.post_decoder("/slots/0?action=save", {{"filename", "native.bin"}}).status, 200);
+    const Dsv4State after = parse_dsv4_state_file(st.slot_dir + "/after.bin"), native = parse_dsv4_state_file(st.slot_dir + "/native.bin");
+    ASSERT_EQ(after.cells(), uint32_t(T));
+    ASSERT_EQ(native.cells(), uint32_t(T));
+    const auto sa = after.sections(), sn = native.sections();
+    ASSERT_EQ(sa.size(), sn.size());
+    double worst = 0;
+    for (size_t i = 0; i < sa.size(); ++i) {
+      ASSERT_EQ(sa[i].kind, sn[i].kind);
+      ASSERT_EQ(sa[i].layer, sn[i].layer);
+      ASSERT_EQ(sa[i].block.bytes(), sn[i].block.bytes());
+      const auto t = GgmlType(sn[i].block.type);
+      const int64_t ne0 = t == GgmlType::F32 ? int64_t(sn[i].block.row_bytes / 4) : int64_t(sn[i].block.ne0 ? sn[i].block.ne0 : uint64_t(recipe.config().head_dim));
+      std::vector<float> a(size_t(sn[i].block.rows * uint64_t(ne0))), b(a.size());
+      for (uint64_t rr = 0; rr < sn[i].block.rows; ++rr) {
+        dequantize_row(t, after.storage.data() + sa[i].block.offset + rr * sa[i].block.row_bytes, a.data() + rr * uint64_t(ne0), ne0);
+        dequantize_row(t, native.storage.data() + sn[i].block.offset + rr * sn[i].block.row_bytes, b.data() + rr * uint64_t(ne0), ne0);
+      }
+      double num = 0, den = 0;
+      for (size_t j = 0; j < a.size(); ++j) { num += (double(a[j]) - b[j]) * (double(a[j]) - b[j]); den += double(b[j]) * b[j]; }
+      const double rel = den > 0 ? std::sqrt(num / den) : 0.0;
+      worst = std::max(worst, rel);
+      EXPECT_LT(rel, cache == "f16" ? 2e-3 : 6e-2) << to_string(sa[i].kind) << " layer " << sa[i].layer;
+    }
+    std::printf("DSV4 BRIDGED cache=%s: %zu bytes written for %d tokens, restored: cache_n %d; after the last token, %zu sections vs native: worst rel RMS %.2e\n",
+                cache.c_str(), bytes.size(), T - 1, T - 1, sa.size(), worst);
+  }
+}
+
 TEST(Deepseek4State, ServerFilesHaveEverySectionAndRewriteByteIdentical) {
   const std::string dir = test::models_dir() + "/deepseek4-tiny";
   auto g = GgufFile::open(dir + "/decoder-f32.gguf");

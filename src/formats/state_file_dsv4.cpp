@@ -1,5 +1,6 @@
 #include "formats/state_file_dsv4.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -286,6 +287,80 @@ std::vector<uint8_t> serialize_dsv4_state(const Dsv4State& s) {
     }
   }
   return std::move(o.b);
+}
+
+std::vector<uint8_t> write_dsv4_state(const Dsv4State& like, const std::vector<int32_t>& tokens, uint32_t window,
+                                      const std::vector<Dsv4LayerBytes>& layers) {
+  Dsv4State s;
+  s.raw_tokens = tokens;
+  s.tokens = tokens;
+  s.version = like.version;
+  s.mode = 0;
+  const uint32_t n = uint32_t(tokens.size()), w = std::min(n, window), w0 = n - w;
+  auto fail_size = [](const std::string& what, size_t got, uint64_t want) {
+    throw std::runtime_error(fmt::format("DSV4 state: {} holds {} bytes, the layout needs {}", what, got, want));
+  };
+  auto add = [&](Dsv4Block& b, const std::vector<uint8_t>& data, const std::string& what) {
+    if (data.size() != b.bytes()) fail_size(what, data.size(), b.bytes());
+    b.offset = s.storage.size();
+    s.storage.insert(s.storage.end(), data.begin(), data.end());
+  };
+  auto raw = [&](const Dsv4RawPart& lp, Dsv4RawPart& part, uint32_t first, uint32_t cells, bool rows) {
+    part.streams.resize(lp.streams.size());
+    for (size_t i = 0; i < lp.streams.size(); ++i) {
+      const auto& ls = lp.streams[i];
+      auto& st = part.streams[i];
+      if (!ls.cell_count) continue;  // the stream that holds the sequence in `like` holds it here
+      st.cell_count = cells;
+      st.v_trans = ls.v_trans;
+      for (uint32_t c = 0; c < cells; ++c) {
+        st.positions.push_back(int32_t(first + c));
+        st.seq_ids.push_back(ls.seq_ids.empty() ? std::vector<int32_t>{0} : ls.seq_ids[0]);
+      }
+      for (size_t l = 0; l < ls.layers.size(); ++l) {
+        Dsv4Block b = ls.layers[l];
+        b.rows = cells;
+        if (rows) {
+          if (l >= layers.size()) throw std::runtime_error("DSV4 state: fewer layers than the layout");
+          add(b, layers[l].window, fmt::format("layer {} window", l));
+        }
+        st.layers.push_back(b);
+      }
+    }
+  };
+  raw(like.base, s.base, 0, n, false);
+  raw(like.swa, s.swa, w0, w, true);
+  auto pool = [&](const Dsv4Pool& lp, Dsv4Pool& p, uint32_t ratio, auto member, const char* what) {
+    p.version = lp.version;
+    p.n_seq = lp.n_seq;
+    p.n_rows = n / ratio;
+    p.layer_ids = lp.layer_ids;
+    for (size_t i = 0; i < lp.layers.size(); ++i) {
+      Dsv4Block b = lp.layers[i];
+      b.rows = p.n_rows;
+      add(b, layers.at(lp.layer_ids[i]).*member, fmt::format("layer {} {}", lp.layer_ids[i], what));
+      p.layers.push_back(b);
+    }
+  };
+  pool(like.csa, s.csa, 4, &Dsv4LayerBytes::pool, "CSA");
+  pool(like.hca, s.hca, 128, &Dsv4LayerBytes::pool, "HCA");
+  pool(like.lid, s.lid, 4, &Dsv4LayerBytes::lid, "LID");
+  auto ring = [&](const Dsv4Ring& lg, Dsv4Ring& g, auto kv, auto score, const char* what) {
+    g = lg;
+    g.kv.clear();
+    g.score.clear();
+    for (size_t i = 0; i < lg.layer_ids.size(); ++i) {
+      Dsv4Block a = lg.kv[i], b = lg.score[i];
+      add(a, layers.at(lg.layer_ids[i]).*kv, fmt::format("layer {} {} kv ring", lg.layer_ids[i], what));
+      add(b, layers.at(lg.layer_ids[i]).*score, fmt::format("layer {} {} score ring", lg.layer_ids[i], what));
+      g.kv.push_back(a);
+      g.score.push_back(b);
+    }
+  };
+  ring(like.csa_ring, s.csa_ring, &Dsv4LayerBytes::ring_kv, &Dsv4LayerBytes::ring_score, "CSA");
+  ring(like.hca_ring, s.hca_ring, &Dsv4LayerBytes::ring_kv, &Dsv4LayerBytes::ring_score, "HCA");
+  ring(like.lid_ring, s.lid_ring, &Dsv4LayerBytes::lid_kv, &Dsv4LayerBytes::lid_score, "LID");
+  return serialize_dsv4_state(s);
 }
 
 }  // namespace pdb

@@ -81,4 +81,16 @@ Dsv4State parse_dsv4_state_file(const std::string& path);
 // The file's bytes from the parsed fields and the blocks' data (a parsed file re-writes byte-identical).
 std::vector<uint8_t> serialize_dsv4_state(const Dsv4State& s);
 
+// One layer's sections in the decoder's bytes (its cache type for the rows, f32 for the rings); the
+// pool / ring parts stay empty for the layers that have none.
+struct Dsv4LayerBytes {
+  std::vector<uint8_t> window, pool, lid, ring_kv, ring_score, lid_kv, lid_score;
+};
+// A state of `tokens` (the bridge writes T-1 of a T-token prompt) with every section from `layers`, laid out
+// as `like` (a file the same decoder saved: its stream count, v_trans, types, row sizes, layer lists and
+// ring sizes); `window` is the decoder's sliding window W. Throws when a section's size is not what the
+// layout and the token count make it.
+std::vector<uint8_t> write_dsv4_state(const Dsv4State& like, const std::vector<int32_t>& tokens, uint32_t window,
+                                      const std::vector<Dsv4LayerBytes>& layers);
+
 }  // namespace pdb

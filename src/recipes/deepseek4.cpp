@@ -1,6 +1,7 @@
 #include "recipes/deepseek4.h"
 
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -209,6 +210,31 @@ Deepseek4LayerSections Deepseek4Recipe::sections(int layer, const float* x, int6
   compress(L.ckv, L.cgate, L.cape, L.cnorm, D, L.ratio, rotate, out.pool, out.ring_kv, out.ring_score);
   if (L.ratio == 4) compress(L.ikv, L.igate, L.iape, L.inorm, I, 4, true, out.lid, out.lid_kv, out.lid_score);
   return out;
+}
+
+Dsv4LayerBytes Deepseek4Recipe::to_bytes(const Deepseek4LayerSections& s, GgmlType k_type) const {
+  auto rows = [&](const std::vector<float>& v, int64_t width) {
+    std::vector<uint8_t> out;
+    if (v.empty()) return out;
+    const int64_t n = int64_t(v.size()) / width;
+    out.resize(ggml_row_bytes(k_type, width) * size_t(n));
+    rows_to_cache_type(k_type, v.data(), n, width, out.data());
+    return out;
+  };
+  auto f32 = [](const std::vector<float>& v) {
+    std::vector<uint8_t> out(v.size() * 4);
+    std::memcpy(out.data(), v.data(), out.size());
+    return out;
+  };
+  Dsv4LayerBytes b;
+  b.window = rows(s.window, c_.head_dim);
+  b.pool = rows(s.pool, c_.head_dim);
+  b.lid = rows(s.lid, c_.index_dim);
+  b.ring_kv = f32(s.ring_kv);
+  b.ring_score = f32(s.ring_score);
+  b.lid_kv = f32(s.lid_kv);
+  b.lid_score = f32(s.lid_score);
+  return b;
 }
 
 }  // namespace pdb

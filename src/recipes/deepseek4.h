@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "formats/ggml_types.h"
+#include "formats/state_file_dsv4.h"
 #include "model/deepseek4_config.h"
 
 namespace pdb {
@@ -43,6 +44,8 @@ class Deepseek4Recipe {
   Deepseek4LayerSections sections(int layer, const float* x, int64_t T, GgmlType k_type, bool all_raw_rows = false,
                                   std::vector<float>* cur_out = nullptr) const;
   const GgufFile& gguf() const { return *g_; }
+  // The sections as the decoder's file holds them: rows in `k_type` (already rotated where it rotates), rings f32.
+  Dsv4LayerBytes to_bytes(const Deepseek4LayerSections& s, GgmlType k_type) const;
 
  private:
   struct Layer;
