@@ -35,6 +35,18 @@ std::vector<int32_t> tokens_of(uint64_t seed, int n) {
   return t;
 }
 
+// llama-server alone (no prefill server, no front door), one slot: the tests talk to its slots directly.
+test::StackOptions decoder_only(const std::string& model_dir, const std::string& cache) {
+  test::StackOptions so;
+  so.model_dir = model_dir;
+  so.cache_type = cache;
+  so.parallel = 1;
+  so.ctx = 4096;
+  so.start_prefill = false;
+  so.start_front = false;
+  return so;
+}
+
 std::vector<uint8_t> read_all(const std::string& p) {
   std::ifstream f(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
@@ -84,14 +96,7 @@ TEST(Deepseek4State, RecipeLayer0SectionsMatchTheDecodersOwn) {
     other.vocab_dir = test::llama_src() + "/models";
     make_model(other);
     for (const std::string cache : {"f16", "q8_0"}) {
-      test::StackOptions so;
-      so.model_dir = test::models_dir() + "/" + model;
-      so.cache_type = cache;
-      so.parallel = 1;
-      so.ctx = 4096;
-      so.start_prefill = false;
-      so.start_front = false;
-      test::Stack st(so);
+      test::Stack st(decoder_only(test::models_dir() + "/" + model, cache));
       const int T = 300;
       const auto toks = tokens_of(5, T);
       auto r = st.post_decoder("/completion", {{"prompt", toks}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", false}});
@@ -140,14 +145,7 @@ TEST(Deepseek4State, RecipeLayer0SectionsMatchTheDecodersOwn) {
 // (plain f32 sums, the SIMD expf, the fused hyper-connection ops): the tolerance class.
 TEST(Deepseek4State, EngineAndRecipeGiveEveryLayersSectionsWithinTheToleranceClass) {
   for (const std::string cache : {"f16", "q8_0"}) {
-    test::StackOptions so;
-    so.model_dir = test::models_dir() + "/deepseek4-tiny";
-    so.cache_type = cache;
-    so.parallel = 1;
-    so.ctx = 4096;
-    so.start_prefill = false;
-    so.start_front = false;
-    test::Stack st(so);
+    test::Stack st(decoder_only(test::models_dir() + "/deepseek4-tiny", cache));
     const int T = 300;
     const auto toks = tokens_of(6, T);
     auto r = st.post_decoder("/completion", {{"prompt", toks}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", false}});
@@ -198,14 +196,7 @@ TEST(Deepseek4State, EngineAndRecipeGiveEveryLayersSectionsWithinTheToleranceCla
 // makes natively for the T tokens, section by section.
 TEST(Deepseek4State, BridgedStateFromTheEngineRestoresAndTheDecoderContinuesAsNatively) {
   for (const std::string cache : {"f16", "q8_0"}) {
-    test::StackOptions so;
-    so.model_dir = test::models_dir() + "/deepseek4-tiny";
-    so.cache_type = cache;
-    so.parallel = 1;
-    so.ctx = 4096;
-    so.start_prefill = false;
-    so.start_front = false;
-    test::Stack st(so);
+    test::Stack st(decoder_only(test::models_dir() + "/deepseek4-tiny", cache));
     const GgmlType kt = cache == "f16" ? GgmlType::F16 : GgmlType::Q8_0;
     // the layout, learned from a short prompt of the decoder's own
     ASSERT_EQ(st.post_decoder("/completion", {{"prompt", tokens_of(1, 40)}, {"n_predict", 0}, {"id_slot", 0}}).status, 200);
@@ -277,14 +268,7 @@ TEST(Deepseek4State, ServerFilesHaveEverySectionAndRewriteByteIdentical) {
     if (ratios[l] == 128) hca_layers.push_back(l);
   }
   for (const std::string cache : {"f16", "q8_0"}) {
-    test::StackOptions so;
-    so.model_dir = dir;
-    so.cache_type = cache;
-    so.parallel = 1;
-    so.ctx = 4096;
-    so.start_prefill = false;
-    so.start_front = false;
-    test::Stack st(so);
+    test::Stack st(decoder_only(dir, cache));
     const GgmlType kt = cache == "f16" ? GgmlType::F16 : GgmlType::Q8_0;
     for (int T : {127, 128, 129, 256, 259, 300}) {
       const auto toks = tokens_of(uint64_t(T) * 7 + (cache == "f16" ? 0 : 1), T);
@@ -338,13 +322,7 @@ TEST(Deepseek4State, ServerFilesHaveEverySectionAndRewriteByteIdentical) {
 }
 
 TEST(Deepseek4State, RestoringTMinusOneTokensLeavesOneTokenToComputeAndTTokensRecomputeAll) {
-  test::StackOptions so;
-  so.model_dir = test::models_dir() + "/deepseek4-tiny";
-  so.parallel = 1;
-  so.ctx = 4096;
-  so.start_prefill = false;
-  so.start_front = false;
-  test::Stack st(so);
+  test::Stack st(decoder_only(test::models_dir() + "/deepseek4-tiny", "f16"));
   const int T = 301;  // 300 cached: 75 CSA rows, 2 HCA rows, window of 128
   const auto toks = tokens_of(99, T);
   const std::vector<int32_t> head(toks.begin(), toks.end() - 1);

@@ -56,13 +56,7 @@ ParsedState parse_state_bytes(std::vector<uint8_t> bytes, const std::string& nam
   ParsedState s;
   s.storage = std::move(bytes);
   Reader r{s.storage.data(), s.storage.size(), 0, name};
-  const uint32_t magic = r.get<uint32_t>("magic"), version = r.get<uint32_t>("version");
-  if (magic != kStateMagic) fail(name, fmt::format("bad magic 0x{:08x}", magic));
-  if (version != kStateVersion) fail(name, fmt::format("version {} (expected {})", version, kStateVersion));
-  const uint32_t n_tok = r.get<uint32_t>("token count");
-  const auto* tp = r.take(uint64_t(n_tok) * 4, "tokens");
-  std::vector<int32_t> raw(n_tok);
-  if (n_tok) std::memcpy(raw.data(), tp, size_t(n_tok) * 4);
+  const std::vector<int32_t> raw = state_io::read_state_header(r);
   try { s.tokens = decode_state_tokens(raw, &s.packed_tokens); } catch (const std::exception& e) { fail(name, e.what()); }
 
   s.layout.n_stream = r.get<uint32_t>("n_stream");

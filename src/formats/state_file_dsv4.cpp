@@ -190,13 +190,7 @@ Dsv4State parse_dsv4_state_bytes(std::vector<uint8_t> bytes, const std::string& 
   Dsv4State s;
   s.storage = std::move(bytes);
   Reader r{s.storage.data(), s.storage.size(), 0, name};
-  const uint32_t magic = r.get<uint32_t>("magic"), version = r.get<uint32_t>("version");
-  if (magic != kStateMagic) fail(name, fmt::format("bad magic 0x{:08x}", magic));
-  if (version != kStateVersion) fail(name, fmt::format("version {} (expected {})", version, kStateVersion));
-  const uint32_t n_tok = r.get<uint32_t>("token count");
-  const auto* tp = r.take(uint64_t(n_tok) * 4, "tokens");
-  s.raw_tokens.resize(n_tok);
-  if (n_tok) std::memcpy(s.raw_tokens.data(), tp, size_t(n_tok) * 4);
+  s.raw_tokens = state_io::read_state_header(r);
   try { s.tokens = decode_state_tokens(s.raw_tokens, &s.packed_tokens); } catch (const std::exception& e) { fail(name, e.what()); }
   if (r.get<uint32_t>("DSV4 magic") != kDsv4Magic) fail(name, "not a DeepSeek-V4 state (no 'DSV4' after the tokens)");
   s.version = r.get<uint32_t>("DSV4 version");

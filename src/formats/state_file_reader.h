@@ -4,8 +4,11 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
+
+#include "formats/state_file.h"
 
 namespace pdb::state_io {
 
@@ -32,5 +35,16 @@ struct Reader {
   }
 };
 
+// The wrapper every llama.cpp state file starts with: magic, version, the token list (as stored).
+inline std::vector<int32_t> read_state_header(Reader& r) {
+  const uint32_t magic = r.get<uint32_t>("magic"), version = r.get<uint32_t>("version");
+  if (magic != kStateMagic) fail(r.name, fmt::format("bad magic 0x{:08x}", magic));
+  if (version != kStateVersion) fail(r.name, fmt::format("version {} (expected {})", version, kStateVersion));
+  const uint32_t n_tok = r.get<uint32_t>("token count");
+  const auto* tp = r.take(uint64_t(n_tok) * 4, "tokens");
+  std::vector<int32_t> raw(n_tok);
+  if (n_tok) std::memcpy(raw.data(), tp, size_t(n_tok) * 4);
+  return raw;
+}
 
 }  // namespace pdb::state_io
