@@ -254,6 +254,45 @@ TEST(Deepseek4State, BridgedStateFromTheEngineRestoresAndTheDecoderContinuesAsNa
   }
 }
 
+// Chunked == one-shot: the recipe fed in chunks that cut the 4- and 128-token blocks anywhere (the carries
+// hold the compressors' last tokens) gives every row and ring bit for bit as over the whole prompt.
+TEST(Deepseek4Recipe, ChunkedSectionsEqualOneShotForEveryChunkSize) {
+  Deepseek4Recipe recipe(test::models_dir() + "/deepseek4-tiny/decoder-f32.gguf");
+  Deepseek4CpuEngine engine(recipe, GgmlType::F16);
+  const int64_t T = 300, E = recipe.config().hidden;
+  const auto toks = tokens_of(8, int(T));
+  std::vector<std::vector<float>> xs;
+  engine.forward(toks, [&](int, const float* x, int64_t n) { xs.emplace_back(x, x + n * 4 * E); });
+  for (const GgmlType kt : {GgmlType::F16, GgmlType::Q8_0})
+    for (int l = 0; l < int(xs.size()); ++l) {
+      const auto whole = recipe.sections(l, xs[size_t(l)].data(), T, kt);
+      for (const int64_t chunk : {1, 3, 5, 64, 127, 129, 300}) {
+        Deepseek4Carry carry;
+        Deepseek4LayerSections cat;
+        for (int64_t p0 = 0; p0 < T; p0 += chunk) {
+          const int64_t n = std::min(chunk, T - p0);
+          auto part = recipe.sections_chunk(l, xs[size_t(l)].data() + p0 * 4 * E, p0, n, T, kt, carry);
+          if (!part.window.empty() && cat.window.empty()) cat.window_first = part.window_first;
+          cat.window.insert(cat.window.end(), part.window.begin(), part.window.end());
+          cat.pool.insert(cat.pool.end(), part.pool.begin(), part.pool.end());
+          cat.lid.insert(cat.lid.end(), part.lid.begin(), part.lid.end());
+          if (p0 + n == T) { cat.ring_kv = part.ring_kv; cat.ring_score = part.ring_score; cat.lid_kv = part.lid_kv; cat.lid_score = part.lid_score; }
+        }
+        EXPECT_EQ(cat.window_first, whole.window_first) << "layer " << l << " chunk " << chunk;
+        EXPECT_EQ(cat.window, whole.window) << "layer " << l << " chunk " << chunk;
+        EXPECT_EQ(cat.pool, whole.pool) << "layer " << l << " chunk " << chunk;
+        EXPECT_EQ(cat.lid, whole.lid) << "layer " << l << " chunk " << chunk;
+        EXPECT_EQ(cat.ring_kv, whole.ring_kv) << "layer " << l << " chunk " << chunk;
+        EXPECT_EQ(cat.ring_score, whole.ring_score) << "layer " << l << " chunk " << chunk;
+        EXPECT_EQ(cat.lid_kv, whole.lid_kv) << "layer " << l << " chunk " << chunk;
+        EXPECT_EQ(cat.lid_score, whole.lid_score) << "layer " << l << " chunk " << chunk;
+      }
+    }
+  // out of order is refused, not silently wrong
+  Deepseek4Carry carry;
+  EXPECT_THROW(recipe.sections_chunk(0, xs[0].data() + 8 * 4 * E, 8, 8, T, GgmlType::F16, carry), std::invalid_argument);
+}
+
 TEST(Deepseek4State, ServerFilesHaveEverySectionAndRewriteByteIdentical) {
   const std::string dir = test::models_dir() + "/deepseek4-tiny";
   auto g = GgufFile::open(dir + "/decoder-f32.gguf");

@@ -126,8 +126,15 @@ std::vector<float> Deepseek4Recipe::layer0_input(const std::vector<int32_t>& tok
 
 Deepseek4LayerSections Deepseek4Recipe::sections(int layer, const float* x, int64_t T, GgmlType k_type, bool all_raw_rows,
                                                  std::vector<float>* cur_out) const {
+  Deepseek4Carry carry;
+  return sections_chunk(layer, x, 0, T, T, k_type, carry, all_raw_rows, cur_out);
+}
+
+Deepseek4LayerSections Deepseek4Recipe::sections_chunk(int layer, const float* x, int64_t pos0, int64_t rows, int64_t T, GgmlType k_type,
+                                                       Deepseek4Carry& carry, bool all_raw_rows, std::vector<float>* cur_out) const {
   const Layer& L = *layers_.at(size_t(layer));
   const int64_t E = c_.hidden, D = c_.head_dim, I = c_.index_dim, r = c_.rope_dims, W = c_.window;
+  if (pos0 < 0 || rows < 0 || pos0 + rows > T) throw std::invalid_argument("deepseek4 recipe: chunk outside the prompt");
   const float eps = c_.rms_eps;
   const bool rotate = k_type != GgmlType::F32 && k_type != GgmlType::F16 && k_type != GgmlType::BF16;  // quantized caches are Hadamard-rotated
   GgmlRopeParams rp;
@@ -140,11 +147,11 @@ Deepseek4LayerSections Deepseek4Recipe::sections(int layer, const float* x, int6
     ggml_rope_apply(rp, cs.data(), row + (width - r));
   };
   // cur = rms_norm(sum_h pre[h] x_h) * attn_norm (the hyper-connection pre-mix, model/deepseek4_blocks.h)
-  std::vector<float> cur(static_cast<size_t>(T * E));
+  std::vector<float> cur(static_cast<size_t>(rows * E));
   {
     std::vector<float> pre_mix(static_cast<size_t>(E));
     const Dsv4HcWeights hw{&L.hc_fn, &L.hc_base, &L.hc_scale};
-    for (int64_t t = 0; t < T; ++t) {
+    for (int64_t t = 0; t < rows; ++t) {
       dsv4_hc_pre(hw, x + t * 4 * E, E, eps, c_.hc_eps, int(c_.hc_iterations), pre_mix.data());
       rmsnorm_rows(pre_mix.data(), L.attn_norm.data(), cur.data() + t * E, 1, E, eps);
     }
@@ -152,63 +159,84 @@ Deepseek4LayerSections Deepseek4Recipe::sections(int layer, const float* x, int6
   if (cur_out) *cur_out = cur;
   Deepseek4LayerSections out;
   out.ratio = L.ratio;
-  // the window: the last min(T, W) positions' rows (all T for the engine)
-  const int64_t w0 = all_raw_rows ? 0 : T - std::min(T, W);
-  out.window.resize(size_t((T - w0) * D));
-  project(L.wkv, cur.data() + w0 * E, T - w0, E, D, out.window.data());
-  for (int64_t i = 0; i < T - w0; ++i) {
+  // the window: this chunk's positions among the last min(T, W) (every position for the engine)
+  const int64_t w0 = all_raw_rows ? pos0 : std::max(pos0, T - std::min(T, W)), wn = pos0 + rows - w0;
+  out.window_first = w0;
+  out.window.resize(size_t(std::max<int64_t>(wn, 0) * D));
+  if (wn > 0) project(L.wkv, cur.data() + (w0 - pos0) * E, wn, E, D, out.window.data());
+  for (int64_t i = 0; i < wn; ++i) {
     float* row = out.window.data() + i * D;
     rmsnorm_rows(row, L.kv_norm.data(), row, 1, D, eps);
     rope_at(row, D, w0 + i);
   }
-  if (rotate && rotation_size(D)) hadamard_rows(out.window.data(), int64_t(out.window.size()), rotation_size(D));
+  if (rotate && rotation_size(D) && !out.window.empty()) hadamard_rows(out.window.data(), int64_t(out.window.size()), rotation_size(D));
   if (!L.ratio) return out;
-  // the compressors: a_t, g_t (+ ape row t mod ratio); pools of 128 or of 8 overlapping tokens
+  if (carry.pool.size() < layers_.size()) carry.pool.resize(layers_.size()), carry.lid.resize(layers_.size());
+  // the compressors: a_t, g_t (+ ape row t mod ratio) of this chunk after the carried ones; the blocks that
+  // finish in this chunk pool 128 tokens or 8 overlapping ones; the rings after the prompt's last token
   auto compress = [&](const std::vector<float>& wkv, const std::vector<float>& wgate, const std::vector<float>& ape,
-                      const std::vector<float>& norm, int64_t width, int64_t ratio, bool hadamard, std::vector<float>& rows,
-                      std::vector<float>& ring_kv, std::vector<float>& ring_score) {
-    const int64_t c = ratio == 4 ? 2 : 1, cw = c * width;
-    std::vector<float> a(size_t(T * cw)), g(size_t(T * cw));
-    project(wkv, cur.data(), T, E, cw, a.data());
-    project(wgate, cur.data(), T, E, cw, g.data());
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < cw; ++j) g[size_t(t * cw + j)] += ape[size_t((t % ratio) * cw + j)];
-    const int64_t blocks = T / ratio, ring = ratio == 4 ? 8 : 128;
-    rows.assign(size_t(blocks * width), 0.0f);
-    for (int64_t b = 0; b < blocks; ++b) {
-      float* row = rows.data() + b * width;
+                      const std::vector<float>& norm, int64_t width, int64_t ratio, bool hadamard, Deepseek4Carry::History& hist,
+                      std::vector<float>& pooled, int64_t& first_block, std::vector<float>& ring_kv, std::vector<float>& ring_score) {
+    const int64_t c = ratio == 4 ? 2 : 1, cw = c * width, ring = ratio == 4 ? 8 : 128;
+    if (hist.first + int64_t(hist.a.size()) / std::max<int64_t>(cw, 1) != pos0 && !(hist.a.empty() && pos0 == 0))
+      throw std::invalid_argument("deepseek4 recipe: chunks must come in position order, each layer's after its previous one");
+    const int64_t h0 = hist.a.empty() ? pos0 : hist.first;
+    std::vector<float> a = hist.a, g = hist.g;
+    a.resize(size_t((pos0 + rows - h0) * cw));
+    g.resize(a.size());
+    float* ac = a.data() + (pos0 - h0) * cw;
+    float* gc = g.data() + (pos0 - h0) * cw;
+    project(wkv, cur.data(), rows, E, cw, ac);
+    project(wgate, cur.data(), rows, E, cw, gc);
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t j = 0; j < cw; ++j) gc[t * cw + j] += ape[size_t(((pos0 + t) % ratio) * cw + j)];
+    auto at = [&](int64_t t, int64_t j) { return std::pair<float, float>{a[size_t((t - h0) * cw + j)], g[size_t((t - h0) * cw + j)]}; };
+    first_block = pos0 / ratio;
+    pooled.clear();
+    for (int64_t b = first_block; ratio * b + ratio - 1 < pos0 + rows; ++b) {
+      if (ratio * b + ratio - 1 < pos0) { ++first_block; continue; }
+      std::vector<float> row(static_cast<size_t>(width));
       for (int64_t d = 0; d < width; ++d) {
         // (value, score) entries: ratio 128: the block's tokens; ratio 4: the previous block's low halves, then this one's high halves
         std::vector<std::pair<float, float>> e;
         if (ratio == 128) {
-          for (int64_t j = 0; j < 128; ++j) e.push_back({a[size_t((128 * b + j) * cw + d)], g[size_t((128 * b + j) * cw + d)]});
+          for (int64_t j = 0; j < 128; ++j) e.push_back(at(128 * b + j, d));
         } else {
           for (int64_t j = 0; j < 4; ++j) {
             const int64_t tp = 4 * b - 4 + j;
-            e.push_back(tp < 0 ? std::pair<float, float>{0.0f, -INFINITY} : std::pair<float, float>{a[size_t(tp * cw + d)], g[size_t(tp * cw + d)]});
+            e.push_back(tp < 0 ? std::pair<float, float>{0.0f, -INFINITY} : at(tp, d));
           }
-          for (int64_t j = 0; j < 4; ++j) e.push_back({a[size_t((4 * b + j) * cw + width + d)], g[size_t((4 * b + j) * cw + width + d)]});
+          for (int64_t j = 0; j < 4; ++j) e.push_back(at(4 * b + j, width + d));
         }
         float mx = -INFINITY;
-        for (const auto& [v, s] : e) mx = std::max(mx, s);
+        for (const auto& [v, sc] : e) mx = std::max(mx, sc);
         float sum = 0.0f, acc = 0.0f;
-        for (const auto& [v, s] : e) sum += std::exp(s - mx);
-        for (const auto& [v, s] : e) acc += v * (std::exp(s - mx) / sum);
-        row[d] = acc;
+        for (const auto& [v, sc] : e) sum += std::exp(sc - mx);
+        for (const auto& [v, sc] : e) acc += v * (std::exp(sc - mx) / sum);
+        row[size_t(d)] = acc;
       }
-      rmsnorm_rows(row, norm.data(), row, 1, width, eps);
-      rope_at(row, width, ratio * b);
+      rmsnorm_rows(row.data(), norm.data(), row.data(), 1, width, eps);
+      rope_at(row.data(), width, ratio * b);
+      pooled.insert(pooled.end(), row.begin(), row.end());
     }
-    if (hadamard && rotation_size(width) && !rows.empty()) hadamard_rows(rows.data(), int64_t(rows.size()), rotation_size(width));
-    ring_kv.assign(size_t(ring * cw), 0.0f);
-    ring_score.assign(size_t(ring * cw), 0.0f);
-    for (int64_t t = std::max<int64_t>(0, T - ring); t < T; ++t) {
-      std::copy_n(a.data() + t * cw, cw, ring_kv.data() + (t % ring) * cw);
-      std::copy_n(g.data() + t * cw, cw, ring_score.data() + (t % ring) * cw);
+    if (hadamard && rotation_size(width) && !pooled.empty()) hadamard_rows(pooled.data(), int64_t(pooled.size()), rotation_size(width));
+    if (pos0 + rows == T) {
+      ring_kv.assign(size_t(ring * cw), 0.0f);
+      ring_score.assign(size_t(ring * cw), 0.0f);
+      for (int64_t t = std::max<int64_t>(h0, T - ring); t < T; ++t) {
+        std::copy_n(a.data() + (t - h0) * cw, cw, ring_kv.data() + (t % ring) * cw);
+        std::copy_n(g.data() + (t - h0) * cw, cw, ring_score.data() + (t % ring) * cw);
+      }
     }
+    // keep the last `ring` tokens: all that the next chunk's blocks and the rings can need
+    const int64_t keep_from = std::max(h0, pos0 + rows - ring);
+    hist.first = keep_from;
+    hist.a.assign(a.begin() + (keep_from - h0) * cw, a.end());
+    hist.g.assign(g.begin() + (keep_from - h0) * cw, g.end());
   };
-  compress(L.ckv, L.cgate, L.cape, L.cnorm, D, L.ratio, rotate, out.pool, out.ring_kv, out.ring_score);
-  if (L.ratio == 4) compress(L.ikv, L.igate, L.iape, L.inorm, I, 4, true, out.lid, out.lid_kv, out.lid_score);
+  compress(L.ckv, L.cgate, L.cape, L.cnorm, D, L.ratio, rotate, carry.pool[size_t(layer)], out.pool, out.pool_first, out.ring_kv, out.ring_score);
+  if (L.ratio == 4)
+    compress(L.ikv, L.igate, L.iape, L.inorm, I, 4, true, carry.lid[size_t(layer)], out.lid, out.lid_first, out.lid_kv, out.lid_score);
   return out;
 }
 

@@ -6,7 +6,7 @@
 // (ratio 4: CSA, and the lightning indexer's LID, always Hadamard-rotated) or 128 (HCA) give one row per
 // block, normed and roped at the block's first position; the f32 rings are the last tokens' (a, g).
 // Arithmetic: plain f32 (the tolerance class: the decoder's SIMD expf in the pool softmax and its matmul
-// order are not mirrored yet). Whole prompts only; the chunk carries (the rings) are the next step.
+// order are not mirrored yet). Whole prompts or chunks (sections_chunk, with the compressors' carries).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -23,11 +23,22 @@ class GgufFile;
 
 struct Deepseek4LayerSections {
   int64_t ratio = 0;
+  int64_t window_first = 0, pool_first = 0, lid_first = 0;  // the position / block index of the first row of each
   std::vector<float> window;              // [min(T, W) x D]: rows of positions T-min(T,W) .. T-1
   std::vector<float> pool;                // ratio 4: CSA [T/4 x D]; ratio 128: HCA [T/128 x D]
   std::vector<float> lid;                 // ratio 4: [T/4 x I]
   std::vector<float> ring_kv, ring_score; // ratio 4: [8 x 2D]; 128: [128 x D]
   std::vector<float> lid_kv, lid_score;   // ratio 4: [8 x 2I]
+};
+
+// What a chunked recipe carries from one chunk to the next, per layer: the compressors' last tokens'
+// (a_t, g_t + ape) - what the blocks still open at the chunk's end, and the rings, will need.
+struct Deepseek4Carry {
+  struct History {
+    int64_t first = 0;         // position of the first carried token
+    std::vector<float> a, g;   // [tokens x c*width]
+  };
+  std::vector<History> pool, lid;  // per layer: the attention's compressor, the indexer's
 };
 
 class Deepseek4Recipe {
@@ -43,6 +54,11 @@ class Deepseek4Recipe {
   // layer's attention input (the engine's q path starts from it).
   Deepseek4LayerSections sections(int layer, const float* x, int64_t T, GgmlType k_type, bool all_raw_rows = false,
                                   std::vector<float>* cur_out = nullptr) const;
+  // The same for positions [pos0, pos0 + rows) of a T-token prompt, chunk after chunk (each layer's chunks in
+  // order, `carry` kept between them): the window rows of this chunk among the last W, the blocks that finish
+  // in it, and the rings with the prompt's last chunk. Equals `sections` over the whole prompt, row for row.
+  Deepseek4LayerSections sections_chunk(int layer, const float* x, int64_t pos0, int64_t rows, int64_t T, GgmlType k_type,
+                                        Deepseek4Carry& carry, bool all_raw_rows = false, std::vector<float>* cur_out = nullptr) const;
   const GgufFile& gguf() const { return *g_; }
   // The sections as the decoder's file holds them: rows in `k_type` (already rotated where it rotates), rings f32.
   Dsv4LayerBytes to_bytes(const Deepseek4LayerSections& s, GgmlType k_type) const;
