@@ -293,6 +293,24 @@ TEST(Deepseek4Recipe, ChunkedSectionsEqualOneShotForEveryChunkSize) {
   EXPECT_THROW(recipe.sections_chunk(0, xs[0].data() + 8 * 4 * E, 8, 8, T, GgmlType::F16, carry), std::invalid_argument);
 }
 
+// The front door beside a DeepSeek-V4 decoder: bridging that state is not on the wire yet, so a long prompt is
+// declined with that reason and served natively (the same answer), and nothing is left in the slot directory.
+TEST(Deepseek4State, FrontDoorDeclinesWithTheReasonAndServesNatively) {
+  test::StackOptions so = decoder_only(test::models_dir() + "/deepseek4-tiny", "f16");
+  so.start_front = true;
+  test::Stack st(so);
+  const std::string prompt = test::random_text(915, 700);
+  json body = {{"prompt", prompt}, {"n_predict", 0}, {"temperature", 0}};
+  auto r = st.post_front("/completion", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string v = r.verdict().value("verdict", "");
+  EXPECT_EQ(v.rfind("declined: ", 0), 0u) << r.verdict().dump();
+  EXPECT_NE(v.find("DeepSeek-V4"), std::string::npos) << r.verdict().dump();
+  EXPECT_EQ(r.verdict()["bridged_tokens"].get<int64_t>(), 0);
+  EXPECT_GT(r.verdict()["tokens"].get<int64_t>(), 500);
+  EXPECT_EQ(test::files_in(st.slot_dir), 0u);
+}
+
 TEST(Deepseek4State, ServerFilesHaveEverySectionAndRewriteByteIdentical) {
   const std::string dir = test::models_dir() + "/deepseek4-tiny";
   auto g = GgufFile::open(dir + "/decoder-f32.gguf");

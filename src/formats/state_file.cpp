@@ -1,4 +1,5 @@
 #include "formats/state_file.h"
+#include "formats/state_file_dsv4.h"
 #include "formats/state_file_reader.h"
 
 #include <fcntl.h>
@@ -59,6 +60,13 @@ ParsedState parse_state_bytes(std::vector<uint8_t> bytes, const std::string& nam
   const std::vector<int32_t> raw = state_io::read_state_header(r);
   try { s.tokens = decode_state_tokens(raw, &s.packed_tokens); } catch (const std::exception& e) { fail(name, e.what()); }
 
+  if (r.n - r.pos >= 4) {
+    uint32_t next;
+    std::memcpy(&next, r.p + r.pos, 4);
+    if (next == kDsv4Magic)
+      fail(name, "a DeepSeek-V4 state (llama.cpp's DSV4 memory: window, compressed pools, rings): formats/state_file_dsv4 reads it, "
+                 "and bridging it through the front door is not implemented yet");
+  }
   s.layout.n_stream = r.get<uint32_t>("n_stream");
   if (s.layout.n_stream == 0 || s.layout.n_stream > 4096) fail(name, fmt::format("n_stream {} is implausible", s.layout.n_stream));
   bool found = false;
