@@ -311,6 +311,30 @@ TEST(Deepseek4State, FrontDoorDeclinesWithTheReasonAndServesNatively) {
   EXPECT_EQ(test::files_in(st.slot_dir), 0u);
 }
 
+// The fingerprint front door and prefill server compare covers DeepSeek-V4's cache geometry and the weights its
+// sections come from: another ratio layout or other weights give another fingerprint.
+TEST(Deepseek4Recipe, FingerprintCoversThePooledGeometryAndTheCacheWeights) {
+  auto info = [](const std::string& p) { return read_recipe_info(*GgufFile::open(p)); };
+  const auto a = info(test::models_dir() + "/deepseek4-tiny/decoder-f32.gguf"), b = info(test::models_dir() + "/deepseek4-tiny-hca/decoder-f32.gguf");
+  EXPECT_EQ(a.compress_ratios, (std::vector<int32_t>{4, 128, 0, 4}));
+  EXPECT_EQ(b.compress_ratios, (std::vector<int32_t>{128, 4, 0, 4}));
+  EXPECT_EQ(a.window, 128);
+  EXPECT_EQ(a.index_dim, 128);
+  EXPECT_EQ(a.hc_count, 4);
+  const auto g = recipe_geometry(a);
+  ASSERT_TRUE(g.contains("dsv4")) << g.dump();
+  EXPECT_EQ(g["dsv4"]["compress_rope_base"].get<float>(), 160000.0f);
+  EXPECT_NE(recipe_fingerprint(a), recipe_fingerprint(b));
+  MakeModelOptions o;  // the same preset with other weights
+  o.arch = "deepseek4"; o.preset = "tiny"; o.seed = 91; o.out = test::temp_dir("deepseek4-fp");
+  o.vocab_dir = test::llama_src() + "/models";
+  make_model(o);
+  const auto c = info(o.out + "/decoder-f32.gguf");
+  EXPECT_EQ(recipe_geometry(c)["dsv4"], g["dsv4"]);
+  EXPECT_NE(c.weights_hash, a.weights_hash);
+  EXPECT_NE(recipe_fingerprint(c), recipe_fingerprint(a));
+}
+
 TEST(Deepseek4State, ServerFilesHaveEverySectionAndRewriteByteIdentical) {
   const std::string dir = test::models_dir() + "/deepseek4-tiny";
   auto g = GgufFile::open(dir + "/decoder-f32.gguf");

@@ -97,6 +97,15 @@ RecipeInfo read_recipe_info(const GgufFile& g) {
     info.kv_lora_rank = g.get_int(a + ".attention.kv_lora_rank");
     if (info.n_head_kv != 1 || g.get_int_opt(a + ".attention.value_length").value_or(0) != info.kv_lora_rank)
       throw std::runtime_error("deepseek2 GGUF: an MLA cache has one KV head and value_length == kv_lora_rank");
+  } else if (a == "deepseek4") {
+    for (const auto& v : g.get(a + ".attention.compress_ratios").arr) info.compress_ratios.push_back(int32_t(v.u));
+    info.window = g.get_int(a + ".attention.sliding_window");
+    info.index_dim = g.get_int(a + ".attention.indexer.key_length");
+    info.index_heads = g.get_int(a + ".attention.indexer.head_count");
+    info.hc_count = g.get_int(a + ".hyper_connection.count");
+    info.hc_iterations = g.get_int(a + ".hyper_connection.sinkhorn_iterations");
+    info.hc_eps = float(g.get_float(a + ".hyper_connection.epsilon"));
+    info.compress_rope_base = float(g.get_float(a + ".attention.compress_rope_freq_base"));
   } else if (g.get_int_opt(a + ".attention.value_length").value_or(info.head_dim) != info.head_dim) {
     throw std::runtime_error("decoders with different K and V head sizes are not supported");
   }
@@ -135,7 +144,12 @@ RecipeInfo read_recipe_info(const GgufFile& g) {
   XXH3_64bits_reset(hs);
   for (int64_t l = 0; l < info.n_layer; ++l)
     for (const char* t : {"attn_norm.weight", "attn_k.weight", "attn_v.weight", "attn_k_norm.weight", "attn_k.bias", "attn_v.bias",
-                          "attn_kv_a_mqa.weight", "attn_kv_a_norm.weight"})
+                          "attn_kv_a_mqa.weight", "attn_kv_a_norm.weight",
+                          // deepseek4's cache inputs (recipes/deepseek4.cpp)
+                          "attn_kv.weight", "hc_attn_fn.weight", "hc_attn_base.weight", "hc_attn_scale.weight", "attn_compressor_kv.weight",
+                          "attn_compressor_gate.weight", "attn_compressor_ape.weight", "attn_compressor_norm.weight",
+                          "indexer_compressor_kv.weight", "indexer_compressor_gate.weight", "indexer_compressor_ape.weight",
+                          "indexer_compressor_norm.weight"})
       if (const auto* ti = g.find_tensor(fmt::format("blk.{}.{}", l, t))) XXH3_64bits_update(hs, g.data(*ti), ti->n_bytes());
   if (const auto* rf = g.find_tensor("rope_freqs.weight")) XXH3_64bits_update(hs, g.data(*rf), rf->n_bytes());
   info.weights_hash = fmt::format("{:016x}", XXH3_64bits_digest(hs));
@@ -151,6 +165,9 @@ nlohmann::json recipe_geometry(const RecipeInfo& i) {
           {"rope_attn_factor", r.attn_factor}, {"rope_beta_fast", r.beta_fast}, {"rope_beta_slow", r.beta_slow},
           {"rope_n_ctx_orig", r.n_ctx_orig}, {"rope_freq_factors", r.freq_factors}, {"weights_hash", i.weights_hash}};
   if (i.mla()) j["kv_lora_rank"] = i.kv_lora_rank;  // absent for the others: their fingerprints stay as they were
+  if (!i.compress_ratios.empty())
+    j["dsv4"] = {{"compress_ratios", i.compress_ratios}, {"window", i.window}, {"index_dim", i.index_dim}, {"index_heads", i.index_heads},
+                 {"hc_count", i.hc_count}, {"hc_iterations", i.hc_iterations}, {"hc_eps", i.hc_eps}, {"compress_rope_base", i.compress_rope_base}};
   return j;
 }
 

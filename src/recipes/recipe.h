@@ -49,6 +49,10 @@ struct RecipeInfo {
   // row's width, n_head_kv 1) and no V section.
   int64_t kv_lora_rank = 0;
   bool mla() const { return kv_lora_rank > 0; }
+  // DeepSeek-V4 (deepseek4): the pooled cache's geometry, in the fingerprint (empty ratios for the others)
+  std::vector<int32_t> compress_ratios;
+  int64_t window = 0, index_dim = 0, index_heads = 0, hc_count = 0, hc_iterations = 0;
+  float hc_eps = 0, compress_rope_base = 0;
   int64_t n_embd_kv() const { return n_head_kv * head_dim; }
   int64_t n_embd_v() const { return mla() ? 0 : n_embd_kv(); }  // V row width; 0: no V section
 };
