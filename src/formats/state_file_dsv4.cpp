@@ -1,6 +1,11 @@
 #include "formats/state_file_dsv4.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <filesystem>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -101,14 +106,28 @@ void parse_ring(Reader& r, Dsv4Ring& g, const char* what) {
   }
 }
 
+// The serializer's output: the whole file in `b`, or (plan mode) the metadata as pieces at their file offsets
+// and each data block's offset, in the order the file holds them (that of Dsv4State::sections()).
 struct Out {
   std::vector<uint8_t> b;
+  bool plan = false;
+  uint64_t base = 0;  // plan mode: file offset of b[0]
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> pieces;
+  std::vector<uint64_t> block_offsets;
   template <class T> void put(T v) {
     const auto* p = reinterpret_cast<const uint8_t*>(&v);
     b.insert(b.end(), p, p + sizeof(T));
   }
   void bytes(const std::vector<uint8_t>& src, const Dsv4Block& blk) {
-    b.insert(b.end(), src.begin() + std::ptrdiff_t(blk.offset), src.begin() + std::ptrdiff_t(blk.offset + blk.bytes()));
+    if (!plan) {
+      b.insert(b.end(), src.begin() + std::ptrdiff_t(blk.offset), src.begin() + std::ptrdiff_t(blk.offset + blk.bytes()));
+      return;
+    }
+    const uint64_t at = base + b.size();
+    pieces.emplace_back(base, std::move(b));
+    b.clear();
+    block_offsets.push_back(at);
+    base = at + blk.bytes();
   }
 };
 
@@ -218,9 +237,8 @@ Dsv4State parse_dsv4_state_file(const std::string& path) {
   return parse_dsv4_state_bytes(std::move(bytes), path);
 }
 
-std::vector<uint8_t> serialize_dsv4_state(const Dsv4State& s) {
-  Out o;
-  o.b.reserve(s.storage.size());
+namespace {
+void serialize_into(const Dsv4State& s, Out& o) {
   o.put(kStateMagic);
   o.put(kStateVersion);
   o.put(uint32_t(s.raw_tokens.size()));
@@ -280,25 +298,23 @@ std::vector<uint8_t> serialize_dsv4_state(const Dsv4State& s) {
       }
     }
   }
+}
+}  // namespace
+
+std::vector<uint8_t> serialize_dsv4_state(const Dsv4State& s) {
+  Out o;
+  o.b.reserve(s.storage.size());
+  serialize_into(s, o);
   return std::move(o.b);
 }
 
-std::vector<uint8_t> write_dsv4_state(const Dsv4State& like, const std::vector<int32_t>& tokens, uint32_t window,
-                                      const std::vector<Dsv4LayerBytes>& layers) {
+Dsv4State plan_dsv4_state(const Dsv4State& like, const std::vector<int32_t>& tokens, uint32_t window) {
   Dsv4State s;
   s.raw_tokens = tokens;
   s.tokens = tokens;
   s.version = like.version;
   s.mode = 0;
   const uint32_t n = uint32_t(tokens.size()), w = std::min(n, window), w0 = n - w;
-  auto fail_size = [](const std::string& what, size_t got, uint64_t want) {
-    throw std::runtime_error(fmt::format("DSV4 state: {} holds {} bytes, the layout needs {}", what, got, want));
-  };
-  auto add = [&](Dsv4Block& b, const std::vector<uint8_t>& data, const std::string& what) {
-    if (data.size() != b.bytes()) fail_size(what, data.size(), b.bytes());
-    b.offset = s.storage.size();
-    s.storage.insert(s.storage.end(), data.begin(), data.end());
-  };
   auto raw = [&](const Dsv4RawPart& lp, Dsv4RawPart& part, uint32_t first, uint32_t cells, bool rows) {
     part.streams.resize(lp.streams.size());
     for (size_t i = 0; i < lp.streams.size(); ++i) {
@@ -311,50 +327,145 @@ std::vector<uint8_t> write_dsv4_state(const Dsv4State& like, const std::vector<i
         st.positions.push_back(int32_t(first + c));
         st.seq_ids.push_back(ls.seq_ids.empty() ? std::vector<int32_t>{0} : ls.seq_ids[0]);
       }
-      for (size_t l = 0; l < ls.layers.size(); ++l) {
-        Dsv4Block b = ls.layers[l];
+      if (!rows) continue;
+      for (const auto& lb : ls.layers) {
+        Dsv4Block b = lb;
         b.rows = cells;
-        if (rows) {
-          if (l >= layers.size()) throw std::runtime_error("DSV4 state: fewer layers than the layout");
-          add(b, layers[l].window, fmt::format("layer {} window", l));
-        }
+        b.offset = 0;
         st.layers.push_back(b);
       }
     }
   };
   raw(like.base, s.base, 0, n, false);
   raw(like.swa, s.swa, w0, w, true);
-  auto pool = [&](const Dsv4Pool& lp, Dsv4Pool& p, uint32_t ratio, auto member, const char* what) {
-    p.version = lp.version;
-    p.n_seq = lp.n_seq;
+  auto pool = [&](const Dsv4Pool& lp, Dsv4Pool& p, uint32_t ratio) {
+    p = lp;
     p.n_rows = n / ratio;
-    p.layer_ids = lp.layer_ids;
-    for (size_t i = 0; i < lp.layers.size(); ++i) {
-      Dsv4Block b = lp.layers[i];
-      b.rows = p.n_rows;
-      add(b, layers.at(lp.layer_ids[i]).*member, fmt::format("layer {} {}", lp.layer_ids[i], what));
-      p.layers.push_back(b);
-    }
+    for (auto& b : p.layers) { b.rows = p.n_rows; b.offset = 0; }
   };
-  pool(like.csa, s.csa, 4, &Dsv4LayerBytes::pool, "CSA");
-  pool(like.hca, s.hca, 128, &Dsv4LayerBytes::pool, "HCA");
-  pool(like.lid, s.lid, 4, &Dsv4LayerBytes::lid, "LID");
-  auto ring = [&](const Dsv4Ring& lg, Dsv4Ring& g, auto kv, auto score, const char* what) {
-    g = lg;
-    g.kv.clear();
-    g.score.clear();
-    for (size_t i = 0; i < lg.layer_ids.size(); ++i) {
-      Dsv4Block a = lg.kv[i], b = lg.score[i];
-      add(a, layers.at(lg.layer_ids[i]).*kv, fmt::format("layer {} {} kv ring", lg.layer_ids[i], what));
-      add(b, layers.at(lg.layer_ids[i]).*score, fmt::format("layer {} {} score ring", lg.layer_ids[i], what));
-      g.kv.push_back(a);
-      g.score.push_back(b);
-    }
-  };
-  ring(like.csa_ring, s.csa_ring, &Dsv4LayerBytes::ring_kv, &Dsv4LayerBytes::ring_score, "CSA");
-  ring(like.hca_ring, s.hca_ring, &Dsv4LayerBytes::ring_kv, &Dsv4LayerBytes::ring_score, "HCA");
-  ring(like.lid_ring, s.lid_ring, &Dsv4LayerBytes::lid_kv, &Dsv4LayerBytes::lid_score, "LID");
+  pool(like.csa, s.csa, 4);
+  pool(like.hca, s.hca, 128);
+  pool(like.lid, s.lid, 4);
+  for (auto [from, to] : {std::pair{&like.csa_ring, &s.csa_ring}, {&like.hca_ring, &s.hca_ring}, {&like.lid_ring, &s.lid_ring}}) {
+    *to = *from;  // fixed-size rings: the same blocks whatever the token count
+    for (auto* v : {&to->kv, &to->score})
+      for (auto& b : *v) b.offset = 0;
+  }
+  return s;
+}
+
+namespace {
+const std::vector<uint8_t>& section_bytes(const Dsv4LayerBytes& l, Dsv4SectionKind k) {
+  switch (k) {
+    case Dsv4SectionKind::Window: return l.window;
+    case Dsv4SectionKind::Csa:
+    case Dsv4SectionKind::Hca: return l.pool;
+    case Dsv4SectionKind::Lid: return l.lid;
+    case Dsv4SectionKind::CsaKvRing:
+    case Dsv4SectionKind::HcaKvRing: return l.ring_kv;
+    case Dsv4SectionKind::CsaScoreRing:
+    case Dsv4SectionKind::HcaScoreRing: return l.ring_score;
+    case Dsv4SectionKind::LidKvRing: return l.lid_kv;
+    case Dsv4SectionKind::LidScoreRing: return l.lid_score;
+  }
+  throw std::logic_error("DSV4 section kind");
+}
+}  // namespace
+
+std::vector<uint8_t> write_dsv4_state(const Dsv4State& like, const std::vector<int32_t>& tokens, uint32_t window,
+                                      const std::vector<Dsv4LayerBytes>& layers) {
+  Dsv4State s = plan_dsv4_state(like, tokens, window);
+  // the sections' bytes into storage, in the file's order; each block then points at its own
+  std::vector<Dsv4Block*> blocks;
+  for (auto& st : s.swa.streams)
+    for (auto& b : st.layers) blocks.push_back(&b);
+  for (Dsv4Pool* p : {&s.csa, &s.hca, &s.lid})
+    for (auto& b : p->layers) blocks.push_back(&b);
+  for (Dsv4Ring* g : {&s.csa_ring, &s.hca_ring, &s.lid_ring})
+    for (size_t i = 0; i < g->layer_ids.size(); ++i) { blocks.push_back(&g->kv[i]); blocks.push_back(&g->score[i]); }
+  const auto secs = s.sections();
+  for (size_t i = 0; i < secs.size(); ++i) {
+    if (secs[i].layer >= layers.size()) throw std::runtime_error("DSV4 state: fewer layers than the layout");
+    const auto& data = section_bytes(layers[secs[i].layer], secs[i].kind);
+    if (data.size() != blocks[i]->bytes())
+      throw std::runtime_error(fmt::format("DSV4 state: layer {} {} holds {} bytes, the layout needs {}", secs[i].layer, to_string(secs[i].kind),
+                                           data.size(), blocks[i]->bytes()));
+    blocks[i]->offset = s.storage.size();
+    s.storage.insert(s.storage.end(), data.begin(), data.end());
+  }
   return serialize_dsv4_state(s);
+}
+
+Dsv4StateWriter::Dsv4StateWriter(const std::string& path, Dsv4State plan) : path_(path), partial_(path + ".partial"), plan_(std::move(plan)) {
+  Out o;
+  o.plan = true;
+  serialize_into(plan_, o);
+  const auto secs = plan_.sections();
+  if (o.block_offsets.size() != secs.size()) throw std::logic_error("DSV4 writer: blocks and sections disagree");
+  for (size_t i = 0; i < secs.size(); ++i) {
+    Dsv4Section sec = secs[i];
+    sec.block.offset = o.block_offsets[i];
+    index_[{sec.layer, sec.kind}] = sec;
+  }
+  total_ = o.base + o.b.size();
+  o.pieces.emplace_back(o.base, std::move(o.b));
+  fd_ = ::open(partial_.c_str(), O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw std::runtime_error(fmt::format("cannot create {}: {}", partial_, std::strerror(errno)));
+  if (::ftruncate(fd_, off_t(total_)) != 0) {
+    const int e = errno;
+    abandon();
+    throw std::runtime_error(fmt::format("cannot size {} to {} bytes: {}", partial_, total_, std::strerror(e)));
+  }
+  for (const auto& [off, bytes] : o.pieces) pwrite_all(bytes.data(), bytes.size(), off);
+}
+
+Dsv4StateWriter::~Dsv4StateWriter() {
+  if (!committed_) abandon();
+}
+
+const Dsv4Section* Dsv4StateWriter::find(uint32_t layer, Dsv4SectionKind kind) const {
+  auto it = index_.find({layer, kind});
+  return it == index_.end() ? nullptr : &it->second;
+}
+
+void Dsv4StateWriter::write_rows(uint32_t layer, Dsv4SectionKind kind, uint64_t first_row, uint64_t rows, const uint8_t* data) {
+  const Dsv4Section* s = find(layer, kind);
+  if (!s) throw std::runtime_error(fmt::format("DSV4 state: layer {} has no {} section", layer, to_string(kind)));
+  if (first_row + rows > s->block.rows)
+    throw std::runtime_error(fmt::format("DSV4 state: layer {} {} rows {}..{} past its {} rows", layer, to_string(kind), first_row, first_row + rows,
+                                         s->block.rows));
+  pwrite_all(data, size_t(rows * s->block.row_bytes), s->block.offset + first_row * s->block.row_bytes);
+}
+
+void Dsv4StateWriter::pwrite_all(const void* p, size_t n, uint64_t off) {
+  const auto* c = static_cast<const uint8_t*>(p);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd_, c, n, off_t(off));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error(fmt::format("write {}: {}", partial_, std::strerror(errno)));
+    }
+    c += w;
+    n -= size_t(w);
+    off += uint64_t(w);
+  }
+}
+
+void Dsv4StateWriter::commit() {
+  if (::close(fd_) != 0) {
+    fd_ = -1;
+    throw std::runtime_error(fmt::format("close {}: {}", partial_, std::strerror(errno)));
+  }
+  fd_ = -1;
+  std::filesystem::rename(partial_, path_);
+  committed_ = true;
+}
+
+void Dsv4StateWriter::abandon() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  std::error_code ec;
+  std::filesystem::remove(partial_, ec);
 }
 
 }  // namespace pdb

@@ -11,7 +11,9 @@
 // The sections a recipe fills are these rows; `sections()` names each with its place in the file.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pdb {
@@ -92,5 +94,34 @@ struct Dsv4LayerBytes {
 // layout and the token count make it.
 std::vector<uint8_t> write_dsv4_state(const Dsv4State& like, const std::vector<int32_t>& tokens, uint32_t window,
                                       const std::vector<Dsv4LayerBytes>& layers);
+
+// The state of `tokens` shaped like `like`: every block with its row count and row size, no data (offsets 0).
+Dsv4State plan_dsv4_state(const Dsv4State& like, const std::vector<int32_t>& tokens, uint32_t window);
+
+// Writes a planned state straight into its file: the metadata at once, each section's rows at their offsets as
+// they arrive (memory O(rows written), not O(state)); `commit` renames path.partial into place.
+class Dsv4StateWriter {
+ public:
+  Dsv4StateWriter(const std::string& path, Dsv4State plan);
+  ~Dsv4StateWriter();
+  Dsv4StateWriter(const Dsv4StateWriter&) = delete;
+  Dsv4StateWriter& operator=(const Dsv4StateWriter&) = delete;
+  const Dsv4State& plan() const { return plan_; }
+  // The section (its block's offset in this file), or null where the layout has none for that layer.
+  const Dsv4Section* find(uint32_t layer, Dsv4SectionKind kind) const;
+  void write_rows(uint32_t layer, Dsv4SectionKind kind, uint64_t first_row, uint64_t rows, const uint8_t* data);
+  uint64_t file_bytes() const { return total_; }
+  void commit();
+  void abandon();
+
+ private:
+  void pwrite_all(const void* p, size_t n, uint64_t off);
+  std::string path_, partial_;
+  Dsv4State plan_;
+  std::map<std::pair<uint32_t, Dsv4SectionKind>, Dsv4Section> index_;
+  uint64_t total_ = 0;
+  int fd_ = -1;
+  bool committed_ = false;
+};
 
 }  // namespace pdb

@@ -93,11 +93,19 @@ Deepseek4CpuEngine::Deepseek4CpuEngine(const Deepseek4Recipe& recipe, GgmlType k
 Deepseek4CpuEngine::~Deepseek4CpuEngine() = default;
 
 void Deepseek4CpuEngine::forward(const std::vector<int32_t>& tokens, const Hook& hook) const {
+  prefill(tokens, int64_t(tokens.size()), [&](int layer, const float* x, int64_t, int64_t rows, const Deepseek4LayerSections&) {
+    hook(layer, x, rows);
+    return true;
+  });
+}
+
+int64_t Deepseek4CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, const ChunkHook& hook, const std::function<bool()>& stop) const {
   const auto& c = recipe_.config();
   const int64_t T = int64_t(tokens.size()), E = c.hidden, D = c.head_dim, H = c.heads, r = c.rope_dims, W = c.window;
   const int64_t I = c.index_dim, Hi = c.index_heads, Lq = c.q_lora, G = c.out_groups, R = c.out_lora, ogd = H * D / G;
   const int64_t NE = c.experts, K = c.experts_used, F = c.expert_ff, FS = c.expert_ff * c.shared_experts;
   const float eps = c.rms_eps;
+  if (chunk <= 0) chunk = T;
   const bool quantized = k_type_ != GgmlType::F32 && k_type_ != GgmlType::F16 && k_type_ != GgmlType::BF16;
   // rows as the decoder attends over them: its cache type's values; quantized rows live rotated and are read
   // against a rotated query, which equals the un-rotated dot product: un-rotate them here instead
@@ -110,152 +118,180 @@ void Deepseek4CpuEngine::forward(const std::vector<int32_t>& tokens, const Hook&
     for (int64_t i = 0; i < n; ++i) dequantize_row(k_type_, enc.data() + size_t(i) * rb, rows.data() + i * width, width);
     if (rotated && k_rotation_size(width)) hadamard_rows(rows.data(), int64_t(rows.size()), k_rotation_size(width));
   };
-  std::vector<float> x = recipe_.layer0_input(tokens), xa(x.size());
-  for (int64_t l = 0; l < c.layers; ++l) {
-    const Layer& L = *layers_[size_t(l)];
-    hook(int(l), x.data(), T);
-    if (l == c.layers - 1) break;
-    std::vector<float> cur;
-    auto S = recipe_.sections(int(l), x.data(), T, k_type_, /*all_raw_rows=*/true, &cur);
-    as_stored(S.window, D, quantized);
-    as_stored(S.pool, D, quantized);
-    as_stored(S.lid, I, false);  // the indexer's rows stay rotated: the query is rotated to match below
-    GgmlRopeParams rp;
-    rp.n_dims = int(r);
-    rp.mode = RopeMode::Norm;
-    rp.freq_base = L.ratio ? c.compress_rope_base : c.rope_base;
-    const float scale = 1.0f / std::sqrt(float(D));
-    parallel_for(T, 4, [&](int64_t b0, int64_t b1) {
-      std::vector<float> qr(static_cast<size_t>(Lq)), q(size_t(H * D)), cs(static_cast<size_t>(r)), out(size_t(H * D)), oa(size_t(G * R)), ao(static_cast<size_t>(E));
-      std::vector<float> iq(size_t(Hi * I)), iw(static_cast<size_t>(Hi)), sc;
-      std::vector<const float*> keys;
-      Dsv4HcMix mix;
-      std::vector<float> pre(static_cast<size_t>(E));
-      for (int64_t t = b0; t < b1; ++t) {
-        mix = dsv4_hc_pre({&L.hc_attn_fn, &L.hc_attn_base, &L.hc_attn_scale}, x.data() + t * 4 * E, E, eps, c.hc_eps, int(c.hc_iterations), pre.data());
-        const float* ct = cur.data() + t * E;
-        project(L.wq_a, ct, E, Lq, qr.data());
-        rmsnorm_rows(qr.data(), L.q_a_norm.data(), qr.data(), 1, Lq, eps);
-        project(L.wq_b, qr.data(), Lq, H * D, q.data());
-        ggml_rope_cache(rp, t, cs.data());
-        for (int64_t h = 0; h < H; ++h) {
-          rmsnorm_rows(q.data() + h * D, nullptr, q.data() + h * D, 1, D, eps);
-          ggml_rope_apply(rp, cs.data(), q.data() + h * D + (D - r));
-        }
-        // the keys this query sees: its window, then the visible compressed rows (CSA: the indexer's top-k)
-        keys.clear();
-        for (int64_t j = std::max<int64_t>(0, t - W + 1); j <= t; ++j) keys.push_back(S.window.data() + j * D);
-        const int64_t visible = L.ratio ? (t + 1) / L.ratio : 0;
-        if (L.ratio == 128) {
-          for (int64_t b = 0; b < visible; ++b) keys.push_back(S.pool.data() + b * D);
-        } else if (L.ratio == 4 && visible > 0) {
-          project(L.idx_q_b, qr.data(), Lq, Hi * I, iq.data());
-          for (int64_t h = 0; h < Hi; ++h) ggml_rope_apply(rp, cs.data(), iq.data() + h * I + (I - r));
-          hadamard_rows(iq.data(), Hi * I, k_rotation_size(I));
-          project(L.idx_proj, ct, E, Hi, iw.data());
-          for (auto& v : iw) v *= 1.0f / std::sqrt(float(I * Hi));
-          std::vector<std::pair<float, int64_t>> score;
-          for (int64_t b = 0; b < visible; ++b) {
-            float s = 0.0f;
-            for (int64_t h = 0; h < Hi; ++h) {
-              float d = 0.0f;
-              for (int64_t i = 0; i < I; ++i) d += iq[size_t(h * I + i)] * S.lid[size_t(b * I + i)];
-              s += iw[size_t(h)] * std::max(d, 0.0f);
+  // What each layer's attention reads across chunks: the raw rows of the last W positions, every compressed
+  // row and every indexer row so far (as stored), and the recipe's compressor carries.
+  struct Cache {
+    int64_t win_first = 0;
+    std::vector<float> win, pool, lid;
+  };
+  std::vector<Cache> caches(size_t(c.layers));
+  Deepseek4Carry carry;
+  int64_t done = 0;
+  for (int64_t p0 = 0; p0 < T; p0 += chunk) {
+    const int64_t n = std::min(chunk, T - p0);
+    const std::vector<int32_t> chunk_tokens(tokens.begin() + p0, tokens.begin() + p0 + n);
+    std::vector<float> x = recipe_.layer0_input(chunk_tokens), xa(x.size());
+    for (int64_t l = 0; l < c.layers; ++l) {
+      if (stop && stop()) return done;
+      const Layer& L = *layers_[size_t(l)];
+      std::vector<float> cur;
+      auto S = recipe_.sections_chunk(int(l), x.data(), p0, n, T, k_type_, carry, /*all_raw_rows=*/true, &cur);
+      if (!hook(int(l), x.data(), p0, n, S)) return done;
+      if (l == c.layers - 1) break;  // the last layer's output feeds only the logits
+      Cache& kc = caches[size_t(l)];
+      as_stored(S.window, D, quantized);
+      as_stored(S.pool, D, quantized);
+      as_stored(S.lid, I, false);  // the indexer's rows stay rotated: the query is rotated to match below
+      kc.win.insert(kc.win.end(), S.window.begin(), S.window.end());
+      kc.pool.insert(kc.pool.end(), S.pool.begin(), S.pool.end());
+      kc.lid.insert(kc.lid.end(), S.lid.begin(), S.lid.end());
+      const float* win = kc.win.data();
+      const int64_t win_first = kc.win_first;
+      GgmlRopeParams rp;
+      rp.n_dims = int(r);
+      rp.mode = RopeMode::Norm;
+      rp.freq_base = L.ratio ? c.compress_rope_base : c.rope_base;
+      const float scale = 1.0f / std::sqrt(float(D));
+      parallel_for(n, 4, [&](int64_t b0, int64_t b1) {
+        std::vector<float> qr(static_cast<size_t>(Lq)), q(size_t(H * D)), cs(static_cast<size_t>(r)), out(size_t(H * D)), oa(size_t(G * R)), ao(static_cast<size_t>(E));
+        std::vector<float> iq(size_t(Hi * I)), iw(static_cast<size_t>(Hi)), sc;
+        std::vector<const float*> keys;
+        Dsv4HcMix mix;
+        std::vector<float> pre(static_cast<size_t>(E));
+        for (int64_t tc = b0; tc < b1; ++tc) {
+          const int64_t t = p0 + tc;  // the token's position in the prompt
+          mix = dsv4_hc_pre({&L.hc_attn_fn, &L.hc_attn_base, &L.hc_attn_scale}, x.data() + tc * 4 * E, E, eps, c.hc_eps, int(c.hc_iterations), pre.data());
+          const float* ct = cur.data() + tc * E;
+          project(L.wq_a, ct, E, Lq, qr.data());
+          rmsnorm_rows(qr.data(), L.q_a_norm.data(), qr.data(), 1, Lq, eps);
+          project(L.wq_b, qr.data(), Lq, H * D, q.data());
+          ggml_rope_cache(rp, t, cs.data());
+          for (int64_t h = 0; h < H; ++h) {
+            rmsnorm_rows(q.data() + h * D, nullptr, q.data() + h * D, 1, D, eps);
+            ggml_rope_apply(rp, cs.data(), q.data() + h * D + (D - r));
+          }
+          // the keys this query sees: its window, then the visible compressed rows (CSA: the indexer's top-k)
+          keys.clear();
+          for (int64_t j = std::max<int64_t>(0, t - W + 1); j <= t; ++j) keys.push_back(win + (j - win_first) * D);
+          const int64_t visible = L.ratio ? (t + 1) / L.ratio : 0;
+          if (L.ratio == 128) {
+            for (int64_t b = 0; b < visible; ++b) keys.push_back(kc.pool.data() + b * D);
+          } else if (L.ratio == 4 && visible > 0) {
+            project(L.idx_q_b, qr.data(), Lq, Hi * I, iq.data());
+            for (int64_t h = 0; h < Hi; ++h) ggml_rope_apply(rp, cs.data(), iq.data() + h * I + (I - r));
+            hadamard_rows(iq.data(), Hi * I, k_rotation_size(I));
+            project(L.idx_proj, ct, E, Hi, iw.data());
+            for (auto& v : iw) v *= 1.0f / std::sqrt(float(I * Hi));
+            std::vector<std::pair<float, int64_t>> score;
+            for (int64_t b = 0; b < visible; ++b) {
+              float s = 0.0f;
+              for (int64_t h = 0; h < Hi; ++h) {
+                float d = 0.0f;
+                for (int64_t i = 0; i < I; ++i) d += iq[size_t(h * I + i)] * kc.lid[size_t(b * I + i)];
+                s += iw[size_t(h)] * std::max(d, 0.0f);
+              }
+              score.push_back({s, b});
             }
-            score.push_back({s, b});
+            const size_t k = std::min<size_t>(score.size(), size_t(c.index_top_k));
+            std::partial_sort(score.begin(), score.begin() + std::ptrdiff_t(k), score.end(), [](auto& a, auto& b) { return a.first > b.first; });
+            for (size_t i = 0; i < k; ++i) keys.push_back(kc.pool.data() + score[i].second * D);
           }
-          const size_t k = std::min<size_t>(score.size(), size_t(c.index_top_k));
-          std::partial_sort(score.begin(), score.begin() + std::ptrdiff_t(k), score.end(), [](auto& a, auto& b) { return a.first > b.first; });
-          for (size_t i = 0; i < k; ++i) keys.push_back(S.pool.data() + score[i].second * D);
+          for (int64_t h = 0; h < H; ++h) {
+            const float* qh = q.data() + h * D;
+            sc.resize(keys.size());
+            float mx = L.sinks[size_t(h)];
+            for (size_t j = 0; j < keys.size(); ++j) {
+              float s = 0.0f;
+              for (int64_t i = 0; i < D; ++i) s += qh[i] * keys[j][i];
+              sc[j] = s * scale;
+              mx = std::max(mx, sc[j]);
+            }
+            float den = std::exp(L.sinks[size_t(h)] - mx);
+            for (auto& s : sc) den += (s = std::exp(s - mx));
+            float* oh = out.data() + h * D;
+            std::fill(oh, oh + D, 0.0f);
+            for (size_t j = 0; j < keys.size(); ++j)
+              for (int64_t i = 0; i < D; ++i) oh[i] += sc[j] / den * keys[j][i];
+            for (int64_t i0 = 0; i0 < r; i0 += 2) {  // de-rope at the query's position
+              float* a = oh + (D - r) + i0;
+              const float cv = cs[size_t(i0)], sv = cs[size_t(i0 + 1)], x0 = a[0], x1 = a[1];
+              a[0] = x0 * cv + x1 * sv;
+              a[1] = -x0 * sv + x1 * cv;
+            }
+          }
+          for (int64_t g = 0; g < G; ++g)
+            for (int64_t rr = 0; rr < R; ++rr) {
+              float s = 0.0f;
+              const float* w = L.wo_a.data() + ogd * (rr + R * g);
+              for (int64_t i = 0; i < ogd; ++i) s += w[i] * out[size_t(g * ogd + i)];
+              oa[size_t(rr + R * g)] = s;
+            }
+          project(L.wo_b, oa.data(), G * R, E, ao.data());
+          dsv4_hc_post(mix, ao.data(), x.data() + tc * 4 * E, E, xa.data() + tc * 4 * E);
         }
-        for (int64_t h = 0; h < H; ++h) {
-          const float* qh = q.data() + h * D;
-          sc.resize(keys.size());
-          float mx = L.sinks[size_t(h)];
-          for (size_t j = 0; j < keys.size(); ++j) {
-            float s = 0.0f;
-            for (int64_t i = 0; i < D; ++i) s += qh[i] * keys[j][i];
-            sc[j] = s * scale;
-            mx = std::max(mx, sc[j]);
+      });
+      // the FFN: hyper-connection pre-mix, ffn_norm, the routed experts and the shared one, post-mix
+      parallel_for(n, 4, [&](int64_t b0, int64_t b1) {
+        std::vector<float> hpre(static_cast<size_t>(E)), hn(static_cast<size_t>(E)), logit(static_cast<size_t>(NE)), gbuf(size_t(std::max(F, FS))), ubuf(gbuf.size()), y(static_cast<size_t>(E)),
+            eo(static_cast<size_t>(E));
+        for (int64_t tc = b0; tc < b1; ++tc) {
+          const int32_t tok = chunk_tokens[size_t(tc)];
+          const Dsv4HcMix mix = dsv4_hc_pre({&L.hc_ffn_fn, &L.hc_ffn_base, &L.hc_ffn_scale}, xa.data() + tc * 4 * E, E, eps, c.hc_eps,
+                                            int(c.hc_iterations), hpre.data());
+          rmsnorm_rows(hpre.data(), L.ffn_norm.data(), hn.data(), 1, E, eps);
+          project(L.gate_inp, hn.data(), E, NE, logit.data());
+          std::vector<float> prob(static_cast<size_t>(NE));
+          for (int64_t e = 0; e < NE; ++e) {
+            const float v = logit[size_t(e)];
+            prob[size_t(e)] = std::sqrt(v > 20.0f ? v : std::log1p(std::exp(v)));
           }
-          float den = std::exp(L.sinks[size_t(h)] - mx);
-          for (auto& s : sc) den += (s = std::exp(s - mx));
-          float* oh = out.data() + h * D;
-          std::fill(oh, oh + D, 0.0f);
-          for (size_t j = 0; j < keys.size(); ++j)
-            for (int64_t i = 0; i < D; ++i) oh[i] += sc[j] / den * keys[j][i];
-          for (int64_t i0 = 0; i0 < r; i0 += 2) {  // de-rope at the query's position
-            float* a = oh + (D - r) + i0;
-            const float cv = cs[size_t(i0)], sv = cs[size_t(i0 + 1)], x0 = a[0], x1 = a[1];
-            a[0] = x0 * cv + x1 * sv;
-            a[1] = -x0 * sv + x1 * cv;
+          std::vector<int32_t> sel;
+          if (!L.tid2eid.empty()) {
+            sel.assign(L.tid2eid.begin() + int64_t(tok) * K, L.tid2eid.begin() + (int64_t(tok) + 1) * K);
+          } else {
+            std::vector<int32_t> order(static_cast<size_t>(NE));
+            std::iota(order.begin(), order.end(), 0);
+            std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
+              return prob[size_t(a)] + L.probs_bias[size_t(a)] > prob[size_t(b)] + L.probs_bias[size_t(b)];
+            });
+            sel.assign(order.begin(), order.begin() + K);
           }
+          float wsum = 0.0f;
+          for (int32_t e : sel) wsum += prob[size_t(e)];
+          std::fill(y.begin(), y.end(), 0.0f);
+          for (int32_t e : sel) {
+            float w = prob[size_t(e)] / std::max(wsum, 6.103515625e-5f);
+            if (c.expert_scale != 0.0f && c.expert_scale != 1.0f) w *= c.expert_scale;
+            for (int64_t f = 0; f < F; ++f) {
+              float gs = 0.0f, us = 0.0f;
+              const float* gw = L.gate_exps.data() + E * (f + F * e);
+              const float* uw = L.up_exps.data() + E * (f + F * e);
+              for (int64_t i = 0; i < E; ++i) { gs += gw[i] * hn[size_t(i)]; us += uw[i] * hn[size_t(i)]; }
+              gbuf[size_t(f)] = swiglu_clamp(gs, us, c.swiglu_clamp);
+            }
+            for (int64_t o = 0; o < E; ++o) {
+              float s = 0.0f;
+              const float* dw = L.down_exps.data() + F * (o + E * e);
+              for (int64_t f = 0; f < F; ++f) s += dw[f] * gbuf[size_t(f)];
+              y[size_t(o)] += w * s;
+            }
+          }
+          project(L.gate_sh, hn.data(), E, FS, gbuf.data());
+          project(L.up_sh, hn.data(), E, FS, ubuf.data());
+          for (int64_t f = 0; f < FS; ++f) gbuf[size_t(f)] = swiglu_clamp(gbuf[size_t(f)], ubuf[size_t(f)], c.swiglu_clamp);
+          project(L.down_sh, gbuf.data(), FS, E, eo.data());
+          for (int64_t o = 0; o < E; ++o) y[size_t(o)] += eo[size_t(o)];
+          dsv4_hc_post(mix, y.data(), xa.data() + tc * 4 * E, E, x.data() + tc * 4 * E);
         }
-        for (int64_t g = 0; g < G; ++g)
-          for (int64_t rr = 0; rr < R; ++rr) {
-            float s = 0.0f;
-            const float* w = L.wo_a.data() + ogd * (rr + R * g);
-            for (int64_t i = 0; i < ogd; ++i) s += w[i] * out[size_t(g * ogd + i)];
-            oa[size_t(rr + R * g)] = s;
-          }
-        project(L.wo_b, oa.data(), G * R, E, ao.data());
-        dsv4_hc_post(mix, ao.data(), x.data() + t * 4 * E, E, xa.data() + t * 4 * E);
-      }
-    });
-    // the FFN: hyper-connection pre-mix, ffn_norm, the routed experts and the shared one, post-mix
-    parallel_for(T, 4, [&](int64_t b0, int64_t b1) {
-      std::vector<float> hpre(static_cast<size_t>(E)), hn(static_cast<size_t>(E)), logit(static_cast<size_t>(NE)), gbuf(size_t(std::max(F, FS))), ubuf(gbuf.size()), y(static_cast<size_t>(E)),
-          eo(static_cast<size_t>(E));
-      for (int64_t t = b0; t < b1; ++t) {
-        const Dsv4HcMix mix = dsv4_hc_pre({&L.hc_ffn_fn, &L.hc_ffn_base, &L.hc_ffn_scale}, xa.data() + t * 4 * E, E, eps, c.hc_eps,
-                                          int(c.hc_iterations), hpre.data());
-        rmsnorm_rows(hpre.data(), L.ffn_norm.data(), hn.data(), 1, E, eps);
-        project(L.gate_inp, hn.data(), E, NE, logit.data());
-        std::vector<float> prob(static_cast<size_t>(NE));
-        for (int64_t e = 0; e < NE; ++e) {
-          const float v = logit[size_t(e)];
-          prob[size_t(e)] = std::sqrt(v > 20.0f ? v : std::log1p(std::exp(v)));
-        }
-        std::vector<int32_t> sel;
-        if (!L.tid2eid.empty()) {
-          sel.assign(L.tid2eid.begin() + int64_t(tokens[size_t(t)]) * K, L.tid2eid.begin() + (int64_t(tokens[size_t(t)]) + 1) * K);
-        } else {
-          std::vector<int32_t> order(static_cast<size_t>(NE));
-          std::iota(order.begin(), order.end(), 0);
-          std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
-            return prob[size_t(a)] + L.probs_bias[size_t(a)] > prob[size_t(b)] + L.probs_bias[size_t(b)];
-          });
-          sel.assign(order.begin(), order.begin() + K);
-        }
-        float wsum = 0.0f;
-        for (int32_t e : sel) wsum += prob[size_t(e)];
-        std::fill(y.begin(), y.end(), 0.0f);
-        for (int32_t e : sel) {
-          float w = prob[size_t(e)] / std::max(wsum, 6.103515625e-5f);
-          if (c.expert_scale != 0.0f && c.expert_scale != 1.0f) w *= c.expert_scale;
-          for (int64_t f = 0; f < F; ++f) {
-            float gs = 0.0f, us = 0.0f;
-            const float* gw = L.gate_exps.data() + E * (f + F * e);
-            const float* uw = L.up_exps.data() + E * (f + F * e);
-            for (int64_t i = 0; i < E; ++i) { gs += gw[i] * hn[size_t(i)]; us += uw[i] * hn[size_t(i)]; }
-            gbuf[size_t(f)] = swiglu_clamp(gs, us, c.swiglu_clamp);
-          }
-          for (int64_t o = 0; o < E; ++o) {
-            float s = 0.0f;
-            const float* dw = L.down_exps.data() + F * (o + E * e);
-            for (int64_t f = 0; f < F; ++f) s += dw[f] * gbuf[size_t(f)];
-            y[size_t(o)] += w * s;
-          }
-        }
-        project(L.gate_sh, hn.data(), E, FS, gbuf.data());
-        project(L.up_sh, hn.data(), E, FS, ubuf.data());
-        for (int64_t f = 0; f < FS; ++f) gbuf[size_t(f)] = swiglu_clamp(gbuf[size_t(f)], ubuf[size_t(f)], c.swiglu_clamp);
-        project(L.down_sh, gbuf.data(), FS, E, eo.data());
-        for (int64_t o = 0; o < E; ++o) y[size_t(o)] += eo[size_t(o)];
-        dsv4_hc_post(mix, y.data(), xa.data() + t * 4 * E, E, x.data() + t * 4 * E);
-      }
-    });
+      });
+      // the next chunk's queries reach back at most W-1 positions
+      const int64_t keep = std::min<int64_t>(W, p0 + n - kc.win_first);
+      kc.win.erase(kc.win.begin(), kc.win.end() - keep * D);
+      kc.win_first = p0 + n - keep;
+    }
+    done = p0 + n;
   }
+  return done;
 }
 
 }  // namespace pdb
