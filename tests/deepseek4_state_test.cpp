@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +18,9 @@
 #include "formats/ggml_types.h"
 #include "formats/gguf.h"
 #include "formats/state_file_dsv4.h"
+#include "front/assembler.h"
+#include "prefill/backend.h"
+#include "prefill/capture.h"
 #include "model/cpu_engine_dsv4.h"
 #include "recipes/deepseek4.h"
 #include "recipes/recipe.h"
@@ -154,7 +158,7 @@ TEST(Deepseek4State, EngineAndRecipeGiveEveryLayersSectionsWithinTheToleranceCla
     const Dsv4State s = parse_dsv4_state_file(st.slot_dir + "/s.bin");
     const GgmlType kt = cache == "f16" ? GgmlType::F16 : GgmlType::Q8_0;
     Deepseek4Recipe recipe(st.decoder_gguf);
-    Deepseek4CpuEngine engine(recipe, kt);
+    Deepseek4CpuEngine engine(recipe);
     const int64_t D = recipe.config().head_dim;
     auto find = [](const std::vector<uint32_t>& ids, const std::vector<Dsv4Block>& b, int l) -> const Dsv4Block* {
       for (size_t i = 0; i < ids.size(); ++i)
@@ -162,7 +166,7 @@ TEST(Deepseek4State, EngineAndRecipeGiveEveryLayersSectionsWithinTheToleranceCla
       return nullptr;
     };
     double worst = 0;
-    engine.forward(toks, [&](int l, const float* x, int64_t n) {
+    engine.forward(toks, kt, [&](int l, const float* x, int64_t n) {
       const auto sec = recipe.sections(l, x, n, kt);
       std::vector<std::pair<std::string, Compare>> rows;
       for (const auto& stm : s.swa.streams)
@@ -206,9 +210,9 @@ TEST(Deepseek4State, BridgedStateFromTheEngineRestoresAndTheDecoderContinuesAsNa
     const auto toks = tokens_of(42, T);
     const std::vector<int32_t> head(toks.begin(), toks.end() - 1);
     Deepseek4Recipe recipe(st.decoder_gguf);
-    Deepseek4CpuEngine engine(recipe, kt);
+    Deepseek4CpuEngine engine(recipe);
     std::vector<Dsv4LayerBytes> layers;
-    engine.forward(head, [&](int l, const float* x, int64_t n) { layers.push_back(recipe.to_bytes(recipe.sections(l, x, n, kt), kt)); });
+    engine.forward(head, kt, [&](int l, const float* x, int64_t n) { layers.push_back(recipe.to_bytes(recipe.sections(l, x, n, kt), kt)); });
     const auto bytes = write_dsv4_state(like, head, uint32_t(recipe.config().window), layers);
     {
       std::ofstream f(st.slot_dir + "/bridged.bin", std::ios::binary);
@@ -258,11 +262,11 @@ TEST(Deepseek4State, BridgedStateFromTheEngineRestoresAndTheDecoderContinuesAsNa
 // hold the compressors' last tokens) gives every row and ring bit for bit as over the whole prompt.
 TEST(Deepseek4Recipe, ChunkedSectionsEqualOneShotForEveryChunkSize) {
   Deepseek4Recipe recipe(test::models_dir() + "/deepseek4-tiny/decoder-f32.gguf");
-  Deepseek4CpuEngine engine(recipe, GgmlType::F16);
+  Deepseek4CpuEngine engine(recipe);
   const int64_t T = 300, E = recipe.config().hidden;
   const auto toks = tokens_of(8, int(T));
   std::vector<std::vector<float>> xs;
-  engine.forward(toks, [&](int, const float* x, int64_t n) { xs.emplace_back(x, x + n * 4 * E); });
+  engine.forward(toks, GgmlType::F16, [&](int, const float* x, int64_t n) { xs.emplace_back(x, x + n * 4 * E); });
   for (const GgmlType kt : {GgmlType::F16, GgmlType::Q8_0})
     for (int l = 0; l < int(xs.size()); ++l) {
       const auto whole = recipe.sections(l, xs[size_t(l)].data(), T, kt);
@@ -442,6 +446,166 @@ TEST(Deepseek4State, RestoringTMinusOneTokensLeavesOneTokenToComputeAndTTokensRe
               (long long)t["cache_n"].get<int64_t>(), (long long)t["prompt_n"].get<int64_t>(),
               (long long)r.json()["timings"]["cache_n"].get<int64_t>(), (long long)r.json()["timings"]["prompt_n"].get<int64_t>());
   EXPECT_EQ(r.json()["timings"]["prompt_n"].get<int64_t>(), T) << r.json()["timings"].dump();
+}
+
+
+// The engine chunk after chunk equals the engine over the whole prompt, bit for bit: every layer's input
+// streams and every section, for chunks that cut the 4- and 128-token blocks anywhere.
+TEST(Deepseek4Engine, ChunkedPrefillEqualsOneShot) {
+  Deepseek4Recipe recipe(test::models_dir() + "/deepseek4-tiny/decoder-f32.gguf");
+  Deepseek4CpuEngine engine(recipe);
+  const int64_t T = 300, E = recipe.config().hidden;
+  const auto toks = tokens_of(12, int(T));
+  for (const GgmlType kt : {GgmlType::F16, GgmlType::Q8_0}) {
+    std::vector<std::vector<float>> whole;
+    engine.forward(toks, kt, [&](int, const float* x, int64_t n) { whole.emplace_back(x, x + n * 4 * E); });
+    for (const int64_t chunk : {37, 128, 129}) {
+      std::vector<std::vector<float>> cat(whole.size());
+      const int64_t done = engine.prefill(toks, chunk, kt, [&](int l, const float* x, int64_t, int64_t n, const Deepseek4LayerSections&) {
+        cat[size_t(l)].insert(cat[size_t(l)].end(), x, x + n * 4 * E);
+        return true;
+      });
+      EXPECT_EQ(done, T);
+      for (size_t l = 0; l < whole.size(); ++l) EXPECT_EQ(cat[l], whole[l]) << "layer " << l << " chunk " << chunk << " " << ggml_type_name(kt);
+    }
+  }
+}
+
+namespace {
+// A capture of `tokens` by the DSV4 CPU backend, framed as the prefill server frames it, into an assembler.
+CaptureResult capture_into(PrefillBackend& backend, StateAssembler& as, const std::vector<int32_t>& tokens, GgmlType kt, int64_t chunk,
+                           const std::function<void(std::vector<uint8_t>&)>& tamper = {}) {
+  wire::PrefillRequest req;
+  req.tokens = tokens;
+  req.fingerprint = recipe_fingerprint(backend.info());
+  req.k_type = req.v_type = kt;
+  req.rot_k = req.rot_v = kt == GgmlType::Q8_0;
+  return run_capture(backend, req, chunk, EmitFn([&](std::vector<uint8_t>&& buf, bool) {
+    if (!tamper) {
+      as.feed(buf.data(), buf.size());
+      return Emit::Ok;
+    }
+    for (size_t off = 0; off < buf.size();) {  // one emit may hold several frames: the tamperer sees each alone
+      uint64_t n;
+      std::memcpy(&n, buf.data() + off + 24, 8);
+      std::vector<uint8_t> f(buf.begin() + std::ptrdiff_t(off), buf.begin() + std::ptrdiff_t(off + wire::kHeaderBytes + n));
+      off += wire::kHeaderBytes + n;
+      tamper(f);
+      as.feed(f.data(), f.size());
+    }
+    return Emit::Ok;
+  }));
+}
+}  // namespace
+
+// The bridge's wire for DeepSeek-V4: the prefill backend's section frames (chunks cutting the blocks anywhere)
+// assembled by the front door's DSV4 assembler give the same file, byte for byte, as the engine and recipe over
+// the whole prompt in process; llama-server restores it with one token left to compute.
+TEST(Deepseek4Wire, SectionFramesAssembleTheDecodersFileAndItRestores) {
+  for (const std::string cache : {"f16", "q8_0"}) {
+    test::Stack st(decoder_only(test::models_dir() + "/deepseek4-tiny", cache));
+    const GgmlType kt = cache == "f16" ? GgmlType::F16 : GgmlType::Q8_0;
+    ASSERT_EQ(st.post_decoder("/completion", {{"prompt", tokens_of(1, 40)}, {"n_predict", 0}, {"id_slot", 0}}).status, 200);
+    ASSERT_EQ(st.post_decoder("/slots/0?action=save", {{"filename", "probe.bin"}}).status, 200);
+    const Dsv4State like = parse_dsv4_state_file(st.slot_dir + "/probe.bin");
+    const int T = 517;
+    const auto toks = tokens_of(43, T);
+    const std::vector<int32_t> head(toks.begin(), toks.end() - 1);
+    Deepseek4Recipe recipe(st.decoder_gguf);
+    Deepseek4CpuEngine engine(recipe);
+    std::vector<Dsv4LayerBytes> layers;
+    engine.forward(head, kt, [&](int l, const float* x, int64_t n) { layers.push_back(recipe.to_bytes(recipe.sections(l, x, n, kt), kt)); });
+    const auto want = write_dsv4_state(like, head, uint32_t(recipe.config().window), layers);
+    auto backend = make_cpu_dsv4_backend(st.decoder_gguf, st.decoder_gguf);
+    const std::string fp = recipe_fingerprint(backend->info());
+    for (const int64_t chunk : {int64_t(100), int64_t(T)}) {
+      const std::string path = st.slot_dir + "/wire.bin";
+      uint64_t bytes = 0;
+      {
+        Dsv4CaptureAssembler as(path, like, head, uint32_t(recipe.config().window), fp);
+        const auto r = capture_into(*backend, as, head, kt, chunk);
+        ASSERT_EQ(r.status, "complete") << r.reason;
+        EXPECT_EQ(as.commit(), T - 1);
+        bytes = as.wire_bytes();
+      }
+      const auto got = read_all(path);
+      EXPECT_EQ(got, want) << "chunk " << chunk << ": the wire's file differs from the in-process one";
+      std::printf("DSV4 WIRE cache=%s chunk=%lld: %llu wire bytes for a %zu-byte state file of %d tokens (%.3fx)\n", cache.c_str(), (long long)chunk,
+                  (unsigned long long)bytes, got.size(), T - 1, double(bytes) / double(got.size()));
+    }
+    ASSERT_EQ(st.post_decoder("/slots/0?action=erase", json::object()).status, 200);
+    auto r = st.post_decoder("/slots/0?action=restore", {{"filename", "wire.bin"}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.json().value("n_restored", -1), T - 1);
+    r = st.post_decoder("/completion", {{"prompt", toks}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", true}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.json()["timings"]["cache_n"].get<int64_t>(), T - 1) << r.json()["timings"].dump();
+    EXPECT_EQ(r.json()["timings"]["prompt_n"].get<int64_t>(), 1) << r.json()["timings"].dump();
+  }
+}
+
+// What the DSV4 assembler refuses, each with its reason and no file left: a capture for another model, a frame
+// whose payload was altered, a section the decoder's layout does not have for that layer, rows out of order, a
+// stream without its rings, a partial trailer.
+TEST(Deepseek4Wire, AssemblerRefusesWhatIsNotTheDecodersState) {
+  test::Stack st(decoder_only(test::models_dir() + "/deepseek4-tiny", "f16"));
+  ASSERT_EQ(st.post_decoder("/completion", {{"prompt", tokens_of(1, 40)}, {"n_predict", 0}, {"id_slot", 0}}).status, 200);
+  ASSERT_EQ(st.post_decoder("/slots/0?action=save", {{"filename", "probe.bin"}}).status, 200);
+  const Dsv4State like = parse_dsv4_state_file(st.slot_dir + "/probe.bin");
+  const auto head = tokens_of(44, 300);
+  auto backend = make_cpu_dsv4_backend(st.decoder_gguf, st.decoder_gguf);
+  const std::string fp = recipe_fingerprint(backend->info());
+  const std::string path = st.slot_dir + "/bad.bin";
+  auto header_of = [](const std::vector<uint8_t>& f) {
+    wire::FrameHeader h;
+    h.kind = wire::FrameKind(f[6]);
+    std::memcpy(&h.layer, f.data() + 8, 4);
+    std::memcpy(&h.pos0, f.data() + 12, 4);
+    return h;
+  };
+  // re-frames a frame with another header (checksums recomputed: a well-formed frame
+  // that says something the decoder's layout does not hold)
+  auto reframe = [](std::vector<uint8_t>& f, auto edit) {
+    uint64_t n;
+    std::memcpy(&n, f.data() + 24, 8);
+    wire::FrameHeader h;
+    h.kind = wire::FrameKind(f[6]);
+    h.type = f[7];
+    std::memcpy(&h.layer, f.data() + 8, 4);
+    std::memcpy(&h.pos0, f.data() + 12, 4);
+    std::memcpy(&h.n_rows, f.data() + 16, 4);
+    std::vector<uint8_t> payload(f.begin() + wire::kHeaderBytes, f.begin() + std::ptrdiff_t(wire::kHeaderBytes + n));
+    edit(h);
+    f.clear();
+    wire::encode_frame(h, payload.data(), payload.size(), f);
+  };
+  struct Case { std::string name, fingerprint, want; std::function<void(std::vector<uint8_t>&)> tamper; };
+  int n_frame = 0;
+  const std::vector<Case> cases = {
+      {"another model", "0000000000000000", "fingerprint mismatch", {}},
+      {"altered payload", fp, "checksum", [&](std::vector<uint8_t>& f) { if (++n_frame == 3) f.back() ^= 1; }},
+      {"a section the layer has not", fp, "has no hca section",
+       [&](std::vector<uint8_t>& f) { if (f[6] == uint8_t(wire::FrameKind::Csa) && header_of(f).layer == 0) reframe(f, [](wire::FrameHeader& h) { h.kind = wire::FrameKind::Hca; }); }},
+      {"rows out of order", fp, "out of order",
+       [&](std::vector<uint8_t>& f) { if (f[6] == uint8_t(wire::FrameKind::Csa) && header_of(f).pos0 > 0) reframe(f, [](wire::FrameHeader& h) { h.pos0 += 1; }); }},
+      {"no rings", fp, "incomplete", [&](std::vector<uint8_t>& f) {
+         if (wire::is_section_kind(wire::FrameKind(f[6])) && f[6] >= uint8_t(wire::FrameKind::CsaKvRing)) f.clear();
+       }},
+  };
+  for (const auto& c : cases) {
+    n_frame = 0;
+    std::string err;
+    try {
+      Dsv4CaptureAssembler as(path, like, head, 128, c.fingerprint);
+      capture_into(*backend, as, head, GgmlType::F16, 100, c.tamper);
+      as.commit();
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    EXPECT_NE(err.find(c.want), std::string::npos) << c.name << ": " << (err.empty() ? "accepted" : err);
+    EXPECT_FALSE(std::filesystem::exists(path)) << c.name;
+    EXPECT_FALSE(std::filesystem::exists(path + ".partial")) << c.name;
+  }
 }
 
 }  // namespace pdb

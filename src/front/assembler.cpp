@@ -9,7 +9,7 @@ using json = nlohmann::json;
 
 CaptureAssembler::CaptureAssembler(const std::string& path, const StateLayout& layout, const std::vector<int32_t>& tokens,
                                    std::string fingerprint)
-    : layout_(layout), T_(int64_t(tokens.size())), fingerprint_(std::move(fingerprint)),
+    : path_(path), layout_(layout), T_(int64_t(tokens.size())), fingerprint_(std::move(fingerprint)),
       writer_(path, layout, tokens, uint32_t(tokens.size())),
       parser_([this](const wire::FrameHeader& h, const uint8_t* p) { on_frame(h, p); }),
       k_next_(layout.layers.size(), 0), v_next_(layout.layers.size(), 0), tokens_(tokens) {}
@@ -96,6 +96,71 @@ void CaptureAssembler::finish() {
     if (k_next_[l] != T_ || (layout_.layers[l].has_v() && v_next_[l] != T_))
       throw std::runtime_error(fmt::format("layer {} incomplete: K {} V {} of {} rows", l, k_next_[l], v_next_[l], T_));
   writer_.commit();
+}
+
+Dsv4CaptureAssembler::Dsv4CaptureAssembler(const std::string& path, const Dsv4State& like, const std::vector<int32_t>& tokens, uint32_t window,
+                                           std::string fingerprint)
+    : T_(int64_t(tokens.size())), window_(window), window_first_(tokens.size() - std::min<size_t>(tokens.size(), window)),
+      fingerprint_(std::move(fingerprint)), writer_(path, plan_dsv4_state(like, tokens, window)),
+      parser_([this](const wire::FrameHeader& h, const uint8_t* p) { on_frame(h, p); }) {
+  for (const auto& s : writer_.plan().sections()) next_[{s.layer, s.kind}] = base_row(s.kind);
+}
+
+void Dsv4CaptureAssembler::on_frame(const wire::FrameHeader& h, const uint8_t* payload) {
+  if (trailer_) throw wire::Error("frame after the trailer");
+  if (h.kind == wire::FrameKind::Hello) {
+    if (hello_) throw wire::Error("second HELLO");
+    json j;
+    try { j = json::parse(payload, payload + h.payload_bytes); } catch (const std::exception& e) { throw wire::Error(std::string("HELLO is not JSON: ") + e.what()); }
+    if (j.value("fingerprint", "") != fingerprint_) throw wire::Error("fingerprint mismatch: capture " + j.value("fingerprint", "") + ", decoder " + fingerprint_);
+    if (j.value("n_tokens", int64_t(-1)) != T_) throw wire::Error("HELLO token count differs from the request");
+    if (j.value("cache", "") != "dsv4") throw wire::Error("HELLO: the capture is not of a DeepSeek-V4 (pooled) cache");
+    if (j.value("window", int64_t(-1)) != int64_t(window_)) throw wire::Error(fmt::format("HELLO: window {} (the decoder's is {})", j.value("window", int64_t(-1)), window_));
+    const Dsv4Section* w = nullptr;
+    for (const auto& s : writer_.plan().sections())
+      if (s.kind == Dsv4SectionKind::Window) { w = &s; break; }
+    if (w && j.value("k_row_bytes", uint64_t(0)) != w->block.row_bytes) throw wire::Error("HELLO row sizes differ from the decoder's layout");
+    hello_ = true;
+    return;
+  }
+  if (!hello_) throw wire::Error("frame before HELLO");
+  if (h.kind == wire::FrameKind::Trailer) {
+    try { trailer_ = json::parse(payload, payload + h.payload_bytes); } catch (const std::exception& e) { throw wire::Error(std::string("trailer is not JSON: ") + e.what()); }
+    return;
+  }
+  if (!wire::is_section_kind(h.kind)) throw wire::Error(fmt::format("{} rows for a DeepSeek-V4 decoder, whose state has sections, not K/V rows", wire::kind_name(h.kind)));
+  const auto kind = Dsv4SectionKind(uint8_t(h.kind) - wire::kFirstSectionKind);
+  const Dsv4Section* s = writer_.find(h.layer, kind);
+  if (!s) throw wire::Error(fmt::format("layer {} has no {} section in the decoder's state", h.layer, to_string(kind)));
+  if (h.type != uint8_t(s->block.type))
+    throw wire::Error(fmt::format("layer {} {} rows of type {} (decoder wants {})", h.layer, to_string(kind), h.type, ggml_type_name(GgmlType(s->block.type))));
+  if (h.payload_bytes != s->block.row_bytes * h.n_rows) throw wire::Error("row frame size does not match its row count");
+  uint64_t& next = next_[{h.layer, kind}];
+  if (h.pos0 != next)
+    throw wire::Error(fmt::format("layer {} {} rows out of order: row {}, expected {}", h.layer, to_string(kind), h.pos0, next));
+  const uint64_t base = base_row(kind);
+  if (h.pos0 + uint64_t(h.n_rows) > base + s->block.rows)
+    throw wire::Error(fmt::format("layer {} {}: rows {}..{} past the section's {} rows", h.layer, to_string(kind), h.pos0, h.pos0 + h.n_rows, s->block.rows));
+  writer_.write_rows(h.layer, kind, h.pos0 - base, h.n_rows, payload);
+  next += h.n_rows;
+}
+
+int64_t Dsv4CaptureAssembler::commit() {
+  if (!trailer_) throw std::runtime_error("capture stream ended without a trailer");
+  if (!parser_.idle()) throw std::runtime_error("capture stream ended inside a frame");
+  const std::string st = trailer_->value("status", "");
+  if (st == "partial")
+    throw std::runtime_error(fmt::format("capture partial at {} tokens ({}): a DeepSeek-V4 state is mounted whole or not at all",
+                                         trailer_->value("tokens", 0), trailer_->value("reason", "")));
+  if (st != "complete") throw std::runtime_error(fmt::format("capture {} at {} tokens: {}", st, trailer_->value("tokens", 0), trailer_->value("reason", "")));
+  if (trailer_->value("tokens", int64_t(-1)) != T_) throw std::runtime_error("trailer token count differs from the request");
+  for (const auto& s : writer_.plan().sections()) {
+    const uint64_t got = next_[{s.layer, s.kind}] - base_row(s.kind);
+    if (got != s.block.rows)
+      throw std::runtime_error(fmt::format("layer {} {} incomplete: {} of {} rows", s.layer, to_string(s.kind), got, s.block.rows));
+  }
+  writer_.commit();
+  return T_;
 }
 
 }  // namespace pdb

@@ -2,6 +2,7 @@
 // decoder's layout and the expected fingerprint, writes rows straight to their final offsets, and
 // commits the file only when every layer's K and V rows cover the whole prompt.
 #pragma once
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -9,27 +10,42 @@
 #include <nlohmann/json.hpp>
 
 #include "formats/state_file.h"
+#include "formats/state_file_dsv4.h"
 #include "wire/protocol.h"
 
 namespace pdb {
 
-class CaptureAssembler {
+// What the front door does with a capture, whatever the decoder's cache: feed it the stream, then commit.
+class StateAssembler {
+ public:
+  virtual ~StateAssembler() = default;
+  virtual void feed(const uint8_t* data, size_t n) = 0;  // throws wire::Error on any bad frame
+  // Checks the trailer and every section's coverage and puts the state file in place (a sealed capture: the
+  // valid prefix). Returns the tokens the file holds. Throws with the reason; then no file is left.
+  virtual int64_t commit() = 0;
+  virtual uint64_t wire_bytes() const = 0;
+  virtual double engine_s() const = 0;
+};
+
+class CaptureAssembler final : public StateAssembler {
  public:
   CaptureAssembler(const std::string& path, const StateLayout& layout, const std::vector<int32_t>& tokens,
                    std::string fingerprint);
-  void feed(const uint8_t* data, size_t n);  // throws wire::Error on any bad frame
+  void feed(const uint8_t* data, size_t n) override;  // throws wire::Error on any bad frame
+  int64_t commit() override { return partial() ? finish_partial(path_) : (finish(), T_); }
   // Checks the trailer and coverage, then renames the file into place. Throws with the reason.
   void finish();
   // For a trailer `partial T'` (a capture sealed at its memory limit): checks that every layer covers
   // [0, T') and writes a T'-cell state file at `path` (compacting the per-layer sections). Returns T'.
   int64_t finish_partial(const std::string& path);
   bool partial() const;
-  uint64_t wire_bytes() const { return parser_.bytes(); }
-  double engine_s() const { return trailer_ ? trailer_->value("engine_s", 0.0) : 0.0; }
+  uint64_t wire_bytes() const override { return parser_.bytes(); }
+  double engine_s() const override { return trailer_ ? trailer_->value("engine_s", 0.0) : 0.0; }
   const std::optional<nlohmann::json>& trailer() const { return trailer_; }
 
  private:
   void on_frame(const wire::FrameHeader& h, const uint8_t* payload);
+  std::string path_;
   StateLayout layout_;
   int64_t T_;
   std::string fingerprint_;
@@ -39,6 +55,34 @@ class CaptureAssembler {
   bool hello_ = false;
   std::optional<nlohmann::json> trailer_;
   std::vector<int32_t> tokens_;
+};
+
+// DeepSeek-V4's pooled state (docs/WIRE.md, "Sections"): the capture of the first T' tokens (the bridge sends
+// T-1 of a T-token prompt) into a file laid out as `like` (a state the same decoder saved) for those tokens.
+// Every section frame must name a section the layout has for that layer, in its type and row size, rows in
+// order without gaps; the file is committed only when every section of every layer is covered.
+class Dsv4CaptureAssembler final : public StateAssembler {
+ public:
+  Dsv4CaptureAssembler(const std::string& path, const Dsv4State& like, const std::vector<int32_t>& tokens, uint32_t window,
+                       std::string fingerprint);
+  void feed(const uint8_t* data, size_t n) override { parser_.feed(data, n); }
+  int64_t commit() override;
+  uint64_t wire_bytes() const override { return parser_.bytes(); }
+  double engine_s() const override { return trailer_ ? trailer_->value("engine_s", 0.0) : 0.0; }
+
+ private:
+  void on_frame(const wire::FrameHeader& h, const uint8_t* payload);
+  // The first row a section's frames start at: the window's first position, 0 for pools and rings.
+  uint64_t base_row(Dsv4SectionKind k) const { return k == Dsv4SectionKind::Window ? window_first_ : 0; }
+  int64_t T_;
+  uint32_t window_;
+  uint64_t window_first_;
+  std::string fingerprint_;
+  Dsv4StateWriter writer_;
+  wire::FrameParser parser_;
+  std::map<std::pair<uint32_t, Dsv4SectionKind>, uint64_t> next_;  // per section: the next row expected
+  bool hello_ = false;
+  std::optional<nlohmann::json> trailer_;
 };
 
 }  // namespace pdb

@@ -46,7 +46,7 @@ float swiglu_clamp(float g, float u, float L) {
 
 }  // namespace
 
-Deepseek4CpuEngine::Deepseek4CpuEngine(const Deepseek4Recipe& recipe, GgmlType k_type) : recipe_(recipe), k_type_(k_type) {
+Deepseek4CpuEngine::Deepseek4CpuEngine(const Deepseek4Recipe& recipe) : recipe_(recipe) {
   const GgufFile& g = recipe.gguf();
   const auto& c = recipe.config();
   auto t = [&](const std::string& n) { return g.to_f32(g.tensor(n)); };
@@ -92,14 +92,15 @@ Deepseek4CpuEngine::Deepseek4CpuEngine(const Deepseek4Recipe& recipe, GgmlType k
 
 Deepseek4CpuEngine::~Deepseek4CpuEngine() = default;
 
-void Deepseek4CpuEngine::forward(const std::vector<int32_t>& tokens, const Hook& hook) const {
-  prefill(tokens, int64_t(tokens.size()), [&](int layer, const float* x, int64_t, int64_t rows, const Deepseek4LayerSections&) {
+void Deepseek4CpuEngine::forward(const std::vector<int32_t>& tokens, GgmlType k_type, const Hook& hook) const {
+  prefill(tokens, int64_t(tokens.size()), k_type, [&](int layer, const float* x, int64_t, int64_t rows, const Deepseek4LayerSections&) {
     hook(layer, x, rows);
     return true;
   });
 }
 
-int64_t Deepseek4CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, const ChunkHook& hook, const std::function<bool()>& stop) const {
+int64_t Deepseek4CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, GgmlType k_type_, const ChunkHook& hook,
+                                    const std::function<bool()>& stop) const {
   const auto& c = recipe_.config();
   const int64_t T = int64_t(tokens.size()), E = c.hidden, D = c.head_dim, H = c.heads, r = c.rope_dims, W = c.window;
   const int64_t I = c.index_dim, Hi = c.index_heads, Lq = c.q_lora, G = c.out_groups, R = c.out_lora, ogd = H * D / G;

@@ -21,22 +21,24 @@ class Deepseek4CpuEngine {
  public:
   // (layer, x: [T x 4 x E] the streams entering it, T)
   using Hook = std::function<void(int layer, const float* x, int64_t T)>;
-  Deepseek4CpuEngine(const Deepseek4Recipe& recipe, GgmlType k_type);
+  explicit Deepseek4CpuEngine(const Deepseek4Recipe& recipe);
   ~Deepseek4CpuEngine();
   // (layer, x: [rows x 4 x E] the streams entering it for positions pos0.., pos0, rows, the recipe's sections
   // of this chunk with every position's window row, as the engine attends over them); false stops the prefill
   using ChunkHook = std::function<bool(int layer, const float* x, int64_t pos0, int64_t rows, const Deepseek4LayerSections& s)>;
   // One-shot forward over the prompt; the hook sees every layer's input, the last layer's included.
-  void forward(const std::vector<int32_t>& tokens, const Hook& hook) const;
+  void forward(const std::vector<int32_t>& tokens, GgmlType k_type, const Hook& hook) const;
   // Chunk after chunk (each chunk through every layer before the next: what the prefill server streams):
   // the layers keep the last W raw rows, every compressed and indexer row and the compressors' carries
   // between chunks. Returns the tokens whose every layer was seen by the hook.
-  int64_t prefill(const std::vector<int32_t>& tokens, int64_t chunk, const ChunkHook& hook, const std::function<bool()>& stop = {}) const;
+  // `k_type`: the decoder's cache type (the rows are attended over as it stores them).
+  int64_t prefill(const std::vector<int32_t>& tokens, int64_t chunk, GgmlType k_type, const ChunkHook& hook,
+                  const std::function<bool()>& stop = {}) const;
+  const Deepseek4Recipe& recipe() const { return recipe_; }
 
  private:
   struct Layer;
   const Deepseek4Recipe& recipe_;
-  GgmlType k_type_;
   std::vector<std::unique_ptr<Layer>> layers_;
 };
 

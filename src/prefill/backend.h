@@ -11,12 +11,24 @@
 
 #include "formats/hf_config.h"
 #include "recipes/recipe.h"
+#include "wire/protocol.h"
 
 namespace pdb {
 
 class CpuEngine;
 
-// One layer of one chunk in the decoder's cache format (pointers valid during the sink call).
+// Rows of one section of a pooled cache (DeepSeek-V4's window, pools, rings) in the decoder's bytes: `first`
+// is the section's first row (a position, a block index, 0 for a ring).
+struct SectionRows {
+  wire::FrameKind kind = wire::FrameKind::Window;
+  GgmlType type = GgmlType::F16;
+  int64_t first = 0, rows = 0;
+  const uint8_t* data = nullptr;
+  size_t bytes = 0;
+};
+
+// One layer of one chunk (positions pos0 .. pos0+rows) in the decoder's cache format (pointers valid during
+// the sink call): K/V rows for a per-token cache, `sections` for a pooled one (k and v then null).
 struct KvBlock {
   int layer = 0;
   int64_t pos0 = 0, rows = 0;
@@ -24,6 +36,7 @@ struct KvBlock {
   size_t k_bytes = 0;
   const uint8_t* v = nullptr;
   size_t v_bytes = 0;
+  std::vector<SectionRows> sections;
 };
 // Called in (chunk, layer) order; returns false to stop the capture.
 using KvSink = std::function<bool(const KvBlock&)>;
@@ -32,7 +45,8 @@ class PrefillBackend {
  public:
   virtual ~PrefillBackend() = default;
   virtual const HfConfig& config() const = 0;
-  virtual const Recipe& recipe() const = 0;
+  virtual const Recipe& recipe() const = 0;  // the K/V recipe (a pooled-cache backend has none: throws)
+  virtual const RecipeInfo& info() const { return recipe().info(); }  // the decoder's geometry (fingerprint, HELLO)
   virtual std::string device() const = 0;  // "cpu" or "cuda: <GPU>"
   virtual std::string weights() const { return ""; }  // how the engine holds its weights (e.g. FP8 products or bf16)
   // Throws (with a message for the user) when a prompt of `tokens` cannot be served at all.
@@ -58,6 +72,9 @@ std::unique_ptr<PrefillBackend> make_cpu_backend(std::shared_ptr<CpuEngine> engi
 std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads,
                                                   int64_t max_chunk, bool kv_fp8 = false);
 bool cuda_backend_available();
+// DeepSeek-V4 on the CPU (model/cpu_engine_dsv4 + recipes/deepseek4): the decoder GGUF gives the recipe's
+// weights; the engine's come from `weights` (the same GGUF today).
+std::unique_ptr<PrefillBackend> make_cpu_dsv4_backend(const std::string& decoder_gguf, const std::string& weights);
 // --kv-dtype of `prefill` and `bench prefill`: bf16, or fp8 with --device cuda; throws std::invalid_argument.
 inline void check_kv_dtype(const std::string& device, const std::string& kv_dtype) {
   if (kv_dtype != "bf16" && kv_dtype != "fp8") throw std::invalid_argument("--kv-dtype must be bf16 or fp8");

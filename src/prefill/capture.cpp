@@ -20,23 +20,23 @@ CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::P
 }
 
 CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit) {
-  const Recipe& recipe = backend.recipe();
   const auto t0 = std::chrono::steady_clock::now();
-  const auto& info = recipe.info();
+  const auto& info = backend.info();
+  const bool pooled = info.arch == "deepseek4";  // sections (docs/WIRE.md), not one K/V row per token
   CacheSpec spec{req.k_type, req.v_type, req.rot_k, req.rot_v, req.simd_width};
   const int64_t T = int64_t(req.tokens.size());
   CaptureResult res;
   std::atomic<bool> aborted{false}, sealed{false};  // the sink may run on a backend's delivery thread
   {
     std::vector<uint8_t> hello;
-    wire::encode_json_frame(wire::FrameKind::Hello,
-                            {{"wire_version", wire::kWireVersion}, {"fingerprint", recipe_fingerprint(info)}, {"n_tokens", T},
-                             {"n_layer", info.n_layer}, {"n_embd_kv", info.n_embd_kv()},
-                             {"k_type", ggml_type_name(spec.k_type)}, {"v_type", ggml_type_name(spec.v_type)},
-                             {"k_row_bytes", ggml_row_bytes(spec.k_type, info.n_embd_kv())},
-                             {"v_row_bytes", info.n_embd_v() ? ggml_row_bytes(spec.v_type, info.n_embd_v()) : 0},
-                             {"rot_k", spec.rot_k}, {"rot_v", spec.rot_v}, {"chunk", chunk}},
-                            hello);
+    nlohmann::json h = {{"wire_version", wire::kWireVersion}, {"fingerprint", recipe_fingerprint(info)}, {"n_tokens", T},
+                        {"n_layer", info.n_layer}, {"n_embd_kv", info.n_embd_kv()},
+                        {"k_type", ggml_type_name(spec.k_type)}, {"v_type", ggml_type_name(spec.v_type)},
+                        {"k_row_bytes", ggml_row_bytes(spec.k_type, info.n_embd_kv())},
+                        {"v_row_bytes", info.n_embd_v() && !pooled ? ggml_row_bytes(spec.v_type, info.n_embd_v()) : 0},
+                        {"rot_k", spec.rot_k}, {"rot_v", spec.rot_v}, {"chunk", chunk}, {"cache", pooled ? "dsv4" : "kv"}};
+    if (pooled) h["window"] = info.window;
+    wire::encode_json_frame(wire::FrameKind::Hello, h, hello);
     if (emit(std::move(hello), true) == Emit::Gone) aborted = true;
   }
   // A chunk is complete when its last layer's rows are out; track the contiguous prefix sent.
@@ -50,23 +50,37 @@ CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& r
             std::vector<uint8_t> frame;
             wire::FrameHeader fh;
             fh.layer = uint32_t(b.layer);
-            fh.pos0 = uint32_t(b.pos0);
-            fh.n_rows = uint32_t(b.rows);
-            fh.kind = wire::FrameKind::K;
-            fh.type = uint8_t(spec.k_type);
-            frame.reserve(b.k_bytes + b.v_bytes + 2 * wire::kHeaderBytes);
-            // Large blocks: hash V on a helper thread while this one hashes and copies K (the GPU
-            // backend produces rows faster than one core frames them).
-            uint64_t v_hash = 0;
-            std::thread hasher;
-            if (b.v_bytes >= (size_t(1) << 20)) hasher = std::thread([&] { v_hash = wire::payload_hash(b.v, b.v_bytes); });
-            else v_hash = wire::payload_hash(b.v, b.v_bytes);
-            wire::encode_frame(fh, b.k, b.k_bytes, frame);
-            if (hasher.joinable()) hasher.join();
-            if (info.n_embd_v()) {  // no V frames where the decoder's state has no V section (MLA)
-              fh.kind = wire::FrameKind::V;
-              fh.type = uint8_t(spec.v_type);
-              wire::encode_frame_hashed(fh, b.v, b.v_bytes, v_hash, frame);
+            if (pooled) {
+              for (const auto& sec : b.sections) {
+                fh.kind = sec.kind;
+                fh.type = uint8_t(sec.type);
+                fh.pos0 = uint32_t(sec.first);
+                fh.n_rows = uint32_t(sec.rows);
+                wire::encode_frame(fh, sec.data, sec.bytes, frame);
+              }
+            } else {
+              fh.pos0 = uint32_t(b.pos0);
+              fh.n_rows = uint32_t(b.rows);
+              fh.kind = wire::FrameKind::K;
+              fh.type = uint8_t(spec.k_type);
+              frame.reserve(b.k_bytes + b.v_bytes + 2 * wire::kHeaderBytes);
+              // Large blocks: hash V on a helper thread while this one hashes and copies K (the GPU
+              // backend produces rows faster than one core frames them).
+              uint64_t v_hash = 0;
+              std::thread hasher;
+              if (b.v_bytes >= (size_t(1) << 20)) hasher = std::thread([&] { v_hash = wire::payload_hash(b.v, b.v_bytes); });
+              else v_hash = wire::payload_hash(b.v, b.v_bytes);
+              wire::encode_frame(fh, b.k, b.k_bytes, frame);
+              if (hasher.joinable()) hasher.join();
+              if (info.n_embd_v()) {  // no V frames where the decoder's state has no V section (MLA)
+                fh.kind = wire::FrameKind::V;
+                fh.type = uint8_t(spec.v_type);
+                wire::encode_frame_hashed(fh, b.v, b.v_bytes, v_hash, frame);
+              }
+            }
+            if (frame.empty()) {  // a pooled layer with nothing to send for this chunk
+              if (b.layer == info.n_layer - 1) done = b.pos0 + b.rows;
+              return true;
             }
             const Emit e = emit(std::move(frame), false);
             if (e == Emit::Gone) { aborted = true; return false; }

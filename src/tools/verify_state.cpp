@@ -34,6 +34,8 @@ int64_t ordered(uint32_t bits, int width) {
   return (bits & sign) ? -int64_t(bits & (sign - 1)) : int64_t(bits);
 }
 
+}  // namespace
+
 void compare_rows(GgmlType t, const uint8_t* a, const uint8_t* b, int64_t n_rows, int64_t row_elems, TensorDiff& d) {
   const size_t rb = ggml_row_bytes(t, row_elems);
   std::vector<float> fa(static_cast<size_t>(row_elems));
@@ -73,8 +75,6 @@ void compare_rows(GgmlType t, const uint8_t* a, const uint8_t* b, int64_t n_rows
     }
   }
 }
-
-}  // namespace
 
 StateDiff diff_states(const ParsedState& a, const ParsedState& b, int first_layers) {
   StateDiff d;

@@ -41,6 +41,9 @@ struct StateDiff {
   nlohmann::json to_json() const;
 };
 
+// Accumulates the element-wise differences of `n_rows` rows of type `t` (a: the reference) into `d`.
+void compare_rows(GgmlType t, const uint8_t* a, const uint8_t* b, int64_t n_rows, int64_t row_elems, TensorDiff& d);
+
 // `first_layers` > 0 limits the comparison to layers [0, first_layers).
 StateDiff diff_states(const ParsedState& a, const ParsedState& b, int first_layers = 0);
 

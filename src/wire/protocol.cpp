@@ -13,6 +13,16 @@ const char* kind_name(FrameKind k) {
     case FrameKind::K: return "K";
     case FrameKind::V: return "V";
     case FrameKind::Trailer: return "TRAILER";
+    case FrameKind::Window: return "window";
+    case FrameKind::Csa: return "csa";
+    case FrameKind::Hca: return "hca";
+    case FrameKind::Lid: return "lid";
+    case FrameKind::CsaKvRing: return "csa-kv-ring";
+    case FrameKind::CsaScoreRing: return "csa-score-ring";
+    case FrameKind::HcaKvRing: return "hca-kv-ring";
+    case FrameKind::HcaScoreRing: return "hca-score-ring";
+    case FrameKind::LidKvRing: return "lid-kv-ring";
+    case FrameKind::LidScoreRing: return "lid-score-ring";
   }
   return "?";
 }
@@ -77,7 +87,7 @@ void FrameParser::feed(const uint8_t* data, size_t n) {
     if (header_hash(b) != stored_hh) throw Error(fmt::format("frame {}: header checksum mismatch", frames_));
     if (ver != kWireVersion) throw Error(fmt::format("frame {}: wire version {} (expected {})", frames_, ver, kWireVersion));
     FrameHeader h;
-    if (b[6] < 1 || b[6] > 4) throw Error(fmt::format("frame {}: unknown kind {}", frames_, b[6]));
+    if (b[6] < 1 || b[6] > kLastSectionKind) throw Error(fmt::format("frame {}: unknown kind {}", frames_, b[6]));
     h.kind = FrameKind(b[6]);
     h.type = b[7];
     std::memcpy(&h.layer, b + 8, 4);

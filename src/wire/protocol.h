@@ -18,7 +18,15 @@ constexpr uint32_t kFrameMagic = 0x46424450;  // "PDBF"
 constexpr size_t kHeaderBytes = 40;
 constexpr uint64_t kMaxPayload = 1ull << 31;
 
-enum class FrameKind : uint8_t { Hello = 1, K = 2, V = 3, Trailer = 4 };
+// K / V: one row per token (llama.cpp's plain KV cache). Window .. LidScoreRing: the sections of a pooled
+// cache (DeepSeek-V4, formats/state_file_dsv4.h), in the order of Dsv4SectionKind; `pos0` is the first row
+// of the section (a position for the window, a block index for the pools, 0 for a ring).
+enum class FrameKind : uint8_t {
+  Hello = 1, K = 2, V = 3, Trailer = 4,
+  Window = 5, Csa = 6, Hca = 7, Lid = 8, CsaKvRing = 9, CsaScoreRing = 10, HcaKvRing = 11, HcaScoreRing = 12, LidKvRing = 13, LidScoreRing = 14,
+};
+constexpr uint8_t kFirstSectionKind = 5, kLastSectionKind = 14;
+inline bool is_section_kind(FrameKind k) { return uint8_t(k) >= kFirstSectionKind && uint8_t(k) <= kLastSectionKind; }
 const char* kind_name(FrameKind k);
 
 struct FrameHeader {
