@@ -354,8 +354,7 @@ Dsv4State plan_dsv4_state(const Dsv4State& like, const std::vector<int32_t>& tok
   return s;
 }
 
-namespace {
-const std::vector<uint8_t>& section_bytes(const Dsv4LayerBytes& l, Dsv4SectionKind k) {
+const std::vector<uint8_t>& dsv4_section_bytes(const Dsv4LayerBytes& l, Dsv4SectionKind k) {
   switch (k) {
     case Dsv4SectionKind::Window: return l.window;
     case Dsv4SectionKind::Csa:
@@ -370,7 +369,6 @@ const std::vector<uint8_t>& section_bytes(const Dsv4LayerBytes& l, Dsv4SectionKi
   }
   throw std::logic_error("DSV4 section kind");
 }
-}  // namespace
 
 std::vector<uint8_t> write_dsv4_state(const Dsv4State& like, const std::vector<int32_t>& tokens, uint32_t window,
                                       const std::vector<Dsv4LayerBytes>& layers) {
@@ -386,7 +384,7 @@ std::vector<uint8_t> write_dsv4_state(const Dsv4State& like, const std::vector<i
   const auto secs = s.sections();
   for (size_t i = 0; i < secs.size(); ++i) {
     if (secs[i].layer >= layers.size()) throw std::runtime_error("DSV4 state: fewer layers than the layout");
-    const auto& data = section_bytes(layers[secs[i].layer], secs[i].kind);
+    const auto& data = dsv4_section_bytes(layers[secs[i].layer], secs[i].kind);
     if (data.size() != blocks[i]->bytes())
       throw std::runtime_error(fmt::format("DSV4 state: layer {} {} holds {} bytes, the layout needs {}", secs[i].layer, to_string(secs[i].kind),
                                            data.size(), blocks[i]->bytes()));

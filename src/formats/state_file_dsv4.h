@@ -88,6 +88,8 @@ std::vector<uint8_t> serialize_dsv4_state(const Dsv4State& s);
 struct Dsv4LayerBytes {
   std::vector<uint8_t> window, pool, lid, ring_kv, ring_score, lid_kv, lid_score;
 };
+// The bytes of one kind of section in a layer's (the pool member holds CSA or HCA rows, by the layer's ratio).
+const std::vector<uint8_t>& dsv4_section_bytes(const Dsv4LayerBytes& l, Dsv4SectionKind k);
 // A state of `tokens` (the bridge writes T-1 of a T-token prompt) with every section from `layers`, laid out
 // as `like` (a file the same decoder saved: its stream count, v_trans, types, row sizes, layer lists and
 // ring sizes); `window` is the decoder's sliding window W. Throws when a section's size is not what the

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "formats/gguf.h"
+#include "recipes/deepseek4.h"
 
 namespace pdb {
 
@@ -188,6 +189,55 @@ CalibrationResult calibrate_layer0(const std::string& decoder_gguf, const Parsed
         res.pct_identical, res.elements, res.k.rel_rms(), res.k.max_rel(), res.k.pct_within(2), res.v.rel_rms(), res.v.max_rel(),
         res.v.pct_within(2), ggml_type_name(L.k_type), bk.max_rel_rms, ggml_type_name(L.v_type), bv.max_rel_rms, to_string(res.cls),
         mirrored_isa);
+  return res;
+}
+
+CalibrationResult calibrate_dsv4_layer0(const std::string& decoder_gguf, const Dsv4State& st, const std::vector<int32_t>& tokens) {
+  CalibrationResult res;
+  res.simd_width = 0;
+  res.isa = "not mirrored";
+  if (st.cells() != tokens.size()) {
+    res.note = fmt::format("decoder state holds {} cells for {} probe tokens", st.cells(), tokens.size());
+    return res;
+  }
+  try {
+    Deepseek4Recipe recipe(decoder_gguf);
+    const auto secs = st.sections();
+    const Dsv4Section* win = nullptr;
+    for (const auto& s : secs)
+      if (s.kind == Dsv4SectionKind::Window && s.layer == 0) { win = &s; break; }
+    if (!win) { res.note = "the decoder's state has no layer-0 window"; return res; }
+    const GgmlType kt = GgmlType(win->block.type);
+    const auto x = recipe.layer0_input(tokens);
+    const Dsv4LayerBytes ours = recipe.to_bytes(recipe.sections(0, x.data(), int64_t(tokens.size()), kt), kt);
+    const int64_t D = recipe.config().head_dim;
+    for (const auto& s : secs) {
+      if (s.layer != 0) continue;
+      const auto& mine = dsv4_section_bytes(ours, s.kind);
+      if (mine.size() != s.block.bytes()) {
+        res.note = fmt::format("layer 0 {}: the recipe's {} bytes vs the decoder's {}: another geometry", to_string(s.kind), mine.size(), s.block.bytes());
+        return res;
+      }
+      const GgmlType t = GgmlType(s.block.type);
+      const int64_t ne0 = t == GgmlType::F32 ? int64_t(s.block.row_bytes / 4) : s.block.ne0 ? int64_t(s.block.ne0) : D;
+      const bool ring = t == GgmlType::F32 && s.kind != Dsv4SectionKind::Window;
+      compare_rows(t, st.storage.data() + s.block.offset, mine.data(), int64_t(s.block.rows), ne0, ring ? res.v : res.k);
+    }
+    res.elements = res.k.elements + res.v.elements;
+    res.pct_identical = res.elements ? 100.0 * double(res.k.identical + res.v.identical) / double(res.elements) : 100.0;
+    const FidelityBounds bk = fidelity_bounds(kt), bv = fidelity_bounds(GgmlType::F32);
+    const bool identical = res.k.identical == res.k.elements && res.v.identical == res.v.elements;
+    const bool within = res.k.rel_rms() <= bk.max_rel_rms && res.v.rel_rms() <= bv.max_rel_rms;
+    res.cls = identical ? FidelityClass::mirrored : within ? FidelityClass::tolerance : FidelityClass::mismatch;
+    res.isa_source = "the deepseek4 recipe sums in plain f32 (the decoder's SIMD expf and matmul order are not mirrored)";
+    res.note = fmt::format(
+        "layer 0 (DeepSeek-V4 sections): {:.3f}% of {} elements identical; cache rows rel RMS {:.3g} (bound {} {:.3g}), rings rel RMS {:.3g} "
+        "(bound {:.3g}): {}",
+        res.pct_identical, res.elements, res.k.rel_rms(), ggml_type_name(kt), bk.max_rel_rms, res.v.rel_rms(), bv.max_rel_rms, to_string(res.cls));
+  } catch (const std::exception& e) {
+    res.cls = FidelityClass::mismatch;
+    res.note = e.what();
+  }
   return res;
 }
 

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "formats/state_file.h"
+#include "formats/state_file_dsv4.h"
 #include "recipes/recipe.h"
 #include "tools/verify_state.h"
 
@@ -58,6 +59,11 @@ struct CalibrationOptions {
 // `decoder_state` is a state the decoder saved for exactly `tokens` (positions 0..n-1).
 CalibrationResult calibrate_layer0(const std::string& decoder_gguf, const ParsedState& decoder_state,
                                    const std::vector<int32_t>& tokens, const CacheSpec& spec, const CalibrationOptions& opt = {});
+
+// DeepSeek-V4 (a pooled state, formats/state_file_dsv4.h): layer 0's sections of the decoder's state for `tokens`
+// against the deepseek4 recipe's from the decoder's GGUF. `k` sums the cache rows (window, CSA / HCA, LID), `v`
+// the f32 compressor rings. The recipe does not mirror the decoder's SIMD arithmetic: identical or tolerance.
+CalibrationResult calibrate_dsv4_layer0(const std::string& decoder_gguf, const Dsv4State& decoder_state, const std::vector<int32_t>& tokens);
 
 // Probe tokens: deterministic ids spread over the vocabulary, long enough (512) that slow RoPE
 // frequencies turn measurably.

@@ -1,6 +1,8 @@
 #include "front/decoder_client.h"
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <stdexcept>
 
@@ -67,22 +69,26 @@ json DecoderClient::slot_action(int slot, const std::string& action, const std::
   return post_json(t_, fmt::format("/slots/{}?action={}", slot, action), body, 600);
 }
 
-ParsedState DecoderClient::probe_layout(int slot, const std::string& slot_dir, const std::vector<int32_t>& tokens) {
+std::vector<uint8_t> DecoderClient::probe_state(int slot, const std::string& slot_dir, const std::vector<int32_t>& tokens) {
   post_json(t_, "/completion", {{"prompt", tokens}, {"n_predict", 0}, {"id_slot", slot}, {"cache_prompt", true}}, 300);
   std::mt19937_64 rng(std::random_device{}());
   const std::string name = fmt::format("pdbridge-probe-{:016x}.bin", rng());
   slot_action(slot, "save", name);
   const std::string path = slot_dir + "/" + name;
-  ParsedState s;
-  try {
-    s = parse_state_file(path);
-  } catch (...) {
-    std::filesystem::remove(path);
-    throw;
+  std::vector<uint8_t> bytes;
+  {
+    std::ifstream f(path, std::ios::binary);
+    if (f) bytes.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
   }
-  std::filesystem::remove(path);
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
   try { slot_action(slot, "erase"); } catch (...) {}
-  return s;
+  if (bytes.empty()) throw std::runtime_error("the decoder saved no state file at " + path + " (is --slot-dir its --slot-save-path?)");
+  return bytes;
+}
+
+ParsedState DecoderClient::probe_layout(int slot, const std::string& slot_dir, const std::vector<int32_t>& tokens) {
+  return parse_state_bytes(probe_state(slot, slot_dir, tokens), slot_dir + "/(probe)");
 }
 
 }  // namespace pdb

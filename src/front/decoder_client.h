@@ -2,6 +2,7 @@
 // the layout of its sequence-state files (learned by saving a probe slot and parsing it).
 #pragma once
 #include <optional>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,8 @@ class DecoderClient {
   // Completes `tokens` on `slot` natively (n_predict 0), saves it under `filename`, parses and returns
   // the state; erases the slot afterwards. The file is removed from slot_dir.
   ParsedState probe_layout(int slot, const std::string& slot_dir, const std::vector<int32_t>& tokens);
+  // The same, the file's bytes unparsed (a DeepSeek-V4 decoder's state is read by formats/state_file_dsv4).
+  std::vector<uint8_t> probe_state(int slot, const std::string& slot_dir, const std::vector<int32_t>& tokens);
 
  private:
   HttpTarget t_;

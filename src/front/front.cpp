@@ -17,6 +17,7 @@
 
 #include "formats/gguf.h"
 #include "formats/state_file.h"
+#include "formats/state_file_dsv4.h"
 #include "common/http_stream.h"
 #include "common/http_util.h"
 #include "common/metrics.h"
@@ -137,6 +138,7 @@ struct Verdict {
   std::string verdict;
   int64_t tokens = 0, bridged_tokens = 0;
   std::optional<int64_t> cached_tokens;
+  bool complete = false;  // every token the decoder's state needs was mounted (DeepSeek-V4: T-1 of T)
   uint64_t bytes = 0;
   // t_probe: learning the decoder's state layout (a probe prefill + calibration; once per decoder, again
   // after a failed restore); t_wire: from the capture request to its last byte (the engine runs inside it).
@@ -157,6 +159,7 @@ class Front {
   explicit Front(const FrontOptions& o) : o_(o), dec_(o.decoder_url), prefill_(parse_http_url(o.prefill_url)) {
     auto g = GgufFile::open(o.decoder_gguf);
     info_ = read_recipe_info(*g);
+    pooled_ = info_.arch == "deepseek4";
     fingerprint_ = recipe_fingerprint(info_);
     info_vocab_ = int64_t(g->get("tokenizer.ggml.tokens").arr.size());
     if (!fs::is_directory(o.slot_dir)) throw std::runtime_error("--slot-dir " + o.slot_dir + " is not a directory");
@@ -210,6 +213,7 @@ class Front {
     }
     const int64_t vocab = info_vocab_;
     std::vector<int32_t> probe = o_.calibrate ? calibration_tokens(vocab) : calibration_tokens(vocab, 4);
+    if (pooled_) return learn_dsv4_layout(slot, probe);
     ParsedState s = dec_.probe_layout(slot, o_.slot_dir, probe);
     if (int64_t(s.layout.n_layer()) != info_.n_layer)
       throw std::runtime_error(fmt::format("decoder state has {} layers, its GGUF {}", s.layout.n_layer(), info_.n_layer));
@@ -235,9 +239,36 @@ class Front {
     if (!calibration_error_.empty()) throw std::runtime_error(calibration_error_);
     return *layout_;
   }
+  // DeepSeek-V4: the probe's own file is the layout (formats/state_file_dsv4: its streams, types, layer lists
+  // and ring sizes), kept to plan each bridged file after it. Caller holds layout_m_.
+  StateLayout learn_dsv4_layout(int slot, const std::vector<int32_t>& probe) {
+    Dsv4State s = parse_dsv4_state_bytes(dec_.probe_state(slot, o_.slot_dir, probe), "the decoder's probe state");
+    uint32_t window_layers = 0;
+    for (const auto& st : s.swa.streams)
+      if (st.cell_count) window_layers = uint32_t(st.layers.size());
+    if (int64_t(window_layers) != info_.n_layer)
+      throw std::runtime_error(fmt::format("decoder state has {} layers, its GGUF {}", window_layers, info_.n_layer));
+    spdlog::info("front: decoder state layout: {}", s.describe());
+    calibration_error_.clear();
+    fidelity_.reset();
+    if (o_.calibrate) {
+      auto c = calibrate_dsv4_layer0(o_.decoder_gguf, s, probe);
+      calibration_ = c.note;
+      fidelity_ = c;
+      spdlog::info("front: calibration {}", c.note);
+      if (c.cls == FidelityClass::mismatch)
+        calibration_error_ = "decoder calibration failed (" + c.note + "): the running llama-server does not compute what " +
+                             o_.decoder_gguf + " says (RoPE or model override?)";
+    }
+    dsv4_like_ = std::move(s);
+    layout_ = StateLayout{};  // learned: the DSV4 layout lives in dsv4_like_
+    if (!calibration_error_.empty()) throw std::runtime_error(calibration_error_);
+    return *layout_;
+  }
   void forget_layout() {
     std::lock_guard<std::mutex> l(layout_m_);
     layout_.reset();
+    dsv4_like_.reset();
   }
 
   CacheSpec cache_spec_for(const StateLayout& L, int simd_width) const {
@@ -290,6 +321,8 @@ class Front {
   SlotTable slots_;
   std::mutex layout_m_;
   std::optional<StateLayout> layout_;
+  bool pooled_ = false;                 // DeepSeek-V4: a pooled state, bridged for T-1 tokens
+  std::optional<Dsv4State> dsv4_like_;  // its layout: a state the decoder saved
   std::string calibration_, calibration_error_;
   std::optional<CalibrationResult> fidelity_;
   int64_t info_vocab_ = 0;
@@ -302,16 +335,32 @@ class Front {
   std::mutex rng_m_;
 };
 
-void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
+void Front::bridge(int slot, const std::vector<int32_t>& prompt, Verdict& v) {
   const auto t0 = Clock::now();
   const StateLayout L = layout(slot);
   v.t_probe = secs(t0);
   CacheSpec spec;
+  std::optional<Dsv4State> like;
   {
     std::lock_guard<std::mutex> l(layout_m_);
-    spec = cache_spec(L);
+    if (pooled_) {
+      if (!dsv4_like_) throw std::runtime_error("the decoder's DeepSeek-V4 layout was forgotten meanwhile (decoder restart?)");
+      like = dsv4_like_;
+      // the cache type is the window's; quantized rows are Hadamard-rotated (the recipe knows the rule)
+      uint32_t kt = 0;
+      for (const auto& st : like->swa.streams)
+        if (st.cell_count && !st.layers.empty()) kt = uint32_t(st.layers[0].type);
+      spec.k_type = spec.v_type = GgmlType(kt);
+      spec.rot_k = spec.rot_v = spec.k_type != GgmlType::F32 && spec.k_type != GgmlType::F16 && spec.k_type != GgmlType::BF16;
+      spec.simd_width = 0;
+    } else {
+      spec = cache_spec(L);
+    }
     v.fidelity = fidelity_summary();
   }
+  // A DeepSeek-V4 decoder given a state of all T tokens prefills everything again; with T-1 it computes the
+  // last token only (tests/deepseek4_state_test.cpp): the capture and the file are of the first T-1.
+  const std::vector<int32_t> tokens(prompt.begin(), prompt.end() - (pooled_ ? 1 : 0));
   const int64_t T = int64_t(tokens.size());
   std::string name;
   {
@@ -320,7 +369,9 @@ void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
   }
   const std::string path = o_.slot_dir + "/" + name;
   struct Cleanup { BackgroundRemover& r; std::string p; ~Cleanup() { r.remove(p); } } cleanup{remover_, path};
-  CaptureAssembler assembler(path, L, tokens, fingerprint_);
+  std::unique_ptr<StateAssembler> assembler;
+  if (pooled_) assembler = std::make_unique<Dsv4CaptureAssembler>(path, *like, tokens, uint32_t(info_.window), fingerprint_);
+  else assembler = std::make_unique<CaptureAssembler>(path, L, tokens, fingerprint_);
   std::string frame_error;
 
   wire::PrefillRequest pr;
@@ -346,7 +397,7 @@ void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
   const StreamResult result = post_streaming(req, [&](int status, const char* data, size_t n) {
     if (status != 200) { error_body.append(data, n); return error_body.size() < 65536; }
     try {
-      assembler.feed(reinterpret_cast<const uint8_t*>(data), n);
+      assembler->feed(reinterpret_cast<const uint8_t*>(data), n);
     } catch (const std::exception& e) {
       frame_error = e.what();
       return false;
@@ -361,11 +412,9 @@ void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
     throw std::runtime_error(fmt::format("prefill server HTTP {}: {}", result.status, msg));
   }
   if (!result.transferred) throw std::runtime_error(fmt::format("prefill server {}:{}: {}", prefill_.host, prefill_.port, result.error));
-  v.bytes = assembler.wire_bytes();
-  v.t_engine = assembler.engine_s();
-  int64_t mounted = T;
-  if (assembler.partial()) mounted = assembler.finish_partial(path);  // sealed early: mount the valid prefix
-  else assembler.finish();
+  v.bytes = assembler->wire_bytes();
+  v.t_engine = assembler->engine_s();
+  const int64_t mounted = assembler->commit();  // a sealed capture: its valid prefix
   const auto tr = Clock::now();
   json r;
   try {
@@ -377,6 +426,7 @@ void Front::bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v) {
   v.t_restore = secs(tr);
   if (r.value("n_restored", int64_t(-1)) != mounted) throw std::runtime_error("decoder restored " + r.dump());
   v.bridged_tokens = mounted;
+  v.complete = mounted == T;
   v.t_bridge = secs(t0);
 }
 
@@ -501,12 +551,12 @@ void Front::handle_generation(const std::string& path, const httplib::Request& r
   auto release = [&](std::optional<std::vector<int32_t>> holds) {
     if (!slot_released) { slots_.release(slot, std::move(holds)); slot_released = true; }
   };
-  if (v.tokens < o_.min_tokens) v.verdict = "native: short";
+  if (v.tokens < o_.min_tokens || (pooled_ && v.tokens < 2)) v.verdict = "native: short";
   else if (cached > 0 && int64_t(tokens.size() - cached) < o_.min_tail) v.verdict = "native: warm";
   else {
     try {
       bridge(slot, tokens, v);
-      v.verdict = v.bridged_tokens == v.tokens ? "complete" : fmt::format("partial {}/{}", v.bridged_tokens, v.tokens);
+      v.verdict = v.complete ? "complete" : fmt::format("partial {}/{}", v.bridged_tokens, v.tokens);
     } catch (const std::exception& e) {
       v.verdict = std::string("declined: ") + e.what();
       v.bridged_tokens = 0;
@@ -601,7 +651,7 @@ void Front::serve(httplib::Server& srv) {
               {"slot_dir", o_.slot_dir}, {"min_tokens", o_.min_tokens}, {"min_tail", o_.min_tail}};
     // A probe holds the layout lock for seconds on a large CPU decoder: health answers meanwhile.
     if (std::unique_lock<std::mutex> l(layout_m_, std::try_to_lock); l.owns_lock()) {
-      j["layout"] = layout_ ? json(layout_->describe()) : json(nullptr);
+      j["layout"] = dsv4_like_ ? json(dsv4_like_->describe()) : layout_ ? json(layout_->describe()) : json(nullptr);
       j["calibration"] = calibration_.empty() ? json(nullptr) : json(calibration_);
       j["calibration_error"] = calibration_error_.empty() ? json(nullptr) : json(calibration_error_);
       j["fidelity"] = fidelity_ ? fidelity_->to_json() : fidelity_summary();

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -132,10 +133,18 @@ int64_t mem_available_mb() {
 }  // namespace
 
 std::vector<std::string> config_mismatches(const std::string& hf_dir, const std::string& gguf) {
-  const HfConfig hc = HfConfig::load(hf_dir);
   auto g = GgufFile::open(gguf);
   const RecipeInfo ri = read_recipe_info(*g);
   std::vector<std::string> out;
+  if (ri.arch == "deepseek4" && std::filesystem::is_regular_file(hf_dir)) {
+    // the engine runs a GGUF's weights: its cache geometry must be the decoder's, key for key
+    const RecipeInfo mi = read_recipe_info(*GgufFile::open(hf_dir));
+    const json a = recipe_geometry(mi), b = recipe_geometry(ri);
+    for (const auto& [k, v] : b.items())
+      if (!a.contains(k) || a[k] != v) out.push_back(fmt::format("{}: {} {} vs GGUF {}", k, hf_dir, a.contains(k) ? a[k].dump() : "absent", v.dump()));
+    return out;
+  }
+  const HfConfig hc = HfConfig::load(hf_dir);
   auto differ = [&](const std::string& what, double hf, double dec, double tol) {
     if (std::fabs(hf - dec) > tol * std::max(1.0, std::fabs(hf))) out.push_back(fmt::format("{}: config.json {} vs GGUF {}", what, hf, dec));
   };
@@ -190,6 +199,8 @@ std::vector<std::string> config_mismatches(const std::string& hf_dir, const std:
 int run_prefill_server(const PrefillServerOptions& o) {
   if (o.device != "cpu" && o.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda");
   check_kv_dtype(o.device, o.kv_dtype);
+  const bool dsv4 = read_recipe_info(*GgufFile::open(o.recipe)).arch == "deepseek4";
+  if (dsv4 && o.device != "cpu") throw std::invalid_argument("DeepSeek-V4 (deepseek4) is prefilled by the CPU engine only so far: pass --device cpu");
   const auto mism = config_mismatches(o.model, o.recipe);
   for (const auto& m : mism) spdlog::error("prefill: config mismatch: {}", m);
   if (!mism.empty() && !o.allow_config_mismatch)
@@ -197,13 +208,18 @@ int run_prefill_server(const PrefillServerOptions& o) {
                                          mism.size(), o.model, o.recipe, mism[0]));
   const int threads = o.threads > 0 ? o.threads : default_threads();
   spdlog::info("prefill: loading model {} and recipe {}", o.model, o.recipe);
-  std::shared_ptr<const Recipe> recipe = Recipe::load(o.recipe, threads);
+  std::shared_ptr<const Recipe> recipe;
   std::shared_ptr<PrefillBackend> engine;
   const int64_t default_chunk = o.chunk > 0 ? o.chunk : o.device == "cuda" ? 4096 : 512;
-  if (o.device == "cuda") engine = make_cuda_backend(o.model, recipe, threads, default_chunk, o.kv_dtype == "fp8");
-  else engine = make_cpu_backend(std::make_shared<CpuEngine>(o.model, threads), recipe, !o.cpu_fast);
-  spdlog::info("prefill: engine on {}", engine->device());
-  const auto& ri = recipe->info();
+  if (dsv4) {
+    engine = make_cpu_dsv4_backend(o.recipe, o.model);
+  } else {
+    recipe = Recipe::load(o.recipe, threads);
+    if (o.device == "cuda") engine = make_cuda_backend(o.model, recipe, threads, default_chunk, o.kv_dtype == "fp8");
+    else engine = make_cpu_backend(std::make_shared<CpuEngine>(o.model, threads), recipe, !o.cpu_fast);
+  }
+  spdlog::info("prefill: engine on {} ({})", engine->device(), engine->weights().empty() ? "weights as loaded" : engine->weights());
+  const auto& ri = engine->info();
   const auto& hc = engine->config();
   const std::string fingerprint = recipe_fingerprint(ri);
   spdlog::info("prefill: {} {} layers, recipe fingerprint {}", ri.arch, ri.n_layer, fingerprint);
@@ -289,11 +305,11 @@ int run_prefill_server(const PrefillServerOptions& o) {
     res.set_header("X-PD-Wire-Version", std::to_string(wire::kWireVersion));
     res.set_chunked_content_provider(
         "application/x-pdbridge-frames",
-        [=, &m_active, &m_engine, &m_tokens, &m_bytes, &m_tok_s, &m_peak, &result_counter, &engine, &recipe](size_t, httplib::DataSink& sink) {
+        [=, &m_active, &m_engine, &m_tokens, &m_bytes, &m_tok_s, &m_peak, &result_counter, &engine](size_t, httplib::DataSink& sink) {
           if (!*started) {
             *started = true;
             *pace_start = Clock::now();
-            *worker = std::thread([=, &m_active, &m_engine, &m_tokens, &m_tok_s, &m_peak, &result_counter, &engine, &recipe] {
+            *worker = std::thread([=, &m_active, &m_engine, &m_tokens, &m_tok_s, &m_peak, &result_counter, &engine] {
               m_active.Increment();
               auto r = run_capture(*engine, pr, chunk, EmitFn([&](std::vector<uint8_t>&& f, bool force) { return queue->push(std::move(f), force); }));
               m_peak.Set(double(queue->peak));
