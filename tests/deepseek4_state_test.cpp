@@ -17,7 +17,9 @@
 
 #include "formats/ggml_types.h"
 #include "formats/gguf.h"
+#include "formats/hf_deepseek4.h"
 #include "formats/state_file_dsv4.h"
+#include "prefill/server.h"
 #include "front/assembler.h"
 #include "prefill/backend.h"
 #include "prefill/capture.h"
@@ -85,6 +87,36 @@ Compare compare(const std::vector<uint8_t>& file, const Dsv4Block& blk, const st
   c.rel_rms = den > 0 ? std::sqrt(num / den) : (num > 0 ? 1.0 : 0.0);
   c.identical = c.n ? 100.0 * double(same) / double(c.n) : 100.0;
   return c;
+}
+
+
+// Every section of two states of the same tokens, as values: the worst relative RMS difference (b the
+// reference); each above `bound` fails the calling test.
+double worst_section_rel_rms(const Dsv4State& a_st, const Dsv4State& b_st, int64_t head_dim, double bound) {
+  const auto sa = a_st.sections(), sn = b_st.sections();
+  EXPECT_EQ(sa.size(), sn.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(sa.size(), sn.size()); ++i) {
+    EXPECT_EQ(sa[i].kind, sn[i].kind);
+    EXPECT_EQ(sa[i].layer, sn[i].layer);
+    if (sa[i].block.bytes() != sn[i].block.bytes()) { ADD_FAILURE() << to_string(sa[i].kind) << " layer " << sa[i].layer << ": sizes differ"; continue; }
+    const auto t = GgmlType(sn[i].block.type);
+    const int64_t ne0 = t == GgmlType::F32 ? int64_t(sn[i].block.row_bytes / 4) : int64_t(sn[i].block.ne0 ? sn[i].block.ne0 : uint64_t(head_dim));
+    std::vector<float> a(size_t(sn[i].block.rows * uint64_t(ne0))), b(a.size());
+    for (uint64_t rr = 0; rr < sn[i].block.rows; ++rr) {
+      dequantize_row(t, a_st.storage.data() + sa[i].block.offset + rr * sa[i].block.row_bytes, a.data() + rr * uint64_t(ne0), ne0);
+      dequantize_row(t, b_st.storage.data() + sn[i].block.offset + rr * sn[i].block.row_bytes, b.data() + rr * uint64_t(ne0), ne0);
+    }
+    double num = 0, den = 0;
+    for (size_t j = 0; j < a.size(); ++j) { num += (double(a[j]) - b[j]) * (double(a[j]) - b[j]); den += double(b[j]) * b[j]; }
+    const double rel = den > 0 ? std::sqrt(num / den) : 0.0;
+    if (rel > worst) {
+      worst = rel;
+      std::printf("  worst so far: layer %u %s rel RMS %.2e\n", sa[i].layer, to_string(sa[i].kind), rel);
+    }
+    EXPECT_LT(rel, bound) << to_string(sa[i].kind) << " layer " << sa[i].layer;
+  }
+  return worst;
 }
 
 }  // namespace
@@ -185,9 +217,11 @@ TEST(Deepseek4State, EngineAndRecipeGiveEveryLayersSectionsWithinTheToleranceCla
         std::printf("DSV4 ENGINE+RECIPE cache=%s layer %d %-15s %6zu values: %8.4f%% identical, rel RMS %.2e\n", cache.c_str(), l, name.c_str(), c.n,
                     c.identical, c.rel_rms);
         worst = std::max(worst, c.rel_rms);
-        // f16: measured <= 4.7e-4 (2026-12-02, AVX-512); q8_0: <= 2.8e-2 (the decoder's flash attention also
-        // quantizes the query to q8_0 against q8_0 keys, which the engine does not mirror yet)
-        EXPECT_LT(c.rel_rms, cache == "f16" ? 2e-3 : 6e-2) << "layer " << l << " " << name;
+        // Tolerance class: the rows of most tokens agree to ~1e-4, but a near-tie in a discrete choice (an
+        // expert of the biased top-k routing, a row of the indexer's top-k) can go the other way for a token, whose
+        // rows then differ by O(1) from that layer on (measured, 2026-12-02, AVX-512: f16 <= 1.4e-2 with 90.6%
+        // of layer 3's values identical; q8_0 <= 7.1e-3, the decoder's flash attention quantizing the query too).
+        EXPECT_LT(c.rel_rms, 6e-2) << "layer " << l << " " << name;
       }
     });
     std::printf("DSV4 ENGINE+RECIPE cache=%s: worst rel RMS %.2e over every layer and section\n", cache.c_str(), worst);
@@ -233,28 +267,9 @@ TEST(Deepseek4State, BridgedStateFromTheEngineRestoresAndTheDecoderContinuesAsNa
     const Dsv4State after = parse_dsv4_state_file(st.slot_dir + "/after.bin"), native = parse_dsv4_state_file(st.slot_dir + "/native.bin");
     ASSERT_EQ(after.cells(), uint32_t(T));
     ASSERT_EQ(native.cells(), uint32_t(T));
-    const auto sa = after.sections(), sn = native.sections();
-    ASSERT_EQ(sa.size(), sn.size());
-    double worst = 0;
-    for (size_t i = 0; i < sa.size(); ++i) {
-      ASSERT_EQ(sa[i].kind, sn[i].kind);
-      ASSERT_EQ(sa[i].layer, sn[i].layer);
-      ASSERT_EQ(sa[i].block.bytes(), sn[i].block.bytes());
-      const auto t = GgmlType(sn[i].block.type);
-      const int64_t ne0 = t == GgmlType::F32 ? int64_t(sn[i].block.row_bytes / 4) : int64_t(sn[i].block.ne0 ? sn[i].block.ne0 : uint64_t(recipe.config().head_dim));
-      std::vector<float> a(size_t(sn[i].block.rows * uint64_t(ne0))), b(a.size());
-      for (uint64_t rr = 0; rr < sn[i].block.rows; ++rr) {
-        dequantize_row(t, after.storage.data() + sa[i].block.offset + rr * sa[i].block.row_bytes, a.data() + rr * uint64_t(ne0), ne0);
-        dequantize_row(t, native.storage.data() + sn[i].block.offset + rr * sn[i].block.row_bytes, b.data() + rr * uint64_t(ne0), ne0);
-      }
-      double num = 0, den = 0;
-      for (size_t j = 0; j < a.size(); ++j) { num += (double(a[j]) - b[j]) * (double(a[j]) - b[j]); den += double(b[j]) * b[j]; }
-      const double rel = den > 0 ? std::sqrt(num / den) : 0.0;
-      worst = std::max(worst, rel);
-      EXPECT_LT(rel, cache == "f16" ? 2e-3 : 6e-2) << to_string(sa[i].kind) << " layer " << sa[i].layer;
-    }
+    const double worst = worst_section_rel_rms(after, native, recipe.config().head_dim, cache == "f16" ? 2e-3 : 6e-2);
     std::printf("DSV4 BRIDGED cache=%s: %zu bytes written for %d tokens, restored: cache_n %d; after the last token, %zu sections vs native: worst rel RMS %.2e\n",
-                cache.c_str(), bytes.size(), T - 1, T - 1, sa.size(), worst);
+                cache.c_str(), bytes.size(), T - 1, T - 1, after.sections().size(), worst);
   }
 }
 
@@ -298,7 +313,8 @@ TEST(Deepseek4Recipe, ChunkedSectionsEqualOneShotForEveryChunkSize) {
 }
 
 // DeepSeek-V4 bridged end to end over real HTTP: the front door learns the decoder's pooled layout from a probe
-// and calibrates its layer 0, the prefill server's CPU engine and recipe stream every section, the front door
+// and calibrates its layer 0, the prefill server's CPU engine (on the HF checkpoint) and recipe (on the decoder
+// GGUF) stream every section, the front door
 // writes the T-1 file and llama-server restores it and computes the last token only; the answer equals the
 // decoder's native one (greedy, F32 weights on both sides), with f16 and q8_0 caches.
 TEST(Deepseek4Bridge, CompleteThroughPrefillServerAndFrontDoorAnswersAsNative) {
@@ -306,7 +322,6 @@ TEST(Deepseek4Bridge, CompleteThroughPrefillServerAndFrontDoorAnswersAsNative) {
     test::StackOptions so = decoder_only(test::models_dir() + "/deepseek4-tiny", cache);
     so.start_prefill = true;
     so.start_front = true;
-    so.hf_dir = test::models_dir() + "/deepseek4-tiny/decoder-f32.gguf";  // the engine's weights: the same GGUF
     test::Stack st(so);
     // T-1 = 640 ends on the edge of a 4- and a 128-block, 899 inside both
     for (const int T_want : {641, 900}) {
@@ -655,6 +670,84 @@ TEST(Deepseek4Wire, AssemblerRefusesWhatIsNotTheDecodersState) {
     EXPECT_FALSE(std::filesystem::exists(path)) << c.name;
     EXPECT_FALSE(std::filesystem::exists(path + ".partial")) << c.name;
   }
+}
+
+
+// The official layout: the prefill engine runs the FP8 / FP4 HF checkpoint (dequantized), the decoder the GGUF
+// llama.cpp's converter makes of it (FP8 -> Q8_0, FP4 experts -> MXFP4, bf16 embedding and head). Bridged end to
+// end: complete, cache_n = T-1, and after the last token the decoder's state matches its native one section by
+// section within the tolerance class (the engine's FP8 values are not the decoder's requantized Q8_0 ones, and the
+// decoder rounds activations to q8_0 before its Q8_0 / MXFP4 products).
+TEST(Deepseek4Bridge, OfficialFp8CheckpointAgainstItsConvertedGgufBridgesWithinTheToleranceClass) {
+  const std::string dir = test::models_dir() + "/deepseek4-tiny-fp8";
+  {  // the converter's types: Q8_0 from FP8, MXFP4 experts, BF16 matrices, F32 vectors, I32 ids
+    auto g = GgufFile::open(dir + "/decoder-mxfp4_moe.gguf");
+    EXPECT_EQ(g->tensor("blk.0.attn_q_a.weight").type, GgmlType::Q8_0);
+    EXPECT_EQ(g->tensor("blk.0.ffn_gate_exps.weight").type, GgmlType::MXFP4);
+    EXPECT_EQ(g->tensor("token_embd.weight").type, GgmlType::BF16);
+    EXPECT_EQ(g->tensor("blk.0.attn_norm.weight").type, GgmlType::F32);
+    EXPECT_EQ(g->tensor("blk.0.ffn_gate_tid2eid.weight").type, GgmlType::I32);
+    // FP4 -> MXFP4 is lossless: the decoder's expert values are the checkpoint's, bit for bit
+    auto ck = Deepseek4Checkpoint::open(dir + "/hf");
+    const auto& ti = g->tensor("blk.1.ffn_down_exps.weight");
+    EXPECT_EQ(g->to_f32(ti), ck->gguf_f32("blk.1.ffn_down_exps.weight"));
+    // FP8 -> Q8_0 is a requantization: within Q8_0's rounding of the checkpoint's values
+    const auto q = g->to_f32(g->tensor("blk.0.attn_kv.weight")), f = ck->gguf_f32("blk.0.attn_kv.weight");
+    ASSERT_EQ(q.size(), f.size());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < q.size(); ++i) { num += (double(q[i]) - f[i]) * (double(q[i]) - f[i]); den += double(f[i]) * f[i]; }
+    EXPECT_LT(std::sqrt(num / den), 1e-2);
+    EXPECT_GT(num, 0.0);
+    // `pdbridge convert` writes the same file make-model wrote
+    const std::string out = test::temp_dir("dsv4-convert");
+    ConvertOptions co;
+    co.hf_dir = dir + "/hf";
+    co.out = out;
+    co.vocab_gguf = test::llama_src() + "/models/ggml-vocab-llama-bpe.gguf";
+    co.name = "pdbridge-deepseek4-tiny";
+    convert_model(co);
+    EXPECT_EQ(read_all(out + "/decoder-mxfp4_moe.gguf"), read_all(dir + "/decoder-mxfp4_moe.gguf"));
+  }
+  test::StackOptions so = decoder_only(dir, "f16");
+  so.decoder_type = "mxfp4_moe";
+  so.start_prefill = true;
+  so.start_front = true;
+  test::Stack st(so);
+  const int T = 641;
+  const json prompt = tokens_of(77, T);
+  auto r = st.post_front("/completion", {{"prompt", prompt}, {"n_predict", 0}});
+  ASSERT_EQ(r.status, 200) << r.body << st.logs();
+  const json v = r.verdict();
+  EXPECT_EQ(v["verdict"], "complete") << v.dump() << st.logs();
+  EXPECT_EQ(v["bridged_tokens"].get<int64_t>(), T - 1);
+  EXPECT_EQ(r.json()["timings"]["cache_n"].get<int64_t>(), T - 1) << r.json()["timings"].dump();
+  EXPECT_EQ(v["fidelity"]["class"], "tolerance") << v.dump();
+  ASSERT_EQ(st.post_decoder("/slots/0?action=save", {{"filename", "after.bin"}}).status, 200);
+  ASSERT_EQ(st.post_decoder("/slots/0?action=erase", json::object()).status, 200);
+  ASSERT_EQ(st.post_decoder("/completion", {{"prompt", prompt}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", false}}).status, 200);
+  ASSERT_EQ(st.post_decoder("/slots/0?action=save", {{"filename", "native.bin"}}).status, 200);
+  const Dsv4State after = parse_dsv4_state_file(st.slot_dir + "/after.bin"), native = parse_dsv4_state_file(st.slot_dir + "/native.bin");
+  ASSERT_EQ(after.cells(), uint32_t(T));
+  // The engine runs the checkpoint's FP8 / FP4 values, the decoder its Q8_0 requantization of them (each weight
+  // within 1e-2, above): two slightly different models, whose states part a little more with every layer (measured
+  // 5.8e-2 at the last layer of 4). Another model's rows differ by ~1.4 (layer 0 test); the bound sits between.
+  const double worst = worst_section_rel_rms(after, native, Deepseek4Config::preset("tiny").head_dim, 0.15);
+  std::printf("DSV4 FP8 checkpoint -> MXFP4/Q8_0 decoder T=%d: %s, cache_n %lld, %lld wire bytes, fidelity %s (layer 0 K rel RMS %.2e); after the last "
+              "token vs native: worst section rel RMS %.2e\n",
+              T, v["verdict"].get<std::string>().c_str(), (long long)r.json()["timings"]["cache_n"].get<int64_t>(), (long long)v["bytes"].get<int64_t>(),
+              v["fidelity"]["class"].get<std::string>().c_str(), v["fidelity"]["k_rel_rms"].get<double>(), worst);
+}
+
+// The prefill server refuses a checkpoint whose config is not the decoder's, naming the field.
+TEST(Deepseek4Bridge, PrefillServerRefusesACheckpointOfAnotherModel) {
+  const auto mism = config_mismatches(test::models_dir() + "/deepseek4-tiny-hca/hf", test::models_dir() + "/deepseek4-tiny/decoder-f32.gguf");
+  ASSERT_FALSE(mism.empty());
+  std::string all;
+  for (const auto& m : mism) all += m + "; ";
+  EXPECT_NE(all.find("compress_ratios"), std::string::npos) << all;
+  EXPECT_NE(all.find("yarn"), std::string::npos) << all;
+  EXPECT_TRUE(config_mismatches(test::models_dir() + "/deepseek4-tiny/hf", test::models_dir() + "/deepseek4-tiny/decoder-f32.gguf").empty());
+  EXPECT_TRUE(config_mismatches(test::models_dir() + "/deepseek4-tiny-fp8/hf", test::models_dir() + "/deepseek4-tiny-fp8/decoder-mxfp4_moe.gguf").empty());
 }
 
 }  // namespace pdb

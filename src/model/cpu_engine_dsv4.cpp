@@ -9,6 +9,7 @@
 
 #include "common/parallel.h"
 #include "formats/gguf.h"
+#include "formats/hf_deepseek4.h"
 #include "model/deepseek4_blocks.h"
 #include "model/rmsnorm.h"
 #include "recipes/recipe.h"
@@ -46,10 +47,32 @@ float swiglu_clamp(float g, float u, float L) {
 
 }  // namespace
 
-Deepseek4CpuEngine::Deepseek4CpuEngine(const Deepseek4Recipe& recipe) : recipe_(recipe) {
-  const GgufFile& g = recipe.gguf();
+Deepseek4Weights Deepseek4Weights::from_gguf(std::shared_ptr<const GgufFile> g) {
+  Deepseek4Weights w;
+  w.f32 = [g](const std::string& n) { return g->to_f32(g->tensor(n)); };
+  w.i32 = [g](const std::string& n) {
+    const auto& ti = g->tensor(n);
+    if (ti.type != GgmlType::I32) throw std::runtime_error(n + " is not I32");
+    const auto* d = reinterpret_cast<const int32_t*>(g->data(ti));
+    return std::vector<int32_t>(d, d + ti.n_elements());
+  };
+  w.describe = "f32 values of a GGUF's weights";
+  return w;
+}
+
+Deepseek4Weights Deepseek4Weights::from_checkpoint(std::shared_ptr<const Deepseek4Checkpoint> ck) {
+  Deepseek4Weights w;
+  w.f32 = [ck](const std::string& n) { return ck->gguf_f32(n); };
+  w.i32 = [ck](const std::string& n) { return ck->gguf_i32(n); };
+  w.describe = ck->official_layout() ? "the HF checkpoint's FP8 / FP4 weights, dequantized to f32" : "the HF checkpoint's f32 weights";
+  return w;
+}
+
+Deepseek4CpuEngine::Deepseek4CpuEngine(const Deepseek4Recipe& recipe, const Deepseek4Weights* weights) : recipe_(recipe) {
   const auto& c = recipe.config();
-  auto t = [&](const std::string& n) { return g.to_f32(g.tensor(n)); };
+  const Deepseek4Weights own = weights ? Deepseek4Weights{} : Deepseek4Weights::from_gguf(std::shared_ptr<const GgufFile>(&recipe.gguf(), [](const GgufFile*) {}));
+  const Deepseek4Weights& W = weights ? *weights : own;
+  auto t = [&](const std::string& n) { return W.f32(n); };
   for (int64_t l = 0; l < c.layers; ++l) {
     const std::string p = fmt::format("blk.{}.", l);
     auto L = std::make_unique<Layer>();
@@ -73,10 +96,8 @@ Deepseek4CpuEngine::Deepseek4CpuEngine(const Deepseek4Recipe& recipe) : recipe_(
     L->ffn_norm = t(p + "ffn_norm.weight");
     L->gate_inp = t(p + "ffn_gate_inp.weight");
     if (l < c.hash_layers) {
-      const auto& ti = g.tensor(p + "ffn_gate_tid2eid.weight");
-      if (ti.type != GgmlType::I32) throw std::runtime_error(p + "ffn_gate_tid2eid is not I32");
-      const auto* d = reinterpret_cast<const int32_t*>(g.data(ti));
-      L->tid2eid.assign(d, d + c.experts_used * c.vocab);
+      L->tid2eid = W.i32(p + "ffn_gate_tid2eid.weight");
+      if (int64_t(L->tid2eid.size()) != c.experts_used * c.vocab) throw std::runtime_error(p + "ffn_gate_tid2eid: not k ids per token");
     } else {
       L->probs_bias = t(p + "exp_probs_b.bias");
     }
@@ -148,10 +169,7 @@ int64_t Deepseek4CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t 
       kc.lid.insert(kc.lid.end(), S.lid.begin(), S.lid.end());
       const float* win = kc.win.data();
       const int64_t win_first = kc.win_first;
-      GgmlRopeParams rp;
-      rp.n_dims = int(r);
-      rp.mode = RopeMode::Norm;
-      rp.freq_base = L.ratio ? c.compress_rope_base : c.rope_base;
+      const GgmlRopeParams rp = dsv4_rope(c, L.ratio);
       const float scale = 1.0f / std::sqrt(float(D));
       parallel_for(n, 4, [&](int64_t b0, int64_t b1) {
         std::vector<float> qr(static_cast<size_t>(Lq)), q(size_t(H * D)), cs(static_cast<size_t>(r)), out(size_t(H * D)), oa(size_t(G * R)), ao(static_cast<size_t>(E));

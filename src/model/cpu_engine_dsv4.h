@@ -5,11 +5,12 @@
 // the MoE (hash-routed early layers by tid2eid, sqrt-softplus scores with the selection bias, normalized
 // weights, clamped SwiGLU, the shared expert). K/V rows are the recipe's (recipes/deepseek4.h), rounded
 // through the decoder's cache type as the decoder attends over them. Weights: the decoder GGUF's (F32) for
-// now: the HF checkpoint in DeepSeek's FP8/FP4 layout is not loaded yet. Plain f32 sums: tolerance class.
+// (Deepseek4Weights) or an HF checkpoint's. Plain f32 sums: tolerance class.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "formats/ggml_types.h"
@@ -17,11 +18,25 @@
 
 namespace pdb {
 
+class GgufFile;
+class Deepseek4Checkpoint;
+
+// The engine's weights by GGUF tensor name (f32 values; the hash layers' expert ids): a GGUF's, or an HF
+// checkpoint's in DeepSeek's layout (FP8 and FP4 dequantized with their scales, formats/hf_deepseek4.h).
+struct Deepseek4Weights {
+  std::function<std::vector<float>(const std::string&)> f32;
+  std::function<std::vector<int32_t>(const std::string&)> i32;
+  std::string describe;
+  static Deepseek4Weights from_gguf(std::shared_ptr<const GgufFile> g);
+  static Deepseek4Weights from_checkpoint(std::shared_ptr<const Deepseek4Checkpoint> ck);
+};
+
 class Deepseek4CpuEngine {
  public:
   // (layer, x: [T x 4 x E] the streams entering it, T)
   using Hook = std::function<void(int layer, const float* x, int64_t T)>;
-  explicit Deepseek4CpuEngine(const Deepseek4Recipe& recipe);
+  // Without `weights`: the recipe's GGUF (the decoder's own weights).
+  explicit Deepseek4CpuEngine(const Deepseek4Recipe& recipe, const Deepseek4Weights* weights = nullptr);
   ~Deepseek4CpuEngine();
   // (layer, x: [rows x 4 x E] the streams entering it for positions pos0.., pos0, rows, the recipe's sections
   // of this chunk with every position's window row, as the engine attends over them); false stops the prefill

@@ -73,4 +73,20 @@ void dsv4_hc_post(const Dsv4HcMix& m, const float* f, const float* x, int64_t E,
     }
 }
 
+GgmlRopeParams dsv4_rope(const Deepseek4Config& c, int64_t ratio) {
+  GgmlRopeParams rp;
+  rp.n_dims = int(c.rope_dims);
+  rp.mode = RopeMode::Norm;
+  rp.freq_base = ratio ? c.compress_rope_base : c.rope_base;
+  if (ratio && c.yarn_factor > 0.0f) {
+    rp.freq_scale = 1.0f / c.yarn_factor;
+    rp.ext_factor = 1.0f;
+    rp.n_ctx_orig = int(c.yarn_orig_ctx);
+    rp.beta_fast = 32.0f;
+    rp.beta_slow = 1.0f;
+    rp.attn_factor = 1.0f / (1.0f + 0.1f * logf(1.0f / rp.freq_scale));
+  }
+  return rp;
+}
+
 }  // namespace pdb

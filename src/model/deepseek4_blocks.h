@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/deepseek4_config.h"
+#include "recipes/rope_ggml.h"
+
 namespace pdb {
 
 struct Dsv4HcWeights {
@@ -22,5 +25,10 @@ struct Dsv4HcMix {
 Dsv4HcMix dsv4_hc_pre(const Dsv4HcWeights& w, const float* x, int64_t E, float rms_eps, float hc_eps, int sinkhorn_iters, float* y);
 // x_next[dst] = f * post[dst] + sum_src x[src] comb[dst][src]   (x, x_next: [4 x E]; may not alias)
 void dsv4_hc_post(const Dsv4HcMix& m, const float* f, const float* x, int64_t E, float* x_next);
+
+// The RoPE of a layer (llama.cpp deepseek4.cpp:903-910): NORM pairs on the last r dims; ratio 0 plain with
+// rope.freq_base; compressed layers (q, window, pools, indexer) the compress base with the model's YaRN, whose
+// attn_factor 1/(1 + 0.1 ln factor) cancels ggml's YaRN magnitude factor.
+GgmlRopeParams dsv4_rope(const Deepseek4Config& c, int64_t ratio);
 
 }  // namespace pdb

@@ -73,7 +73,8 @@ std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string& hf_dir, std
                                                   int64_t max_chunk, bool kv_fp8 = false);
 bool cuda_backend_available();
 // DeepSeek-V4 on the CPU (model/cpu_engine_dsv4 + recipes/deepseek4): the decoder GGUF gives the recipe's
-// weights; the engine's come from `weights` (the same GGUF today).
+// weights; the engine's come from `weights`: an HF checkpoint directory (DeepSeek's FP8 / FP4 layout or f32),
+// or a GGUF.
 std::unique_ptr<PrefillBackend> make_cpu_dsv4_backend(const std::string& decoder_gguf, const std::string& weights);
 // --kv-dtype of `prefill` and `bench prefill`: bf16, or fp8 with --device cuda; throws std::invalid_argument.
 inline void check_kv_dtype(const std::string& device, const std::string& kv_dtype) {

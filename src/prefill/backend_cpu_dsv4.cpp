@@ -2,9 +2,11 @@
 // turned into the decoder's bytes for the wire (docs/WIRE.md, "Sections"): the window rows among the prompt's
 // last W positions, the CSA / HCA / LID blocks finished in the chunk, and with the prompt's last chunk the
 // compressors' f32 rings.
+#include <filesystem>
 #include <stdexcept>
 
 #include "formats/gguf.h"
+#include "formats/hf_deepseek4.h"
 #include "model/cpu_engine_dsv4.h"
 #include "prefill/backend.h"
 #include "recipes/deepseek4.h"
@@ -16,8 +18,13 @@ class CpuDsv4Backend final : public PrefillBackend {
  public:
   CpuDsv4Backend(const std::string& decoder_gguf, const std::string& weights)
       : recipe_(std::make_unique<Deepseek4Recipe>(decoder_gguf)), info_(read_recipe_info(recipe_->gguf())) {
-    if (weights != decoder_gguf) engine_recipe_ = std::make_unique<Deepseek4Recipe>(weights);
-    engine_ = std::make_unique<Deepseek4CpuEngine>(engine_recipe_ ? *engine_recipe_ : *recipe_);
+    // The engine runs its own weights (an HF checkpoint, or a GGUF); the recipe the decoder's, and the engine
+    // attends over the recipe's rows: what the decoder will hold.
+    const Deepseek4Weights w = std::filesystem::is_directory(weights)
+                                   ? Deepseek4Weights::from_checkpoint(Deepseek4Checkpoint::open(weights))
+                                   : Deepseek4Weights::from_gguf(GgufFile::open(weights));
+    weights_ = w.describe;
+    engine_ = std::make_unique<Deepseek4CpuEngine>(*recipe_, &w);
     const auto& c = recipe_->config();
     config_.arch = "deepseek4";
     config_.hidden_size = c.hidden;
@@ -31,25 +38,18 @@ class CpuDsv4Backend final : public PrefillBackend {
   const Recipe& recipe() const override { throw std::logic_error("DeepSeek-V4's cache is pooled: no K/V recipe (recipes/deepseek4.h)"); }
   const RecipeInfo& info() const override { return info_; }
   std::string device() const override { return "cpu"; }
-  std::string weights() const override { return "f32 (the decoder GGUF's)"; }
+  std::string weights() const override { return weights_; }
 
   int64_t capture(const std::vector<int32_t>& tokens, int64_t chunk, const CacheSpec& spec, const KvSink& sink,
                   const std::function<bool()>& stop) override {
     const auto& c = recipe_->config();
     const int64_t T = int64_t(tokens.size()), D = c.head_dim, W = c.window;
     const GgmlType kt = spec.k_type;
-    Deepseek4Carry carry;  // the decoder-weights recipe's, when it is not the engine's
     return engine_->prefill(
         tokens, chunk, kt,
-        [&](int layer, const float* x, int64_t pos0, int64_t rows, const Deepseek4LayerSections& all) {
-          // The engine's sections hold every position's window row (it attends over them); the decoder keeps the
-          // last W. The recipe of the decoder's weights makes the rows when the engine runs other weights.
-          Deepseek4LayerSections own;
+        [&](int layer, const float*, int64_t pos0, int64_t rows, const Deepseek4LayerSections& all) {
+          // the engine's sections hold every position's window row (it attends over them); the decoder keeps the last W
           const Deepseek4LayerSections* S = &all;
-          if (engine_recipe_) {
-            own = recipe_->sections_chunk(layer, x, pos0, rows, T, kt, carry, /*all_raw_rows=*/true);
-            S = &own;
-          }
           const int64_t w0 = std::max(pos0, T - std::min(T, W)), wn = std::max<int64_t>(0, pos0 + rows - w0);
           Deepseek4LayerSections out;
           out.ratio = S->ratio;
@@ -90,7 +90,8 @@ class CpuDsv4Backend final : public PrefillBackend {
   }
 
  private:
-  std::unique_ptr<Deepseek4Recipe> recipe_, engine_recipe_;
+  std::unique_ptr<Deepseek4Recipe> recipe_;
+  std::string weights_;
   RecipeInfo info_;
   std::unique_ptr<Deepseek4CpuEngine> engine_;
   HfConfig config_;

@@ -23,6 +23,8 @@
 #include "cuda/device.h"
 #include "formats/gguf.h"
 #include "formats/hf_config.h"
+#include "formats/hf_deepseek4.h"
+#include "recipes/deepseek4.h"
 #include "prefill/capture.h"
 
 namespace pdb {
@@ -136,12 +138,12 @@ std::vector<std::string> config_mismatches(const std::string& hf_dir, const std:
   auto g = GgufFile::open(gguf);
   const RecipeInfo ri = read_recipe_info(*g);
   std::vector<std::string> out;
-  if (ri.arch == "deepseek4" && std::filesystem::is_regular_file(hf_dir)) {
-    // the engine runs a GGUF's weights: its cache geometry must be the decoder's, key for key
-    const RecipeInfo mi = read_recipe_info(*GgufFile::open(hf_dir));
-    const json a = recipe_geometry(mi), b = recipe_geometry(ri);
-    for (const auto& [k, v] : b.items())
-      if (!a.contains(k) || a[k] != v) out.push_back(fmt::format("{}: {} {} vs GGUF {}", k, hf_dir, a.contains(k) ? a[k].dump() : "absent", v.dump()));
+  if (ri.arch == "deepseek4") {
+    // every field of the model (config.json's, or another GGUF's keys) against the decoder GGUF's
+    const Deepseek4Config dec = deepseek4_config_from_gguf(*g);
+    const Deepseek4Config eng = std::filesystem::is_directory(hf_dir) ? Deepseek4Checkpoint::open(hf_dir)->config()
+                                                                      : deepseek4_config_from_gguf(*GgufFile::open(hf_dir));
+    for (const auto& d : deepseek4_config_differences(eng, dec)) out.push_back(fmt::format("{} (model vs GGUF)", d));
     return out;
   }
   const HfConfig hc = HfConfig::load(hf_dir);

@@ -9,34 +9,69 @@
 #include "formats/gguf.h"
 #include "model/deepseek4_blocks.h"
 #include "model/rmsnorm.h"
+#include "formats/numeric.h"
+#include "recipes/q8_dot.h"
 #include "recipes/recipe.h"
 #include "recipes/rope_ggml.h"
 
 namespace pdb {
 
+namespace {
+
+// A projection as the decoder multiplies it: a Q8_0 weight (the converter's type for DeepSeek's block-FP8
+// matrices) against the activation rounded to Q8_0, in integers per block (recipes/q8_dot.h: exact, whatever
+// the ISA); a BF16 / F16 one against the activation rounded to that type; F32 as is.
+struct Projection {
+  GgmlType type = GgmlType::F32;
+  int64_t in = 0, out = 0;
+  std::vector<float> f;  // float weights: [out x in]
+  Q8Matrix q;
+  void load(const GgufFile& g, const std::string& name) {
+    const auto& ti = g.tensor(name);
+    type = ti.type;
+    in = ti.ne[0];
+    out = ti.n_elements() / in;
+    if (has_q8_path(type)) q = unpack_q8_blocks(type, g.data(ti), out, in);
+    else f = g.to_f32(ti);
+  }
+  // y[rows x out] = x[rows x in] W^T
+  void apply(const float* x, int64_t rows, float* y) const {
+    if (has_q8_path(type)) {
+      std::vector<int8_t> qx(static_cast<size_t>(rows * in));
+      std::vector<float> dx(static_cast<size_t>(rows * in / 32));
+      quantize_rows_q8(x, rows, in, qx.data(), dx.data());
+      q8_block_gemm(qx.data(), dx.data(), q, rows, y);
+      return;
+    }
+    std::vector<float> xr(x, x + rows * in);
+    if (type == GgmlType::BF16) for (auto& v : xr) v = round_bf16(v);
+    if (type == GgmlType::F16) for (auto& v : xr) v = fp16_to_f32(f32_to_fp16(v));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < out; ++o) {
+        float s = 0.0f;
+        const float* wr = f.data() + o * in;
+        for (int64_t i = 0; i < in; ++i) s += wr[i] * xr[size_t(r * in + i)];
+        y[r * out + o] = s;
+      }
+  }
+};
+
+}  // namespace
+
 struct Deepseek4Recipe::Layer {
   int64_t ratio = 0;
-  std::vector<float> attn_norm, hc_fn, hc_base, hc_scale, wkv, kv_norm;
-  std::vector<float> ckv, cgate, cape, cnorm;  // compressor (ratio != 0)
-  std::vector<float> ikv, igate, iape, inorm;  // indexer compressor (ratio 4)
+  std::vector<float> attn_norm, hc_fn, hc_base, hc_scale, kv_norm;
+  Projection wkv;
+  Projection ckv, cgate;                       // compressor (ratio != 0)
+  std::vector<float> cape, cnorm;
+  Projection ikv, igate;                       // indexer compressor (ratio 4)
+  std::vector<float> iape, inorm;
 };
 
 namespace {
 
 uint32_t u32(const GgufFile& g, const std::string& k) { return uint32_t(g.get("deepseek4." + k).u); }
 float f32(const GgufFile& g, const std::string& k) { return float(g.get("deepseek4." + k).f); }
-
-// y[rows x out] = x[rows x in] W^T, W as the GGUF holds it ({in, out}: out rows of in floats)
-void project(const std::vector<float>& w, const float* x, int64_t rows, int64_t in, int64_t out, float* y) {
-  if (int64_t(w.size()) != in * out) throw std::runtime_error("deepseek4 recipe: weight shape");
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t o = 0; o < out; ++o) {
-      float s = 0.0f;
-      const float* wr = w.data() + o * in;
-      for (int64_t i = 0; i < in; ++i) s += wr[i] * x[r * in + i];
-      y[r * out + o] = s;
-    }
-}
 
 int64_t rotation_size(int64_t n) {  // the largest power of two >= 64 dividing n (0: none)
   int64_t s = 0;
@@ -47,9 +82,9 @@ int64_t rotation_size(int64_t n) {  // the largest power of two >= 64 dividing n
 
 }  // namespace
 
-Deepseek4Recipe::Deepseek4Recipe(const std::string& path) : g_(GgufFile::open(path)) {
-  const GgufFile& g = *g_;
-  if (g.get_string("general.architecture") != "deepseek4") throw std::runtime_error(path + ": not a deepseek4 GGUF");
+Deepseek4Config deepseek4_config_from_gguf(const GgufFile& g) {
+  if (g.get_string("general.architecture") != "deepseek4") throw std::runtime_error("not a deepseek4 GGUF");
+  Deepseek4Config c_;
   c_.hidden = u32(g, "embedding_length");
   c_.layers = u32(g, "block_count");
   c_.heads = u32(g, "attention.head_count");
@@ -75,13 +110,28 @@ Deepseek4Recipe::Deepseek4Recipe(const std::string& path) : g_(GgufFile::open(pa
   c_.rms_eps = f32(g, "attention.layer_norm_rms_epsilon");
   c_.rope_base = g.find("deepseek4.rope.freq_base") ? f32(g, "rope.freq_base") : 10000.0f;
   c_.compress_rope_base = f32(g, "attention.compress_rope_freq_base");
-  if (g.find("deepseek4.rope.scaling.type")) throw std::runtime_error("deepseek4 recipe: RoPE scaling (YaRN) is not implemented yet");
+  if (g.find("deepseek4.rope.scaling.type")) {
+    const std::string st = g.get_string("deepseek4.rope.scaling.type");
+    if (st != "yarn" && st != "none") throw std::runtime_error("deepseek4 recipe: rope.scaling.type " + st + " (llama.cpp's deepseek4 scales with yarn only)");
+    if (st == "yarn") {
+      c_.yarn_factor = f32(g, "rope.scaling.factor");
+      c_.yarn_orig_ctx = u32(g, "rope.scaling.original_context_length");
+    }
+  }
   for (const auto& v : g.get("deepseek4.attention.compress_ratios").arr) c_.compress_ratios.push_back(int32_t(v.u));
+  c_.vocab = g.tensor("token_embd.weight").ne[1];
+  return c_;
+}
+
+Deepseek4Recipe::Deepseek4Recipe(const std::string& path) : g_(GgufFile::open(path)) {
+  const GgufFile& g = *g_;
+  if (g.get_string("general.architecture") != "deepseek4") throw std::runtime_error(path + ": not a deepseek4 GGUF");
+  c_ = deepseek4_config_from_gguf(g);
   if (c_.hc_streams != 4) throw std::runtime_error("deepseek4 recipe: hyper_connection.count must be 4");
   const int64_t E = c_.hidden, D = c_.head_dim, I = c_.index_dim;
-  const auto& te = g.tensor("token_embd.weight");
-  if (te.type != GgmlType::F32) throw std::runtime_error("deepseek4 recipe: only F32 GGUFs yet");
-  embed_ = g.to_f32(te);
+  // any weight type the converter writes (F32, BF16, Q8_0): the recipe multiplies their values in f32, where the
+  // decoder rounds its activations to the weight's dot type first (tolerance class)
+  embed_ = g.to_f32(g.tensor("token_embd.weight"));
   c_.vocab = int64_t(embed_.size()) / E;
   auto t = [&](const std::string& n) { return g.to_f32(g.tensor(n)); };
   for (int64_t l = 0; l < c_.layers; ++l) {
@@ -92,21 +142,21 @@ Deepseek4Recipe::Deepseek4Recipe(const std::string& path) : g_(GgufFile::open(pa
     L->hc_fn = t(p + "hc_attn_fn.weight");
     L->hc_base = t(p + "hc_attn_base.weight");
     L->hc_scale = t(p + "hc_attn_scale.weight");
-    L->wkv = t(p + "attn_kv.weight");
+    L->wkv.load(g, p + "attn_kv.weight");
     L->kv_norm = t(p + "attn_kv_a_norm.weight");
     if (L->ratio) {
-      L->ckv = t(p + "attn_compressor_kv.weight");
-      L->cgate = t(p + "attn_compressor_gate.weight");
+      L->ckv.load(g, p + "attn_compressor_kv.weight");
+      L->cgate.load(g, p + "attn_compressor_gate.weight");
       L->cape = t(p + "attn_compressor_ape.weight");
       L->cnorm = t(p + "attn_compressor_norm.weight");
     }
     if (L->ratio == 4) {
-      L->ikv = t(p + "indexer_compressor_kv.weight");
-      L->igate = t(p + "indexer_compressor_gate.weight");
+      L->ikv.load(g, p + "indexer_compressor_kv.weight");
+      L->igate.load(g, p + "indexer_compressor_gate.weight");
       L->iape = t(p + "indexer_compressor_ape.weight");
       L->inorm = t(p + "indexer_compressor_norm.weight");
     }
-    if (int64_t(L->wkv.size()) != E * D || (L->ratio == 4 && int64_t(L->ikv.size()) != E * 2 * I))
+    if (L->wkv.in != E || L->wkv.out != D || (L->ratio == 4 && (L->ikv.in != E || L->ikv.out != 2 * I)))
       throw std::runtime_error(p + ": unexpected deepseek4 tensor shapes");
     layers_.push_back(std::move(L));
   }
@@ -137,10 +187,7 @@ Deepseek4LayerSections Deepseek4Recipe::sections_chunk(int layer, const float* x
   if (pos0 < 0 || rows < 0 || pos0 + rows > T) throw std::invalid_argument("deepseek4 recipe: chunk outside the prompt");
   const float eps = c_.rms_eps;
   const bool rotate = k_type != GgmlType::F32 && k_type != GgmlType::F16 && k_type != GgmlType::BF16;  // quantized caches are Hadamard-rotated
-  GgmlRopeParams rp;
-  rp.n_dims = int(r);
-  rp.mode = RopeMode::Norm;
-  rp.freq_base = L.ratio ? c_.compress_rope_base : c_.rope_base;
+  const GgmlRopeParams rp = dsv4_rope(c_, L.ratio);
   auto rope_at = [&](float* row, int64_t width, int64_t pos) {
     std::vector<float> cs(static_cast<size_t>(r));
     ggml_rope_cache(rp, pos, cs.data());
@@ -163,7 +210,7 @@ Deepseek4LayerSections Deepseek4Recipe::sections_chunk(int layer, const float* x
   const int64_t w0 = all_raw_rows ? pos0 : std::max(pos0, T - std::min(T, W)), wn = pos0 + rows - w0;
   out.window_first = w0;
   out.window.resize(size_t(std::max<int64_t>(wn, 0) * D));
-  if (wn > 0) project(L.wkv, cur.data() + (w0 - pos0) * E, wn, E, D, out.window.data());
+  if (wn > 0) L.wkv.apply(cur.data() + (w0 - pos0) * E, wn, out.window.data());
   for (int64_t i = 0; i < wn; ++i) {
     float* row = out.window.data() + i * D;
     rmsnorm_rows(row, L.kv_norm.data(), row, 1, D, eps);
@@ -174,7 +221,7 @@ Deepseek4LayerSections Deepseek4Recipe::sections_chunk(int layer, const float* x
   if (carry.pool.size() < layers_.size()) carry.pool.resize(layers_.size()), carry.lid.resize(layers_.size());
   // the compressors: a_t, g_t (+ ape row t mod ratio) of this chunk after the carried ones; the blocks that
   // finish in this chunk pool 128 tokens or 8 overlapping ones; the rings after the prompt's last token
-  auto compress = [&](const std::vector<float>& wkv, const std::vector<float>& wgate, const std::vector<float>& ape,
+  auto compress = [&](const Projection& wkv, const Projection& wgate, const std::vector<float>& ape,
                       const std::vector<float>& norm, int64_t width, int64_t ratio, bool hadamard, Deepseek4Carry::History& hist,
                       std::vector<float>& pooled, int64_t& first_block, std::vector<float>& ring_kv, std::vector<float>& ring_score) {
     const int64_t c = ratio == 4 ? 2 : 1, cw = c * width, ring = ratio == 4 ? 8 : 128;
@@ -186,8 +233,9 @@ Deepseek4LayerSections Deepseek4Recipe::sections_chunk(int layer, const float* x
     g.resize(a.size());
     float* ac = a.data() + (pos0 - h0) * cw;
     float* gc = g.data() + (pos0 - h0) * cw;
-    project(wkv, cur.data(), rows, E, cw, ac);
-    project(wgate, cur.data(), rows, E, cw, gc);
+    if (wkv.out != cw || wgate.out != cw) throw std::runtime_error("deepseek4 recipe: compressor width");
+    wkv.apply(cur.data(), rows, ac);
+    wgate.apply(cur.data(), rows, gc);
     for (int64_t t = 0; t < rows; ++t)
       for (int64_t j = 0; j < cw; ++j) gc[t * cw + j] += ape[size_t(((pos0 + t) % ratio) * cw + j)];
     auto at = [&](int64_t t, int64_t j) { return std::pair<float, float>{a[size_t((t - h0) * cw + j)], g[size_t((t - h0) * cw + j)]}; };

@@ -41,6 +41,9 @@ struct Deepseek4Carry {
   std::vector<History> pool, lid;  // per layer: the attention's compressor, the indexer's
 };
 
+// The model's shapes and constants as the decoder GGUF's keys give them.
+Deepseek4Config deepseek4_config_from_gguf(const GgufFile& g);
+
 class Deepseek4Recipe {
  public:
   explicit Deepseek4Recipe(const std::string& gguf_path);

@@ -15,6 +15,7 @@
 #include "common/process.h"
 #include "formats/ggml_types.h"
 #include "formats/gguf.h"
+#include "formats/hf_deepseek4.h"
 #include "formats/hf_to_gguf.h"
 #include "formats/numeric.h"
 #include "formats/safetensors.h"
@@ -79,6 +80,8 @@ bool valid_utf8(const std::string& s) {
   return true;
 }
 
+}  // namespace
+
 // Which tokens a random test model may emit: normal tokens whose bytes are complete UTF-8, so that
 // llama-server's output parser (which rejects invalid UTF-8) can serve whatever it generates.
 std::vector<bool> printable_tokens(const GgufFile& vocab) {
@@ -108,6 +111,8 @@ std::vector<bool> printable_tokens(const GgufFile& vocab) {
   }
   return ok;
 }
+
+namespace {
 
 }  // namespace
 
@@ -320,6 +325,21 @@ void write_vocab_gguf_from_json(const std::string& json_path, const std::string&
 
 void convert_model(const ConvertOptions& o) {
   const int threads = o.threads > 0 ? o.threads : default_threads();
+  {
+    std::ifstream f(o.hf_dir + "/config.json");
+    if (f && nlohmann::json::parse(f, nullptr, false).value("model_type", "") == "deepseek_v4") {
+      // DeepSeek-V4: the types are the converter's, per tensor (block-FP8 -> Q8_0, FP4 experts -> MXFP4, ...)
+      auto ck = Deepseek4Checkpoint::open(o.hf_dir);
+      fs::create_directories(o.out);
+      const std::string vocab = o.vocab_gguf.empty() ? (o.vocab_dir.empty() ? self_dir() + "/llama/src/models" : o.vocab_dir) + "/" +
+                                                           vocab_name_for_arch("deepseek4")
+                                                     : o.vocab_gguf;
+      const std::string path = o.out + (ck->official_layout() ? "/decoder-mxfp4_moe.gguf" : "/decoder-f32.gguf");
+      write_deepseek4_gguf(*ck, vocab, path, o.name.empty() ? fs::path(o.hf_dir).filename().string() : o.name);
+      spdlog::info("convert: done ({} -> {}; deepseek_v4: the converter's own type per tensor, --types is not used)", o.hf_dir, path);
+      return;
+    }
+  }
   const HfConfig c = HfConfig::load(o.hf_dir);
   auto ck = SafetensorsCheckpoint::open(o.hf_dir);
   fs::create_directories(o.out);

@@ -47,6 +47,10 @@ void write_vocab_gguf_from_json(const std::string& json_path, const std::string&
 void write_decoder_ggufs(const HfConfig& c, const HfWeightSource& src, const std::string& vocab, const std::vector<std::string>& types,
                          const std::string& out, const std::string& name, int threads, const std::string& llama_bin, const std::string& tool);
 
+class GgufFile;
+// Which tokens a random test model may emit (normal tokens of whole UTF-8): the others' head rows are zero.
+std::vector<bool> printable_tokens(const GgufFile& vocab);
+
 // The master weight value of element i of tensor `name` (also used by tests to check files).
 float master_weight(uint64_t seed, const std::string& name, int64_t i, int64_t n_layers);
 

@@ -1,30 +1,70 @@
-// make-model for llama.cpp's `deepseek4` (DeepSeek-V4): random weights at the preset's shapes written as the
-// decoder GGUF llama-server loads (keys and tensors as src/models/deepseek4.cpp reads them). The HF checkpoint
-// in the official FP8/FP4 layout and `pdbridge convert` for it are not written yet (issue 19): this GGUF is what
-// the state-file and restore tests need from the decoder side.
+// make-model for DeepSeek-V4 (`deepseek4`): random weights at the preset's shapes, written as the HF checkpoint
+// (formats/hf_deepseek4.h: every float tensor F32 with --hf-dtype f32; with fp8 the official layout: block-FP8
+// matrices with ue8m0 scales, FP4 routed experts, bf16 embedding / head / router) and converted to the decoder
+// GGUF as llama.cpp's converter does (decoder-f32.gguf; decoder-mxfp4_moe.gguf for the official layout).
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <random>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
+#include "common/parallel.h"
 #include "formats/gguf.h"
+#include "formats/hf_deepseek4.h"
 #include "formats/hf_to_gguf.h"
+#include "formats/numeric.h"
+#include "formats/safetensors.h"
 #include "model/deepseek4_config.h"
 #include "tools/make_model.h"
 
 namespace pdb {
+namespace fs = std::filesystem;
+
 namespace {
 
 // Deterministic per tensor: the same seed and name give the same values whatever the order of writing.
-GgufWriter::Producer normal(uint64_t seed, const std::string& name, float mean, float sd) {
-  return [=](uint8_t* dst, size_t n_bytes) {
-    std::mt19937_64 g(seed ^ XXH3_64bits(name.data(), name.size()));
-    std::normal_distribution<float> d(mean, sd);
-    auto* f = reinterpret_cast<float*>(dst);
-    for (size_t i = 0; i < n_bytes / 4; ++i) f[i] = sd > 0 ? d(g) : mean;
-  };
+std::vector<float> master_values(uint64_t seed, const Dsv4HfTensor& t, const std::vector<bool>& emit_ok) {
+  std::vector<float> v(static_cast<size_t>(t.elements()));
+  std::mt19937_64 g(seed ^ XXH3_64bits(t.hf.data(), t.hf.size()));
+  std::normal_distribution<float> d(t.init_mean, t.init_sd);
+  for (auto& x : v) x = t.init_sd > 0 ? d(g) : t.init_mean;
+  if (t.hf == "head.weight") {  // a random model emits only whole-UTF-8 tokens (llama-server's parser rejects the rest)
+    const int64_t cols = t.shape[1];
+    for (int64_t r = 0; r < t.shape[0]; ++r)
+      if (size_t(r) < emit_ok.size() && !emit_ok[size_t(r)]) std::fill_n(v.begin() + r * cols, cols, 0.0f);
+  }
+  return v;
+}
+
+// k distinct experts per token
+std::vector<int64_t> tid2eid_values(uint64_t seed, const Dsv4HfTensor& t, int64_t n_expert) {
+  const int64_t k = t.shape[1];
+  std::vector<int64_t> e(static_cast<size_t>(t.elements()));
+  std::mt19937_64 g(seed ^ XXH3_64bits(t.hf.data(), t.hf.size()));
+  for (int64_t tok = 0; tok < t.shape[0]; ++tok) {
+    const int64_t first = int64_t(g() % uint64_t(n_expert));
+    for (int64_t j = 0; j < k; ++j) e[size_t(tok * k + j)] = (first + j) % n_expert;
+  }
+  return e;
+}
+
+uint8_t ue8m0_at_least(float ratio) {  // the smallest power of two >= ratio, as a ue8m0 byte
+  if (!(ratio > 0.0f)) return 127;
+  const int e = int(std::ceil(std::log2(double(ratio))));
+  return uint8_t(std::clamp(127 + e, 1, 254));
+}
+
+uint8_t e2m1_code(float x) {  // nearest e2m1 value (ties to the even code)
+  static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float a = std::fabs(x);
+  int best = 0;
+  for (int i = 1; i < 8; ++i)
+    if (std::fabs(mag[i] - a) < std::fabs(mag[best] - a) || (std::fabs(mag[i] - a) == std::fabs(mag[best] - a) && i % 2 == 0)) best = i;
+  return uint8_t(best | (x < 0 && best ? 8 : 0));
 }
 
 }  // namespace
@@ -37,122 +77,86 @@ void make_deepseek4_model(const MakeModelOptions& o, const std::string& vocab_gg
     c.compress_ratios.resize(size_t(o.layers));
   }
   if (o.context_length > 0) c.context = o.context_length;
+  if (o.hf_dtype != "f32" && o.hf_dtype != "fp8")
+    throw std::invalid_argument("--hf-dtype for deepseek4: f32 (tests) or fp8 (the official layout: FP8 matrices, FP4 experts, bf16 elsewhere)");
+  if (!fs::exists(vocab_gguf)) throw std::runtime_error("vocab GGUF not found: " + vocab_gguf + " (run scripts/setup.sh)");
   c.vocab = vocab_size_of(vocab_gguf);
-  const std::string a = "deepseek4";
-  GgufWriter w;
-  w.set("general.architecture", GgufValue::of_str(a));
-  w.set("general.name", GgufValue::of_str("pdbridge-deepseek4-" + o.preset));
-  auto u32 = [&](const std::string& k, int64_t v) { w.set(a + "." + k, GgufValue::of_u32(uint32_t(v))); };
-  auto f32 = [&](const std::string& k, float v) { w.set(a + "." + k, GgufValue::of_f32(v)); };
-  u32("context_length", c.context);
-  u32("embedding_length", c.hidden);
-  u32("block_count", c.layers);
-  u32("expert_count", c.experts);
-  u32("expert_used_count", c.experts_used);
-  u32("attention.head_count", c.heads);
-  u32("attention.head_count_kv", 1);
-  u32("attention.key_length", c.head_dim);
-  u32("attention.value_length", c.head_dim);
-  u32("rope.dimension_count", c.rope_dims);
-  f32("rope.freq_base", c.rope_base);
-  f32("attention.layer_norm_rms_epsilon", c.rms_eps);
-  u32("attention.q_lora_rank", c.q_lora);
-  u32("attention.sliding_window", c.window);
-  u32("expert_feed_forward_length", c.expert_ff);
-  u32("expert_shared_count", c.shared_experts);
-  f32("expert_weights_scale", c.expert_scale);
-  w.set(a + ".expert_weights_norm", GgufValue::of_bool(true));
-  f32("swiglu_clamp_exp", c.swiglu_clamp);
-  u32("attention.indexer.head_count", c.index_heads);
-  u32("attention.indexer.key_length", c.index_dim);
-  u32("attention.indexer.top_k", c.index_top_k);
-  u32("attention.output_group_count", c.out_groups);
-  u32("attention.output_lora_rank", c.out_lora);
-  f32("attention.compress_rope_freq_base", c.compress_rope_base);
-  u32("hyper_connection.count", c.hc_streams);
-  u32("hyper_connection.sinkhorn_iterations", c.hc_iterations);
-  f32("hyper_connection.epsilon", c.hc_eps);
-  u32("hash_layer_count", c.hash_layers);
-  std::vector<GgufValue> ratios;
-  for (int32_t r : c.compress_ratios) ratios.push_back(GgufValue::of_u32(uint32_t(r)));
-  w.set(a + ".attention.compress_ratios", GgufValue::of_array(GgufType::U32, ratios));
-  u32("expert_gating_func", 4);  // sqrt-softplus
+  const bool official = o.hf_dtype == "fp8";
+  const auto emit_ok = printable_tokens(*GgufFile::open(vocab_gguf));
+  const std::string hf = o.out + "/hf";
+  fs::create_directories(hf);
   {
-    auto vocab = GgufFile::open(vocab_gguf);
-    for (const auto& [k, v] : vocab->kv())
-      if (k.rfind("tokenizer.", 0) == 0) w.set(k, v);
+    std::ofstream f(hf + "/config.json");
+    f << deepseek4_hf_config_json(c, official).dump(2) << "\n";
   }
+  using S = Dsv4HfTensor::Store;
   const uint64_t seed = o.seed;
-  const int64_t E = c.hidden, V = c.vocab, hc = c.hc_streams, mix = (2 + hc) * hc, D = c.head_dim, I = c.index_dim;
-  // 2-D weights {in, out}: N(0, 1/sqrt(in)) keeps every product O(1); norms 1; the hyper-connection mixes O(1).
-  auto matrix = [&](const std::string& n, int64_t in, std::vector<int64_t> ne) {
-    w.add_tensor(n, GgmlType::F32, ne, normal(seed, n, 0.0f, 1.0f / std::sqrt(float(in))));
-  };
-  auto ones = [&](const std::string& n, int64_t len) { w.add_tensor(n, GgmlType::F32, {len}, normal(seed, n, 1.0f, 0.0f)); };
-  auto small = [&](const std::string& n, std::vector<int64_t> ne, float mean, float sd) { w.add_tensor(n, GgmlType::F32, ne, normal(seed, n, mean, sd)); };
-  matrix("token_embd.weight", 1, {E, V});
-  ones("output_norm.weight", E);
-  matrix("output.weight", E, {E, V});
-  matrix("output_hc_fn.weight", hc * E, {hc * E, hc});
-  small("output_hc_base.weight", {hc}, 0.0f, 0.5f);
-  small("output_hc_scale.weight", {1}, 1.0f, 0.0f);
-  for (int64_t l = 0; l < c.layers; ++l) {
-    const std::string p = fmt::format("blk.{}.", l);
-    const int64_t ratio = c.compress_ratios[size_t(l)];
-    ones(p + "attn_norm.weight", E);
-    small(p + "attn_sinks.weight", {c.heads}, 0.0f, 0.5f);
-    matrix(p + "attn_q_a.weight", E, {E, c.q_lora});
-    ones(p + "attn_q_a_norm.weight", c.q_lora);
-    matrix(p + "attn_q_b.weight", c.q_lora, {c.q_lora, c.heads * D});
-    matrix(p + "attn_kv.weight", E, {E, D});
-    ones(p + "attn_kv_a_norm.weight", D);
-    matrix(p + "attn_output_a.weight", c.heads * D / c.out_groups, {c.heads * D / c.out_groups, c.out_lora * c.out_groups});
-    matrix(p + "attn_output_b.weight", c.out_groups * c.out_lora, {c.out_groups * c.out_lora, E});
-    for (const char* k : {"attn", "ffn"}) {
-      matrix(p + fmt::format("hc_{}_fn.weight", k), hc * E, {hc * E, mix});
-      small(p + fmt::format("hc_{}_base.weight", k), {mix}, 0.0f, 0.5f);
-      small(p + fmt::format("hc_{}_scale.weight", k), {3}, 1.0f, 0.0f);
-    }
-    if (ratio != 0) {
-      const int64_t coff = ratio == 4 ? 2 : 1;
-      matrix(p + "attn_compressor_kv.weight", E, {E, coff * D});
-      matrix(p + "attn_compressor_gate.weight", E, {E, coff * D});
-      small(p + "attn_compressor_ape.weight", {coff * D, ratio}, 0.0f, 0.1f);
-      ones(p + "attn_compressor_norm.weight", D);
-      if (ratio == 4) {
-        matrix(p + "indexer.proj.weight", E, {E, c.index_heads});
-        matrix(p + "indexer.attn_q_b.weight", c.q_lora, {c.q_lora, c.index_heads * I});
-        matrix(p + "indexer_compressor_kv.weight", E, {E, 2 * I});
-        matrix(p + "indexer_compressor_gate.weight", E, {E, 2 * I});
-        small(p + "indexer_compressor_ape.weight", {2 * I, 4}, 0.0f, 0.1f);
-        ones(p + "indexer_compressor_norm.weight", I);
-      }
-    }
-    matrix(p + "ffn_gate_inp.weight", E, {E, c.experts});
-    if (l < c.hash_layers) {
-      const std::string n = p + "ffn_gate_tid2eid.weight";
-      const int64_t NE = c.experts, k = c.experts_used;
-      w.add_tensor(n, GgmlType::I32, {k, V}, [=](uint8_t* dst, size_t n_bytes) {
-        std::mt19937_64 g(seed ^ XXH3_64bits(n.data(), n.size()));
-        auto* e = reinterpret_cast<int32_t*>(dst);
-        for (size_t t = 0; t < n_bytes / 4 / size_t(k); ++t)  // k distinct experts per token
-          for (int64_t j = 0; j < k; ++j) e[t * size_t(k) + size_t(j)] = int32_t((int64_t(g() % uint64_t(NE)) + j) % NE);
+  SafetensorsWriter w;
+  for (const auto& t : deepseek4_hf_tensors(c)) {
+    if (t.store == S::I64) {
+      w.add(t.hf, StDtype::I64, t.shape, [=, &c](uint8_t* dst, size_t n) {
+        const auto e = tid2eid_values(seed, t, c.experts);
+        std::memcpy(dst, e.data(), n);
       });
-    } else {
-      small(p + "exp_probs_b.bias", {c.experts}, 0.0f, 0.0f);
+      continue;
     }
-    ones(p + "ffn_norm.weight", E);
-    matrix(p + "ffn_gate_exps.weight", E, {E, c.expert_ff, c.experts});
-    matrix(p + "ffn_up_exps.weight", E, {E, c.expert_ff, c.experts});
-    matrix(p + "ffn_down_exps.weight", c.expert_ff, {c.expert_ff, E, c.experts});
-    matrix(p + "ffn_gate_shexp.weight", E, {E, c.expert_ff * c.shared_experts});
-    matrix(p + "ffn_up_shexp.weight", E, {E, c.expert_ff * c.shared_experts});
-    matrix(p + "ffn_down_shexp.weight", c.expert_ff * c.shared_experts, {c.expert_ff * c.shared_experts, E});
+    const S store = official ? t.store : S::F32;
+    if (store == S::F32) {
+      w.add(t.hf, StDtype::F32, t.shape, [=, &emit_ok](uint8_t* dst, size_t n) { std::memcpy(dst, master_values(seed, t, emit_ok).data(), n); });
+    } else if (store == S::Bf16) {
+      w.add(t.hf, StDtype::BF16, t.shape, [=, &emit_ok](uint8_t* dst, size_t) {
+        const auto v = master_values(seed, t, emit_ok);
+        for (size_t i = 0; i < v.size(); ++i) { const uint16_t b = f32_to_bf16(v[i]); std::memcpy(dst + 2 * i, &b, 2); }
+      });
+    } else if (store == S::Fp8) {  // e4m3 values of w / scale, one ue8m0 scale per 128x128 block (amax fits 448)
+      const int64_t rows = t.shape[0], cols = t.shape[1], br = (rows + 127) / 128, bc = (cols + 127) / 128;
+      auto scales = [=, &emit_ok]() {
+        const auto v = master_values(seed, t, emit_ok);
+        std::vector<uint8_t> s(static_cast<size_t>(br * bc));
+        for (int64_t bi = 0; bi < br; ++bi)
+          for (int64_t bj = 0; bj < bc; ++bj) {
+            float amax = 0.0f;
+            for (int64_t r = bi * 128; r < std::min(rows, bi * 128 + 128); ++r)
+              for (int64_t q = bj * 128; q < std::min(cols, bj * 128 + 128); ++q) amax = std::max(amax, std::fabs(v[size_t(r * cols + q)]));
+            s[size_t(bi * bc + bj)] = ue8m0_at_least(amax / 448.0f);
+          }
+        return std::make_pair(v, s);
+      };
+      w.add(t.hf, StDtype::F8_E4M3, t.shape, [=](uint8_t* dst, size_t) {
+        const auto [v, s] = scales();
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t q = 0; q < cols; ++q) dst[r * cols + q] = f32_to_fp8_e4m3(v[size_t(r * cols + q)] / e8m0_to_f32(s[size_t((r / 128) * bc + q / 128)]));
+      });
+      const std::string sn = t.hf.substr(0, t.hf.size() - std::string("weight").size()) + "scale";
+      w.add(sn, StDtype::F8_E8M0, {br, bc}, [=](uint8_t* dst, size_t n) { std::memcpy(dst, scales().second.data(), n); });
+    } else {  // FP4 expert: e2m1 pairs (low nibble first), one ue8m0 scale per 32 values (amax fits 6)
+      const int64_t n = t.elements();
+      auto scales = [=, &emit_ok]() {
+        const auto v = master_values(seed, t, emit_ok);
+        std::vector<uint8_t> s(static_cast<size_t>(n / 32));
+        for (int64_t b = 0; b < n / 32; ++b) {
+          float amax = 0.0f;
+          for (int64_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[size_t(32 * b + i)]));
+          s[size_t(b)] = ue8m0_at_least(amax / 6.0f);
+        }
+        return std::make_pair(v, s);
+      };
+      w.add(t.hf, StDtype::I8, {t.shape[0], t.shape[1] / 2}, [=](uint8_t* dst, size_t) {
+        const auto [v, s] = scales();
+        for (int64_t i = 0; i < n; i += 2) {
+          const float d = e8m0_to_f32(s[size_t(i / 32)]);
+          dst[i / 2] = uint8_t(e2m1_code(v[size_t(i)] / d) | (e2m1_code(v[size_t(i + 1)] / d) << 4));
+        }
+      });
+      const std::string sn = t.hf.substr(0, t.hf.size() - std::string("weight").size()) + "scale";
+      w.add(sn, StDtype::F8_E8M0, {t.shape[0], t.shape[1] / 32}, [=](uint8_t* dst, size_t bytes) { std::memcpy(dst, scales().second.data(), bytes); });
+    }
   }
-  const std::string path = o.out + "/decoder-f32.gguf";
-  w.write(path);
-  spdlog::info("make-model: deepseek4 {} seed {} -> {} (decoder GGUF only; the HF checkpoint is not written for deepseek4 yet)", o.preset,
-               o.seed, path);
+  w.write(hf, size_t(4) << 30, o.threads > 0 ? o.threads : default_threads());
+  auto ck = Deepseek4Checkpoint::open(hf);
+  const std::string path = o.out + (official ? "/decoder-mxfp4_moe.gguf" : "/decoder-f32.gguf");
+  write_deepseek4_gguf(*ck, vocab_gguf, path, "pdbridge-deepseek4-" + o.preset);
+  spdlog::info("make-model: deepseek4 {} seed {} -> {} ({} checkpoint) and {}", o.preset, o.seed, hf, official ? "FP8/FP4 official-layout" : "f32", path);
 }
 
 }  // namespace pdb
