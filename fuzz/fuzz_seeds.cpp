@@ -9,6 +9,7 @@
 #include "formats/gguf.h"
 #include "formats/state_file.h"
 #include "formats/state_file_dsv4.h"
+#include "dsv4_fuzz_state.h"
 #include "wire/protocol.h"
 
 namespace fs = std::filesystem;
@@ -24,7 +25,7 @@ static std::vector<uint8_t> slurp(const std::string& p) {
 int main(int argc, char** argv) {
   if (argc != 2) { std::fprintf(stderr, "usage: fuzz_seeds DIR\n"); return 2; }
   const std::string d = argv[1];
-  for (auto s : {"fuzz_frames", "fuzz_gguf", "fuzz_requests", "fuzz_dsv4_state"}) fs::create_directories(d + "/corpus-" + s);
+  for (auto s : {"fuzz_frames", "fuzz_gguf", "fuzz_requests", "fuzz_dsv4_state", "fuzz_dsv4_frames"}) fs::create_directories(d + "/corpus-" + s);
   // GGUF
   pdb::GgufWriter w;
   w.set("general.architecture", pdb::GgufValue::of_str("llama"));
@@ -76,36 +77,31 @@ int main(int argc, char** argv) {
   }
   write(d + "/corpus-fuzz_requests/state-k-only.bin", slurp(d + "/state.bin"));
   fs::remove(d + "/state.bin");
-  // a DeepSeek-V4 state as llama-server lays it out: 9 cells, a window of 8, layers with ratios [0, 4],
-  // 2 CSA and LID rows, no HCA layer, the three rings
-  std::vector<uint8_t> b;
-  auto put = [&](auto v) { const auto* p = reinterpret_cast<const uint8_t*>(&v); b.insert(b.end(), p, p + sizeof v); };
-  auto zeros = [&](size_t n) { b.insert(b.end(), n, 0); };
-  put(pdb::kStateMagic); put(pdb::kStateVersion); put(uint32_t(9));
-  for (int32_t t = 0; t < 9; ++t) put(int32_t(100 + t));
-  put(pdb::kDsv4Magic); put(uint32_t(1)); put(uint32_t(0));
-  for (int part = 0; part < 2; ++part) {  // base (no layers), then the window
-    const uint32_t cells = part ? 8 : 9;
-    put(uint32_t(1)); put(cells);
-    for (uint32_t c = 0; c < cells; ++c) { put(int32_t(9 - cells + c)); put(uint32_t(1)); put(int32_t(0)); }
-    put(uint32_t(0)); put(uint32_t(part ? 2 : 0));
-    for (int l = 0; l < (part ? 2 : 0); ++l) { put(int32_t(1)); put(uint64_t(32)); zeros(32 * cells); }
-  }
-  for (int pool = 0; pool < 3; ++pool) {  // CSA, HCA, LID
-    const uint32_t rows = pool == 1 ? 0 : 2, layers = pool == 1 ? 0 : 1, ne0 = pool == 2 ? 64 : 16;
-    put(uint32_t(2)); put(rows); put(uint32_t(1)); put(layers);
-    for (uint32_t l = 0; l < layers; ++l) { put(uint32_t(1)); put(int32_t(1)); put(uint64_t(ne0)); put(uint64_t(rows)); put(uint64_t(2 * ne0)); zeros(2 * ne0 * rows); }
-  }
-  for (int ring = 0; ring < 3; ++ring) {
-    const uint32_t ratio = ring == 1 ? 128 : 4, size = ring == 1 ? 128 : 8, embd = ring == 2 ? 128 : 32, layers = ring == 1 ? 0 : 1;
-    put(uint32_t(1)); put(ratio); put(size); put(embd); put(uint32_t(1)); put(layers);
-    for (uint32_t l = 0; l < layers; ++l) {
-      put(uint32_t(1));
-      for (int t = 0; t < 2; ++t) { put(int32_t(0)); put(uint64_t(embd)); put(uint64_t(size)); put(uint64_t(4 * embd)); zeros(4 * embd * size); }
-    }
-  }
+  const std::vector<uint8_t> b = dsv4_fuzz_state();
   const auto parsed = pdb::parse_dsv4_state_bytes(b, "dsv4 seed");  // throws if the seed is not a valid state
   if (pdb::serialize_dsv4_state(parsed) != b || parsed.csa.n_rows != 2) { std::fprintf(stderr, "dsv4 seed does not round-trip\n"); return 1; }
   write(d + "/corpus-fuzz_dsv4_state/dsv4.bin", b);
+  {  // a complete DSV4 capture of 8 tokens for that layout: window 8 rows x 2 layers, 2 CSA and LID rows, the rings
+    fs::create_directories(d + "/corpus-fuzz_dsv4_frames");
+    std::vector<uint8_t> s;
+    pdb::wire::encode_json_frame(pdb::wire::FrameKind::Hello, {{"fingerprint", "fp"}, {"n_tokens", 8}, {"cache", "dsv4"}, {"window", 8}, {"k_row_bytes", 32}}, s);
+    auto rows = [&](pdb::wire::FrameKind k, uint8_t type, uint32_t layer, uint32_t n, size_t row_bytes) {
+      pdb::wire::FrameHeader h;
+      h.kind = k; h.type = type; h.layer = layer; h.pos0 = 0; h.n_rows = n;
+      std::vector<uint8_t> payload(n * row_bytes, 0);
+      pdb::wire::encode_frame(h, payload.data(), payload.size(), s);
+    };
+    using K = pdb::wire::FrameKind;
+    rows(K::Window, 1, 0, 8, 32);
+    rows(K::Window, 1, 1, 8, 32);
+    rows(K::Csa, 1, 1, 2, 32);
+    rows(K::Lid, 1, 1, 2, 128);
+    rows(K::CsaKvRing, 0, 1, 8, 128);
+    rows(K::CsaScoreRing, 0, 1, 8, 128);
+    rows(K::LidKvRing, 0, 1, 8, 512);
+    rows(K::LidScoreRing, 0, 1, 8, 512);
+    pdb::wire::encode_json_frame(K::Trailer, {{"status", "complete"}, {"tokens", 8}, {"n_tokens", 8}}, s);
+    write(d + "/corpus-fuzz_dsv4_frames/capture.bin", s);
+  }
   return 0;
 }

@@ -11,7 +11,7 @@ CC=clang CXX=clang++ cmake -S "$ROOT" -B "$B" -DPDBRIDGE_FUZZ=ON -DPDBRIDGE_NO_C
 cmake --build "$B" -j "$(nproc)" >/dev/null
 "$B/fuzz/fuzz_seeds" "$B"
 status=0
-for f in fuzz_frames fuzz_gguf fuzz_requests fuzz_dsv4_state; do
+for f in fuzz_frames fuzz_gguf fuzz_requests fuzz_dsv4_state fuzz_dsv4_frames; do
   log="$B/$f.log"
   if "$B/fuzz/$f" -runs="$RUNS" -max_len=65536 -seed=1 -print_final_stats=1 -artifact_prefix="$B/$f-" "$B/corpus-$f" >"$log" 2>&1; then
     execs=$(grep -o "stat::number_of_executed_units: [0-9]*" "$log" | awk '{print $2}')

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -538,13 +539,15 @@ TEST(Deepseek4Engine, ChunkedPrefillEqualsOneShot) {
 namespace {
 // A capture of `tokens` by the DSV4 CPU backend, framed as the prefill server frames it, into an assembler.
 CaptureResult capture_into(PrefillBackend& backend, StateAssembler& as, const std::vector<int32_t>& tokens, GgmlType kt, int64_t chunk,
-                           const std::function<void(std::vector<uint8_t>&)>& tamper = {}) {
+                           const std::function<void(std::vector<uint8_t>&)>& tamper = {}, int seal_at_emit = 0) {
+  int emits = 0;
   wire::PrefillRequest req;
   req.tokens = tokens;
   req.fingerprint = recipe_fingerprint(backend.info());
   req.k_type = req.v_type = kt;
   req.rot_k = req.rot_v = kt == GgmlType::Q8_0;
-  return run_capture(backend, req, chunk, EmitFn([&](std::vector<uint8_t>&& buf, bool) {
+  return run_capture(backend, req, chunk, EmitFn([&](std::vector<uint8_t>&& buf, bool force) {
+    if (!force && seal_at_emit && ++emits >= seal_at_emit) return Emit::Seal;  // as the prefill server's full backlog says
     if (!tamper) {
       as.feed(buf.data(), buf.size());
       return Emit::Ok;
@@ -606,6 +609,57 @@ TEST(Deepseek4Wire, SectionFramesAssembleTheDecodersFileAndItRestores) {
     EXPECT_EQ(r.json()["timings"]["cache_n"].get<int64_t>(), T - 1) << r.json()["timings"].dump();
     EXPECT_EQ(r.json()["timings"]["prompt_n"].get<int64_t>(), 1) << r.json()["timings"].dump();
   }
+}
+
+// A capture sealed early (the prefill server's backlog full): the backend sends a SEAL with the prefix P of
+// complete chunks, then each layer's window rows before P and its rings at P; the front door's assembler makes
+// the state of the first P tokens from them and the pool rows sent before. It is the very file the engine and
+// recipe make of those P tokens in one piece, byte for byte (seals landing at a chunk's first layer and inside
+// it), and llama-server restores it and computes the rest.
+TEST(Deepseek4Wire, SealedCaptureGivesTheStateOfItsPrefix) {
+  test::Stack st(decoder_only(test::models_dir() + "/deepseek4-tiny", "q8_0"));
+  const GgmlType kt = GgmlType::Q8_0;
+  ASSERT_EQ(st.post_decoder("/completion", {{"prompt", tokens_of(1, 40)}, {"n_predict", 0}, {"id_slot", 0}}).status, 200);
+  ASSERT_EQ(st.post_decoder("/slots/0?action=save", {{"filename", "probe.bin"}}).status, 200);
+  const Dsv4State like = parse_dsv4_state_file(st.slot_dir + "/probe.bin");
+  const int T = 517;
+  const auto toks = tokens_of(45, T);
+  const std::vector<int32_t> head(toks.begin(), toks.end() - 1);
+  Deepseek4Recipe recipe(st.decoder_gguf);
+  Deepseek4CpuEngine engine(recipe);
+  auto backend = make_cpu_dsv4_backend(st.decoder_gguf, st.decoder_gguf);
+  const std::string fp = recipe_fingerprint(backend->info());
+  const int64_t chunk = 100;
+  // blocks that carry rows: every layer's first, then only those with pool rows or window rows of the last W
+  std::set<int64_t> Ps;
+  for (const int seal_at : {4, 6, 9}) {
+    const std::string path = st.slot_dir + "/sealed.bin";
+    int64_t P = 0;
+    {
+      Dsv4CaptureAssembler as(path, like, head, uint32_t(recipe.config().window), fp);
+      const auto r = capture_into(*backend, as, head, kt, chunk, {}, seal_at);
+      ASSERT_EQ(r.status, "partial") << r.reason;
+      P = as.commit();
+    }
+    EXPECT_EQ(P % chunk, 0) << "a seal cuts where every layer finished a chunk";
+    EXPECT_GT(P, 0);
+    EXPECT_LT(P, T - 1);
+    Ps.insert(P);
+    const std::vector<int32_t> prefix(head.begin(), head.begin() + P);
+    std::vector<Dsv4LayerBytes> layers;
+    engine.forward(prefix, kt, [&](int l, const float* x, int64_t n) { layers.push_back(recipe.to_bytes(recipe.sections(l, x, n, kt), kt)); });
+    EXPECT_EQ(read_all(path), write_dsv4_state(like, prefix, uint32_t(recipe.config().window), layers)) << "seal at block " << seal_at;
+    ASSERT_EQ(st.post_decoder("/slots/0?action=erase", json::object()).status, 200);
+    auto rr = st.post_decoder("/slots/0?action=restore", {{"filename", "sealed.bin"}});
+    ASSERT_EQ(rr.status, 200) << rr.body;
+    rr = st.post_decoder("/completion", {{"prompt", toks}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", true}});
+    ASSERT_EQ(rr.status, 200) << rr.body;
+    EXPECT_EQ(rr.json()["timings"]["cache_n"].get<int64_t>(), P) << rr.json()["timings"].dump();
+    EXPECT_EQ(rr.json()["timings"]["prompt_n"].get<int64_t>(), T - P) << rr.json()["timings"].dump();
+    std::printf("DSV4 SEAL at emitted block %d: state of %lld of %d tokens, byte-identical to the one-piece state; restored, the decoder computed %lld\n",
+                seal_at, (long long)P, T - 1, (long long)rr.json()["timings"]["prompt_n"].get<int64_t>());
+  }
+  EXPECT_GE(Ps.size(), 2u) << "the seals should land at different prefixes";
 }
 
 // What the DSV4 assembler refuses, each with its reason and no file left: a capture for another model, a frame

@@ -435,6 +435,21 @@ void Dsv4StateWriter::write_rows(uint32_t layer, Dsv4SectionKind kind, uint64_t 
   pwrite_all(data, size_t(rows * s->block.row_bytes), s->block.offset + first_row * s->block.row_bytes);
 }
 
+void Dsv4StateWriter::read_rows(uint32_t layer, Dsv4SectionKind kind, uint64_t first_row, uint64_t rows, uint8_t* out) const {
+  const Dsv4Section* s = find(layer, kind);
+  if (!s || first_row + rows > s->block.rows) throw std::runtime_error(fmt::format("DSV4 state: no rows {}..{} of layer {} {}", first_row, first_row + rows, layer, to_string(kind)));
+  size_t n = size_t(rows * s->block.row_bytes);
+  uint64_t off = s->block.offset + first_row * s->block.row_bytes;
+  while (n > 0) {
+    const ssize_t r = ::pread(fd_, out, n, off_t(off));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) throw std::runtime_error(fmt::format("read {}: {}", partial_, r < 0 ? std::strerror(errno) : "short file"));
+    out += r;
+    n -= size_t(r);
+    off += uint64_t(r);
+  }
+}
+
 void Dsv4StateWriter::pwrite_all(const void* p, size_t n, uint64_t off) {
   const auto* c = static_cast<const uint8_t*>(p);
   while (n > 0) {

@@ -112,6 +112,7 @@ class Dsv4StateWriter {
   // The section (its block's offset in this file), or null where the layout has none for that layer.
   const Dsv4Section* find(uint32_t layer, Dsv4SectionKind kind) const;
   void write_rows(uint32_t layer, Dsv4SectionKind kind, uint64_t first_row, uint64_t rows, const uint8_t* data);
+  void read_rows(uint32_t layer, Dsv4SectionKind kind, uint64_t first_row, uint64_t rows, uint8_t* out) const;  // what was written
   uint64_t file_bytes() const { return total_; }
   void commit();
   void abandon();

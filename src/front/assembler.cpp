@@ -100,7 +100,8 @@ void CaptureAssembler::finish() {
 
 Dsv4CaptureAssembler::Dsv4CaptureAssembler(const std::string& path, const Dsv4State& like, const std::vector<int32_t>& tokens, uint32_t window,
                                            std::string fingerprint)
-    : T_(int64_t(tokens.size())), window_(window), window_first_(tokens.size() - std::min<size_t>(tokens.size(), window)),
+    : path_(path), like_(like), tokens_(tokens), T_(int64_t(tokens.size())), window_(window),
+      window_first_(tokens.size() - std::min<size_t>(tokens.size(), window)),
       fingerprint_(std::move(fingerprint)), writer_(path, plan_dsv4_state(like, tokens, window)),
       parser_([this](const wire::FrameHeader& h, const uint8_t* p) { on_frame(h, p); }) {
   for (const auto& s : writer_.plan().sections()) next_[{s.layer, s.kind}] = base_row(s.kind);
@@ -116,10 +117,10 @@ void Dsv4CaptureAssembler::on_frame(const wire::FrameHeader& h, const uint8_t* p
     if (j.value("n_tokens", int64_t(-1)) != T_) throw wire::Error("HELLO token count differs from the request");
     if (j.value("cache", "") != "dsv4") throw wire::Error("HELLO: the capture is not of a DeepSeek-V4 (pooled) cache");
     if (j.value("window", int64_t(-1)) != int64_t(window_)) throw wire::Error(fmt::format("HELLO: window {} (the decoder's is {})", j.value("window", int64_t(-1)), window_));
-    const Dsv4Section* w = nullptr;
+    uint64_t window_row_bytes = 0;
     for (const auto& s : writer_.plan().sections())
-      if (s.kind == Dsv4SectionKind::Window) { w = &s; break; }
-    if (w && j.value("k_row_bytes", uint64_t(0)) != w->block.row_bytes) throw wire::Error("HELLO row sizes differ from the decoder's layout");
+      if (s.kind == Dsv4SectionKind::Window) { window_row_bytes = s.block.row_bytes; break; }
+    if (window_row_bytes && j.value("k_row_bytes", uint64_t(0)) != window_row_bytes) throw wire::Error("HELLO row sizes differ from the decoder's layout");
     hello_ = true;
     return;
   }
@@ -128,8 +129,28 @@ void Dsv4CaptureAssembler::on_frame(const wire::FrameHeader& h, const uint8_t* p
     try { trailer_ = json::parse(payload, payload + h.payload_bytes); } catch (const std::exception& e) { throw wire::Error(std::string("trailer is not JSON: ") + e.what()); }
     return;
   }
+  if (h.kind == wire::FrameKind::Seal) {
+    json j;
+    try { j = json::parse(payload, payload + h.payload_bytes); } catch (const std::exception& e) { throw wire::Error(std::string("SEAL is not JSON: ") + e.what()); }
+    return on_seal(j.value("tokens", int64_t(0)));
+  }
   if (!wire::is_section_kind(h.kind)) throw wire::Error(fmt::format("{} rows for a DeepSeek-V4 decoder, whose state has sections, not K/V rows", wire::kind_name(h.kind)));
   const auto kind = Dsv4SectionKind(uint8_t(h.kind) - wire::kFirstSectionKind);
+  if (sealed_) {  // after the SEAL: the prefix's windows and rings only
+    if (kind == Dsv4SectionKind::Csa || kind == Dsv4SectionKind::Hca || kind == Dsv4SectionKind::Lid)
+      throw wire::Error(fmt::format("layer {} {} rows after the SEAL (its pools are the rows sent before it)", h.layer, to_string(kind)));
+    const Dsv4Section* s = sealed_->find(h.layer, kind);
+    if (!s) throw wire::Error(fmt::format("layer {} has no {} section in the decoder's state", h.layer, to_string(kind)));
+    if (h.type != uint8_t(s->block.type) || h.payload_bytes != s->block.row_bytes * h.n_rows)
+      throw wire::Error(fmt::format("layer {} {} seal rows of another type or size", h.layer, to_string(kind)));
+    const uint64_t base = kind == Dsv4SectionKind::Window ? uint64_t(seal_ - std::min<int64_t>(seal_, window_)) : 0;
+    uint64_t& next = next_[{h.layer, kind}];
+    if (h.pos0 != next) throw wire::Error(fmt::format("layer {} {} seal rows out of order: row {}, expected {}", h.layer, to_string(kind), h.pos0, next));
+    if (h.pos0 + uint64_t(h.n_rows) > base + s->block.rows) throw wire::Error(fmt::format("layer {} {}: seal rows past the prefix", h.layer, to_string(kind)));
+    sealed_->write_rows(h.layer, kind, h.pos0 - base, h.n_rows, payload);
+    next += h.n_rows;
+    return;
+  }
   const Dsv4Section* s = writer_.find(h.layer, kind);
   if (!s) throw wire::Error(fmt::format("layer {} has no {} section in the decoder's state", h.layer, to_string(kind)));
   if (h.type != uint8_t(s->block.type))
@@ -145,12 +166,50 @@ void Dsv4CaptureAssembler::on_frame(const wire::FrameHeader& h, const uint8_t* p
   next += h.n_rows;
 }
 
+void Dsv4CaptureAssembler::on_seal(int64_t P) {
+  if (seal_) throw wire::Error("second SEAL");
+  if (P <= 0 || P >= T_) throw wire::Error(fmt::format("SEAL at {} of {} tokens", P, T_));
+  const std::vector<int32_t> prefix(tokens_.begin(), tokens_.begin() + P);
+  sealed_ = std::make_unique<Dsv4StateWriter>(path_ + ".seal", plan_dsv4_state(like_, prefix, window_));
+  std::vector<uint8_t> buf;
+  for (const auto& s : sealed_->plan().sections()) {
+    const bool pool = s.kind == Dsv4SectionKind::Csa || s.kind == Dsv4SectionKind::Hca || s.kind == Dsv4SectionKind::Lid;
+    uint64_t& next = next_[{s.layer, s.kind}];
+    if (!pool) {  // the window and the rings come after the SEAL
+      next = s.kind == Dsv4SectionKind::Window ? uint64_t(P - std::min<int64_t>(P, window_)) : 0;
+      continue;
+    }
+    // the prefix's pool rows: every block that finished before P, sent before the SEAL
+    if (next < s.block.rows)
+      throw wire::Error(fmt::format("SEAL at {} tokens: layer {} {} has {} of the prefix's {} rows", P, s.layer, to_string(s.kind), next, s.block.rows));
+    buf.resize(size_t(s.block.bytes()));
+    if (s.block.rows) {
+      writer_.read_rows(s.layer, s.kind, 0, s.block.rows, buf.data());
+      sealed_->write_rows(s.layer, s.kind, 0, s.block.rows, buf.data());
+    }
+    next = s.block.rows;
+  }
+  seal_ = P;
+}
+
 int64_t Dsv4CaptureAssembler::commit() {
   if (!trailer_) throw std::runtime_error("capture stream ended without a trailer");
   if (!parser_.idle()) throw std::runtime_error("capture stream ended inside a frame");
   const std::string st = trailer_->value("status", "");
+  if (st == "partial" && sealed_) {
+    if (trailer_->value("tokens", int64_t(-1)) != seal_) throw std::runtime_error("partial trailer's token count differs from the SEAL's");
+    for (const auto& s : sealed_->plan().sections()) {
+      const uint64_t base = s.kind == Dsv4SectionKind::Window ? uint64_t(seal_ - std::min<int64_t>(seal_, window_)) : 0;
+      if (next_[{s.layer, s.kind}] - base != s.block.rows)
+        throw std::runtime_error(fmt::format("sealed capture: layer {} {} has {} of {} rows", s.layer, to_string(s.kind), next_[{s.layer, s.kind}] - base, s.block.rows));
+    }
+    sealed_->commit();
+    writer_.abandon();
+    std::filesystem::rename(path_ + ".seal", path_);
+    return seal_;
+  }
   if (st == "partial")
-    throw std::runtime_error(fmt::format("capture partial at {} tokens ({}): a DeepSeek-V4 state is mounted whole or not at all",
+    throw std::runtime_error(fmt::format("capture partial at {} tokens ({}) without a SEAL: a DeepSeek-V4 state needs the prefix's windows and rings",
                                          trailer_->value("tokens", 0), trailer_->value("reason", "")));
   if (st != "complete") throw std::runtime_error(fmt::format("capture {} at {} tokens: {}", st, trailer_->value("tokens", 0), trailer_->value("reason", "")));
   if (trailer_->value("tokens", int64_t(-1)) != T_) throw std::runtime_error("trailer token count differs from the request");

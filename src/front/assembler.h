@@ -3,6 +3,7 @@
 // commits the file only when every layer's K and V rows cover the whole prompt.
 #pragma once
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -74,6 +75,10 @@ class Dsv4CaptureAssembler final : public StateAssembler {
   void on_frame(const wire::FrameHeader& h, const uint8_t* payload);
   // The first row a section's frames start at: the window's first position, 0 for pools and rings.
   uint64_t base_row(Dsv4SectionKind k) const { return k == Dsv4SectionKind::Window ? window_first_ : 0; }
+  void on_seal(int64_t P);
+  std::string path_;
+  Dsv4State like_;
+  std::vector<int32_t> tokens_;
   int64_t T_;
   uint32_t window_;
   uint64_t window_first_;
@@ -83,6 +88,10 @@ class Dsv4CaptureAssembler final : public StateAssembler {
   std::map<std::pair<uint32_t, Dsv4SectionKind>, uint64_t> next_;  // per section: the next row expected
   bool hello_ = false;
   std::optional<nlohmann::json> trailer_;
+  // A SEAL(P): the state of the first P tokens, its pools copied from what came, its windows and rings from the
+  // frames after the SEAL.
+  int64_t seal_ = 0;
+  std::unique_ptr<Dsv4StateWriter> sealed_;
 };
 
 }  // namespace pdb

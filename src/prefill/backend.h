@@ -37,8 +37,12 @@ struct KvBlock {
   const uint8_t* v = nullptr;
   size_t v_bytes = 0;
   std::vector<SectionRows> sections;
+  // A pooled cache's seal (after the sink refused a block): > 0, the prefix P of complete chunks these
+  // sections (window rows before P, rings at P) make a valid state of with the pool rows already sent.
+  int64_t seal_tokens = 0;
 };
-// Called in (chunk, layer) order; returns false to stop the capture.
+// Called in (chunk, layer) order; returns false to stop the capture (a pooled backend then offers its seal
+// blocks, which the sink takes only when it stopped for a seal).
 using KvSink = std::function<bool(const KvBlock&)>;
 
 class PrefillBackend {

@@ -43,45 +43,77 @@ class CpuDsv4Backend final : public PrefillBackend {
   int64_t capture(const std::vector<int32_t>& tokens, int64_t chunk, const CacheSpec& spec, const KvSink& sink,
                   const std::function<bool()>& stop) override {
     const auto& c = recipe_->config();
-    const int64_t T = int64_t(tokens.size()), D = c.head_dim, W = c.window;
+    const int64_t T = int64_t(tokens.size()), D = c.head_dim, W = c.window, L = c.layers;
     const GgmlType kt = spec.k_type;
-    return engine_->prefill(
+    const size_t wrb = ggml_row_bytes(kt, D);
+    using K = wire::FrameKind;
+    // What a seal needs besides the pool rows already sent: per layer the window rows of the last W positions and
+    // the rings, as of the last chunk every layer finished (`sealable`), and as of the chunk in progress.
+    struct Tail {
+      int64_t win_first = 0;
+      std::vector<uint8_t> win;  // rows of positions win_first ..
+      Dsv4LayerBytes rings, rings_done;  // after the chunk in progress / after the last complete one
+      int ratio = 0;
+    };
+    std::vector<Tail> tail(static_cast<size_t>(L));
+    int64_t sealable = 0;
+    auto add = [](KvBlock& blk, K k, GgmlType t, int64_t first, const std::vector<uint8_t>& bytes, int64_t n_rows, size_t row_bytes) {
+      if (n_rows > 0) blk.sections.push_back({k, t, first, n_rows, bytes.data(), size_t(n_rows) * row_bytes});
+    };
+    auto add_rings = [&](KvBlock& blk, const Dsv4LayerBytes& b, int ratio) {
+      const bool csa = ratio == 4;
+      const int64_t ring = csa ? 8 : 128;
+      add(blk, csa ? K::CsaKvRing : K::HcaKvRing, GgmlType::F32, 0, b.ring_kv, ring, b.ring_kv.size() / size_t(ring));
+      add(blk, csa ? K::CsaScoreRing : K::HcaScoreRing, GgmlType::F32, 0, b.ring_score, ring, b.ring_score.size() / size_t(ring));
+      if (csa) {
+        add(blk, K::LidKvRing, GgmlType::F32, 0, b.lid_kv, 8, b.lid_kv.size() / 8);
+        add(blk, K::LidScoreRing, GgmlType::F32, 0, b.lid_score, 8, b.lid_score.size() / 8);
+      }
+    };
+    bool refused = false;
+    const int64_t done = engine_->prefill(
         tokens, chunk, kt,
-        [&](int layer, const float*, int64_t pos0, int64_t rows, const Deepseek4LayerSections& all) {
+        [&](int layer, const float*, int64_t pos0, int64_t rows, const Deepseek4LayerSections& S) {
           // the engine's sections hold every position's window row (it attends over them); the decoder keeps the last W
-          const Deepseek4LayerSections* S = &all;
-          const int64_t w0 = std::max(pos0, T - std::min(T, W)), wn = std::max<int64_t>(0, pos0 + rows - w0);
-          Deepseek4LayerSections out;
-          out.ratio = S->ratio;
-          out.window.assign(S->window.begin() + (w0 - pos0) * D, S->window.begin() + (w0 - pos0 + wn) * D);
-          out.pool = S->pool;
-          out.lid = S->lid;
-          out.ring_kv = S->ring_kv;
-          out.ring_score = S->ring_score;
-          out.lid_kv = S->lid_kv;
-          out.lid_score = S->lid_score;
-          const Dsv4LayerBytes b = recipe_->to_bytes(out, kt);
+          const Dsv4LayerBytes b = recipe_->to_bytes(S, kt);
+          Tail& tl = tail[size_t(layer)];
+          tl.ratio = int(S.ratio);
+          if (tl.win.empty()) tl.win_first = pos0;
+          tl.win.insert(tl.win.end(), b.window.begin(), b.window.end());
+          const int64_t keep = std::min<int64_t>(W + rows, pos0 + rows - tl.win_first);  // a seal at pos0 needs W rows before it
+          tl.win.erase(tl.win.begin(), tl.win.end() - std::ptrdiff_t(size_t(keep) * wrb));
+          tl.win_first = pos0 + rows - keep;
+          tl.rings_done = std::move(tl.rings);
+          tl.rings = b;
           KvBlock blk{layer, pos0, rows};
-          auto add = [&](wire::FrameKind k, GgmlType t, int64_t first, const std::vector<uint8_t>& bytes, int64_t n_rows) {
-            if (n_rows > 0) blk.sections.push_back({k, t, first, n_rows, bytes.data(), bytes.size()});
-          };
-          using K = wire::FrameKind;
-          add(K::Window, kt, w0, b.window, wn);
-          const bool csa = S->ratio == 4;
-          if (S->ratio) add(csa ? K::Csa : K::Hca, kt, S->pool_first, b.pool, int64_t(S->pool.size()) / D);
-          if (csa) add(K::Lid, kt, S->lid_first, b.lid, int64_t(S->lid.size()) / c.index_dim);
-          if (!S->ring_kv.empty()) {  // the prompt's last chunk: the rings after its last token
-            const int64_t ring = csa ? 8 : 128;
-            add(csa ? K::CsaKvRing : K::HcaKvRing, GgmlType::F32, 0, b.ring_kv, ring);
-            add(csa ? K::CsaScoreRing : K::HcaScoreRing, GgmlType::F32, 0, b.ring_score, ring);
-            if (csa) {
-              add(K::LidKvRing, GgmlType::F32, 0, b.lid_kv, 8);
-              add(K::LidScoreRing, GgmlType::F32, 0, b.lid_score, 8);
-            }
-          }
-          return sink(blk);
+          const int64_t w0 = std::max(pos0, T - std::min(T, W)), wn = std::max<int64_t>(0, pos0 + rows - w0);
+          if (wn > 0) blk.sections.push_back({K::Window, kt, w0, wn, b.window.data() + size_t(w0 - pos0) * wrb, size_t(wn) * wrb});
+          const bool csa = S.ratio == 4;
+          if (S.ratio) add(blk, csa ? K::Csa : K::Hca, kt, S.pool_first, b.pool, int64_t(S.pool.size()) / D, wrb);
+          if (csa) add(blk, K::Lid, kt, S.lid_first, b.lid, int64_t(S.lid.size()) / c.index_dim, ggml_row_bytes(kt, c.index_dim));
+          if (pos0 + rows == T && S.ratio) add_rings(blk, b, int(S.ratio));  // the prompt's last chunk: the state's rings
+          if (!sink(blk)) { refused = true; return false; }
+          if (layer == L - 1) sealable = pos0 + rows;
+          return true;
         },
         stop);
+    if (refused && sealable > 0 && sealable < T) {
+      // Offer the seal: the rings a layer had after chunk `sealable` (layers that went on into the next chunk keep
+      // them in rings_done) and the window rows before it. The sink takes them only when it stopped for a seal.
+      for (int64_t l = 0; l < L; ++l) {
+        Tail& tl = tail[size_t(l)];
+        const bool moved_on = tl.win_first + int64_t(tl.win.size() / wrb) > sealable;
+        const Dsv4LayerBytes& rings = moved_on ? tl.rings_done : tl.rings;
+        const int64_t w = std::min(sealable, W), first = sealable - w;
+        if (first < tl.win_first) throw std::logic_error("DSV4 seal: the window rows before the seal were not kept");
+        KvBlock blk{int(l), sealable, 0};
+        blk.seal_tokens = sealable;
+        blk.sections.push_back({K::Window, kt, first, w, tl.win.data() + size_t(first - tl.win_first) * wrb, size_t(w) * wrb});
+        if (tl.ratio) add_rings(blk, rings, tl.ratio);
+        if (!sink(blk)) break;
+      }
+    }
+    return done;
   }
 
   int64_t forward_only(const std::vector<int32_t>& tokens, int64_t chunk, bool, bool skip_attention) override {

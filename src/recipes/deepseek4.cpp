@@ -268,10 +268,11 @@ Deepseek4LayerSections Deepseek4Recipe::sections_chunk(int layer, const float* x
       pooled.insert(pooled.end(), row.begin(), row.end());
     }
     if (hadamard && rotation_size(width) && !pooled.empty()) hadamard_rows(pooled.data(), int64_t(pooled.size()), rotation_size(width));
-    if (pos0 + rows == T) {
+    {  // the rings after this chunk's last token (the state's at the prompt's end; a sealed prefix's at a chunk's)
+      const int64_t end = pos0 + rows;
       ring_kv.assign(size_t(ring * cw), 0.0f);
       ring_score.assign(size_t(ring * cw), 0.0f);
-      for (int64_t t = std::max<int64_t>(h0, T - ring); t < T; ++t) {
+      for (int64_t t = std::max<int64_t>(h0, end - ring); t < end; ++t) {
         std::copy_n(a.data() + (t - h0) * cw, cw, ring_kv.data() + (t % ring) * cw);
         std::copy_n(g.data() + (t - h0) * cw, cw, ring_score.data() + (t % ring) * cw);
       }

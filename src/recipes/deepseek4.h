@@ -59,7 +59,8 @@ class Deepseek4Recipe {
                                   std::vector<float>* cur_out = nullptr) const;
   // The same for positions [pos0, pos0 + rows) of a T-token prompt, chunk after chunk (each layer's chunks in
   // order, `carry` kept between them): the window rows of this chunk among the last W, the blocks that finish
-  // in it, and the rings with the prompt's last chunk. Equals `sections` over the whole prompt, row for row.
+  // in it, and the rings after its last token (those of the prompt's last chunk are the state's). Equals
+  // `sections` over the whole prompt, row for row.
   Deepseek4LayerSections sections_chunk(int layer, const float* x, int64_t pos0, int64_t rows, int64_t T, GgmlType k_type,
                                         Deepseek4Carry& carry, bool all_raw_rows = false, std::vector<float>* cur_out = nullptr) const;
   const GgufFile& gguf() const { return *g_; }

@@ -23,6 +23,7 @@ const char* kind_name(FrameKind k) {
     case FrameKind::HcaScoreRing: return "hca-score-ring";
     case FrameKind::LidKvRing: return "lid-kv-ring";
     case FrameKind::LidScoreRing: return "lid-score-ring";
+    case FrameKind::Seal: return "SEAL";
   }
   return "?";
 }
@@ -87,7 +88,7 @@ void FrameParser::feed(const uint8_t* data, size_t n) {
     if (header_hash(b) != stored_hh) throw Error(fmt::format("frame {}: header checksum mismatch", frames_));
     if (ver != kWireVersion) throw Error(fmt::format("frame {}: wire version {} (expected {})", frames_, ver, kWireVersion));
     FrameHeader h;
-    if (b[6] < 1 || b[6] > kLastSectionKind) throw Error(fmt::format("frame {}: unknown kind {}", frames_, b[6]));
+    if (b[6] < 1 || b[6] > uint8_t(FrameKind::Seal)) throw Error(fmt::format("frame {}: unknown kind {}", frames_, b[6]));
     h.kind = FrameKind(b[6]);
     h.type = b[7];
     std::memcpy(&h.layer, b + 8, 4);

@@ -24,6 +24,9 @@ constexpr uint64_t kMaxPayload = 1ull << 31;
 enum class FrameKind : uint8_t {
   Hello = 1, K = 2, V = 3, Trailer = 4,
   Window = 5, Csa = 6, Hca = 7, Lid = 8, CsaKvRing = 9, CsaScoreRing = 10, HcaKvRing = 11, HcaScoreRing = 12, LidKvRing = 13, LidScoreRing = 14,
+  // A pooled capture sealed early: JSON {"tokens": P}; after it, every layer's window rows of [P-min(P,W), P) and
+  // its rings at P (the sections a prefix needs beyond the pool rows already sent), then TRAILER partial P.
+  Seal = 15,
 };
 constexpr uint8_t kFirstSectionKind = 5, kLastSectionKind = 14;
 inline bool is_section_kind(FrameKind k) { return uint8_t(k) >= kFirstSectionKind && uint8_t(k) <= kLastSectionKind; }
