@@ -10,10 +10,13 @@
 #include <filesystem>
 #include <fstream>
 #include <cmath>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <random>
 #include <set>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "formats/ggml_types.h"
@@ -802,6 +805,71 @@ TEST(Deepseek4Bridge, PrefillServerRefusesACheckpointOfAnotherModel) {
   EXPECT_NE(all.find("yarn"), std::string::npos) << all;
   EXPECT_TRUE(config_mismatches(test::models_dir() + "/deepseek4-tiny/hf", test::models_dir() + "/deepseek4-tiny/decoder-f32.gguf").empty());
   EXPECT_TRUE(config_mismatches(test::models_dir() + "/deepseek4-tiny-fp8/hf", test::models_dir() + "/deepseek4-tiny-fp8/decoder-mxfp4_moe.gguf").empty());
+}
+
+}  // namespace pdb
+
+namespace pdb {
+
+// DeepSeek-V4-Flash's real layer shapes (hidden 4096, 64 heads of 512, 256 FP4 experts, indexer 64 x 128), in a
+// checkpoint of a few layers of the official layout made where disk and memory hold it (the device:
+// scripts/device/dsv4_real.sh; `make-model --preset v4-flash --compress-ratios 4,128 --hf-dtype fp8`), converted as
+// llama.cpp's converter does. The decoder loads and runs it; its state's sections have the sizes the layout
+// predicts (the fact sheet's ~6.9 KB per token for the 43-layer model is 21 x 320 + 20 x 8 bytes in f16); the
+// recipe's layer-0 sections (a ratio-4 layer: window, CSA, LID, rings) match the decoder's within the tolerance
+// class. Skipped (saying so) where no such model is given: CI's machines cannot hold one.
+TEST(Deepseek4RealShapes, DecoderStateAndRecipeLayer0AtTheModelsShapes) {
+  const char* env = std::getenv("PDBRIDGE_DSV4_MODEL");
+  if (!env || !*env) GTEST_SKIP() << "PDBRIDGE_DSV4_MODEL (a make-model --preset v4-flash directory) is not set: measured on the device";
+  const std::string dir = env;
+  for (const std::string cache : {"f16", "q8_0"}) {
+    test::StackOptions so = decoder_only(dir, cache);
+    so.decoder_type = "mxfp4_moe";
+    so.decoder_extra = {"--threads", std::to_string(std::max(2u, std::thread::hardware_concurrency()))};
+    test::Stack st(so);
+    const int T = 1024;
+    const auto toks = tokens_of(21, T);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = st.post_decoder("/completion", {{"prompt", toks}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", false}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(st.post_decoder("/slots/0?action=save", {{"filename", "s.bin"}}).status, 200);
+    const Dsv4State s = parse_dsv4_state_file(st.slot_dir + "/s.bin");
+    Deepseek4Recipe recipe(st.decoder_gguf);
+    const auto& c = recipe.config();
+    std::printf("DSV4 REAL cache=%s: %s; the decoder prefilled %d tokens in %.1f s\n", cache.c_str(), s.describe().c_str(), T, prefill_s);
+    uint64_t pooled = 0;
+    for (const auto& sec : s.sections()) {
+      const bool pool = sec.kind == Dsv4SectionKind::Csa || sec.kind == Dsv4SectionKind::Hca || sec.kind == Dsv4SectionKind::Lid;
+      if (pool) pooled += sec.block.bytes();
+      std::printf("DSV4 REAL cache=%s layer %u ratio %d %-14s %5llu rows x %6llu bytes%s\n", cache.c_str(), sec.layer, c.compress_ratios[sec.layer],
+                  to_string(sec.kind), (unsigned long long)sec.block.rows, (unsigned long long)sec.block.row_bytes,
+                  pool ? fmt::format(" = {:.1f} bytes per token", double(sec.block.bytes()) / T).c_str() : "");
+    }
+    const GgmlType kt = cache == "f16" ? GgmlType::F16 : GgmlType::Q8_0;
+    const double csa_lid = double(ggml_row_bytes(kt, c.head_dim) + ggml_row_bytes(kt, c.index_dim)) / 4, hca = double(ggml_row_bytes(kt, c.head_dim)) / 128;
+    int n4 = 0, n128 = 0;
+    for (int32_t ratio : c.compress_ratios) n4 += ratio == 4, n128 += ratio == 128;
+    EXPECT_EQ(pooled, uint64_t(n4 * csa_lid * T + n128 * hca * T + 0.5)) << "pool bytes per token";
+    std::printf("DSV4 REAL cache=%s: pooled sections %.1f bytes per token (ratio-4 layer %.0f, ratio-128 layer %.0f); the 43-layer model "
+                "(21 + 20 layers): %.0f bytes per token beyond the windows\n",
+                cache.c_str(), double(pooled) / T, csa_lid, hca, 21 * csa_lid + 20 * hca);
+    ASSERT_EQ(c.compress_ratios.at(0), 4) << "layer 0 must be a ratio-4 layer (every section kind but HCA is then checked exactly)";
+    const auto x = recipe.layer0_input(toks);
+    const auto sec = recipe.sections(0, x.data(), T, kt);
+    std::vector<std::pair<std::string, Compare>> rows;
+    for (const auto& stm : s.swa.streams)
+      if (stm.cell_count) rows.push_back({"window", compare(s.storage, [&] { auto b = stm.layers[0]; b.ne0 = uint64_t(c.head_dim); return b; }(), sec.window)});
+    rows.push_back({"csa", compare(s.storage, s.csa.layers.at(0), sec.pool)});
+    rows.push_back({"lid", compare(s.storage, s.lid.layers.at(0), sec.lid)});
+    rows.push_back({"csa-kv-ring", compare(s.storage, s.csa_ring.kv.at(0), sec.ring_kv)});
+    rows.push_back({"lid-score-ring", compare(s.storage, s.lid_ring.score.at(0), sec.lid_score)});
+    for (const auto& [name, cmp] : rows) {
+      std::printf("DSV4 REAL cache=%s layer 0 %-15s %8zu values: %8.4f%% identical, rel RMS %.2e\n", cache.c_str(), name.c_str(), cmp.n, cmp.identical,
+                  cmp.rel_rms);
+      EXPECT_LT(cmp.rel_rms, cache == "f16" ? 2e-2 : 3e-2) << name;  // the front door's calibration bounds
+    }
+  }
 }
 
 }  // namespace pdb

@@ -75,6 +75,8 @@ void register_make_model(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "Threads (default: all cores)");
   cmd->add_option("--context-length", o->context_length, "Declared training context (max_position_embeddings; default: the preset's)");
   cmd->add_option("--layers", o->layers, "Number of layers (default: the preset's; real layer shapes with fewer layers, for benchmarks)");
+  cmd->add_option("--compress-ratios", o->compress_ratios, "deepseek4: the layers' compress ratios (0, 4, 128; comma separated), replacing the preset's")
+      ->delimiter(',');
   cmd->callback([o, types] {
     guarded("make-model", [&] { o->gguf_types = split_csv(*types); make_model(*o); return 0; });
   });

@@ -22,6 +22,9 @@ struct MakeModelOptions {
   // num_layers override (0: the preset's): real layer shapes with fewer layers, for benchmarks on a
   // machine whose disk cannot hold the whole model twice (HF checkpoint + GGUF).
   int layers = 0;
+  // deepseek4: the layers' compress ratios (0, 4, 128), replacing the preset's (and its layer count): real
+  // layer shapes of every kind in a few layers.
+  std::vector<int> compress_ratios;
 };
 
 void make_model(const MakeModelOptions& o);

@@ -76,6 +76,15 @@ void make_deepseek4_model(const MakeModelOptions& o, const std::string& vocab_gg
     c.layers = o.layers;
     c.compress_ratios.resize(size_t(o.layers));
   }
+  if (!o.compress_ratios.empty()) {
+    c.compress_ratios.clear();
+    for (int r : o.compress_ratios) {
+      if (r != 0 && r != 4 && r != 128) throw std::invalid_argument("--compress-ratios: each ratio is 0, 4 or 128");
+      c.compress_ratios.push_back(r);
+    }
+    c.layers = int64_t(c.compress_ratios.size());
+    c.hash_layers = std::min(c.hash_layers, c.layers);
+  }
   if (o.context_length > 0) c.context = o.context_length;
   if (o.hf_dtype != "f32" && o.hf_dtype != "fp8")
     throw std::invalid_argument("--hf-dtype for deepseek4: f32 (tests) or fp8 (the official layout: FP8 matrices, FP4 experts, bf16 elsewhere)");
