@@ -873,3 +873,40 @@ TEST(Deepseek4RealShapes, DecoderStateAndRecipeLayer0AtTheModelsShapes) {
 }
 
 }  // namespace pdb
+
+namespace pdb {
+
+// DeepSeek-V4's bridge declining, each time served natively with the reason in the verdict and no file left: the
+// prefill server down, and a prefill server of another model (its fingerprint is not the decoder's).
+TEST(Deepseek4Bridge, DeclinesWithTheReasonAndServesNatively) {
+  const std::string tiny = test::models_dir() + "/deepseek4-tiny";
+  struct Case { std::string name, want; bool start_prefill; std::string other; };
+  for (const Case& c : {Case{"prefill down", "prefill server", false, ""},
+                        Case{"another model's prefill", "fingerprint", true, test::models_dir() + "/deepseek4-tiny-hca"}}) {
+    test::StackOptions so = decoder_only(tiny, "f16");
+    so.start_front = true;
+    so.start_prefill = c.start_prefill;
+    if (!c.other.empty()) {
+      so.recipe_gguf = c.other + "/decoder-f32.gguf";
+      so.hf_dir = c.other + "/hf";
+    }
+    test::Stack st(so);
+    const json prompt = tokens_of(501, 700);
+    json body = {{"prompt", prompt}, {"n_predict", 1}, {"temperature", 0}, {"return_tokens", true}};
+    auto r = st.post_front("/completion", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const std::string v = r.verdict().value("verdict", "");
+    EXPECT_EQ(v.rfind("declined: ", 0), 0u) << c.name << ": " << r.verdict().dump();
+    EXPECT_NE(v.find(c.want), std::string::npos) << c.name << ": " << r.verdict().dump();
+    EXPECT_EQ(r.verdict()["bridged_tokens"].get<int64_t>(), 0);
+    EXPECT_LT(r.json()["timings"]["cache_n"].get<int64_t>(), 10) << "served natively";
+    body["cache_prompt"] = false;
+    auto n = st.post_decoder("/completion", body);
+    ASSERT_EQ(n.status, 200) << n.body;
+    EXPECT_EQ(r.json()["tokens"], n.json()["tokens"]) << c.name << ": the native answer";
+    EXPECT_EQ(test::files_in(st.slot_dir), 0u) << c.name;
+    std::printf("DSV4 DECLINE %s: %s\n", c.name.c_str(), v.c_str());
+  }
+}
+
+}  // namespace pdb
