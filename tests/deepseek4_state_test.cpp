@@ -94,6 +94,22 @@ Compare compare(const std::vector<uint8_t>& file, const Dsv4Block& blk, const st
 }
 
 
+// The decoder's own state of a short prompt on slot 0: the layout the bridge writes its files in.
+Dsv4State probe_like(test::Stack& st) {
+  if (st.post_decoder("/completion", {{"prompt", tokens_of(1, 40)}, {"n_predict", 0}, {"id_slot", 0}}).status != 200 ||
+      st.post_decoder("/slots/0?action=save", {{"filename", "probe.bin"}}).status != 200)
+    throw std::runtime_error("the decoder's probe failed");
+  return parse_dsv4_state_file(st.slot_dir + "/probe.bin");
+}
+
+// The state of `tokens` the engine and recipe make over the whole prompt in process, laid out as `like`.
+std::vector<uint8_t> one_piece_state(const Deepseek4Recipe& recipe, const Deepseek4CpuEngine& engine, const Dsv4State& like,
+                                     const std::vector<int32_t>& tokens, GgmlType kt) {
+  std::vector<Dsv4LayerBytes> layers;
+  engine.forward(tokens, kt, [&](int l, const float* x, int64_t n) { layers.push_back(recipe.to_bytes(recipe.sections(l, x, n, kt), kt)); });
+  return write_dsv4_state(like, tokens, uint32_t(recipe.config().window), layers);
+}
+
 // Every section of two states of the same tokens, as values: the worst relative RMS difference (b the
 // reference); each above `bound` fails the calling test.
 double worst_section_rel_rms(const Dsv4State& a_st, const Dsv4State& b_st, int64_t head_dim, double bound) {
@@ -241,9 +257,7 @@ TEST(Deepseek4State, BridgedStateFromTheEngineRestoresAndTheDecoderContinuesAsNa
     test::Stack st(decoder_only(test::models_dir() + "/deepseek4-tiny", cache));
     const GgmlType kt = cache == "f16" ? GgmlType::F16 : GgmlType::Q8_0;
     // the layout, learned from a short prompt of the decoder's own
-    ASSERT_EQ(st.post_decoder("/completion", {{"prompt", tokens_of(1, 40)}, {"n_predict", 0}, {"id_slot", 0}}).status, 200);
-    ASSERT_EQ(st.post_decoder("/slots/0?action=save", {{"filename", "probe.bin"}}).status, 200);
-    const Dsv4State like = parse_dsv4_state_file(st.slot_dir + "/probe.bin");
+    const Dsv4State like = probe_like(st);
     const int T = 517;  // T-1 = 516: 129 CSA rows, 4 HCA rows, the window full; the last token completes a 4-block
     const auto toks = tokens_of(42, T);
     const std::vector<int32_t> head(toks.begin(), toks.end() - 1);
@@ -575,17 +589,13 @@ TEST(Deepseek4Wire, SectionFramesAssembleTheDecodersFileAndItRestores) {
   for (const std::string cache : {"f16", "q8_0"}) {
     test::Stack st(decoder_only(test::models_dir() + "/deepseek4-tiny", cache));
     const GgmlType kt = cache == "f16" ? GgmlType::F16 : GgmlType::Q8_0;
-    ASSERT_EQ(st.post_decoder("/completion", {{"prompt", tokens_of(1, 40)}, {"n_predict", 0}, {"id_slot", 0}}).status, 200);
-    ASSERT_EQ(st.post_decoder("/slots/0?action=save", {{"filename", "probe.bin"}}).status, 200);
-    const Dsv4State like = parse_dsv4_state_file(st.slot_dir + "/probe.bin");
+    const Dsv4State like = probe_like(st);
     const int T = 517;
     const auto toks = tokens_of(43, T);
     const std::vector<int32_t> head(toks.begin(), toks.end() - 1);
     Deepseek4Recipe recipe(st.decoder_gguf);
     Deepseek4CpuEngine engine(recipe);
-    std::vector<Dsv4LayerBytes> layers;
-    engine.forward(head, kt, [&](int l, const float* x, int64_t n) { layers.push_back(recipe.to_bytes(recipe.sections(l, x, n, kt), kt)); });
-    const auto want = write_dsv4_state(like, head, uint32_t(recipe.config().window), layers);
+    const auto want = one_piece_state(recipe, engine, like, head, kt);
     auto backend = make_cpu_dsv4_backend(st.decoder_gguf, st.decoder_gguf);
     const std::string fp = recipe_fingerprint(backend->info());
     for (const int64_t chunk : {int64_t(100), int64_t(T)}) {
@@ -622,9 +632,7 @@ TEST(Deepseek4Wire, SectionFramesAssembleTheDecodersFileAndItRestores) {
 TEST(Deepseek4Wire, SealedCaptureGivesTheStateOfItsPrefix) {
   test::Stack st(decoder_only(test::models_dir() + "/deepseek4-tiny", "q8_0"));
   const GgmlType kt = GgmlType::Q8_0;
-  ASSERT_EQ(st.post_decoder("/completion", {{"prompt", tokens_of(1, 40)}, {"n_predict", 0}, {"id_slot", 0}}).status, 200);
-  ASSERT_EQ(st.post_decoder("/slots/0?action=save", {{"filename", "probe.bin"}}).status, 200);
-  const Dsv4State like = parse_dsv4_state_file(st.slot_dir + "/probe.bin");
+  const Dsv4State like = probe_like(st);
   const int T = 517;
   const auto toks = tokens_of(45, T);
   const std::vector<int32_t> head(toks.begin(), toks.end() - 1);
@@ -649,9 +657,7 @@ TEST(Deepseek4Wire, SealedCaptureGivesTheStateOfItsPrefix) {
     EXPECT_LT(P, T - 1);
     Ps.insert(P);
     const std::vector<int32_t> prefix(head.begin(), head.begin() + P);
-    std::vector<Dsv4LayerBytes> layers;
-    engine.forward(prefix, kt, [&](int l, const float* x, int64_t n) { layers.push_back(recipe.to_bytes(recipe.sections(l, x, n, kt), kt)); });
-    EXPECT_EQ(read_all(path), write_dsv4_state(like, prefix, uint32_t(recipe.config().window), layers)) << "seal at block " << seal_at;
+    EXPECT_EQ(read_all(path), one_piece_state(recipe, engine, like, prefix, kt)) << "seal at block " << seal_at;
     ASSERT_EQ(st.post_decoder("/slots/0?action=erase", json::object()).status, 200);
     auto rr = st.post_decoder("/slots/0?action=restore", {{"filename", "sealed.bin"}});
     ASSERT_EQ(rr.status, 200) << rr.body;
@@ -670,9 +676,7 @@ TEST(Deepseek4Wire, SealedCaptureGivesTheStateOfItsPrefix) {
 // stream without its rings, a partial trailer.
 TEST(Deepseek4Wire, AssemblerRefusesWhatIsNotTheDecodersState) {
   test::Stack st(decoder_only(test::models_dir() + "/deepseek4-tiny", "f16"));
-  ASSERT_EQ(st.post_decoder("/completion", {{"prompt", tokens_of(1, 40)}, {"n_predict", 0}, {"id_slot", 0}}).status, 200);
-  ASSERT_EQ(st.post_decoder("/slots/0?action=save", {{"filename", "probe.bin"}}).status, 200);
-  const Dsv4State like = parse_dsv4_state_file(st.slot_dir + "/probe.bin");
+  const Dsv4State like = probe_like(st);
   const auto head = tokens_of(44, 300);
   auto backend = make_cpu_dsv4_backend(st.decoder_gguf, st.decoder_gguf);
   const std::string fp = recipe_fingerprint(backend->info());

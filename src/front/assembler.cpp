@@ -7,6 +7,18 @@
 namespace pdb {
 using json = nlohmann::json;
 
+namespace {
+// What every capture's HELLO must say, whatever the cache: first, JSON, this decoder's fingerprint and token count.
+json parse_hello(const wire::FrameHeader& h, const uint8_t* payload, bool seen, const std::string& fingerprint, int64_t T) {
+  if (seen) throw wire::Error("second HELLO");
+  json j;
+  try { j = json::parse(payload, payload + h.payload_bytes); } catch (const std::exception& e) { throw wire::Error(std::string("HELLO is not JSON: ") + e.what()); }
+  if (j.value("fingerprint", "") != fingerprint) throw wire::Error("fingerprint mismatch: capture " + j.value("fingerprint", "") + ", decoder " + fingerprint);
+  if (j.value("n_tokens", int64_t(-1)) != T) throw wire::Error("HELLO token count differs from the request");
+  return j;
+}
+}  // namespace
+
 CaptureAssembler::CaptureAssembler(const std::string& path, const StateLayout& layout, const std::vector<int32_t>& tokens,
                                    std::string fingerprint)
     : path_(path), layout_(layout), T_(int64_t(tokens.size())), fingerprint_(std::move(fingerprint)),
@@ -52,11 +64,7 @@ void CaptureAssembler::feed(const uint8_t* data, size_t n) { parser_.feed(data, 
 void CaptureAssembler::on_frame(const wire::FrameHeader& h, const uint8_t* payload) {
   if (trailer_) throw wire::Error("frame after the trailer");
   if (h.kind == wire::FrameKind::Hello) {
-    if (hello_) throw wire::Error("second HELLO");
-    json j;
-    try { j = json::parse(payload, payload + h.payload_bytes); } catch (const std::exception& e) { throw wire::Error(std::string("HELLO is not JSON: ") + e.what()); }
-    if (j.value("fingerprint", "") != fingerprint_) throw wire::Error("fingerprint mismatch: capture " + j.value("fingerprint", "") + ", decoder " + fingerprint_);
-    if (j.value("n_tokens", int64_t(-1)) != T_) throw wire::Error("HELLO token count differs from the request");
+    const json j = parse_hello(h, payload, hello_, fingerprint_, T_);
     if (j.value("k_row_bytes", uint64_t(0)) != layout_.layers[0].k_row_bytes || j.value("v_row_bytes", uint64_t(0)) != layout_.layers[0].v_row_bytes)
       throw wire::Error("HELLO row sizes differ from the decoder's layout");
     hello_ = true;
@@ -110,11 +118,7 @@ Dsv4CaptureAssembler::Dsv4CaptureAssembler(const std::string& path, const Dsv4St
 void Dsv4CaptureAssembler::on_frame(const wire::FrameHeader& h, const uint8_t* payload) {
   if (trailer_) throw wire::Error("frame after the trailer");
   if (h.kind == wire::FrameKind::Hello) {
-    if (hello_) throw wire::Error("second HELLO");
-    json j;
-    try { j = json::parse(payload, payload + h.payload_bytes); } catch (const std::exception& e) { throw wire::Error(std::string("HELLO is not JSON: ") + e.what()); }
-    if (j.value("fingerprint", "") != fingerprint_) throw wire::Error("fingerprint mismatch: capture " + j.value("fingerprint", "") + ", decoder " + fingerprint_);
-    if (j.value("n_tokens", int64_t(-1)) != T_) throw wire::Error("HELLO token count differs from the request");
+    const json j = parse_hello(h, payload, hello_, fingerprint_, T_);
     if (j.value("cache", "") != "dsv4") throw wire::Error("HELLO: the capture is not of a DeepSeek-V4 (pooled) cache");
     if (j.value("window", int64_t(-1)) != int64_t(window_)) throw wire::Error(fmt::format("HELLO: window {} (the decoder's is {})", j.value("window", int64_t(-1)), window_));
     uint64_t window_row_bytes = 0;

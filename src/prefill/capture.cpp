@@ -51,6 +51,15 @@ CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& r
             std::vector<uint8_t> frame;
             wire::FrameHeader fh;
             fh.layer = uint32_t(b.layer);
+            auto encode_sections = [&](const KvBlock& blk, std::vector<uint8_t>& out) {
+              for (const auto& sec : blk.sections) {
+                fh.kind = sec.kind;
+                fh.type = uint8_t(sec.type);
+                fh.pos0 = uint32_t(sec.first);
+                fh.n_rows = uint32_t(sec.rows);
+                wire::encode_frame(fh, sec.data, sec.bytes, out);
+              }
+            };
             if (b.seal_tokens > 0) {  // a pooled backend's seal: taken only when this capture stopped for one
               if (!sealed || aborted) return false;
               if (b.seal_tokens != done) throw std::logic_error(fmt::format("seal at {} tokens, {} sent whole", b.seal_tokens, done));
@@ -58,24 +67,12 @@ CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& r
                 wire::encode_json_frame(wire::FrameKind::Seal, {{"tokens", done}}, frame);
                 seal_sent = true;
               }
-              for (const auto& sec : b.sections) {
-                fh.kind = sec.kind;
-                fh.type = uint8_t(sec.type);
-                fh.pos0 = uint32_t(sec.first);
-                fh.n_rows = uint32_t(sec.rows);
-                wire::encode_frame(fh, sec.data, sec.bytes, frame);
-              }
+              encode_sections(b, frame);
               if (emit(std::move(frame), true) == Emit::Gone) { aborted = true; return false; }
               return true;
             }
             if (pooled) {
-              for (const auto& sec : b.sections) {
-                fh.kind = sec.kind;
-                fh.type = uint8_t(sec.type);
-                fh.pos0 = uint32_t(sec.first);
-                fh.n_rows = uint32_t(sec.rows);
-                wire::encode_frame(fh, sec.data, sec.bytes, frame);
-              }
+              encode_sections(b, frame);
             } else {
               fh.pos0 = uint32_t(b.pos0);
               fh.n_rows = uint32_t(b.rows);
