@@ -1,5 +1,6 @@
 #include "model/deepseek4_blocks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -87,6 +88,28 @@ GgmlRopeParams dsv4_rope(const Deepseek4Config& c, int64_t ratio) {
     rp.attn_factor = 1.0f / (1.0f + 0.1f * logf(1.0f / rp.freq_scale));
   }
   return rp;
+}
+
+std::vector<int64_t> dsv4_indexer_select(const float* q, const float* w, const float* keys, int64_t heads, int64_t dim, int64_t visible,
+                                         int64_t top_k, std::vector<float>* scores_out) {
+  std::vector<float> sc(static_cast<size_t>(visible));
+  for (int64_t b = 0; b < visible; ++b) {
+    float s = 0.0f;
+    for (int64_t h = 0; h < heads; ++h) {
+      float d = 0.0f;
+      for (int64_t i = 0; i < dim; ++i) d += q[h * dim + i] * keys[b * dim + i];
+      s += w[h] * std::max(d, 0.0f);
+    }
+    sc[size_t(b)] = s;
+  }
+  std::vector<int64_t> order(static_cast<size_t>(visible));
+  for (int64_t b = 0; b < visible; ++b) order[size_t(b)] = b;
+  const size_t k = size_t(std::min(visible, top_k));
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return sc[size_t(a)] > sc[size_t(b)]; });
+  order.resize(k);
+  std::sort(order.begin(), order.end());
+  if (scores_out) *scores_out = std::move(sc);
+  return order;
 }
 
 }  // namespace pdb

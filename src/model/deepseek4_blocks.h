@@ -26,6 +26,12 @@ Dsv4HcMix dsv4_hc_pre(const Dsv4HcWeights& w, const float* x, int64_t E, float r
 // x_next[dst] = f * post[dst] + sum_src x[src] comb[dst][src]   (x, x_next: [4 x E]; may not alias)
 void dsv4_hc_post(const Dsv4HcMix& m, const float* f, const float* x, int64_t E, float* x_next);
 
+// The lightning indexer's choice for one query (the GPU twin: cuda/dsv4_indexer.cuh): the score of each of the
+// `visible` blocks, sum_h w[h] * max(0, q_h . k_b) (q [heads x dim], keys [visible x dim]), and the top_k blocks by
+// score in ascending block order (ties of the k-th score: lower indices first); all of them when fewer are visible.
+std::vector<int64_t> dsv4_indexer_select(const float* q, const float* w, const float* keys, int64_t heads, int64_t dim, int64_t visible,
+                                         int64_t top_k, std::vector<float>* scores = nullptr);
+
 // The RoPE of a layer (llama.cpp deepseek4.cpp:903-910): NORM pairs on the last r dims; ratio 0 plain with
 // rope.freq_base; compressed layers (q, window, pools, indexer) the compress base with the model's YaRN, whose
 // attn_factor 1/(1 + 0.1 ln factor) cancels ggml's YaRN magnitude factor.

@@ -1,0 +1,29 @@
+// DeepSeek-V4's lightning indexer on the GPU (the CPU twin: model/deepseek4_blocks.h, dsv4_indexer_select): for
+// each query t of a ratio-4 layer, the score of every finished 4-block b visible to it (b < (t+1)/4) is
+//   sum_h w[t][h] * max(0, q[t][h] . k[b])
+// and the top_k blocks by score are the compressed rows its attention reads. The q . k products are one GEMM
+// per query chunk (gemm.cuh: S [n_q*H x n_blocks] f32), the weighted ReLU sum one kernel, the selection one
+// block per query row (radix select of the k-th score, then the indices in ascending order).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace pdb::cuda {
+
+struct IndexerShape {
+  int64_t n_q = 0;       // queries of this chunk
+  int64_t pos0 = 0;      // position of the first query
+  int heads = 0;         // H (64 in V4-Flash)
+  int64_t n_blocks = 0;  // columns of S and of the scores: the blocks finished before the chunk's last query
+  int ratio = 4;
+  int top_k = 0;
+};
+
+// scores [n_q x n_blocks] from s [n_q*heads x n_blocks] and w [n_q x heads]; -inf where b is not visible to t.
+void indexer_weighted_relu(const float* s, const float* w, float* scores, const IndexerShape& sh, cudaStream_t stream);
+// idx [n_q x top_k]: per query the top_k visible blocks by score, ascending block index (ties of the k-th score:
+// lower indices first); -1 past the visible count when fewer than top_k are visible.
+void indexer_topk(const float* scores, int32_t* idx, const IndexerShape& sh, cudaStream_t stream);
+
+}  // namespace pdb::cuda

@@ -1,0 +1,146 @@
+// DeepSeek-V4's lightning-indexer kernels (cuda/dsv4_indexer.cuh) against their CPU twin
+// (model/deepseek4_blocks.h, dsv4_indexer_select) on fresh random inputs: the weighted ReLU scores of every
+// visible block, and the top-k set (a block may differ only where its score ties the k-th within the
+// products' rounding). Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <set>
+#include <string>
+
+#include "cuda/device.h"
+#include "model/deepseek4_blocks.h"
+#ifdef PDBRIDGE_HAVE_CUDA
+#include "cuda/common.cuh"
+#include "cuda/dsv4_indexer.cuh"
+#include "cuda/gemm.cuh"
+#include "cuda/kernel_test_support.h"
+#endif
+
+namespace pdb {
+
+TEST(CudaKernels, Dsv4IndexerScoresAndTopKMatchTheCpuTwin) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
+#ifdef PDBRIDGE_HAVE_CUDA
+  using namespace test_kernels;
+  struct Case { int heads; int64_t n_q, pos0; int top_k; };
+  // few blocks visible (every one taken, then -1), many (the selection proper), V4-Flash's 64 heads
+  for (const Case c : {Case{4, 40, 0, 8}, Case{8, 64, 1000, 32}, Case{64, 16, 4000, 512}}) {
+    const int dim = 128;
+    const int64_t n_blocks = (c.pos0 + c.n_q) / 4;
+    const auto q = round_bf16(randn(size_t(c.n_q * c.heads * dim))), k = round_bf16(randn(size_t(n_blocks * dim)));
+    auto w = randn(size_t(c.n_q * c.heads), 0.1f);
+    auto dq = to_device_bf16(q), dk = to_device_bf16(k), dw = to_device_f32(w);
+    cuda::DeviceBuffer s(size_t(c.n_q * c.heads * n_blocks) * 4), scores(size_t(c.n_q * n_blocks) * 4), idx(size_t(c.n_q * c.top_k) * 4);
+    cuda::Gemm gemm;
+    gemm.xwt(cuda::DType::BF16, dq.get(), dk.get(), cuda::DType::F32, s.get(), c.n_q * c.heads, dim, n_blocks, 0.0f, nullptr);
+    const cuda::IndexerShape sh{c.n_q, c.pos0, c.heads, n_blocks, 4, c.top_k};
+    cuda::indexer_weighted_relu(s.as<float>(), dw.as<float>(), scores.as<float>(), sh, nullptr);
+    cuda::indexer_topk(scores.as<float>(), idx.as<int32_t>(), sh, nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto gs = from_device_f32(scores, size_t(c.n_q * n_blocks));
+    std::vector<int32_t> gi(size_t(c.n_q * c.top_k));
+    idx.download(gi.data(), gi.size() * 4);
+    double worst = 0;
+    int differing = 0;
+    for (int64_t t = 0; t < c.n_q; ++t) {
+      const int64_t visible = std::min(n_blocks, (c.pos0 + t + 1) / 4);
+      std::vector<float> cs;
+      const auto want = dsv4_indexer_select(q.data() + t * c.heads * dim, w.data() + t * c.heads, k.data(), c.heads, dim, visible, c.top_k, &cs);
+      float scale = 1e-30f;
+      for (float v : cs) scale = std::max(scale, std::fabs(v));
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const float g = gs[size_t(t * n_blocks + b)];
+        if (b >= visible) { EXPECT_TRUE(std::isinf(g) && g < 0) << "t " << t << " b " << b; continue; }
+        worst = std::max(worst, double(std::fabs(g - cs[size_t(b)]) / scale));
+      }
+      std::vector<int64_t> got;
+      for (int j = 0; j < c.top_k; ++j) {
+        const int32_t v = gi[size_t(t * c.top_k + j)];
+        if (j < int(want.size())) {
+          ASSERT_GE(v, 0) << "t " << t;
+          got.push_back(v);
+        } else {
+          EXPECT_EQ(v, -1) << "t " << t << ": past the visible blocks";
+        }
+      }
+      ASSERT_TRUE(std::is_sorted(got.begin(), got.end())) << "t " << t;
+      if (got == want) continue;
+      // where the two differ, the blocks must tie the k-th score within the products' rounding
+      std::vector<float> sorted = cs;
+      std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+      const float kth = sorted[std::min(sorted.size(), size_t(c.top_k)) - 1];
+      std::set<int64_t> a(got.begin(), got.end()), b(want.begin(), want.end());
+      for (int64_t x : a)
+        if (!b.count(x)) { ++differing; EXPECT_LT(std::fabs(cs[size_t(x)] - kth), 1e-4 * scale) << "t " << t << " took " << x; }
+      for (int64_t x : b) {
+        if (!a.count(x)) { EXPECT_LT(std::fabs(cs[size_t(x)] - kth), 1e-4 * scale) << "t " << t << " left " << x; }
+      }
+    }
+    std::printf("DSV4 indexer H=%d n_q=%lld pos0=%lld top_k=%d: scores rel err %.2e (of the row's largest), %d near-tie swaps\n", c.heads,
+                (long long)c.n_q, (long long)c.pos0, c.top_k, worst, differing);
+    EXPECT_LT(worst, 1e-4);
+  }
+#endif
+}
+
+}  // namespace pdb
+
+namespace pdb {
+
+// A benchmark, run on request (PDBRIDGE_BENCH=1; the H200 figures in docs/RESULTS.md): one ratio-4 layer's indexer
+// over a whole prompt at DeepSeek-V4-Flash's shapes (64 heads x 128 dims, top 512), query chunks sized so that S
+// stays <= 2 GiB; the time of the q.k GEMMs, the weighted ReLU and the top-k, and the GEMMs' TFLOP/s.
+TEST(CudaBench, Dsv4IndexerAtV4FlashShapes) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
+  const char* on = std::getenv("PDBRIDGE_BENCH");
+  if (!on || std::string(on) != "1") GTEST_SKIP() << "a benchmark: PDBRIDGE_BENCH=1 runs it";
+#ifdef PDBRIDGE_HAVE_CUDA
+  using namespace test_kernels;
+  const int H = 64, I = 128, K = 512;
+  cuda::Gemm gemm;
+  for (const int64_t T : {int64_t(8192), int64_t(32768), int64_t(131072)}) {
+    const int64_t NB = T / 4;
+    auto dq = to_device_bf16(round_bf16(randn(size_t(4096) * H * I)));  // one chunk's queries, reused along the prompt
+    auto dk = to_device_bf16(round_bf16(randn(size_t(NB) * I)));
+    auto dw = to_device_f32(randn(size_t(4096) * H, 0.1f));
+    const int64_t chunk = std::min<int64_t>(4096, std::max<int64_t>(64, (int64_t(2) << 30) / (int64_t(H) * 4 * std::max<int64_t>(NB, 1))));
+    cuda::DeviceBuffer s(size_t(chunk * H * NB) * 4), scores(size_t(chunk * NB) * 4), idx(size_t(chunk * K) * 4);
+    cudaEvent_t e[4];
+    for (auto& x : e) PDB_CUDA_CHECK(cudaEventCreate(&x));
+    float t_gemm = 0, t_relu = 0, t_topk = 0;
+    double flops = 0;
+    gemm.xwt(cuda::DType::BF16, dq.get(), dk.get(), cuda::DType::F32, s.get(), chunk * H, I, 64, 0.0f, nullptr);  // warm-up (cuBLASLt)
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    for (int64_t p0 = 0; p0 < T; p0 += chunk) {
+      const int64_t n = std::min(chunk, T - p0), nb = std::max<int64_t>(1, (p0 + n) / 4);
+      PDB_CUDA_CHECK(cudaEventRecord(e[0]));
+      gemm.xwt(cuda::DType::BF16, dq.get(), dk.get(), cuda::DType::F32, s.get(), n * H, I, nb, 0.0f, nullptr);
+      PDB_CUDA_CHECK(cudaEventRecord(e[1]));
+      const cuda::IndexerShape sh{n, p0, H, nb, 4, K};
+      cuda::indexer_weighted_relu(s.as<float>(), dw.as<float>(), scores.as<float>(), sh, nullptr);
+      PDB_CUDA_CHECK(cudaEventRecord(e[2]));
+      cuda::indexer_topk(scores.as<float>(), idx.as<int32_t>(), sh, nullptr);
+      PDB_CUDA_CHECK(cudaEventRecord(e[3]));
+      PDB_CUDA_CHECK(cudaEventSynchronize(e[3]));
+      float a, b, c;
+      PDB_CUDA_CHECK(cudaEventElapsedTime(&a, e[0], e[1]));
+      PDB_CUDA_CHECK(cudaEventElapsedTime(&b, e[1], e[2]));
+      PDB_CUDA_CHECK(cudaEventElapsedTime(&c, e[2], e[3]));
+      t_gemm += a;
+      t_relu += b;
+      t_topk += c;
+      flops += 2.0 * double(n) * H * I * double(nb);
+    }
+    for (auto& x : e) cudaEventDestroy(x);
+    const double ms = t_gemm + t_relu + t_topk;
+    std::printf("DSV4 INDEXER T=%lld (one ratio-4 layer, chunks of %lld queries): %.2f ms = GEMM %.2f (%.0f TFLOP/s) + ReLU sum %.2f + top-%d %.2f ms;"
+                " 21 ratio-4 layers: %.0f ms\n",
+                (long long)T, (long long)chunk, ms, t_gemm, flops / (t_gemm * 1e-3) / 1e12, t_relu, K, t_topk, 21 * ms);
+  }
+#endif
+}
+
+}  // namespace pdb
