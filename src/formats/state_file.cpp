@@ -64,8 +64,8 @@ ParsedState parse_state_bytes(std::vector<uint8_t> bytes, const std::string& nam
     uint32_t next;
     std::memcpy(&next, r.p + r.pos, 4);
     if (next == kDsv4Magic)
-      fail(name, "a DeepSeek-V4 state (llama.cpp's DSV4 memory: window, compressed pools, rings): formats/state_file_dsv4 reads it, "
-                 "and bridging it through the front door is not implemented yet");
+      fail(name, "a DeepSeek-V4 state (llama.cpp's DSV4 memory: window, compressed pools, rings), not a K/V one: formats/state_file_dsv4 "
+                 "reads it (the front door does when its --decoder-gguf is a deepseek4 model; is the decoder running another model?)");
   }
   s.layout.n_stream = r.get<uint32_t>("n_stream");
   if (s.layout.n_stream == 0 || s.layout.n_stream > 4096) fail(name, fmt::format("n_stream {} is implausible", s.layout.n_stream));
