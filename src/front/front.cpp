@@ -260,6 +260,9 @@ class Front {
         calibration_error_ = "decoder calibration failed (" + c.note + "): the running llama-server does not compute what " +
                              o_.decoder_gguf + " says (RoPE or model override?)";
     }
+    // plans need the layout only: drop the probe's row bytes (each bridge copies this)
+    s.storage.clear();
+    s.storage.shrink_to_fit();
     dsv4_like_ = std::move(s);
     layout_ = StateLayout{};  // learned: the DSV4 layout lives in dsv4_like_
     if (!calibration_error_.empty()) throw std::runtime_error(calibration_error_);

@@ -84,7 +84,11 @@ class CpuDsv4Backend final : public PrefillBackend {
           tl.win.erase(tl.win.begin(), tl.win.end() - std::ptrdiff_t(size_t(keep) * wrb));
           tl.win_first = pos0 + rows - keep;
           tl.rings_done = std::move(tl.rings);
-          tl.rings = b;
+          tl.rings = Dsv4LayerBytes{};  // the rings only: the chunk's rows are in `win` or already sent
+          tl.rings.ring_kv = b.ring_kv;
+          tl.rings.ring_score = b.ring_score;
+          tl.rings.lid_kv = b.lid_kv;
+          tl.rings.lid_score = b.lid_score;
           KvBlock blk{layer, pos0, rows};
           const int64_t w0 = std::max(pos0, T - std::min(T, W)), wn = std::max<int64_t>(0, pos0 + rows - w0);
           if (wn > 0) blk.sections.push_back({K::Window, kt, w0, wn, b.window.data() + size_t(w0 - pos0) * wrb, size_t(wn) * wrb});
