@@ -100,8 +100,7 @@ TEST(BenchCold, WaitsForAWarmFrontDoorAndAnIdleDecoder) {
 // `bench prefill` on the CPU backend: a row per mode and length, and the recipe's rows add up to the
 // decoder's cache bytes (layers x tokens x K and V rows of f16).
 TEST(BenchPrefill, RecordsEveryModeAndTheRecipesCacheBytes) {
-  const std::string dir = fs::temp_directory_path() / ("pdbridge-bench-prefill-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const std::string dir = test::temp_dir("bench-prefill");
   const std::string model = test::models_dir() + "/llama-tiny", out = dir + "/prefill.jsonl";
   test::Child b({test::pdbridge_bin(), "bench", "prefill", "--device", "cpu", "--model", model + "/hf", "--recipe", model + "/decoder-f32.gguf",
                  "--tokens", "48,96", "--reps", "2", "--chunk", "32", "--label", "ci", "--out", out},

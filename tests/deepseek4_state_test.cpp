@@ -160,7 +160,7 @@ TEST(Deepseek4State, RecipeLayer0SectionsMatchTheDecodersOwn) {
       ASSERT_EQ(st.post_decoder("/slots/0?action=save", {{"filename", "s.bin"}}).status, 200);
       const Dsv4State s = parse_dsv4_state_file(st.slot_dir + "/s.bin");
       const GgmlType kt = cache == "f16" ? GgmlType::F16 : GgmlType::Q8_0;
-      for (const std::string recipe_gguf : {st.decoder_gguf, other.out + "/decoder-f32.gguf"}) {
+      for (const std::string& recipe_gguf : {std::string(st.decoder_gguf), other.out + "/decoder-f32.gguf"}) {
         const bool own = recipe_gguf == st.decoder_gguf;
         Deepseek4Recipe recipe(recipe_gguf);
         const auto x = recipe.layer0_input(toks);
@@ -369,7 +369,9 @@ TEST(Deepseek4Bridge, CompleteThroughPrefillServerAndFrontDoorAnswersAsNative) {
           json b = {{"prompt", toks}, {"n_predict", 1}, {"temperature", 0}, {"return_tokens", true}, {"cache_prompt", through_front}};
           auto x = through_front ? st.post_front("/completion", b) : st.post_decoder("/completion", b);
           if (x.status != 200) { ADD_FAILURE() << x.body; break; }
-          if (through_front) EXPECT_EQ(x.verdict()["verdict"], "native: warm") << x.verdict().dump();
+          if (through_front) {
+            EXPECT_EQ(x.verdict()["verdict"], "native: warm") << x.verdict().dump();
+          }
           const json out = x.json().value("tokens", json::array());  // the id even where its bytes are not whole UTF-8 yet
           if (out.size() != 1) { ADD_FAILURE() << "no token in " << x.body; break; }
           const int64_t id = out[0].get<int64_t>();

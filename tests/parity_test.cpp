@@ -105,7 +105,9 @@ TEST_P(Parity, BridgedStateMatchesTheDecodersOwn) {
     std::printf("  asserting the tolerance class's bounds (rel RMS <= %.3g per tensor)\n", c.max_rel_rms_tolerance);
     for (const auto& t : all.tensors) EXPECT_LE(t.rel_rms(), c.max_rel_rms_tolerance) << t.name;
   }
-  if (c.blas_decoder) EXPECT_EQ(fid.cls, FidelityClass::tolerance) << "the OpenBLAS decoder's layer 0 should not be bit-identical: " << fid.note;
+  if (c.blas_decoder) {
+    EXPECT_EQ(fid.cls, FidelityClass::tolerance) << "the OpenBLAS decoder's layer 0 should not be bit-identical: " << fid.note;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Caches, Parity,

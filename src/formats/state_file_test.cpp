@@ -11,15 +11,15 @@
 #include <numeric>
 
 #include "front/assembler.h"
+#include "support/test_env.h"
 #include "wire/protocol.h"
 
 namespace pdb {
 namespace {
 
 std::string scratch(const std::string& name) {
-  const auto d = std::filesystem::temp_directory_path() / ("pdb-state-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(d);
-  return (d / name).string();
+  static const std::string dir = test::temp_dir("state");
+  return dir + "/" + name;
 }
 
 // deepseek2 with MLA: one 576-wide K row per token per layer, no V tensors.

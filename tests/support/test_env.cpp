@@ -27,13 +27,40 @@ std::string llama_src() { return build_dir() + "/llama/src"; }
 std::string models_dir() { return build_dir() + "/test-models"; }
 std::string pdbridge_bin() { return build_dir() + "/pdbridge"; }
 
-std::string temp_dir(const std::string& tag) {
-  static int counter = 0;
-  fs::path p = fs::temp_directory_path() / ("pdbridge-test-" + tag + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
+namespace {
+// Test directories hold models, slot files and states of hundreds of MB: thousands of test processes
+// that left them behind filled a CI disk. Each process removes its own at exit; PDBRIDGE_KEEP_TEST_DIRS=1
+// keeps them for a post-mortem.
+class ScratchDirs {
+ public:
+  std::string make(const std::string& tag) {
+    fs::path p = fs::temp_directory_path() / ("pdbridge-test-" + tag + "-" + std::to_string(getpid()) + "-" + std::to_string(counter_++));
+    fs::remove_all(p);
+    fs::create_directories(p);
+    dirs_.push_back(p);
+    return p.string();
+  }
+  ~ScratchDirs() {
+    const char* keep = std::getenv("PDBRIDGE_KEEP_TEST_DIRS");
+    if (keep != nullptr && std::string(keep) == "1") return;
+    for (const auto& d : dirs_) {
+      std::error_code ec;
+      fs::remove_all(d, ec);
+    }
+  }
+
+ private:
+  int counter_ = 0;
+  std::vector<fs::path> dirs_;
+};
+
+ScratchDirs& scratch_dirs() {
+  static ScratchDirs dirs;
+  return dirs;
 }
+}  // namespace
+
+std::string temp_dir(const std::string& tag) { return scratch_dirs().make(tag); }
 
 size_t files_in(const std::string& dir) {
   auto count = [&] {

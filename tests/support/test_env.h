@@ -13,7 +13,7 @@ std::string llama_bin();    // build/llama/bin
 std::string llama_src();    // build/llama/src (llama.cpp tree: models/ggml-vocab-*.gguf)
 std::string models_dir();   // build/test-models (made by the make_test_models fixture)
 std::string pdbridge_bin();
-std::string temp_dir(const std::string& tag);  // fresh, unique
+std::string temp_dir(const std::string& tag);  // fresh, unique; removed when the test process exits
 
 int free_port();
 size_t files_in(const std::string& dir);  // entries in a directory, once it empties or after 10 s (slot dirs must end empty)
