@@ -56,6 +56,12 @@ Deepseek4Weights Deepseek4Weights::from_gguf(std::shared_ptr<const GgufFile> g) 
     const auto* d = reinterpret_cast<const int32_t*>(g->data(ti));
     return std::vector<int32_t>(d, d + ti.n_elements());
   };
+  w.mxfp4 = [g](const std::string& n, std::vector<uint8_t>& out) {
+    const auto& ti = g->tensor(n);
+    if (ti.type != GgmlType::MXFP4) return false;
+    out.assign(g->data(ti), g->data(ti) + ggml_row_bytes(GgmlType::MXFP4, ti.ne[0]) * size_t(ti.n_elements() / ti.ne[0]));
+    return true;
+  };
   w.describe = "f32 values of a GGUF's weights";
   return w;
 }
@@ -64,6 +70,11 @@ Deepseek4Weights Deepseek4Weights::from_checkpoint(std::shared_ptr<const Deepsee
   Deepseek4Weights w;
   w.f32 = [ck](const std::string& n) { return ck->gguf_f32(n); };
   w.i32 = [ck](const std::string& n) { return ck->gguf_i32(n); };
+  w.mxfp4 = [ck](const std::string& n, std::vector<uint8_t>& out) {
+    if (GgmlType(ck->gguf_converted_type(n)) != GgmlType::MXFP4) return false;
+    out = ck->gguf_converted(n).bytes;
+    return true;
+  };
   w.describe = ck->official_layout() ? "the HF checkpoint's FP8 / FP4 weights, dequantized to f32" : "the HF checkpoint's f32 weights";
   return w;
 }

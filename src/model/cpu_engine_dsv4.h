@@ -26,6 +26,9 @@ class Deepseek4Checkpoint;
 struct Deepseek4Weights {
   std::function<std::vector<float>(const std::string&)> f32;
   std::function<std::vector<int32_t>(const std::string&)> i32;
+  // The GGUF MXFP4 blocks of a routed-expert tensor where the weights hold it so (an official checkpoint's FP4,
+  // losslessly repacked; a GGUF's MXFP4): the GPU engine keeps them FP4 in memory. False: use f32.
+  std::function<bool(const std::string&, std::vector<uint8_t>&)> mxfp4;
   std::string describe;
   static Deepseek4Weights from_gguf(std::shared_ptr<const GgufFile> g);
   static Deepseek4Weights from_checkpoint(std::shared_ptr<const Deepseek4Checkpoint> ck);

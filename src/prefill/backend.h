@@ -80,6 +80,8 @@ bool cuda_backend_available();
 // weights; the engine's come from `weights`: an HF checkpoint directory (DeepSeek's FP8 / FP4 layout or f32),
 // or a GGUF.
 std::unique_ptr<PrefillBackend> make_cpu_dsv4_backend(const std::string& decoder_gguf, const std::string& weights);
+// The same with the GPU engine (model/cuda_engine_dsv4.h); throws where CUDA is not built in or no GPU is present.
+std::unique_ptr<PrefillBackend> make_cuda_dsv4_backend(const std::string& decoder_gguf, const std::string& weights);
 // --kv-dtype of `prefill` and `bench prefill`: bf16, or fp8 with --device cuda; throws std::invalid_argument.
 inline void check_kv_dtype(const std::string& device, const std::string& kv_dtype) {
   if (kv_dtype != "bf16" && kv_dtype != "fp8") throw std::invalid_argument("--kv-dtype must be bf16 or fp8");

@@ -11,4 +11,8 @@ std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string&, std::share
   throw std::runtime_error("--device cuda: this build has no CUDA (nvcc was not found at configure time); use --device cpu");
 }
 
+std::unique_ptr<PrefillBackend> make_cuda_dsv4_backend(const std::string&, const std::string&) {
+  throw std::runtime_error("--device cuda: this build has no CUDA (nvcc was not found at configure time); use --device cpu");
+}
+
 }  // namespace pdb

@@ -202,7 +202,6 @@ int run_prefill_server(const PrefillServerOptions& o) {
   if (o.device != "cpu" && o.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda");
   check_kv_dtype(o.device, o.kv_dtype);
   const bool dsv4 = read_recipe_info(*GgufFile::open(o.recipe)).arch == "deepseek4";
-  if (dsv4 && o.device != "cpu") throw std::invalid_argument("DeepSeek-V4 (deepseek4) is prefilled by the CPU engine only so far: pass --device cpu");
   const auto mism = config_mismatches(o.model, o.recipe);
   for (const auto& m : mism) spdlog::error("prefill: config mismatch: {}", m);
   if (!mism.empty() && !o.allow_config_mismatch)
@@ -214,7 +213,7 @@ int run_prefill_server(const PrefillServerOptions& o) {
   std::shared_ptr<PrefillBackend> engine;
   const int64_t default_chunk = o.chunk > 0 ? o.chunk : o.device == "cuda" ? 4096 : 512;
   if (dsv4) {
-    engine = make_cpu_dsv4_backend(o.recipe, o.model);
+    engine = o.device == "cuda" ? make_cuda_dsv4_backend(o.recipe, o.model) : make_cpu_dsv4_backend(o.recipe, o.model);
   } else {
     recipe = Recipe::load(o.recipe, threads);
     if (o.device == "cuda") engine = make_cuda_backend(o.model, recipe, threads, default_chunk, o.kv_dtype == "fp8");

@@ -1,7 +1,9 @@
-// The prefill backend for DeepSeek-V4 on the CPU: the engine's chunks, each layer's sections from the recipe
-// turned into the decoder's bytes for the wire (docs/WIRE.md, "Sections"): the window rows among the prompt's
-// last W positions, the CSA / HCA / LID blocks finished in the chunk, and with the prompt's last chunk the
-// compressors' f32 rings.
+// The prefill backend for DeepSeek-V4 (the CPU engine here, the GPU engine through make_cuda_dsv4_backend): the
+// engine's chunks, each layer's sections from the recipe turned into the decoder's bytes for the wire
+// (docs/WIRE.md, "Sections"): the window rows among the prompt's last W positions, the CSA / HCA / LID blocks
+// finished in the chunk, and with the prompt's last chunk the compressors' f32 rings; and a capture's seal.
+#include "prefill/backend_dsv4.h"
+
 #include <filesystem>
 #include <stdexcept>
 
@@ -14,17 +16,11 @@
 namespace pdb {
 namespace {
 
-class CpuDsv4Backend final : public PrefillBackend {
+class Dsv4Backend final : public PrefillBackend {
  public:
-  CpuDsv4Backend(const std::string& decoder_gguf, const std::string& weights)
-      : recipe_(std::make_unique<Deepseek4Recipe>(decoder_gguf)), info_(read_recipe_info(recipe_->gguf())) {
-    // The engine runs its own weights (an HF checkpoint, or a GGUF); the recipe the decoder's, and the engine
-    // attends over the recipe's rows: what the decoder will hold.
-    const Deepseek4Weights w = std::filesystem::is_directory(weights)
-                                   ? Deepseek4Weights::from_checkpoint(Deepseek4Checkpoint::open(weights))
-                                   : Deepseek4Weights::from_gguf(GgufFile::open(weights));
-    weights_ = w.describe;
-    engine_ = std::make_unique<Deepseek4CpuEngine>(*recipe_, &w);
+  Dsv4Backend(std::shared_ptr<const Deepseek4Recipe> recipe, Dsv4EngineRun run, std::string device, std::string weights)
+      : recipe_(std::move(recipe)), run_(std::move(run)), device_(std::move(device)), weights_(std::move(weights)),
+        info_(read_recipe_info(recipe_->gguf())) {
     const auto& c = recipe_->config();
     config_.arch = "deepseek4";
     config_.hidden_size = c.hidden;
@@ -37,7 +33,7 @@ class CpuDsv4Backend final : public PrefillBackend {
   const HfConfig& config() const override { return config_; }
   const Recipe& recipe() const override { throw std::logic_error("DeepSeek-V4's cache is pooled: no K/V recipe (recipes/deepseek4.h)"); }
   const RecipeInfo& info() const override { return info_; }
-  std::string device() const override { return "cpu"; }
+  std::string device() const override { return device_; }
   std::string weights() const override { return weights_; }
 
   int64_t capture(const std::vector<int32_t>& tokens, int64_t chunk, const CacheSpec& spec, const KvSink& sink,
@@ -71,7 +67,7 @@ class CpuDsv4Backend final : public PrefillBackend {
       }
     };
     bool refused = false;
-    const int64_t done = engine_->prefill(
+    const int64_t done = run_(
         tokens, chunk, kt,
         [&](int layer, const float*, int64_t pos0, int64_t rows, const Deepseek4LayerSections& S) {
           // the engine's sections hold every position's window row (it attends over them); the decoder keeps the last W
@@ -122,21 +118,38 @@ class CpuDsv4Backend final : public PrefillBackend {
 
   int64_t forward_only(const std::vector<int32_t>& tokens, int64_t chunk, bool, bool skip_attention) override {
     if (skip_attention) throw std::invalid_argument("the CPU engine has no forward without attention (a GPU benchmark mode)");
-    return engine_->prefill(tokens, chunk, GgmlType::F16, [](int, const float*, int64_t, int64_t, const Deepseek4LayerSections&) { return true; });
+    return run_(tokens, chunk, GgmlType::F16, [](int, const float*, int64_t, int64_t, const Deepseek4LayerSections&) { return true; }, {});
   }
 
  private:
-  std::unique_ptr<Deepseek4Recipe> recipe_;
-  std::string weights_;
+  std::shared_ptr<const Deepseek4Recipe> recipe_;
+  Dsv4EngineRun run_;
+  std::string device_, weights_;
   RecipeInfo info_;
-  std::unique_ptr<Deepseek4CpuEngine> engine_;
   HfConfig config_;
 };
 
 }  // namespace
 
+Deepseek4Weights dsv4_engine_weights(const std::string& weights) {
+  return std::filesystem::is_directory(weights) ? Deepseek4Weights::from_checkpoint(Deepseek4Checkpoint::open(weights))
+                                                : Deepseek4Weights::from_gguf(GgufFile::open(weights));
+}
+
+std::unique_ptr<PrefillBackend> make_dsv4_backend(std::shared_ptr<const Deepseek4Recipe> recipe, Dsv4EngineRun run, const std::string& device,
+                                                  const std::string& weights_note) {
+  return std::make_unique<Dsv4Backend>(std::move(recipe), std::move(run), device, weights_note);
+}
+
 std::unique_ptr<PrefillBackend> make_cpu_dsv4_backend(const std::string& decoder_gguf, const std::string& weights) {
-  return std::make_unique<CpuDsv4Backend>(decoder_gguf, weights);
+  // The engine runs its own weights (an HF checkpoint, or a GGUF); the recipe the decoder's, and the engine
+  // attends over the recipe's rows: what the decoder will hold.
+  auto recipe = std::make_shared<const Deepseek4Recipe>(decoder_gguf);
+  const Deepseek4Weights w = dsv4_engine_weights(weights);
+  auto engine = std::make_shared<Deepseek4CpuEngine>(*recipe, &w);
+  Dsv4EngineRun run = [engine, recipe](const std::vector<int32_t>& tokens, int64_t chunk, GgmlType kt, const Deepseek4CpuEngine::ChunkHook& hook,
+                                       const std::function<bool()>& stop) { return engine->prefill(tokens, chunk, kt, hook, stop); };
+  return make_dsv4_backend(recipe, std::move(run), "cpu", w.describe);
 }
 
 }  // namespace pdb

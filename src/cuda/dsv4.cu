@@ -1,0 +1,466 @@
+#include "cuda/dsv4.cuh"
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "cuda/common.cuh"
+
+namespace pdb::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
+
+__global__ void hc_mix_kernel(const float* __restrict__ m, const float* __restrict__ x, const float* __restrict__ base,
+                              const float* __restrict__ scale, int64_t E, float hc_eps, int iters, float* __restrict__ mix,
+                              float* __restrict__ y) {
+  const int64_t t = blockIdx.x;
+  __shared__ float pre[4];
+  if (threadIdx.x == 0) {
+    const float* mt = m + t * kDsv4MixFloats;
+    float* out = mix + t * kDsv4MixFloats;
+    auto sigmoid = [](float v) { return 1.0f / (1.0f + expf(-v)); };
+    float comb[4][4];
+    for (int i = 0; i < 4; ++i) {
+      out[i] = sigmoid(__fadd_rn(__fmul_rn(mt[i], scale[0]), base[i])) + hc_eps;
+      out[4 + i] = 2.0f * sigmoid(__fadd_rn(__fmul_rn(mt[4 + i], scale[1]), base[4 + i]));
+      pre[i] = out[i];
+    }
+    for (int src = 0; src < 4; ++src) {
+      float v[4], mx = -INFINITY, sum = 0.0f;
+      for (int dst = 0; dst < 4; ++dst) {
+        v[dst] = __fadd_rn(__fmul_rn(mt[8 + dst + 4 * src], scale[2]), base[8 + dst + 4 * src]);
+        mx = fmaxf(mx, v[dst]);
+      }
+      for (int dst = 0; dst < 4; ++dst) sum += (v[dst] = expf(v[dst] - mx));
+      for (int dst = 0; dst < 4; ++dst) comb[dst][src] = v[dst] / sum + hc_eps;
+    }
+    auto norm_cols = [&] {
+      for (int dst = 0; dst < 4; ++dst) {
+        float s = 0.0f;
+        for (int src = 0; src < 4; ++src) s += comb[dst][src];
+        for (int src = 0; src < 4; ++src) comb[dst][src] /= s + hc_eps;
+      }
+    };
+    auto norm_rows = [&] {
+      for (int src = 0; src < 4; ++src) {
+        float s = 0.0f;
+        for (int dst = 0; dst < 4; ++dst) s += comb[dst][src];
+        for (int dst = 0; dst < 4; ++dst) comb[dst][src] /= s + hc_eps;
+      }
+    };
+    norm_cols();
+    for (int i = 1; i < iters; ++i) {
+      norm_rows();
+      norm_cols();
+    }
+    for (int dst = 0; dst < 4; ++dst)
+      for (int src = 0; src < 4; ++src) out[8 + dst * 4 + src] = comb[dst][src];
+  }
+  __syncthreads();
+  const float* xt = x + t * 4 * E;
+  for (int64_t i = threadIdx.x; i < E; i += blockDim.x) {
+    float s = 0.0f;
+    for (int h = 0; h < 4; ++h) s = __fadd_rn(s, __fmul_rn(xt[h * E + i], pre[h]));
+    y[t * E + i] = s;
+  }
+}
+
+__global__ void hc_post_kernel(const float* __restrict__ f, const float* __restrict__ mix, const float* __restrict__ x, int64_t n, int64_t E,
+                               float* __restrict__ x_next) {
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= n * E) return;
+  const int64_t t = k / E, i = k % E;
+  const float* mt = mix + t * kDsv4MixFloats;
+  const float* xt = x + t * 4 * E;
+  const float fv = f[k];
+  float xs[4];
+  for (int src = 0; src < 4; ++src) xs[src] = xt[src * E + i];
+  for (int dst = 0; dst < 4; ++dst) {
+    float s = __fmul_rn(fv, mt[4 + dst]);
+    for (int src = 0; src < 4; ++src) s = __fadd_rn(s, __fmul_rn(xs[src], mt[8 + dst * 4 + src]));
+    x_next[t * 4 * E + dst * E + i] = s;
+  }
+}
+
+__global__ void embed_streams_kernel(const float* __restrict__ table, const int32_t* __restrict__ tokens, int64_t n, int64_t E, float* __restrict__ x) {
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= n * E) return;
+  const int64_t t = k / E, i = k % E;
+  const float v = table[int64_t(tokens[t]) * E + i];
+  for (int h = 0; h < 4; ++h) x[t * 4 * E + h * E + i] = v;
+}
+
+// One block per group, the group in shared memory.
+__global__ void hadamard_kernel(float* __restrict__ x, int n, float scale) {
+  extern __shared__ float r[];
+  float* g = x + int64_t(blockIdx.x) * n;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) r[j] = __fmul_rn(g[j], scale);
+  __syncthreads();
+  for (int len = 1; len < n; len <<= 1) {
+    for (int p = threadIdx.x; p < n / 2; p += blockDim.x) {
+      const int i = (p / len) * 2 * len, j = p % len;
+      const float u = r[i + j], v = r[i + len + j];
+      r[i + j] = __fadd_rn(u, v);
+      r[i + len + j] = __fsub_rn(u, v);
+    }
+    __syncthreads();
+  }
+  for (int j = threadIdx.x; j < n; j += blockDim.x) g[j] = r[j];
+}
+
+__global__ void add_ape_kernel(float* __restrict__ g, const float* __restrict__ ape, int64_t n, int64_t cw, int64_t pos0, int ratio) {
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= n * cw) return;
+  const int64_t t = k / cw, j = k % cw;
+  g[k] = __fadd_rn(g[k], ape[((pos0 + t) % ratio) * cw + j]);
+}
+
+__global__ void pool_kernel(const float* __restrict__ a, const float* __restrict__ g, int64_t h0, int64_t b0, int ratio, int64_t width,
+                            float* __restrict__ out) {
+  const int64_t b = b0 + blockIdx.x;
+  const int64_t d = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (d >= width) return;
+  const int64_t cw = ratio == 4 ? 2 * width : width;
+  const int ne = ratio == 4 ? 8 : 128;
+  auto entry = [&](int j, float& v, float& sc) {
+    if (ratio == 128) {
+      const int64_t r = 128 * b + j - h0;
+      v = a[r * cw + d];
+      sc = g[r * cw + d];
+    } else if (j < 4) {
+      const int64_t tp = 4 * b - 4 + j;
+      if (tp < 0) { v = 0.0f; sc = -INFINITY; return; }
+      v = a[(tp - h0) * cw + d];
+      sc = g[(tp - h0) * cw + d];
+    } else {
+      const int64_t r = 4 * b + (j - 4) - h0;
+      v = a[r * cw + width + d];
+      sc = g[r * cw + width + d];
+    }
+  };
+  float mx = -INFINITY, v, sc;
+  for (int j = 0; j < ne; ++j) { entry(j, v, sc); mx = fmaxf(mx, sc); }
+  float sum = 0.0f, acc = 0.0f;
+  for (int j = 0; j < ne; ++j) { entry(j, v, sc); sum += expf(sc - mx); }
+  for (int j = 0; j < ne; ++j) { entry(j, v, sc); acc = __fadd_rn(acc, __fmul_rn(v, expf(sc - mx) / sum)); }
+  out[int64_t(blockIdx.x) * width + d] = acc;
+}
+
+__global__ void round_kernel(float* __restrict__ x, int64_t n, int type) {
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= n) return;
+  if (type == 1) x[k] = __half2float(__float2half_rn(x[k]));
+  else if (type == 2) x[k] = __bfloat162float(__float2bfloat16_rn(x[k]));
+}
+
+__global__ void scale_kernel(float* __restrict__ x, int64_t n, float a) {
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k < n) x[k] = __fmul_rn(x[k], a);
+}
+
+__global__ void route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, const int32_t* __restrict__ tid2eid,
+                             const int32_t* __restrict__ tokens, int64_t n, int NE, int k, float scale, int32_t* __restrict__ experts,
+                             float* __restrict__ weights) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= n) return;
+  const float* lt = logits + t * NE;
+  auto prob = [&](int e) {
+    const float v = lt[e];
+    return sqrtf(v > 20.0f ? v : log1pf(expf(v)));
+  };
+  int sel[16];
+  if (tid2eid) {
+    for (int j = 0; j < k; ++j) sel[j] = tid2eid[int64_t(tokens[t]) * k + j];
+  } else {
+    // k passes of an arg-max over the biased scores (ties: the lower index)
+    uint32_t taken[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      float bv = -INFINITY;
+      for (int e = 0; e < NE; ++e) {
+        if (taken[e >> 5] & (1u << (e & 31))) continue;
+        const float v = prob(e) + bias[e];
+        if (best < 0 || v > bv) { best = e; bv = v; }
+      }
+      sel[j] = best;
+      taken[best >> 5] |= 1u << (best & 31);
+    }
+  }
+  float wsum = 0.0f;
+  for (int j = 0; j < k; ++j) wsum += prob(sel[j]);
+  for (int j = 0; j < k; ++j) {
+    float w = prob(sel[j]) / fmaxf(wsum, 6.103515625e-5f);
+    if (scale != 0.0f && scale != 1.0f) w *= scale;
+    experts[t * k + j] = sel[j];
+    weights[t * k + j] = w;
+  }
+}
+
+__global__ void swiglu_clamp_kernel(const bf16* __restrict__ gu, bf16* __restrict__ out, int64_t rows, int64_t ff, float L) {
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= rows * ff) return;
+  const int64_t r = k / ff, i = k % ff;
+  float g = __bfloat162float(gu[r * 2 * ff + i]), u = __bfloat162float(gu[r * 2 * ff + ff + i]);
+  if (L > 1e-6f) {
+    g = fminf(g, L);
+    u = fmaxf(-L, fminf(u, L));
+  }
+  out[k] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+}
+
+__global__ void mxfp4_kernel(const uint8_t* __restrict__ blocks, int64_t n_blocks, bf16* __restrict__ out) {
+  const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= n_blocks) return;
+  const uint8_t* blk = blocks + b * 17;
+  const float d = ldexpf(1.0f, int(blk[0]) - 128);  // ggml's E8M0 "half" scale: the e2m1 values are stored doubled
+  constexpr float kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  bf16* o = out + b * 32;
+  for (int j = 0; j < 16; ++j) {
+    const uint8_t q = blk[1 + j];
+    o[j] = __float2bfloat16_rn(kv[q & 15] * d);
+    o[j + 16] = __float2bfloat16_rn(kv[q >> 4] * d);
+  }
+}
+
+__global__ void gather_keys_kernel(Dsv4KeyGather g, bf16* __restrict__ kg, uint8_t* __restrict__ valid) {
+  const int slot = blockIdx.x;
+  const int64_t q = blockIdx.y;
+  const int64_t t = g.t0 + q;
+  const bf16* src = nullptr;
+  if (slot < g.W) {
+    const int64_t p = t - g.W + 1 + slot;
+    if (p >= 0) src = g.win + (p - g.win_first) * g.D;
+  } else {
+    const int i = slot - g.W;
+    if (g.ratio == 128) {
+      if (i < (t + 1) / 128) src = g.pool + int64_t(i) * g.D;
+    } else if (g.ratio == 4 && i < g.top_k) {
+      const int32_t b = g.idx[q * g.top_k + i];
+      if (b >= 0) src = g.pool + int64_t(b) * g.D;
+    }
+  }
+  uint4* dst = reinterpret_cast<uint4*>(kg + (q * g.NK + slot) * g.D);
+  const uint4* s4 = reinterpret_cast<const uint4*>(src);
+  for (int j = threadIdx.x; j < g.D / 8; j += blockDim.x) dst[j] = src ? s4[j] : make_uint4(0, 0, 0, 0);
+  if (threadIdx.x == 0) valid[q * g.NK + slot] = src != nullptr;
+}
+
+__global__ void sink_softmax_kernel(const float* __restrict__ sc, const uint8_t* __restrict__ valid, const float* __restrict__ sinks, int H, int NK,
+                                    float scale, bf16* __restrict__ p) {
+  const int64_t row = blockIdx.x;  // q * H + h
+  const int64_t q = row / H;
+  const int h = int(row % H);
+  const float* s = sc + row * NK;
+  const uint8_t* v = valid + q * NK;
+  __shared__ float red[32];
+  auto block_reduce = [&](float x, bool is_max) {
+    for (int o = 16; o > 0; o >>= 1) {
+      const float y = __shfl_xor_sync(0xffffffffu, x, o);
+      x = is_max ? fmaxf(x, y) : x + y;
+    }
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (lane == 0) red[w] = x;
+    __syncthreads();
+    const int nw = (blockDim.x + 31) / 32;
+    x = lane < nw ? red[lane] : (is_max ? -INFINITY : 0.0f);
+    for (int o = 16; o > 0; o >>= 1) {
+      const float y = __shfl_xor_sync(0xffffffffu, x, o);
+      x = is_max ? fmaxf(x, y) : x + y;
+    }
+    __syncthreads();
+    return x;
+  };
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < NK; j += blockDim.x)
+    if (v[j]) mx = fmaxf(mx, s[j] * scale);
+  mx = fmaxf(block_reduce(mx, true), sinks[h]);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < NK; j += blockDim.x)
+    if (v[j]) sum += expf(s[j] * scale - mx);
+  const float den = block_reduce(sum, false) + expf(sinks[h] - mx);
+  for (int j = threadIdx.x; j < NK; j += blockDim.x) p[row * NK + j] = __float2bfloat16_rn(v[j] ? expf(s[j] * scale - mx) / den : 0.0f);
+}
+
+__global__ void rope_tail_kernel(float* __restrict__ x, const float* __restrict__ cs, int64_t n, int H, int width, int r, int64_t stride) {
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int pairs = r / 2;
+  if (k >= n * H * pairs) return;
+  const int64_t t = k / (int64_t(H) * pairs);
+  const int h = int((k / pairs) % H), i0 = int(k % pairs) * 2;
+  float* a = x + t * stride + int64_t(h) * width + (width - r) + i0;
+  const float c = cs[t * r + i0], s = cs[t * r + i0 + 1];
+  const float x0 = a[0], x1 = a[1];
+  a[0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+  a[1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+__global__ void derope_kernel(bf16* __restrict__ o, const float* __restrict__ cs, int64_t n, int H, int D, int r) {
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int pairs = r / 2;
+  if (k >= n * H * pairs) return;
+  const int64_t t = k / (int64_t(H) * pairs);
+  const int h = int((k / pairs) % H), i0 = int(k % pairs) * 2;
+  bf16* a = o + (t * H + h) * D + (D - r) + i0;
+  const float c = cs[t * r + i0], s = cs[t * r + i0 + 1];
+  const float x0 = __bfloat162float(a[0]), x1 = __bfloat162float(a[1]);
+  a[0] = __float2bfloat16_rn(x0 * c + x1 * s);
+  a[1] = __float2bfloat16_rn(-x0 * s + x1 * c);
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+__device__ __forceinline__ float uniform_pm(uint64_t seed, int64_t i) {  // [-1, 1)
+  return float(mix64(seed * 0x100000001b3ull + uint64_t(i)) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+__global__ void rand_bf16_kernel(bf16* p, int64_t n, uint64_t seed, float a) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = __float2bfloat16_rn(a * uniform_pm(seed, i));
+}
+__global__ void rand_f32_kernel(float* p, int64_t n, uint64_t seed, float a, float mean) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = mean + a * uniform_pm(seed, i);
+}
+__global__ void rand_mxfp4_kernel(uint8_t* blocks, int64_t n_blocks, uint64_t seed, uint8_t e) {
+  for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < n_blocks; b += int64_t(gridDim.x) * blockDim.x) {
+    uint8_t* blk = blocks + b * 17;
+    blk[0] = e;
+    const uint64_t r0 = mix64(seed ^ uint64_t(2 * b)), r1 = mix64(seed ^ uint64_t(2 * b + 1));
+    for (int j = 0; j < 8; ++j) { blk[1 + j] = uint8_t(r0 >> (8 * j)); blk[9 + j] = uint8_t(r1 >> (8 * j)); }
+  }
+}
+__global__ void rand_q8_kernel(int8_t* q, float* d, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    q[i] = int8_t(int(127.0f * uniform_pm(seed, i)));
+    if (i % 32 == 0) d[i / 32] = scale;
+  }
+}
+
+constexpr int kT = 256;
+inline unsigned grid_stride_blocks(int64_t n) { return unsigned(std::min<int64_t>(blocks_for(n, kT), 65536)); }
+
+}  // namespace
+
+void dsv4_hc_mix(const float* m, const float* x, const float* base, const float* scale, int64_t n, int64_t E, float hc_eps, int iters, float* mix,
+                 float* y, cudaStream_t s) {
+  if (n <= 0) return;
+  hc_mix_kernel<<<unsigned(n), 256, 0, s>>>(m, x, base, scale, E, hc_eps, iters, mix, y);
+  PDB_CUDA_LAUNCHED();
+}
+
+void dsv4_hc_post(const float* f, const float* mix, const float* x, int64_t n, int64_t E, float* x_next, cudaStream_t s) {
+  if (n <= 0) return;
+  hc_post_kernel<<<blocks_for(n * E, kT), kT, 0, s>>>(f, mix, x, n, E, x_next);
+  PDB_CUDA_LAUNCHED();
+}
+
+void dsv4_embed_streams(const float* table, const int32_t* tokens, int64_t n, int64_t E, float* x, cudaStream_t s) {
+  if (n <= 0) return;
+  embed_streams_kernel<<<blocks_for(n * E, kT), kT, 0, s>>>(table, tokens, n, E, x);
+  PDB_CUDA_LAUNCHED();
+}
+
+void hadamard_groups(float* x, int64_t groups, int n, cudaStream_t s) {
+  if (groups <= 0) return;
+  if (n < 2 || n > 4096 || (n & (n - 1))) throw std::invalid_argument("hadamard_groups: n must be a power of two <= 4096");
+  if (groups > 0x7fffffff) throw std::invalid_argument("hadamard_groups: too many groups");
+  hadamard_kernel<<<unsigned(groups), std::min(n / 2, 256), size_t(n) * 4, s>>>(x, n, 1.0f / sqrtf(float(n)));
+  PDB_CUDA_LAUNCHED();
+}
+
+void dsv4_add_ape(float* g, const float* ape, int64_t n, int64_t cw, int64_t pos0, int ratio, cudaStream_t s) {
+  if (n <= 0) return;
+  add_ape_kernel<<<blocks_for(n * cw, kT), kT, 0, s>>>(g, ape, n, cw, pos0, ratio);
+  PDB_CUDA_LAUNCHED();
+}
+
+void dsv4_pool(const float* a, const float* g, int64_t h0, int64_t b0, int64_t nb, int ratio, int64_t width, float* out, cudaStream_t s) {
+  if (nb <= 0) return;
+  if (ratio != 4 && ratio != 128) throw std::invalid_argument("dsv4_pool: ratio 4 or 128");
+  pool_kernel<<<dim3(unsigned(nb), blocks_for(width, 128)), 128, 0, s>>>(a, g, h0, b0, ratio, width, out);
+  PDB_CUDA_LAUNCHED();
+}
+
+void rope_tail(float* x, const float* cs, int64_t n, int heads, int width, int r, int64_t row_stride, cudaStream_t s) {
+  if (n <= 0) return;
+  if (r % 2 || r > width) throw std::invalid_argument("rope_tail: r must be even and <= width");
+  rope_tail_kernel<<<blocks_for(n * heads * (r / 2), kT), kT, 0, s>>>(x, cs, n, heads, width, r, row_stride ? row_stride : int64_t(heads) * width);
+  PDB_CUDA_LAUNCHED();
+}
+
+void round_as_cached(float* x, int64_t n, int type, cudaStream_t s) {
+  if (n <= 0 || type == 0) return;
+  round_kernel<<<blocks_for(n, kT), kT, 0, s>>>(x, n, type);
+  PDB_CUDA_LAUNCHED();
+}
+
+void scale_f32(float* x, int64_t n, float a, cudaStream_t s) {
+  if (n <= 0) return;
+  scale_kernel<<<blocks_for(n, kT), kT, 0, s>>>(x, n, a);
+  PDB_CUDA_LAUNCHED();
+}
+
+void dsv4_route(const float* logits, const float* bias, const int32_t* tid2eid, const int32_t* tokens, int64_t n, int n_expert, int k, float scale,
+                int32_t* experts, float* weights, cudaStream_t s) {
+  if (n <= 0) return;
+  if (n_expert > 256 || k > 16 || k > n_expert) throw std::invalid_argument("dsv4_route: at most 16 of 256 experts");
+  route_kernel<<<blocks_for(n, 128), 128, 0, s>>>(logits, bias, tid2eid, tokens, n, n_expert, k, scale, experts, weights);
+  PDB_CUDA_LAUNCHED();
+}
+
+void swiglu_clamp_rows(const bf16* gu, bf16* out, int64_t rows, int64_t ff, float limit, cudaStream_t s) {
+  if (rows <= 0) return;
+  swiglu_clamp_kernel<<<blocks_for(rows * ff, kT), kT, 0, s>>>(gu, out, rows, ff, limit);
+  PDB_CUDA_LAUNCHED();
+}
+
+void mxfp4_to_bf16(const uint8_t* blocks, int64_t n_blocks, bf16* out, cudaStream_t s) {
+  if (n_blocks <= 0) return;
+  mxfp4_kernel<<<blocks_for(n_blocks, kT), kT, 0, s>>>(blocks, n_blocks, out);
+  PDB_CUDA_LAUNCHED();
+}
+
+void dsv4_gather_keys(const Dsv4KeyGather& g, bf16* kg, uint8_t* valid, cudaStream_t s) {
+  if (g.nq <= 0) return;
+  if (g.D % 8) throw std::invalid_argument("dsv4_gather_keys: D must be a multiple of 8");
+  gather_keys_kernel<<<dim3(unsigned(g.NK), unsigned(g.nq)), 64, 0, s>>>(g, kg, valid);
+  PDB_CUDA_LAUNCHED();
+}
+
+void dsv4_sink_softmax(const float* sc, const uint8_t* valid, const float* sinks, int64_t nq, int H, int NK, float scale, bf16* p, cudaStream_t st) {
+  if (nq <= 0) return;
+  sink_softmax_kernel<<<unsigned(nq * H), 128, 0, st>>>(sc, valid, sinks, H, NK, scale, p);
+  PDB_CUDA_LAUNCHED();
+}
+
+void dsv4_derope(bf16* o, const float* cs, int64_t n, int H, int D, int r, cudaStream_t s) {
+  if (n <= 0) return;
+  derope_kernel<<<blocks_for(n * H * (r / 2), kT), kT, 0, s>>>(o, cs, n, H, D, r);
+  PDB_CUDA_LAUNCHED();
+}
+
+void fill_random_bf16(bf16* p, int64_t n, uint64_t seed, float sd, cudaStream_t s) {
+  rand_bf16_kernel<<<grid_stride_blocks(n), kT, 0, s>>>(p, n, seed, sd * 1.7320508f);
+  PDB_CUDA_LAUNCHED();
+}
+void fill_random_f32(float* p, int64_t n, uint64_t seed, float sd, float mean, cudaStream_t s) {
+  rand_f32_kernel<<<grid_stride_blocks(n), kT, 0, s>>>(p, n, seed, sd * 1.7320508f, mean);
+  PDB_CUDA_LAUNCHED();
+}
+void fill_random_mxfp4(uint8_t* blocks, int64_t n_blocks, uint64_t seed, uint8_t e8m0, cudaStream_t s) {
+  rand_mxfp4_kernel<<<grid_stride_blocks(n_blocks), kT, 0, s>>>(blocks, n_blocks, seed, e8m0);
+  PDB_CUDA_LAUNCHED();
+}
+void fill_random_q8(int8_t* q, float* d, int64_t n, uint64_t seed, float scale, cudaStream_t s) {
+  rand_q8_kernel<<<grid_stride_blocks(n), kT, 0, s>>>(q, d, n, seed, scale);
+  PDB_CUDA_LAUNCHED();
+}
+
+}  // namespace pdb::cuda

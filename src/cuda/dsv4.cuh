@@ -1,0 +1,74 @@
+// DeepSeek-V4's own kernels for the GPU engine (model/cuda_engine_dsv4.h): the hyper-connection mixes, the
+// compressors' pooling, the Hadamard rotation, the routing (sqrt-softplus scores, selection bias or the hash
+// layers' table), the clamped SwiGLU, MXFP4 experts back to bf16, and the pieces of the sparse attention (the
+// keys each query sees gathered into one batch, the softmax with per-head sinks, the de-RoPE of the output).
+// CPU twins: model/deepseek4_blocks.h (hc, indexer), recipes/deepseek4.cpp (pool, rings), recipes/recipe.h
+// (hadamard_rows), model/cpu_engine_dsv4.cpp (routing, SwiGLU, attention), formats/ggml_types.h (MXFP4).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace pdb::cuda {
+
+// One token's mix, as 24 floats: pre[4], post[4], comb[dst * 4 + src].
+constexpr int kDsv4MixFloats = 24;
+
+// m [n x 24]: fn . rms_norm(x) (the caller's product). mix [n x 24]; y [n x E] = sum_h pre[h] x_h.
+void dsv4_hc_mix(const float* m, const float* x, const float* base, const float* scale, int64_t n, int64_t E, float hc_eps, int iters,
+                 float* mix, float* y, cudaStream_t s);
+// x_next[dst] = f * post[dst] + sum_src comb[dst][src] x[src]   (x, x_next [n x 4 x E], f [n x E])
+void dsv4_hc_post(const float* f, const float* mix, const float* x, int64_t n, int64_t E, float* x_next, cudaStream_t s);
+// x [n x 4 x E]: each token's embedding row in all four streams.
+void dsv4_embed_streams(const float* table, const int32_t* tokens, int64_t n, int64_t E, float* x, cudaStream_t s);
+
+// Each group of `n` floats (a power of two <= 1024) scaled by 1/sqrt(n), then the butterflies (hadamard_rows' order).
+void hadamard_groups(float* x, int64_t groups, int n, cudaStream_t s);
+// g[t] += ape[(pos0 + t) % ratio]  (rows of cw)
+void dsv4_add_ape(float* g, const float* ape, int64_t n, int64_t cw, int64_t pos0, int ratio, cudaStream_t s);
+// The compressor's pooled rows of blocks b0 .. b0 + nb - 1 from its history a, g [rows x cw] (row 0 = position h0;
+// cw = 2 width for ratio 4, width for 128): per channel the softmax of the scores over the block's entries.
+void dsv4_pool(const float* a, const float* g, int64_t h0, int64_t b0, int64_t nb, int ratio, int64_t width, float* out, cudaStream_t s);
+// ggml's NORM RoPE on the last r dims of each of `heads` groups of `width` per row (rows row_stride apart, 0:
+// heads * width): pair i0 of row t by cs[t * r + i0], cs[t * r + i0 + 1] (cos, sin).
+void rope_tail(float* x, const float* cs, int64_t n, int heads, int width, int r, int64_t row_stride, cudaStream_t s);
+// x <- x as a cache of `type` holds it: 1 f16, 2 bf16 (0: f32, nothing to do).
+void round_as_cached(float* x, int64_t n, int type, cudaStream_t s);
+void scale_f32(float* x, int64_t n, float a, cudaStream_t s);
+
+// Routing: p = sqrt(softplus(logit)); the experts: tid2eid[token] (hash layers) or the top k of p + bias; the
+// weights p / max(sum, 2^-14) * scale (scale 0 or 1: none). n_expert <= 256, k <= 16.
+void dsv4_route(const float* logits, const float* bias, const int32_t* tid2eid, const int32_t* tokens, int64_t n, int n_expert, int k,
+                float scale, int32_t* experts, float* weights, cudaStream_t s);
+// out[r][i] = silu(min(g, L)) * clamp(u, -L, L) with gu = [gate | up] per row (L <= 1e-6: no clamp)
+void swiglu_clamp_rows(const __nv_bfloat16* gu, __nv_bfloat16* out, int64_t rows, int64_t ff, float limit, cudaStream_t s);
+// GGUF MXFP4 blocks (1 byte e8m0, 16 bytes of 32 e2m1 codes) -> bf16 (exact).
+void mxfp4_to_bf16(const uint8_t* blocks, int64_t n_blocks, __nv_bfloat16* out, cudaStream_t s);
+
+// The sparse attention's keys for queries at positions t0 .. t0 + nq - 1: slot j < W the window row of position
+// t - W + 1 + j (from win [rows x D], row 0 = position win_first), slot W + i the compressed row: ratio 128 block
+// i while i < (t + 1) / 128, ratio 4 the indexer's choice idx[q][i] (>= 0). kg [nq x NK x D], valid [nq x NK].
+struct Dsv4KeyGather {
+  const __nv_bfloat16* win = nullptr;
+  int64_t win_first = 0;
+  const __nv_bfloat16* pool = nullptr;
+  const int32_t* idx = nullptr;  // ratio 4: [nq x top_k]
+  int top_k = 0, ratio = 0, W = 0, NK = 0, D = 0;
+  int64_t t0 = 0, nq = 0;
+};
+void dsv4_gather_keys(const Dsv4KeyGather& g, __nv_bfloat16* kg, uint8_t* valid, cudaStream_t s);
+// p = softmax over the valid slots of s * scale, with the head's sink as one more logit (its weight dropped):
+// s [nq x H x NK] f32 -> p bf16 (0 where not valid).
+void dsv4_sink_softmax(const float* sc, const uint8_t* valid, const float* sinks, int64_t nq, int H, int NK, float scale, __nv_bfloat16* p,
+                       cudaStream_t st);
+// The output's last r dims of each head rotated back by its query's angle (cs [n x r]: cos, sin per pair).
+void dsv4_derope(__nv_bfloat16* o, const float* cs, int64_t n, int H, int D, int r, cudaStream_t s);
+
+// Random weights for the real-shape benchmarks (a hash of seed and index; uniform with this sd).
+void fill_random_bf16(__nv_bfloat16* p, int64_t n, uint64_t seed, float sd, cudaStream_t s);
+void fill_random_f32(float* p, int64_t n, uint64_t seed, float sd, float mean, cudaStream_t s);
+void fill_random_mxfp4(uint8_t* blocks, int64_t n_blocks, uint64_t seed, uint8_t e8m0, cudaStream_t s);
+void fill_random_q8(int8_t* q, float* d, int64_t n, uint64_t seed, float scale, cudaStream_t s);  // d [n / 32]
+
+}  // namespace pdb::cuda

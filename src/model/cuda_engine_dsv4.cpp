@@ -1,0 +1,775 @@
+#include "model/cuda_engine_dsv4.h"
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "cuda/common.cuh"
+#include "cuda/dsv4.cuh"
+#include "cuda/dsv4_indexer.cuh"
+#include "cuda/elementwise.cuh"
+#include "cuda/gemm.cuh"
+#include "cuda/grouped_gemm.cuh"
+#include "cuda/moe.cuh"
+#include "cuda/q8_gemm.cuh"
+#include "cuda/rmsnorm.cuh"
+#include "formats/gguf.h"
+#include "formats/numeric.h"
+#include "model/deepseek4_blocks.h"
+#include "recipes/deepseek4.h"
+#include "recipes/q8_dot.h"
+#include "recipes/recipe.h"
+#include "recipes/rope_ggml.h"
+
+namespace pdb {
+
+using cuda::DeviceBuffer;
+using bf16 = __nv_bfloat16;
+
+namespace {
+
+void check_cublas(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(fmt::format("cuBLAS {} failed (status {})", what, int(st)));
+}
+
+DeviceBuffer upload_f32(const std::vector<float>& v) {
+  DeviceBuffer b(std::max<size_t>(v.size(), 1) * 4);
+  if (!v.empty()) b.upload(v.data(), v.size() * 4);
+  return b;
+}
+DeviceBuffer upload_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
+  DeviceBuffer b(std::max<size_t>(h.size(), 1) * 2);
+  if (!h.empty()) b.upload(h.data(), h.size() * 2);
+  return b;
+}
+
+// A section projection with the decoder's weight: Q8_0 in integers against the activation's Q8_0 codes (as
+// ggml-cpu), or f32.
+struct SectionProjection {
+  int64_t in = 0, out = 0;
+  bool q8 = false;
+  DeviceBuffer w, d;  // f32 [out x in], or int8 codes [out x in] and f32 scales [out x in/32]
+};
+
+}  // namespace
+
+const char* Deepseek4CudaEngine::Profile::phase_name(int p) {
+  static const char* names[] = {"sections", "query", "indexer", "attention", "output", "moe", "hook"};
+  return p >= 0 && p < kPhases ? names[p] : "?";
+}
+
+struct Deepseek4CudaEngine::Impl {
+  struct Layer {
+    int64_t ratio = 0;
+    // the decoder's (the sections)
+    DeviceBuffer r_hc_fn, r_hc_base, r_hc_scale, attn_norm, kv_norm, cape, cnorm, iape, inorm;
+    SectionProjection wkv, ckv, cgate, ikv, igate;
+    // the engine's
+    DeviceBuffer hc_attn_fn, hc_attn_base, hc_attn_scale, hc_ffn_fn, hc_ffn_base, hc_ffn_scale;
+    DeviceBuffer q_a_norm, sinks, ffn_norm, probs_bias, router;  // f32
+    DeviceBuffer wq_a, wq_b, wo_a, wo_b, idx_q_b, idx_proj, sh_gu, sh_down;  // bf16
+    DeviceBuffer exp_gu, exp_down;                 // bf16 [NE x 2F x E], [NE x E x F], or empty when FP4
+    DeviceBuffer gate_fp4, up_fp4, down_fp4;       // GGUF MXFP4 blocks
+    DeviceBuffer tid2eid;                          // int32 [vocab x K] (hash layers)
+    bool hash = false;
+    // per prompt: the raw rows (as stored, bf16) of the last W positions and the chunk's, the compressed rows,
+    // the compressors' last tokens
+    DeviceBuffer win, pool, lid;
+    int64_t win_first = 0, win_rows = 0, n_pool = 0, n_lid = 0;
+    struct History {
+      DeviceBuffer a, g;
+      int64_t first = 0, rows = 0;
+    } hp, hl;
+  };
+  Deepseek4Config c;
+  std::vector<Layer> layers;
+  DeviceBuffer embed;  // f32 [vocab x E]
+  cuda::Gemm gemm;
+  cuda::GroupedGemm grouped;
+  cublasHandle_t blas = nullptr;
+  cudaStream_t s = nullptr;
+  bool fp4 = false;
+  // scratch, grown on demand
+  DeviceBuffer tokens, x, xa, xn, m, mix_r, mix_e, pre, cur, cur_b, qx, dx, kvrow, kvtmp, pooled, csb, cs_plain, cs_comp;
+  DeviceBuffer qr, qr_b, q, q_b, iq, iq_b, iw, isc, iscores, idx, kg, valid, sc, p, att, oa, ao, shift_tmp;
+  DeviceBuffer hpre, hn, hn_b, logits, experts, weights, counts, offsets, slot_of, token_of, xg, gu, act, yexp, shgu, shact, y;
+  DeviceBuffer exp_gu_scratch, exp_down_scratch;
+  cuda::PinnedBuffer counts_host;
+
+  Impl() {
+    PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    check_cublas(cublasCreate(&blas), "create");
+    check_cublas(cublasSetStream(blas, s), "set stream");
+  }
+  ~Impl() {
+    if (blas) cublasDestroy(blas);
+    if (s) cudaStreamDestroy(s);
+  }
+
+  static void grow(DeviceBuffer& b, size_t bytes) {
+    if (b.bytes() < bytes) b.resize(bytes);
+  }
+
+  void project(const SectionProjection& P, const float* x_f32, const int8_t* x_q, const float* x_d, int64_t n, float* y) {
+    if (P.q8) cuda::q8_block_gemm(x_q, x_d, P.w.as<int8_t>(), P.d.as<float>(), y, n, P.in, P.out, s);
+    else gemm.xwt(cuda::DType::F32, x_f32, P.w.get(), cuda::DType::F32, y, n, P.in, P.out, 0.0f, s);
+  }
+
+  // Drops all but the last `keep` rows (of row_bytes) of a buffer holding `rows`.
+  void keep_last(DeviceBuffer& b, int64_t& rows, int64_t keep, size_t row_bytes) {
+    if (rows <= keep) return;
+    const size_t bytes = size_t(keep) * row_bytes;
+    if (bytes) {
+      grow(shift_tmp, bytes);
+      PDB_CUDA_CHECK(cudaMemcpyAsync(shift_tmp.get(), b.as<uint8_t>() + size_t(rows - keep) * row_bytes, bytes, cudaMemcpyDeviceToDevice, s));
+      PDB_CUDA_CHECK(cudaMemcpyAsync(b.get(), shift_tmp.get(), bytes, cudaMemcpyDeviceToDevice, s));
+    }
+    rows = keep;
+  }
+
+  void download(std::vector<float>& out, const void* src, int64_t count) {
+    out.resize(size_t(std::max<int64_t>(count, 0)));
+    if (count > 0) PDB_CUDA_CHECK(cudaMemcpyAsync(out.data(), src, size_t(count) * 4, cudaMemcpyDeviceToHost, s));
+  }
+};
+
+namespace {
+
+int64_t rotation_of(int64_t width) { return k_rotation_size(width); }
+
+// Host cos/sin of the layer's RoPE for each of `n` positions pos(i).
+template <class Pos>
+std::vector<float> rope_table(const GgmlRopeParams& rp, int64_t n, Pos pos) {
+  std::vector<float> cs(size_t(n * rp.n_dims));
+  for (int64_t i = 0; i < n; ++i) ggml_rope_cache(rp, pos(i), cs.data() + i * rp.n_dims);
+  return cs;
+}
+
+}  // namespace
+
+Deepseek4CudaEngine::Deepseek4CudaEngine(const Deepseek4Config& c) : c_(c), impl_(std::make_unique<Impl>()) { impl_->c = c; }
+
+Deepseek4CudaEngine::~Deepseek4CudaEngine() = default;
+
+Deepseek4CudaEngine::Deepseek4CudaEngine(const Deepseek4Recipe& recipe, const Deepseek4Weights& W) : Deepseek4CudaEngine(recipe.config()) {
+  const auto& c = c_;
+  const GgufFile& g = recipe.gguf();
+  const int64_t E = c.hidden, NE = c.experts, F = c.expert_ff;
+  auto rf = [&](const std::string& n) { return upload_f32(g.to_f32(g.tensor(n))); };
+  auto sec = [&](const std::string& n) {
+    SectionProjection P;
+    const auto& ti = g.tensor(n);
+    P.in = ti.ne[0];
+    P.out = ti.n_elements() / P.in;
+    if (has_q8_path(ti.type) && P.in % 128 == 0) {
+      const Q8Matrix q = unpack_q8_blocks(ti.type, g.data(ti), P.out, P.in);
+      P.q8 = true;
+      P.w.resize(q.q.size());
+      P.w.upload(q.q.data(), q.q.size());
+      P.d = upload_f32(q.d);
+    } else {
+      P.w = upload_f32(g.to_f32(ti));
+    }
+    weight_bytes_ += P.w.bytes() + P.d.bytes();
+    return P;
+  };
+  auto ef = [&](const std::string& n) { return upload_f32(W.f32(n)); };
+  auto eb = [&](const std::string& n) {
+    auto b = upload_bf16(W.f32(n));
+    weight_bytes_ += b.bytes();
+    return b;
+  };
+  impl_->embed = upload_f32(g.to_f32(g.tensor("token_embd.weight")));  // the decoder's embedding: what its layer 0 sees
+  bool any_fp4 = false;
+  for (int64_t l = 0; l < c.layers; ++l) {
+    const std::string p = fmt::format("blk.{}.", l);
+    Impl::Layer L;
+    L.ratio = c.compress_ratios.at(size_t(l));
+    L.r_hc_fn = rf(p + "hc_attn_fn.weight");
+    L.r_hc_base = rf(p + "hc_attn_base.weight");
+    L.r_hc_scale = rf(p + "hc_attn_scale.weight");
+    L.attn_norm = rf(p + "attn_norm.weight");
+    L.kv_norm = rf(p + "attn_kv_a_norm.weight");
+    L.wkv = sec(p + "attn_kv.weight");
+    if (L.ratio) {
+      L.ckv = sec(p + "attn_compressor_kv.weight");
+      L.cgate = sec(p + "attn_compressor_gate.weight");
+      L.cape = rf(p + "attn_compressor_ape.weight");
+      L.cnorm = rf(p + "attn_compressor_norm.weight");
+    }
+    if (L.ratio == 4) {
+      L.ikv = sec(p + "indexer_compressor_kv.weight");
+      L.igate = sec(p + "indexer_compressor_gate.weight");
+      L.iape = rf(p + "indexer_compressor_ape.weight");
+      L.inorm = rf(p + "indexer_compressor_norm.weight");
+      L.idx_q_b = eb(p + "indexer.attn_q_b.weight");
+      L.idx_proj = eb(p + "indexer.proj.weight");
+    }
+    L.hc_attn_fn = ef(p + "hc_attn_fn.weight");
+    L.hc_attn_base = ef(p + "hc_attn_base.weight");
+    L.hc_attn_scale = ef(p + "hc_attn_scale.weight");
+    L.hc_ffn_fn = ef(p + "hc_ffn_fn.weight");
+    L.hc_ffn_base = ef(p + "hc_ffn_base.weight");
+    L.hc_ffn_scale = ef(p + "hc_ffn_scale.weight");
+    L.q_a_norm = ef(p + "attn_q_a_norm.weight");
+    L.sinks = ef(p + "attn_sinks.weight");
+    L.ffn_norm = ef(p + "ffn_norm.weight");
+    L.router = ef(p + "ffn_gate_inp.weight");
+    L.wq_a = eb(p + "attn_q_a.weight");
+    L.wq_b = eb(p + "attn_q_b.weight");
+    L.wo_a = eb(p + "attn_output_a.weight");
+    L.wo_b = eb(p + "attn_output_b.weight");
+    if (l < c.hash_layers) {
+      const auto ids = W.i32(p + "ffn_gate_tid2eid.weight");
+      if (int64_t(ids.size()) != c.experts_used * c.vocab) throw std::runtime_error(p + "ffn_gate_tid2eid: not k ids per token");
+      L.tid2eid.resize(ids.size() * 4);
+      L.tid2eid.upload(ids.data(), ids.size() * 4);
+      L.hash = true;
+    } else {
+      L.probs_bias = ef(p + "exp_probs_b.bias");
+    }
+    {  // the shared expert: gate rows, then up rows
+      auto gs = W.f32(p + "ffn_gate_shexp.weight"), us = W.f32(p + "ffn_up_shexp.weight");
+      gs.insert(gs.end(), us.begin(), us.end());
+      L.sh_gu = upload_bf16(gs);
+      L.sh_down = eb(p + "ffn_down_shexp.weight");
+      weight_bytes_ += L.sh_gu.bytes();
+    }
+    std::vector<uint8_t> gb, ub, db;
+    if (W.mxfp4 && W.mxfp4(p + "ffn_gate_exps.weight", gb) && W.mxfp4(p + "ffn_up_exps.weight", ub) && W.mxfp4(p + "ffn_down_exps.weight", db)) {
+      auto put = [&](DeviceBuffer& b, const std::vector<uint8_t>& v) {
+        b.resize(v.size());
+        b.upload(v.data(), v.size());
+        weight_bytes_ += v.size();
+      };
+      put(L.gate_fp4, gb);
+      put(L.up_fp4, ub);
+      put(L.down_fp4, db);
+      any_fp4 = true;
+    } else {
+      const auto ge = W.f32(p + "ffn_gate_exps.weight"), ue = W.f32(p + "ffn_up_exps.weight");
+      std::vector<float> gu(size_t(NE * 2 * F * E));
+      for (int64_t e = 0; e < NE; ++e) {
+        std::copy_n(ge.data() + e * F * E, F * E, gu.data() + e * 2 * F * E);
+        std::copy_n(ue.data() + e * F * E, F * E, gu.data() + e * 2 * F * E + F * E);
+      }
+      L.exp_gu = upload_bf16(gu);
+      L.exp_down = eb(p + "ffn_down_exps.weight");
+      weight_bytes_ += L.exp_gu.bytes();
+    }
+    impl_->layers.push_back(std::move(L));
+  }
+  impl_->fp4 = any_fp4;
+  note_ = fmt::format("deepseek4 on the GPU: bf16 products (f32 accumulation) of {}; routed experts {}; the sections' projections with the "
+                      "decoder's weights ({})",
+                      W.describe, any_fp4 ? "FP4 (MXFP4) in memory, expanded to bf16 per layer before the grouped product" : "bf16",
+                      impl_->layers.empty() || !impl_->layers[0].wkv.q8 ? "f32" : "Q8_0 in integers");
+}
+
+std::unique_ptr<Deepseek4CudaEngine> Deepseek4CudaEngine::random(const Deepseek4Config& c, uint64_t seed) {
+  std::unique_ptr<Deepseek4CudaEngine> eng(new Deepseek4CudaEngine(c));
+  Impl& I = *eng->impl_;
+  const int64_t E = c.hidden, D = c.head_dim, H = c.heads, Lq = c.q_lora, G = c.out_groups, R = c.out_lora, NE = c.experts, F = c.expert_ff;
+  const int64_t FS = F * c.shared_experts, Hi = c.index_heads, Id = c.index_dim;
+  uint64_t k = seed * 1000;
+  size_t& total = eng->weight_bytes_;
+  auto f32 = [&](int64_t n, float sd, float mean) {
+    DeviceBuffer b(size_t(n) * 4);
+    cuda::fill_random_f32(b.as<float>(), n, ++k, sd, mean, I.s);
+    return b;
+  };
+  auto b16 = [&](int64_t out, int64_t in) {
+    DeviceBuffer b(size_t(out * in) * 2);
+    cuda::fill_random_bf16(b.as<bf16>(), out * in, ++k, 1.0f / std::sqrt(float(in)), I.s);
+    total += b.bytes();
+    return b;
+  };
+  auto q8 = [&](int64_t out, int64_t in) {
+    SectionProjection P;
+    P.in = in;
+    P.out = out;
+    P.q8 = true;
+    P.w.resize(size_t(out * in));
+    P.d.resize(size_t(out * in / 32) * 4);
+    cuda::fill_random_q8(P.w.as<int8_t>(), P.d.as<float>(), out * in, ++k, 1.0f / (73.0f * std::sqrt(float(in))), I.s);
+    total += P.w.bytes() + P.d.bytes();
+    return P;
+  };
+  auto fp4 = [&](int64_t elements) {
+    DeviceBuffer b(size_t(elements / 32) * 17);
+    cuda::fill_random_mxfp4(b.as<uint8_t>(), elements / 32, ++k, 120, I.s);
+    total += b.bytes();
+    return b;
+  };
+  I.embed = f32(c.vocab * E, 1.0f, 0.0f);
+  std::mt19937 rng{static_cast<uint32_t>(seed)};
+  for (int64_t l = 0; l < c.layers; ++l) {
+    Impl::Layer L;
+    L.ratio = c.compress_ratios.at(size_t(l));
+    L.r_hc_fn = f32(24 * 4 * E, 0.01f, 0.0f);
+    L.r_hc_base = f32(24, 0.1f, 0.0f);
+    L.r_hc_scale = f32(3, 0.0f, 1.0f);
+    L.attn_norm = f32(E, 0.0f, 1.0f);
+    L.kv_norm = f32(D, 0.0f, 1.0f);
+    L.wkv = q8(D, E);
+    if (L.ratio) {
+      const int64_t cw = (L.ratio == 4 ? 2 : 1) * D;
+      L.ckv = q8(cw, E);
+      L.cgate = q8(cw, E);
+      L.cape = f32(L.ratio * cw, 0.02f, 0.0f);
+      L.cnorm = f32(D, 0.0f, 1.0f);
+    }
+    if (L.ratio == 4) {
+      L.ikv = q8(2 * Id, E);
+      L.igate = q8(2 * Id, E);
+      L.iape = f32(4 * 2 * Id, 0.02f, 0.0f);
+      L.inorm = f32(Id, 0.0f, 1.0f);
+      L.idx_q_b = b16(Hi * Id, Lq);
+      L.idx_proj = b16(Hi, E);
+    }
+    L.hc_attn_fn = f32(24 * 4 * E, 0.01f, 0.0f);
+    L.hc_attn_base = f32(24, 0.1f, 0.0f);
+    L.hc_attn_scale = f32(3, 0.0f, 1.0f);
+    L.hc_ffn_fn = f32(24 * 4 * E, 0.01f, 0.0f);
+    L.hc_ffn_base = f32(24, 0.1f, 0.0f);
+    L.hc_ffn_scale = f32(3, 0.0f, 1.0f);
+    L.q_a_norm = f32(Lq, 0.0f, 1.0f);
+    L.sinks = f32(H, 0.5f, 0.0f);
+    L.ffn_norm = f32(E, 0.0f, 1.0f);
+    L.router = f32(NE * E, 1.0f / std::sqrt(float(E)), 0.0f);
+    L.wq_a = b16(Lq, E);
+    L.wq_b = b16(H * D, Lq);
+    L.wo_a = b16(G * R, H * D / G);
+    L.wo_b = b16(E, G * R);
+    if (l < c.hash_layers) {
+      std::vector<int32_t> ids(size_t(c.vocab * c.experts_used));
+      std::uniform_int_distribution<int32_t> pick(0, int32_t(NE - 1));
+      for (int64_t t = 0; t < c.vocab; ++t)
+        for (int64_t j = 0; j < c.experts_used; ++j) {  // distinct experts per token
+          int32_t e;
+          bool dup;
+          do {
+            e = pick(rng);
+            dup = false;
+            for (int64_t i = 0; i < j; ++i) dup |= ids[size_t(t * c.experts_used + i)] == e;
+          } while (dup);
+          ids[size_t(t * c.experts_used + j)] = e;
+        }
+      L.tid2eid.resize(ids.size() * 4);
+      L.tid2eid.upload(ids.data(), ids.size() * 4);
+      L.hash = true;
+    } else {
+      L.probs_bias = f32(NE, 0.0f, 0.0f);
+    }
+    L.sh_gu = b16(2 * FS, E);
+    L.sh_down = b16(E, FS);
+    L.gate_fp4 = fp4(NE * F * E);
+    L.up_fp4 = fp4(NE * F * E);
+    L.down_fp4 = fp4(NE * E * F);
+    I.layers.push_back(std::move(L));
+  }
+  I.fp4 = true;
+  PDB_CUDA_CHECK(cudaStreamSynchronize(I.s));
+  eng->note_ = "deepseek4 on the GPU, random weights at these shapes: bf16 dense products, FP4 (MXFP4) routed experts expanded per layer, "
+               "Q8_0 section projections in integers";
+  return eng;
+}
+
+int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, GgmlType kt, const ChunkHook& hook,
+                                     const std::function<bool()>& stop, bool compute_last, Profile* profile) {
+  Impl& I = *impl_;
+  const auto& c = c_;
+  cudaStream_t s = I.s;
+  const int64_t T = int64_t(tokens.size()), E = c.hidden, D = c.head_dim, H = c.heads, r = c.rope_dims, W = c.window;
+  const int64_t Id = c.index_dim, Hi = c.index_heads, Lq = c.q_lora, G = c.out_groups, R = c.out_lora, ogd = H * D / G;
+  const int64_t NE = c.experts, K = c.experts_used, F = c.expert_ff, FS = c.expert_ff * c.shared_experts, topk = c.index_top_k;
+  const float eps = c.rms_eps;
+  if (T == 0) return 0;
+  if (chunk <= 0) chunk = T;
+  chunk = std::min(chunk, T);
+  int round_kind = 0;
+  bool quantized = false;
+  switch (kt) {
+    case GgmlType::F32: break;
+    case GgmlType::F16: round_kind = 1; break;
+    case GgmlType::BF16: round_kind = 2; break;
+    case GgmlType::Q8_0: quantized = true; break;
+    default: throw std::invalid_argument(std::string("the GPU DSV4 engine attends over f32, f16, bf16 or q8_0 caches, not ") + ggml_type_name(kt));
+  }
+  for (int32_t t : tokens)
+    if (t < 0 || t >= c.vocab) throw std::invalid_argument(fmt::format("token {} outside the vocabulary", t));
+  const int64_t rotD = rotation_of(D), rotI = rotation_of(Id);
+  // rows as the decoder stores and the engine reads them: the cache type's values (quantized rows un-rotated:
+  // a rotated query against rotated rows is the same dot product), then bf16
+  auto as_stored = [&](float* rows, int64_t count, int64_t width, bool rotated, bf16* out) {
+    if (count <= 0) return;
+    if (quantized) {
+      cuda::q8_0_round_trip(rows, count * width, s);
+      if (rotated && rotation_of(width)) cuda::hadamard_groups(rows, count * width / rotation_of(width), int(rotation_of(width)), s);
+    } else {
+      cuda::round_as_cached(rows, count * width, round_kind, s);
+    }
+    cuda::f32_to_bf16(rows, out, count * width, s);
+  };
+  // per-prompt state
+  for (auto& L : I.layers) {
+    Impl::grow(L.win, size_t(W + chunk) * D * 2);
+    L.win_first = L.win_rows = 0;
+    L.n_pool = L.n_lid = 0;
+    if (L.ratio) Impl::grow(L.pool, size_t(T / L.ratio + 1) * D * 2);
+    if (L.ratio == 4) Impl::grow(L.lid, size_t(T / 4 + 1) * Id * 2);
+    for (auto* h : {&L.hp, &L.hl}) h->first = h->rows = 0;
+    if (L.ratio) {
+      const int64_t cw = (L.ratio == 4 ? 2 : 1) * D, ring = L.ratio == 4 ? 8 : 128;
+      Impl::grow(L.hp.a, size_t(ring + chunk) * cw * 4);
+      Impl::grow(L.hp.g, size_t(ring + chunk) * cw * 4);
+    }
+    if (L.ratio == 4) {
+      Impl::grow(L.hl.a, size_t(8 + chunk) * 2 * Id * 4);
+      Impl::grow(L.hl.g, size_t(8 + chunk) * 2 * Id * 4);
+    }
+  }
+  const int64_t n = chunk;
+  Impl::grow(I.tokens, size_t(T) * 4);
+  I.tokens.upload(tokens.data(), size_t(T) * 4);
+  for (auto* b : {&I.x, &I.xa, &I.xn}) Impl::grow(*b, size_t(n * 4 * E) * 4);
+  for (auto* b : {&I.m, &I.mix_r, &I.mix_e}) Impl::grow(*b, size_t(n * cuda::kDsv4MixFloats) * 4);
+  for (auto* b : {&I.pre, &I.cur, &I.ao, &I.hpre, &I.hn, &I.y}) Impl::grow(*b, size_t(n * E) * 4);
+  Impl::grow(I.cur_b, size_t(n * E) * 2);
+  Impl::grow(I.hn_b, size_t(n * E) * 2);
+  Impl::grow(I.qx, size_t(n * E));
+  Impl::grow(I.dx, size_t(n * E / 32) * 4);
+  Impl::grow(I.kvrow, size_t(n * D) * 4);
+  Impl::grow(I.kvtmp, size_t(n * std::max(D, Id)) * 4);
+  Impl::grow(I.pooled, size_t(n / 4 + 2) * std::max(D, Id) * 4);
+  Impl::grow(I.csb, size_t(n / 4 + 2) * r * 4);
+  Impl::grow(I.cs_plain, size_t(n * r) * 4);
+  Impl::grow(I.cs_comp, size_t(n * r) * 4);
+  Impl::grow(I.qr, size_t(n * Lq) * 4);
+  Impl::grow(I.qr_b, size_t(n * Lq) * 2);
+  Impl::grow(I.q, size_t(n * H * D) * 4);
+  Impl::grow(I.q_b, size_t(n * H * D) * 2);
+  Impl::grow(I.att, size_t(n * H * D) * 2);
+  Impl::grow(I.oa, size_t(n * G * R) * 2);
+  Impl::grow(I.iq, size_t(n * Hi * Id) * 4);
+  Impl::grow(I.iq_b, size_t(n * Hi * Id) * 2);
+  Impl::grow(I.iw, size_t(n * Hi) * 4);
+  Impl::grow(I.idx, size_t(n * std::max<int64_t>(topk, 1)) * 4);
+  Impl::grow(I.logits, size_t(n * NE) * 4);
+  Impl::grow(I.experts, size_t(n * K) * 4);
+  Impl::grow(I.weights, size_t(n * K) * 4);
+  Impl::grow(I.counts, size_t(NE) * 4);
+  Impl::grow(I.offsets, size_t(NE) * 4);
+  Impl::grow(I.slot_of, size_t(n * K) * 4);
+  Impl::grow(I.token_of, size_t(n * K) * 4);
+  Impl::grow(I.xg, size_t(n * K * E) * 2);
+  Impl::grow(I.gu, size_t(n * K * 2 * F) * 2);
+  Impl::grow(I.act, size_t(n * K * F) * 2);
+  Impl::grow(I.yexp, size_t(n * K * E) * 2);
+  Impl::grow(I.shgu, size_t(n * 2 * FS) * 2);
+  Impl::grow(I.shact, size_t(n * FS) * 2);
+  if (I.fp4) {
+    Impl::grow(I.exp_gu_scratch, size_t(NE * 2 * F * E) * 2);
+    Impl::grow(I.exp_down_scratch, size_t(NE * E * F) * 2);
+  }
+  I.counts_host.resize(size_t(NE) * 4);
+  const GgmlRopeParams rp_plain = dsv4_rope(c, 0), rp_comp = dsv4_rope(c, 4);
+  // the attention's key batches: sized so that one batch's keys and scores stay near 512 MB each
+  const int64_t max_nk = W + std::max<int64_t>(topk, T / 128);
+  const int64_t attn_batch = std::max<int64_t>(1, std::min<int64_t>(n, (int64_t(512) << 20) / std::max<int64_t>(max_nk * std::max(D * 2, H * 4), 1)));
+  Impl::grow(I.kg, size_t(attn_batch * max_nk * D) * 2);
+  Impl::grow(I.valid, size_t(attn_batch * max_nk));
+  Impl::grow(I.sc, size_t(attn_batch * H * max_nk) * 4);
+  Impl::grow(I.p, size_t(attn_batch * H * max_nk) * 2);
+  const int64_t max_blocks = T / 4 + 1;
+  const int64_t idx_batch = std::max<int64_t>(1, std::min<int64_t>(n, (int64_t(1) << 30) / std::max<int64_t>(Hi * max_blocks * 4, 1)));
+  Impl::grow(I.isc, size_t(idx_batch * Hi * max_blocks) * 4);
+  Impl::grow(I.iscores, size_t(idx_batch * max_blocks) * 4);
+  if (profile) {
+    profile->ms.resize(size_t(c.layers));
+    profile->ratio.resize(size_t(c.layers));
+    for (int64_t l = 0; l < c.layers; ++l) profile->ratio[size_t(l)] = c.compress_ratios[size_t(l)];
+  }
+  cudaEvent_t ev[kPhases + 1];
+  for (auto& e : ev) PDB_CUDA_CHECK(cudaEventCreate(&e));
+  struct EventGuard {
+    cudaEvent_t* e;
+    ~EventGuard() {
+      for (int i = 0; i <= kPhases; ++i) cudaEventDestroy(e[i]);
+    }
+  } guard{ev};
+  auto mark = [&](int phase) {
+    if (profile) PDB_CUDA_CHECK(cudaEventRecord(ev[phase], s));
+  };
+  const bool any_q8 = !I.layers.empty() && I.layers[0].wkv.q8;
+  const float scale = 1.0f / std::sqrt(float(D));
+  const float* fnull = nullptr;
+  int64_t done = 0;
+  for (int64_t p0 = 0; p0 < T; p0 += chunk) {
+    const int64_t rows = std::min(chunk, T - p0);
+    const int32_t* tok = I.tokens.as<int32_t>() + p0;
+    cuda::dsv4_embed_streams(I.embed.as<float>(), tok, rows, E, I.x.as<float>(), s);
+    {
+      auto a = rope_table(rp_plain, rows, [&](int64_t i) { return p0 + i; });
+      auto b = rope_table(rp_comp, rows, [&](int64_t i) { return p0 + i; });
+      I.cs_plain.upload(a.data(), a.size() * 4);
+      I.cs_comp.upload(b.data(), b.size() * 4);
+    }
+    for (int64_t l = 0; l < c.layers; ++l) {
+      if (stop && stop()) return done;
+      Impl::Layer& L = I.layers[size_t(l)];
+      const float* cs = L.ratio ? I.cs_comp.as<float>() : I.cs_plain.as<float>();
+      const GgmlRopeParams& rp = L.ratio ? rp_comp : rp_plain;
+      mark(0);
+      // ---- the sections, with the decoder's weights
+      float* x = I.x.as<float>();
+      float* xn = I.xn.as<float>();
+      cuda::rmsnorm_rows(x, fnull, xn, rows, 4 * E, eps, s);
+      I.gemm.xwt(cuda::DType::F32, xn, L.r_hc_fn.get(), cuda::DType::F32, I.m.get(), rows, 4 * E, 24, 0.0f, s);
+      cuda::dsv4_hc_mix(I.m.as<float>(), x, L.r_hc_base.as<float>(), L.r_hc_scale.as<float>(), rows, E, c.hc_eps, int(c.hc_iterations),
+                        I.mix_r.as<float>(), I.pre.as<float>(), s);
+      float* cur = I.cur.as<float>();
+      cuda::rmsnorm_rows(I.pre.as<float>(), L.attn_norm.as<float>(), cur, rows, E, eps, s);
+      if (any_q8) cuda::quantize_rows_q8(cur, rows, E, I.qx.as<int8_t>(), I.dx.as<float>(), s);
+      const int8_t* qx = I.qx.as<int8_t>();
+      const float* dx = I.dx.as<float>();
+      Deepseek4LayerSections S;
+      S.ratio = L.ratio;
+      S.window_first = p0;
+      float* kv = I.kvrow.as<float>();
+      I.project(L.wkv, cur, qx, dx, rows, kv);
+      cuda::rmsnorm_rows(kv, L.kv_norm.as<float>(), kv, rows, D, eps, s);
+      cuda::rope_tail(kv, cs, rows, 1, int(D), int(r), D, s);
+      if (quantized && rotD) cuda::hadamard_groups(kv, rows * D / rotD, int(rotD), s);
+      I.download(S.window, kv, rows * D);
+      PDB_CUDA_CHECK(cudaMemcpyAsync(I.kvtmp.get(), kv, size_t(rows * D) * 4, cudaMemcpyDeviceToDevice, s));
+      I.keep_last(L.win, L.win_rows, std::min(W, L.win_rows), size_t(D) * 2);  // what this chunk's queries reach back to
+      L.win_first = p0 - L.win_rows;
+      as_stored(I.kvtmp.as<float>(), rows, D, true, L.win.as<bf16>() + L.win_rows * D);
+      L.win_rows += rows;
+      // the compressors: their projections after the carried tokens, the blocks finishing in this chunk, the rings
+      auto compress = [&](const SectionProjection& wa, const SectionProjection& wg, const DeviceBuffer& ape, const DeviceBuffer& norm,
+                          int64_t width, int ratio, bool hadamard, Impl::Layer::History& h, DeviceBuffer& rows_out, int64_t& n_out,
+                          std::vector<float>& pooled, int64_t& first_block, std::vector<float>& ring_kv, std::vector<float>& ring_score) {
+        const int64_t cw = (ratio == 4 ? 2 : 1) * width, ring = ratio == 4 ? 8 : 128;
+        const int64_t keep = std::min(ring, h.rows);
+        if (h.rows > keep) {
+          int64_t ra = h.rows, rg = h.rows;
+          I.keep_last(h.a, ra, keep, size_t(cw) * 4);
+          I.keep_last(h.g, rg, keep, size_t(cw) * 4);
+          h.first += h.rows - keep;
+          h.rows = keep;
+        }
+        if (h.rows == 0) h.first = p0;
+        if (h.first + h.rows != p0) throw std::logic_error("DSV4 GPU compressor: chunks out of order");
+        float* a = h.a.as<float>() + h.rows * cw;
+        float* g = h.g.as<float>() + h.rows * cw;
+        I.project(wa, cur, qx, dx, rows, a);
+        I.project(wg, cur, qx, dx, rows, g);
+        cuda::dsv4_add_ape(g, ape.as<float>(), rows, cw, p0, ratio, s);
+        h.rows += rows;
+        const int64_t b0 = p0 / ratio, nb = (p0 + rows) / ratio - b0;
+        first_block = b0;
+        float* out = I.pooled.as<float>();
+        if (nb > 0) {
+          cuda::dsv4_pool(h.a.as<float>(), h.g.as<float>(), h.first, b0, nb, ratio, width, out, s);
+          cuda::rmsnorm_rows(out, norm.as<float>(), out, nb, width, eps, s);
+          const auto csb = rope_table(rp, nb, [&](int64_t i) { return ratio * (b0 + i); });
+          PDB_CUDA_CHECK(cudaMemcpyAsync(I.csb.get(), csb.data(), csb.size() * 4, cudaMemcpyHostToDevice, s));
+          cuda::rope_tail(out, I.csb.as<float>(), nb, 1, int(width), int(r), width, s);
+          if (hadamard && rotation_of(width)) cuda::hadamard_groups(out, nb * width / rotation_of(width), int(rotation_of(width)), s);
+          I.download(pooled, out, nb * width);  // to pageable memory: complete when it returns
+          // the LID rows stay rotated (the indexer's query is rotated to match); pool rows as the window's
+          as_stored(out, nb, width, hadamard && &rows_out != &L.lid, rows_out.as<bf16>() + n_out * width);
+          n_out += nb;
+        } else {
+          pooled.clear();
+        }
+        // the rings after this chunk's last token
+        const int64_t end = p0 + rows, from = std::max(h.first, end - ring);
+        std::vector<float> ta, tg;
+        I.download(ta, h.a.as<float>() + (from - h.first) * cw, (end - from) * cw);
+        I.download(tg, h.g.as<float>() + (from - h.first) * cw, (end - from) * cw);
+        PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+        ring_kv.assign(size_t(ring * cw), 0.0f);
+        ring_score.assign(size_t(ring * cw), 0.0f);
+        for (int64_t t = from; t < end; ++t) {
+          std::copy_n(ta.data() + (t - from) * cw, cw, ring_kv.data() + (t % ring) * cw);
+          std::copy_n(tg.data() + (t - from) * cw, cw, ring_score.data() + (t % ring) * cw);
+        }
+      };
+      if (L.ratio)
+        compress(L.ckv, L.cgate, L.cape, L.cnorm, D, int(L.ratio), quantized, L.hp, L.pool, L.n_pool, S.pool, S.pool_first, S.ring_kv, S.ring_score);
+      if (L.ratio == 4) compress(L.ikv, L.igate, L.iape, L.inorm, Id, 4, true, L.hl, L.lid, L.n_lid, S.lid, S.lid_first, S.lid_kv, S.lid_score);
+      PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+      mark(1);
+      const auto h0 = std::chrono::steady_clock::now();
+      const bool go_on = hook(int(l), nullptr, p0, rows, S);
+      const double hook_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - h0).count();
+      if (profile) profile->ms[size_t(l)][kHook] += hook_ms;
+      if (!go_on) return done;
+      mark(7);  // the layer's device work resumes here (the hook ran on the host)
+      if (l == c.layers - 1 && !compute_last) {
+        if (profile) {
+          float ms = 0;
+          PDB_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+          profile->ms[size_t(l)][kSections] += ms;
+        }
+        break;
+      }
+      // ---- the layer, with the engine's weights: the q path
+      I.gemm.xwt(cuda::DType::F32, xn, L.hc_attn_fn.get(), cuda::DType::F32, I.m.get(), rows, 4 * E, 24, 0.0f, s);
+      cuda::dsv4_hc_mix(I.m.as<float>(), x, L.hc_attn_base.as<float>(), L.hc_attn_scale.as<float>(), rows, E, c.hc_eps, int(c.hc_iterations),
+                        I.mix_e.as<float>(), I.pre.as<float>(), s);
+      cuda::f32_to_bf16(cur, I.cur_b.as<bf16>(), rows * E, s);
+      I.gemm.xwt(cuda::DType::BF16, I.cur_b.get(), L.wq_a.get(), cuda::DType::F32, I.qr.get(), rows, E, Lq, 0.0f, s);
+      cuda::rmsnorm_rows(I.qr.as<float>(), L.q_a_norm.as<float>(), I.qr.as<float>(), rows, Lq, eps, s);
+      cuda::f32_to_bf16(I.qr.as<float>(), I.qr_b.as<bf16>(), rows * Lq, s);
+      I.gemm.xwt(cuda::DType::BF16, I.qr_b.get(), L.wq_b.get(), cuda::DType::F32, I.q.get(), rows, Lq, H * D, 0.0f, s);
+      cuda::rmsnorm_rows(I.q.as<float>(), fnull, I.q.as<float>(), rows * H, D, eps, s);
+      cuda::rope_tail(I.q.as<float>(), cs, rows, int(H), int(D), int(r), H * D, s);
+      cuda::f32_to_bf16(I.q.as<float>(), I.q_b.as<bf16>(), rows * H * D, s);
+      mark(2);
+      // ---- the lightning indexer (ratio 4): each query's top-k of the finished blocks
+      if (L.ratio == 4) {
+        I.gemm.xwt(cuda::DType::BF16, I.qr_b.get(), L.idx_q_b.get(), cuda::DType::F32, I.iq.get(), rows, Lq, Hi * Id, 0.0f, s);
+        cuda::rope_tail(I.iq.as<float>(), cs, rows, int(Hi), int(Id), int(r), Hi * Id, s);
+        if (rotI) cuda::hadamard_groups(I.iq.as<float>(), rows * Hi * Id / rotI, int(rotI), s);
+        cuda::f32_to_bf16(I.iq.as<float>(), I.iq_b.as<bf16>(), rows * Hi * Id, s);
+        I.gemm.xwt(cuda::DType::BF16, I.cur_b.get(), L.idx_proj.get(), cuda::DType::F32, I.iw.get(), rows, E, Hi, 0.0f, s);
+        cuda::scale_f32(I.iw.as<float>(), rows * Hi, 1.0f / std::sqrt(float(Id * Hi)), s);
+        const int64_t nblocks = L.n_lid;
+        if (nblocks == 0) {
+          PDB_CUDA_CHECK(cudaMemsetAsync(I.idx.get(), 0xff, size_t(rows * topk) * 4, s));
+        } else {
+          for (int64_t q0 = 0; q0 < rows; q0 += idx_batch) {
+            const int64_t nq = std::min(idx_batch, rows - q0);
+            I.gemm.xwt(cuda::DType::BF16, I.iq_b.as<bf16>() + q0 * Hi * Id, L.lid.get(), cuda::DType::F32, I.isc.get(), nq * Hi, Id, nblocks, 0.0f, s);
+            const cuda::IndexerShape sh{nq, p0 + q0, int(Hi), nblocks, 4, int(topk)};
+            cuda::indexer_weighted_relu(I.isc.as<float>(), I.iw.as<float>() + q0 * Hi, I.iscores.as<float>(), sh, s);
+            cuda::indexer_topk(I.iscores.as<float>(), I.idx.as<int32_t>() + q0 * topk, sh, s);
+          }
+        }
+      }
+      mark(3);
+      // ---- the sparse attention: per query its window rows and its compressed rows, softmax with the sink
+      {
+        const int64_t NK = W + (L.ratio == 4 ? topk : L.ratio == 128 ? (p0 + rows) / 128 : 0);
+        const int64_t batch = std::max<int64_t>(1, std::min<int64_t>(rows, attn_batch * max_nk / NK));
+        const float one = 1.0f, zero = 0.0f;
+        for (int64_t q0 = 0; q0 < rows; q0 += batch) {
+          const int64_t nq = std::min(batch, rows - q0);
+          cuda::Dsv4KeyGather kg;
+          kg.win = L.win.as<bf16>();
+          kg.win_first = L.win_first;
+          kg.pool = L.ratio ? L.pool.as<bf16>() : nullptr;
+          kg.idx = L.ratio == 4 ? I.idx.as<int32_t>() + q0 * topk : nullptr;
+          kg.top_k = int(topk);
+          kg.ratio = int(L.ratio);
+          kg.W = int(W);
+          kg.NK = int(NK);
+          kg.D = int(D);
+          kg.t0 = p0 + q0;
+          kg.nq = nq;
+          cuda::dsv4_gather_keys(kg, I.kg.as<bf16>(), I.valid.as<uint8_t>(), s);
+          // S^T [NK x H] = Kg [NK x D] . Q^T per query (column-major views of the row-major buffers)
+          check_cublas(cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(NK), int(H), int(D), &one, I.kg.get(), CUDA_R_16BF, int(D),
+                                                  NK * D, I.q_b.as<bf16>() + q0 * H * D, CUDA_R_16BF, int(D), H * D, &zero, I.sc.get(), CUDA_R_32F,
+                                                  int(NK), H * NK, int(nq), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                       "attention scores");
+          cuda::dsv4_sink_softmax(I.sc.as<float>(), I.valid.as<uint8_t>(), L.sinks.as<float>(), nq, int(H), int(NK), scale, I.p.as<bf16>(), s);
+          // O^T [D x H] = Kg^T [D x NK] . P^T [NK x H]
+          check_cublas(cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_N, CUBLAS_OP_N, int(D), int(H), int(NK), &one, I.kg.get(), CUDA_R_16BF, int(D),
+                                                  NK * D, I.p.get(), CUDA_R_16BF, int(NK), H * NK, &zero, I.att.as<bf16>() + q0 * H * D, CUDA_R_16BF,
+                                                  int(D), H * D, int(nq), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                       "attention output");
+        }
+        cuda::dsv4_derope(I.att.as<bf16>(), cs, rows, int(H), int(D), int(r), s);
+      }
+      mark(4);
+      // ---- the grouped output LoRA: per group g, oa[:, gR..] = att[:, g ogd..] . wo_a_g^T; then wo_b; the post-mix
+      {
+        const float one = 1.0f, zero = 0.0f;
+        check_cublas(cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(R), int(rows), int(ogd), &one, L.wo_a.get(), CUDA_R_16BF,
+                                                int(ogd), R * ogd, I.att.get(), CUDA_R_16BF, int(H * D), ogd, &zero, I.oa.get(), CUDA_R_16BF,
+                                                int(G * R), R, int(G), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     "grouped output LoRA");
+        I.gemm.xwt(cuda::DType::BF16, I.oa.get(), L.wo_b.get(), cuda::DType::F32, I.ao.get(), rows, G * R, E, 0.0f, s);
+        cuda::dsv4_hc_post(I.ao.as<float>(), I.mix_e.as<float>(), x, rows, E, I.xa.as<float>(), s);
+      }
+      mark(5);
+      // ---- the MoE: pre-mix, ffn_norm, routing, routed experts (one grouped product each for gate|up and down), shared expert
+      {
+        float* xa = I.xa.as<float>();
+        cuda::rmsnorm_rows(xa, fnull, xn, rows, 4 * E, eps, s);
+        I.gemm.xwt(cuda::DType::F32, xn, L.hc_ffn_fn.get(), cuda::DType::F32, I.m.get(), rows, 4 * E, 24, 0.0f, s);
+        cuda::dsv4_hc_mix(I.m.as<float>(), xa, L.hc_ffn_base.as<float>(), L.hc_ffn_scale.as<float>(), rows, E, c.hc_eps, int(c.hc_iterations),
+                          I.mix_r.as<float>(), I.hpre.as<float>(), s);
+        cuda::rmsnorm_rows(I.hpre.as<float>(), L.ffn_norm.as<float>(), I.hn.as<float>(), rows, E, eps, s);
+        cuda::f32_to_bf16(I.hn.as<float>(), I.hn_b.as<bf16>(), rows * E, s);
+        I.gemm.xwt(cuda::DType::F32, I.hn.get(), L.router.get(), cuda::DType::F32, I.logits.get(), rows, E, NE, 0.0f, s);
+        cuda::dsv4_route(I.logits.as<float>(), L.hash ? nullptr : L.probs_bias.as<float>(), L.hash ? L.tid2eid.as<int32_t>() : nullptr, tok, rows,
+                         int(NE), int(K), c.expert_scale, I.experts.as<int32_t>(), I.weights.as<float>(), s);
+        const int64_t g = rows * K;
+        cuda::moe_group(I.experts.as<int32_t>(), rows, int(K), int(NE), I.counts.as<int32_t>(), I.offsets.as<int32_t>(), I.slot_of.as<int32_t>(),
+                        I.token_of.as<int32_t>(), s);
+        cuda::gather_rows(I.hn_b.as<bf16>(), I.token_of.as<int32_t>(), g, E, I.xg.as<bf16>(), s);
+        PDB_CUDA_CHECK(cudaMemcpyAsync(I.counts_host.as<int32_t>(), I.counts.get(), size_t(NE) * 4, cudaMemcpyDeviceToHost, s));
+        PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+        const int32_t* cnt = I.counts_host.as<int32_t>();
+        const bool fp4 = L.exp_gu.bytes() == 0;
+        const bf16* wgu = fp4 ? I.exp_gu_scratch.as<bf16>() : L.exp_gu.as<bf16>();
+        const bf16* wd = fp4 ? I.exp_down_scratch.as<bf16>() : L.exp_down.as<bf16>();
+        std::vector<cuda::GroupedProduct> up(static_cast<size_t>(NE)), down(static_cast<size_t>(NE));
+        int64_t off = 0;
+        const int64_t blocks_fe = F * E / 32;
+        for (int64_t e = 0; e < NE; ++e) {
+          const int64_t ne_rows = cnt[e];
+          if (fp4 && ne_rows > 0) {  // this layer's used experts, FP4 -> bf16, just before their products
+            cuda::mxfp4_to_bf16(L.gate_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_gu_scratch.as<bf16>() + e * 2 * F * E, s);
+            cuda::mxfp4_to_bf16(L.up_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_gu_scratch.as<bf16>() + e * 2 * F * E + F * E, s);
+            cuda::mxfp4_to_bf16(L.down_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_down_scratch.as<bf16>() + e * E * F, s);
+          }
+          up[size_t(e)] = {I.xg.as<bf16>() + off * E, wgu + e * 2 * F * E, I.gu.as<bf16>() + off * 2 * F, ne_rows};
+          down[size_t(e)] = {I.act.as<bf16>() + off * F, wd + e * E * F, I.yexp.as<bf16>() + off * E, ne_rows};
+          off += ne_rows;
+        }
+        if (off != g) throw std::runtime_error(fmt::format("DSV4 MoE grouping placed {} of {} token choices", off, g));
+        I.grouped.xwt(up, E, 2 * F, cuda::DType::BF16, s);
+        cuda::swiglu_clamp_rows(I.gu.as<bf16>(), I.act.as<bf16>(), g, F, c.swiglu_clamp, s);
+        I.grouped.xwt(down, F, E, cuda::DType::BF16, s);
+        I.gemm.xwt(cuda::DType::BF16, I.hn_b.get(), L.sh_gu.get(), cuda::DType::BF16, I.shgu.get(), rows, E, 2 * FS, 0.0f, s);
+        cuda::swiglu_clamp_rows(I.shgu.as<bf16>(), I.shact.as<bf16>(), rows, FS, c.swiglu_clamp, s);
+        I.gemm.xwt(cuda::DType::BF16, I.shact.get(), L.sh_down.get(), cuda::DType::F32, I.y.get(), rows, FS, E, 0.0f, s);
+        cuda::moe_combine(I.yexp.as<bf16>(), I.slot_of.as<int32_t>(), I.weights.as<float>(), rows, int(K), E, I.y.as<float>(), s);
+        cuda::dsv4_hc_post(I.y.as<float>(), I.mix_r.as<float>(), xa, rows, E, x, s);
+      }
+      mark(6);
+      if (profile) {
+        PDB_CUDA_CHECK(cudaEventSynchronize(ev[6]));
+        // sections 0 -> 1 | (hook) | query 7 -> 2 | indexer 2 -> 3 | attention 3 -> 4 | output 4 -> 5 | moe 5 -> 6
+        const int from[6] = {0, 7, 2, 3, 4, 5}, to[6] = {1, 2, 3, 4, 5, 6};
+        const int phase[6] = {kSections, kQuery, kIndexer, kAttention, kOutput, kMoe};
+        for (int i = 0; i < 6; ++i) {
+          float ms = 0;
+          PDB_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[from[i]], ev[to[i]]));
+          profile->ms[size_t(l)][phase[i]] += ms;
+        }
+      }
+    }
+    PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+    done = p0 + rows;
+  }
+  return done;
+}
+
+}  // namespace pdb

@@ -1,0 +1,61 @@
+// The GPU engine's DeepSeek-V4 forward (the CPU twin: model/cpu_engine_dsv4.h, which it follows step for step):
+// per chunk and layer, first the recipe's sections on the device from the decoder's own weights (the window row,
+// the compressors' pools and rings, the indexer's rows: recipes/deepseek4.h's arithmetic, Q8_0 projections in
+// integers as ggml-cpu multiplies them, q8_gemm.cuh), then the layer over them: the q path, the lightning
+// indexer's top-k on ratio-4 layers (dsv4_indexer.cuh), the sparse attention over each query's window and
+// visible compressed rows (its keys gathered per query, two batched cuBLAS products around the softmax with
+// sinks), the de-RoPE, the grouped output LoRA, the MoE (routing by tid2eid or biased sqrt-softplus scores,
+// routed experts as one grouped product, FP4 experts kept FP4 in memory and expanded to bf16 per layer just
+// before it) and the hyper-connection mixes. bf16 products with f32 accumulation, f32 streams: tolerance class.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "formats/ggml_types.h"
+#include "model/cpu_engine_dsv4.h"
+#include "model/deepseek4_config.h"
+
+namespace pdb {
+
+class Deepseek4CudaEngine {
+ public:
+  // As the CPU engine's hook, with x = nullptr (the streams stay on the device); the sections are downloaded.
+  using ChunkHook = Deepseek4CpuEngine::ChunkHook;
+  enum Phase { kSections, kQuery, kIndexer, kAttention, kOutput, kMoe, kHook, kPhases };
+  // Device milliseconds per layer and phase, summed over the chunks of the prompts run with it set.
+  struct Profile {
+    std::vector<std::array<double, kPhases>> ms;
+    std::vector<int32_t> ratio;
+    static const char* phase_name(int p);
+  };
+
+  // The decoder's weights (for the sections) from the recipe's GGUF; the engine's from `weights`.
+  Deepseek4CudaEngine(const Deepseek4Recipe& recipe, const Deepseek4Weights& weights);
+  // Random weights at c's shapes, made on the device (the real-shape benchmarks: c.layers layers with their
+  // compress ratios): FP4 routed experts, bf16 dense matrices, Q8_0 section projections (the converter's types).
+  static std::unique_ptr<Deepseek4CudaEngine> random(const Deepseek4Config& c, uint64_t seed);
+  ~Deepseek4CudaEngine();
+
+  const Deepseek4Config& config() const { return c_; }
+  std::string weights_note() const { return note_; }
+  size_t weight_bytes() const { return weight_bytes_; }
+  // Chunk after chunk, as Deepseek4CpuEngine::prefill. `compute_last`: the last layer is computed too (the
+  // benchmarks time every layer); `profile`: per-phase device times added into it.
+  int64_t prefill(const std::vector<int32_t>& tokens, int64_t chunk, GgmlType k_type, const ChunkHook& hook,
+                  const std::function<bool()>& stop = {}, bool compute_last = false, Profile* profile = nullptr);
+
+  struct Impl;
+
+ private:
+  explicit Deepseek4CudaEngine(const Deepseek4Config& c);
+  Deepseek4Config c_;
+  std::unique_ptr<Impl> impl_;
+  std::string note_;
+  size_t weight_bytes_ = 0;
+};
+
+}  // namespace pdb
