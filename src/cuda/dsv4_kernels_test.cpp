@@ -11,9 +11,12 @@
 #include <string>
 
 #include "cuda/device.h"
+#include "formats/ggml_types.h"
 #include "model/deepseek4_blocks.h"
+#include "recipes/recipe.h"
 #ifdef PDBRIDGE_HAVE_CUDA
 #include "cuda/common.cuh"
+#include "cuda/dsv4.cuh"
 #include "cuda/dsv4_indexer.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/kernel_test_support.h"
@@ -139,6 +142,76 @@ TEST(CudaBench, Dsv4IndexerAtV4FlashShapes) {
     std::printf("DSV4 INDEXER T=%lld (one ratio-4 layer, chunks of %lld queries): %.2f ms = GEMM %.2f (%.0f TFLOP/s) + ReLU sum %.2f + top-%d %.2f ms;"
                 " 21 ratio-4 layers: %.0f ms\n",
                 (long long)T, (long long)chunk, ms, t_gemm, flops / (t_gemm * 1e-3) / 1e12, t_relu, K, t_topk, 21 * ms);
+  }
+#endif
+}
+
+// The hyper-connection mix, the Hadamard rotation and MXFP4's expansion against their CPU twins
+// (dsv4_hc_pre, hadamard_rows, dequantize_row): the rotation and MXFP4 bit for bit (the same operations in the
+// same order; e2m1 x 2^k is exact in bf16), the mix within f32 rounding (expf differs by an ulp).
+TEST(CudaKernels, Dsv4MixRotationAndMxfp4MatchTheirCpuTwins) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
+#ifdef PDBRIDGE_HAVE_CUDA
+  using namespace test_kernels;
+  {  // the mix: m from the same products on both sides (host), then pre / post / comb and y
+    const int64_t n = 37, E = 256;
+    const auto x = randn(size_t(n * 4 * E)), fn = randn(size_t(24 * 4 * E), 0.02f), base = randn(24, 0.3f);
+    const std::vector<float> scale = {0.9f, 1.1f, 1.3f};
+    std::vector<float> m(size_t(n * 24)), want_y(size_t(n * E));
+    std::vector<Dsv4HcMix> want(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) {
+      want[size_t(t)] = dsv4_hc_pre({&fn, &base, &scale}, x.data() + t * 4 * E, E, 1e-6f, 1e-6f, 20, want_y.data() + t * E);
+      std::vector<float> xn(size_t(4 * E));
+      double ss = 0;
+      for (int64_t i = 0; i < 4 * E; ++i) ss += double(x[size_t(t * 4 * E + i)]) * x[size_t(t * 4 * E + i)];
+      const float rs = 1.0f / std::sqrt(float(ss / double(4 * E)) + 1e-6f);
+      for (int o = 0; o < 24; ++o) {
+        float acc = 0.0f;
+        for (int64_t i = 0; i < 4 * E; ++i) acc += fn[size_t(o * 4 * E + i)] * (x[size_t(t * 4 * E + i)] * rs);
+        m[size_t(t * 24 + o)] = acc;
+      }
+    }
+    auto dm = to_device_f32(m), dx = to_device_f32(x), db = to_device_f32(base), ds = to_device_f32(scale);
+    cuda::DeviceBuffer mix(size_t(n * 24) * 4), y(size_t(n * E) * 4);
+    cuda::dsv4_hc_mix(dm.as<float>(), dx.as<float>(), db.as<float>(), ds.as<float>(), n, E, 1e-6f, 20, mix.as<float>(), y.as<float>(), nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto gm = from_device_f32(mix, size_t(n * 24)), gy = from_device_f32(y, size_t(n * E));
+    double worst = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      const Dsv4HcMix& w = want[size_t(t)];
+      for (int i = 0; i < 4; ++i) {
+        worst = std::max(worst, double(std::fabs(gm[size_t(t * 24 + i)] - w.pre[i])));
+        worst = std::max(worst, double(std::fabs(gm[size_t(t * 24 + 4 + i)] - w.post[i])));
+      }
+      for (int d = 0; d < 4; ++d)
+        for (int sidx = 0; sidx < 4; ++sidx) worst = std::max(worst, double(std::fabs(gm[size_t(t * 24 + 8 + d * 4 + sidx)] - w.comb[d][sidx])));
+      for (int64_t i = 0; i < E; ++i) worst = std::max(worst, double(std::fabs(gy[size_t(t * E + i)] - want_y[size_t(t * E + i)])) / 4.0);
+    }
+    EXPECT_LE(worst, 1e-4) << "the mix differs from dsv4_hc_pre's";
+  }
+  {  // the rotation: groups of 512 and 128, bit for bit
+    for (const int nrot : {512, 128}) {
+      auto v = randn(size_t(nrot * 9));
+      auto want = v;
+      hadamard_rows(want.data(), int64_t(want.size()), nrot);
+      auto dv = to_device_f32(v);
+      cuda::hadamard_groups(dv.as<float>(), 9, nrot, nullptr);
+      PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(from_device_f32(dv, v.size()), want) << "rotation of " << nrot;
+    }
+  }
+  {  // MXFP4 blocks from the reference quantizer, expanded bit for bit
+    const int64_t n = 32 * 64;
+    const auto v = randn(size_t(n), 0.05f);
+    std::vector<uint8_t> blocks(ggml_row_bytes(GgmlType::MXFP4, n));
+    quantize_row(GgmlType::MXFP4, v.data(), blocks.data(), n);
+    std::vector<float> want(static_cast<size_t>(n));
+    dequantize_row(GgmlType::MXFP4, blocks.data(), want.data(), n);
+    cuda::DeviceBuffer db(blocks.size()), out(size_t(n) * 2);
+    db.upload(blocks.data(), blocks.size());
+    cuda::mxfp4_to_bf16(db.as<uint8_t>(), n / 32, out.as<__nv_bfloat16>(), nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(from_device_bf16(out, size_t(n)), want) << "MXFP4 expansion";
   }
 #endif
 }

@@ -1,0 +1,30 @@
+#!/bin/bash
+# Issue 19 on the GPU: the DSV4 kernels against their CPU twins, the GPU engine against the CPU engine section by
+# section on the tiny models, the bridge with `prefill --device cuda` into llama-server (on the device's CPU), and
+# the real V4-Flash layer shapes timed per layer kind (tests/deepseek4_cuda_test.cpp).
+# Usage (device): bash .dev/dsv4_gpu.sh [stages: kernels engine bridge bench]
+DEV=$(cd "$(dirname "$0")" && pwd)
+source $DEV/env.sh || exit 1
+T0=$(date +%s)
+mkdir -p /work/main && ln -sfn $P/build /work/main/build
+ts() { echo "[$(date +%T) +$(( $(date +%s) - T0 ))s] $*" | tee -a $R/dsv4_gpu.log; }
+STAGES=${*:-kernels engine bridge bench}
+TM=$P/build/test-models
+mkdir -p $TM
+for spec in "deepseek4-tiny:--preset tiny --seed 5" "deepseek4-tiny-fp8:--preset tiny --seed 5 --hf-dtype fp8"; do
+  name=${spec%%:*}; args=${spec#*:}
+  [ -d $TM/$name/hf ] || { ts "make-model $name"; $PDB make-model --arch deepseek4 $args --out $TM/$name > $R/make_$name.log 2>&1 || ts "make-model $name failed"; }
+done
+for st in $STAGES; do
+  case $st in
+    kernels) ts kernels; timeout 120 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4*' > $R/dsv4_kernels.log 2>&1; ts "rc=$?"; grep -E "OK|FAILED|Failure|Expected|Which|differs" $R/dsv4_kernels.log | head -30 | tee -a $R/dsv4_gpu.log ;;
+    engine) ts engine; timeout 240 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*' > $R/dsv4_engine.log 2>&1; ts "rc=$?"; grep -E "DSV4|OK|FAILED|Failure|what|deepseek4 on" $R/dsv4_engine.log | head -40 | tee -a $R/dsv4_gpu.log ;;
+    bridge) ts bridge; timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4CudaBridge.*' > $R/dsv4_bridge.log 2>&1; ts "rc=$?"; grep -E "DSV4|OK|FAILED|Failure" $R/dsv4_bridge.log | head -30 | tee -a $R/dsv4_gpu.log ;;
+    bench) ts bench; PDBRIDGE_BENCH=1 PDBRIDGE_BENCH_OUT=$R/dsv4_bench.jsonl PDBRIDGE_DSV4_BENCH_TOKENS=${BENCH_TOKENS:-8192,32768,131072} timeout ${BENCH_LIMIT:-300} \
+      $P/build/tests/integration_tests --gtest_filter='Deepseek4CudaBench.*' > $R/dsv4_bench.log 2>&1; ts "rc=$?"; grep -E "DSV4|OK|FAILED|Failure|what" $R/dsv4_bench.log | head -30 | tee -a $R/dsv4_gpu.log ;;
+  esac
+  cp $R/dsv4_* $R/make_* $OUT/ 2>/dev/null
+done
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv >> $R/dsv4_gpu.log 2>&1
+cp $R/dsv4_* $R/make_* $OUT/ 2>/dev/null
+ts done
