@@ -57,7 +57,7 @@ using SectionsByChunk = std::map<std::pair<int64_t, int>, Deepseek4LayerSections
 // Both engines over the same prompt in chunks that cut 4- and 128-blocks: every section of every layer and chunk
 // (window rows, CSA / HCA / LID blocks, the four rings) from the GPU against the CPU engine's. Layer 0's sections
 // come from the decoder's embedding through the recipe's arithmetic on both sides (f32 products or the same
-// Q8_0 integer products): equal within f32 rounding. Deeper ones carry the GPU engine's bf16 products (the
+// Q8_0 integer products): equal within f32 rounding (Q8_0: within its activation codes' flips). Deeper ones carry the GPU engine's bf16 products (the
 // tolerance class): within a few percent, bounded here with the measured worst case's margin.
 TEST(Deepseek4Cuda, TracksTheCpuEngineSectionBySection) {
   SKIP_WITHOUT_GPU();
@@ -82,6 +82,11 @@ TEST(Deepseek4Cuda, TracksTheCpuEngineSectionBySection) {
       return true;
     });
     ASSERT_EQ(got.size(), want.size());
+    // Layer 0: f32 section weights give the same values within f32 rounding; Q8_0 ones multiply the activation's
+    // Q8_0 codes, and where the two sides' attention inputs differ by an ulp at a rounding boundary a code flips
+    // (one step of amax/127 in that element): measured worst 1.3e-3 on the H200
+    const bool q8_sections = recipe.gguf().tensor("blk.0.attn_kv.weight").type == GgmlType::Q8_0;
+    const double layer0_bound = q8_sections ? 5e-3 : 1e-4;
     std::map<int, double> worst;
     for (const auto& [key, a] : want) {
       const auto& b = got.at(key);
@@ -97,7 +102,7 @@ TEST(Deepseek4Cuda, TracksTheCpuEngineSectionBySection) {
         if (x.empty()) continue;
         const double e = rel_rms(x, y);
         worst[l] = std::max(worst[l], e);
-        EXPECT_LE(e, l == 0 ? 1e-4 : 0.1) << name << " of layer " << l << " chunk at " << key.first << " (" << k.model << ", " << ggml_type_name(k.kt) << ")";
+        EXPECT_LE(e, l == 0 ? layer0_bound : 0.1) << name << " of layer " << l << " chunk at " << key.first << " (" << k.model << ", " << ggml_type_name(k.kt) << ")";
       }
     }
     std::printf("DSV4 GPU vs CPU engine, %s, %s cache, T 600 in chunks of %lld:", k.model.c_str(), ggml_type_name(k.kt).c_str(), (long long)chunk);
@@ -224,7 +229,7 @@ TEST(Deepseek4CudaBench, RealShapeLayersPerKind) {
       double layer_ms = 0;
       json phases;
       for (int p = 0; p < Deepseek4CudaEngine::kPhases; ++p) {
-        layer_ms += prof.ms[size_t(l)][size_t(p)];
+        if (p != Deepseek4CudaEngine::kExpand) layer_ms += prof.ms[size_t(l)][size_t(p)];  // the expansion is inside the MoE's time
         phases[Deepseek4CudaEngine::Profile::phase_name(p)] = prof.ms[size_t(l)][size_t(p)];
       }
       model_ms += count * layer_ms;

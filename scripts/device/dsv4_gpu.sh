@@ -20,8 +20,13 @@ for st in $STAGES; do
     kernels) ts kernels; timeout 120 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4*' > $R/dsv4_kernels.log 2>&1; ts "rc=$?"; grep -E "OK|FAILED|Failure|Expected|Which|differs" $R/dsv4_kernels.log | head -30 | tee -a $R/dsv4_gpu.log ;;
     engine) ts engine; timeout 240 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*' > $R/dsv4_engine.log 2>&1; ts "rc=$?"; grep -E "DSV4|OK|FAILED|Failure|what|deepseek4 on" $R/dsv4_engine.log | head -40 | tee -a $R/dsv4_gpu.log ;;
     bridge) ts bridge; timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4CudaBridge.*' > $R/dsv4_bridge.log 2>&1; ts "rc=$?"; grep -E "DSV4|OK|FAILED|Failure" $R/dsv4_bridge.log | head -30 | tee -a $R/dsv4_gpu.log ;;
-    bench) ts bench; PDBRIDGE_BENCH=1 PDBRIDGE_BENCH_OUT=$R/dsv4_bench.jsonl PDBRIDGE_DSV4_BENCH_TOKENS=${BENCH_TOKENS:-8192,32768,131072} timeout ${BENCH_LIMIT:-300} \
-      $P/build/tests/integration_tests --gtest_filter='Deepseek4CudaBench.*' > $R/dsv4_bench.log 2>&1; ts "rc=$?"; grep -E "DSV4|OK|FAILED|Failure|what" $R/dsv4_bench.log | head -30 | tee -a $R/dsv4_gpu.log ;;
+    # bench: FP4 experts at chunks of 4096 and 16384, then bf16 experts (the FP4 expansion's A/B); BENCH_RUNS picks
+    bench) for run in ${BENCH_RUNS:-fp4:4096 fp4:16384 bf16:16384}; do
+        ex=${run%%:*}; ch=${run#*:}; ts "bench experts=$ex chunk=$ch"
+        PDBRIDGE_BENCH=1 PDBRIDGE_BENCH_OUT=$R/dsv4_bench_${ex}_$ch.jsonl PDBRIDGE_DSV4_BENCH_TOKENS=${BENCH_TOKENS:-8192,32768,131072} PDBRIDGE_DSV4_BENCH_CHUNK=$ch \
+          PDBRIDGE_DSV4_EXPERTS=$ex timeout ${BENCH_LIMIT:-300} $P/build/tests/integration_tests --gtest_filter='Deepseek4CudaBench.*' > $R/dsv4_bench_${ex}_$ch.log 2>&1
+        ts "rc=$?"; grep -E "DSV4|OK|FAILED|Failure|what" $R/dsv4_bench_${ex}_$ch.log | head -30 | tee -a $R/dsv4_gpu.log
+      done ;;
   esac
   cp $R/dsv4_* $R/make_* $OUT/ 2>/dev/null
 done

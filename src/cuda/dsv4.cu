@@ -212,18 +212,25 @@ __global__ void swiglu_clamp_kernel(const bf16* __restrict__ gu, bf16* __restric
   out[k] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
 }
 
+// Four threads per block, each writing 8 consecutive outputs as one 16-byte store (a warp's stores are one
+// contiguous 512-byte run): outputs 0-7 / 8-15 are the low nibbles of codes 0-7 / 8-15, 16-23 / 24-31 the high ones.
 __global__ void mxfp4_kernel(const uint8_t* __restrict__ blocks, int64_t n_blocks, bf16* __restrict__ out) {
-  const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (b >= n_blocks) return;
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= n_blocks * 4) return;
+  const int64_t b = k >> 2;
+  const int part = int(k & 3);
   const uint8_t* blk = blocks + b * 17;
   const float d = ldexpf(1.0f, int(blk[0]) - 128);  // ggml's E8M0 "half" scale: the e2m1 values are stored doubled
   constexpr float kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-  bf16* o = out + b * 32;
-  for (int j = 0; j < 16; ++j) {
-    const uint8_t q = blk[1 + j];
-    o[j] = __float2bfloat16_rn(kv[q & 15] * d);
-    o[j + 16] = __float2bfloat16_rn(kv[q >> 4] * d);
+  const uint8_t* q = blk + 1 + (part & 1) * 8;
+  const int shift = (part >> 1) * 4;
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(kv[(q[2 * j] >> shift) & 15] * d, kv[(q[2 * j + 1] >> shift) & 15] * d);
+    w[j] = *reinterpret_cast<const uint32_t*>(&v);
   }
+  *reinterpret_cast<uint4*>(out + b * 32 + part * 8) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 __global__ void gather_keys_kernel(Dsv4KeyGather g, bf16* __restrict__ kg, uint8_t* __restrict__ valid) {
@@ -423,7 +430,7 @@ void swiglu_clamp_rows(const bf16* gu, bf16* out, int64_t rows, int64_t ff, floa
 
 void mxfp4_to_bf16(const uint8_t* blocks, int64_t n_blocks, bf16* out, cudaStream_t s) {
   if (n_blocks <= 0) return;
-  mxfp4_kernel<<<blocks_for(n_blocks, kT), kT, 0, s>>>(blocks, n_blocks, out);
+  mxfp4_kernel<<<blocks_for(n_blocks * 4, kT), kT, 0, s>>>(blocks, n_blocks, out);
   PDB_CUDA_LAUNCHED();
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -63,7 +64,7 @@ struct SectionProjection {
 }  // namespace
 
 const char* Deepseek4CudaEngine::Profile::phase_name(int p) {
-  static const char* names[] = {"sections", "query", "indexer", "attention", "output", "moe", "hook"};
+  static const char* names[] = {"sections", "query", "indexer", "attention", "output", "moe", "hook", "moe_fp4_expand"};
   return p >= 0 && p < kPhases ? names[p] : "?";
 }
 
@@ -312,6 +313,8 @@ std::unique_ptr<Deepseek4CudaEngine> Deepseek4CudaEngine::random(const Deepseek4
   };
   I.embed = f32(c.vocab * E, 1.0f, 0.0f);
   std::mt19937 rng{static_cast<uint32_t>(seed)};
+  const char* ex = std::getenv("PDBRIDGE_DSV4_EXPERTS");
+  const bool bf16_experts = ex && std::string(ex) == "bf16";
   for (int64_t l = 0; l < c.layers; ++l) {
     Impl::Layer L;
     L.ratio = c.compress_ratios.at(size_t(l));
@@ -372,15 +375,21 @@ std::unique_ptr<Deepseek4CudaEngine> Deepseek4CudaEngine::random(const Deepseek4
     }
     L.sh_gu = b16(2 * FS, E);
     L.sh_down = b16(E, FS);
-    L.gate_fp4 = fp4(NE * F * E);
-    L.up_fp4 = fp4(NE * F * E);
-    L.down_fp4 = fp4(NE * E * F);
+    if (bf16_experts) {
+      L.exp_gu = b16(NE * 2 * F, E);
+      L.exp_down = b16(NE * E, F);
+    } else {
+      L.gate_fp4 = fp4(NE * F * E);
+      L.up_fp4 = fp4(NE * F * E);
+      L.down_fp4 = fp4(NE * E * F);
+    }
     I.layers.push_back(std::move(L));
   }
-  I.fp4 = true;
+  I.fp4 = !bf16_experts;
   PDB_CUDA_CHECK(cudaStreamSynchronize(I.s));
-  eng->note_ = "deepseek4 on the GPU, random weights at these shapes: bf16 dense products, FP4 (MXFP4) routed experts expanded per layer, "
-               "Q8_0 section projections in integers";
+  eng->note_ = std::string("deepseek4 on the GPU, random weights at these shapes: bf16 dense products, ") +
+               (bf16_experts ? "bf16 routed experts (PDBRIDGE_DSV4_EXPERTS=bf16)" : "FP4 (MXFP4) routed experts expanded per layer") +
+               ", Q8_0 section projections in integers";
   return eng;
 }
 
@@ -499,12 +508,12 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
     profile->ratio.resize(size_t(c.layers));
     for (int64_t l = 0; l < c.layers; ++l) profile->ratio[size_t(l)] = c.compress_ratios[size_t(l)];
   }
-  cudaEvent_t ev[kPhases + 1];
+  cudaEvent_t ev[11];  // 0-6 phase bounds, 8 after the hook, 9-10 around the FP4 expansion
   for (auto& e : ev) PDB_CUDA_CHECK(cudaEventCreate(&e));
   struct EventGuard {
     cudaEvent_t* e;
     ~EventGuard() {
-      for (int i = 0; i <= kPhases; ++i) cudaEventDestroy(e[i]);
+      for (int i = 0; i < 11; ++i) cudaEventDestroy(e[i]);
     }
   } guard{ev};
   auto mark = [&](int phase) {
@@ -617,7 +626,7 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
       const double hook_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - h0).count();
       if (profile) profile->ms[size_t(l)][kHook] += hook_ms;
       if (!go_on) return done;
-      mark(7);  // the layer's device work resumes here (the hook ran on the host)
+      mark(8);  // the layer's device work resumes here (the hook ran on the host)
       if (l == c.layers - 1 && !compute_last) {
         if (profile) {
           float ms = 0;
@@ -732,6 +741,7 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
         std::vector<cuda::GroupedProduct> up(static_cast<size_t>(NE)), down(static_cast<size_t>(NE));
         int64_t off = 0;
         const int64_t blocks_fe = F * E / 32;
+        if (fp4) mark(9);
         for (int64_t e = 0; e < NE; ++e) {
           const int64_t ne_rows = cnt[e];
           if (fp4 && ne_rows > 0) {  // this layer's used experts, FP4 -> bf16, just before their products
@@ -743,6 +753,7 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
           down[size_t(e)] = {I.act.as<bf16>() + off * F, wd + e * E * F, I.yexp.as<bf16>() + off * E, ne_rows};
           off += ne_rows;
         }
+        if (fp4) mark(10);
         if (off != g) throw std::runtime_error(fmt::format("DSV4 MoE grouping placed {} of {} token choices", off, g));
         I.grouped.xwt(up, E, 2 * F, cuda::DType::BF16, s);
         cuda::swiglu_clamp_rows(I.gu.as<bf16>(), I.act.as<bf16>(), g, F, c.swiglu_clamp, s);
@@ -756,13 +767,18 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
       mark(6);
       if (profile) {
         PDB_CUDA_CHECK(cudaEventSynchronize(ev[6]));
-        // sections 0 -> 1 | (hook) | query 7 -> 2 | indexer 2 -> 3 | attention 3 -> 4 | output 4 -> 5 | moe 5 -> 6
-        const int from[6] = {0, 7, 2, 3, 4, 5}, to[6] = {1, 2, 3, 4, 5, 6};
+        // sections 0 -> 1 | (hook) | query 8 -> 2 | indexer 2 -> 3 | attention 3 -> 4 | output 4 -> 5 | moe 5 -> 6
+        const int from[6] = {0, 8, 2, 3, 4, 5}, to[6] = {1, 2, 3, 4, 5, 6};
         const int phase[6] = {kSections, kQuery, kIndexer, kAttention, kOutput, kMoe};
         for (int i = 0; i < 6; ++i) {
           float ms = 0;
           PDB_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[from[i]], ev[to[i]]));
           profile->ms[size_t(l)][phase[i]] += ms;
+        }
+        if (L.exp_gu.bytes() == 0) {
+          float ms = 0;
+          PDB_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[9], ev[10]));
+          profile->ms[size_t(l)][kExpand] += ms;
         }
       }
     }

@@ -25,7 +25,8 @@ class Deepseek4CudaEngine {
  public:
   // As the CPU engine's hook, with x = nullptr (the streams stay on the device); the sections are downloaded.
   using ChunkHook = Deepseek4CpuEngine::ChunkHook;
-  enum Phase { kSections, kQuery, kIndexer, kAttention, kOutput, kMoe, kHook, kPhases };
+  // kExpand: the FP4 experts' expansion to bf16, part of the MoE's time (reported apart, not added twice)
+  enum Phase { kSections, kQuery, kIndexer, kAttention, kOutput, kMoe, kHook, kExpand, kPhases };
   // Device milliseconds per layer and phase, summed over the chunks of the prompts run with it set.
   struct Profile {
     std::vector<std::array<double, kPhases>> ms;
@@ -37,6 +38,7 @@ class Deepseek4CudaEngine {
   Deepseek4CudaEngine(const Deepseek4Recipe& recipe, const Deepseek4Weights& weights);
   // Random weights at c's shapes, made on the device (the real-shape benchmarks: c.layers layers with their
   // compress ratios): FP4 routed experts, bf16 dense matrices, Q8_0 section projections (the converter's types).
+  // PDBRIDGE_DSV4_EXPERTS=bf16 keeps the routed experts in bf16 instead (the A/B of the FP4 expansion's cost).
   static std::unique_ptr<Deepseek4CudaEngine> random(const Deepseek4Config& c, uint64_t seed);
   ~Deepseek4CudaEngine();
 
