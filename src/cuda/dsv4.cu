@@ -214,23 +214,30 @@ __global__ void swiglu_clamp_kernel(const bf16* __restrict__ gu, bf16* __restric
 
 // Four threads per block, each writing 8 consecutive outputs as one 16-byte store (a warp's stores are one
 // contiguous 512-byte run): outputs 0-7 / 8-15 are the low nibbles of codes 0-7 / 8-15, 16-23 / 24-31 the high ones.
-__global__ void mxfp4_kernel(const uint8_t* __restrict__ blocks, int64_t n_blocks, bf16* __restrict__ out) {
+__global__ void mxfp4_kernel(const uint8_t* __restrict__ blocks, int64_t n_blocks, bf16* __restrict__ out, int64_t per_group, int64_t group_stride) {
   const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= n_blocks * 4) return;
   const int64_t b = k >> 2;
   const int part = int(k & 3);
   const uint8_t* blk = blocks + b * 17;
   const float d = ldexpf(1.0f, int(blk[0]) - 128);  // ggml's E8M0 "half" scale: the e2m1 values are stored doubled
-  constexpr float kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  // e2m1 (doubled, as ggml's kvalues_mxfp4): magnitude m -> 0, 1, 2, 3, 4, 6, 8, 12; a table indexed at run time
+  // would live in local memory
+  auto e2m1 = [](uint32_t c) {
+    const uint32_t m = c & 7, e = m >> 1;
+    const float v = float(e == 0 ? m : (2 + (m & 1)) << (e - 1));
+    return (c & 8) ? -v : v;
+  };
   const uint8_t* q = blk + 1 + (part & 1) * 8;
   const int shift = (part >> 1) * 4;
   uint32_t w[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(kv[(q[2 * j] >> shift) & 15] * d, kv[(q[2 * j + 1] >> shift) & 15] * d);
+    const __nv_bfloat162 v = __floats2bfloat162_rn(e2m1(q[2 * j] >> shift) * d, e2m1(q[2 * j + 1] >> shift) * d);
     w[j] = *reinterpret_cast<const uint32_t*>(&v);
   }
-  *reinterpret_cast<uint4*>(out + b * 32 + part * 8) = make_uint4(w[0], w[1], w[2], w[3]);
+  const int64_t o = per_group ? (b / per_group) * group_stride + (b % per_group) * 32 : b * 32;
+  *reinterpret_cast<uint4*>(out + o + part * 8) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 __global__ void gather_keys_kernel(Dsv4KeyGather g, bf16* __restrict__ kg, uint8_t* __restrict__ valid) {
@@ -428,9 +435,9 @@ void swiglu_clamp_rows(const bf16* gu, bf16* out, int64_t rows, int64_t ff, floa
   PDB_CUDA_LAUNCHED();
 }
 
-void mxfp4_to_bf16(const uint8_t* blocks, int64_t n_blocks, bf16* out, cudaStream_t s) {
+void mxfp4_to_bf16(const uint8_t* blocks, int64_t n_blocks, bf16* out, cudaStream_t s, int64_t blocks_per_group, int64_t group_stride) {
   if (n_blocks <= 0) return;
-  mxfp4_kernel<<<blocks_for(n_blocks * 4, kT), kT, 0, s>>>(blocks, n_blocks, out);
+  mxfp4_kernel<<<blocks_for(n_blocks * 4, kT), kT, 0, s>>>(blocks, n_blocks, out, blocks_per_group, group_stride);
   PDB_CUDA_LAUNCHED();
 }
 

@@ -43,8 +43,11 @@ void dsv4_route(const float* logits, const float* bias, const int32_t* tid2eid, 
                 float scale, int32_t* experts, float* weights, cudaStream_t s);
 // out[r][i] = silu(min(g, L)) * clamp(u, -L, L) with gu = [gate | up] per row (L <= 1e-6: no clamp)
 void swiglu_clamp_rows(const __nv_bfloat16* gu, __nv_bfloat16* out, int64_t rows, int64_t ff, float limit, cudaStream_t s);
-// GGUF MXFP4 blocks (1 byte e8m0, 16 bytes of 32 e2m1 codes) -> bf16 (exact).
-void mxfp4_to_bf16(const uint8_t* blocks, int64_t n_blocks, __nv_bfloat16* out, cudaStream_t s);
+// GGUF MXFP4 blocks (1 byte e8m0, 16 bytes of 32 e2m1 codes) -> bf16 (exact). blocks_per_group > 0: each group of
+// that many blocks (one expert's matrix) starts group_stride elements after the previous one in `out` (the gate and
+// up matrices into the halves of each expert's fused gate|up rows).
+void mxfp4_to_bf16(const uint8_t* blocks, int64_t n_blocks, __nv_bfloat16* out, cudaStream_t s, int64_t blocks_per_group = 0,
+                   int64_t group_stride = 0);
 
 // The sparse attention's keys for queries at positions t0 .. t0 + nq - 1: slot j < W the window row of position
 // t - W + 1 + j (from win [rows x D], row 0 = position win_first), slot W + i the compressed row: ratio 128 block

@@ -553,13 +553,14 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
       const float* dx = I.dx.as<float>();
       Deepseek4LayerSections S;
       S.ratio = L.ratio;
-      S.window_first = p0;
+      const int64_t handed = std::min(rows, W);  // the window rows handed over: the chunk's last W (all a seal and the wire use)
+      S.window_first = p0 + rows - handed;
       float* kv = I.kvrow.as<float>();
       I.project(L.wkv, cur, qx, dx, rows, kv);
       cuda::rmsnorm_rows(kv, L.kv_norm.as<float>(), kv, rows, D, eps, s);
       cuda::rope_tail(kv, cs, rows, 1, int(D), int(r), D, s);
       if (quantized && rotD) cuda::hadamard_groups(kv, rows * D / rotD, int(rotD), s);
-      I.download(S.window, kv, rows * D);
+      I.download(S.window, kv + (rows - handed) * D, handed * D);
       PDB_CUDA_CHECK(cudaMemcpyAsync(I.kvtmp.get(), kv, size_t(rows * D) * 4, cudaMemcpyDeviceToDevice, s));
       I.keep_last(L.win, L.win_rows, std::min(W, L.win_rows), size_t(D) * 2);  // what this chunk's queries reach back to
       L.win_first = p0 - L.win_rows;
@@ -742,9 +743,18 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
         int64_t off = 0;
         const int64_t blocks_fe = F * E / 32;
         if (fp4) mark(9);
+        int64_t used = 0;
+        for (int64_t e = 0; e < NE; ++e) used += cnt[e] > 0;
+        if (fp4 && used == NE) {  // every expert is used (long chunks): the three tensors in three launches
+          const int64_t per = NE * blocks_fe;
+          // gate and up into the two halves of each expert's fused 2F rows
+          cuda::mxfp4_to_bf16(L.gate_fp4.as<uint8_t>(), per, I.exp_gu_scratch.as<bf16>(), s, blocks_fe, 2 * F * E);
+          cuda::mxfp4_to_bf16(L.up_fp4.as<uint8_t>(), per, I.exp_gu_scratch.as<bf16>() + F * E, s, blocks_fe, 2 * F * E);
+          cuda::mxfp4_to_bf16(L.down_fp4.as<uint8_t>(), per, I.exp_down_scratch.as<bf16>(), s);
+        }
         for (int64_t e = 0; e < NE; ++e) {
           const int64_t ne_rows = cnt[e];
-          if (fp4 && ne_rows > 0) {  // this layer's used experts, FP4 -> bf16, just before their products
+          if (fp4 && ne_rows > 0 && used < NE) {  // this layer's used experts, FP4 -> bf16, just before their products
             cuda::mxfp4_to_bf16(L.gate_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_gu_scratch.as<bf16>() + e * 2 * F * E, s);
             cuda::mxfp4_to_bf16(L.up_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_gu_scratch.as<bf16>() + e * 2 * F * E + F * E, s);
             cuda::mxfp4_to_bf16(L.down_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_down_scratch.as<bf16>() + e * E * F, s);

@@ -46,8 +46,9 @@ class Dsv4Backend final : public PrefillBackend {
     // What a seal needs besides the pool rows already sent: per layer the window rows of the last W positions and
     // the rings, as of the last chunk every layer finished (`sealable`), and as of the chunk in progress.
     struct Tail {
-      int64_t win_first = 0;
-      std::vector<uint8_t> win;  // rows of positions win_first ..
+      int64_t win_first = 0, before_first = 0;
+      std::vector<uint8_t> win;     // the last (up to W) rows, of positions win_first ..
+      std::vector<uint8_t> before;  // the (up to W) rows ending at the chunk in progress's first position
       Dsv4LayerBytes rings, rings_done;  // after the chunk in progress / after the last complete one
       int ratio = 0;
     };
@@ -74,9 +75,22 @@ class Dsv4Backend final : public PrefillBackend {
           const Dsv4LayerBytes b = recipe_->to_bytes(S, kt);
           Tail& tl = tail[size_t(layer)];
           tl.ratio = int(S.ratio);
-          if (tl.win.empty()) tl.win_first = pos0;
+          // the engine's window rows: every position of the chunk (CPU) or its last min(rows, W) (GPU: all a seal and
+          // the wire can need). `before` keeps the W rows ending at pos0 (a seal there, once this layer has moved on).
+          const int64_t end = tl.win_first + int64_t(tl.win.size() / wrb), got = int64_t(S.window.size()) / D;
+          if (S.window_first + got != pos0 + rows || S.window_first < pos0) throw std::logic_error("DSV4 backend: window rows must end at the chunk's end");
+          tl.before.clear();
+          if (!tl.win.empty() && end == pos0) {
+            const int64_t nb = std::min<int64_t>(W, end - tl.win_first);
+            tl.before.assign(tl.win.end() - std::ptrdiff_t(size_t(nb) * wrb), tl.win.end());
+            tl.before_first = end - nb;
+          }
+          if (tl.win.empty() || end != S.window_first) {
+            tl.win.clear();
+            tl.win_first = S.window_first;
+          }
           tl.win.insert(tl.win.end(), b.window.begin(), b.window.end());
-          const int64_t keep = std::min<int64_t>(W + rows, pos0 + rows - tl.win_first);  // a seal at pos0 needs W rows before it
+          const int64_t keep = std::min<int64_t>(W, pos0 + rows - tl.win_first);
           tl.win.erase(tl.win.begin(), tl.win.end() - std::ptrdiff_t(size_t(keep) * wrb));
           tl.win_first = pos0 + rows - keep;
           tl.rings_done = std::move(tl.rings);
@@ -87,7 +101,7 @@ class Dsv4Backend final : public PrefillBackend {
           tl.rings.lid_score = b.lid_score;
           KvBlock blk{layer, pos0, rows};
           const int64_t w0 = std::max(pos0, T - std::min(T, W)), wn = std::max<int64_t>(0, pos0 + rows - w0);
-          if (wn > 0) blk.sections.push_back({K::Window, kt, w0, wn, b.window.data() + size_t(w0 - pos0) * wrb, size_t(wn) * wrb});
+          if (wn > 0) blk.sections.push_back({K::Window, kt, w0, wn, b.window.data() + size_t(w0 - S.window_first) * wrb, size_t(wn) * wrb});
           const bool csa = S.ratio == 4;
           if (S.ratio) add(blk, csa ? K::Csa : K::Hca, kt, S.pool_first, b.pool, int64_t(S.pool.size()) / D, wrb);
           if (csa) add(blk, K::Lid, kt, S.lid_first, b.lid, int64_t(S.lid.size()) / c.index_dim, ggml_row_bytes(kt, c.index_dim));
@@ -104,11 +118,14 @@ class Dsv4Backend final : public PrefillBackend {
         Tail& tl = tail[size_t(l)];
         const bool moved_on = tl.win_first + int64_t(tl.win.size() / wrb) > sealable;
         const Dsv4LayerBytes& rings = moved_on ? tl.rings_done : tl.rings;
+        const std::vector<uint8_t>& rows_before = moved_on ? tl.before : tl.win;
+        const int64_t rows_first = moved_on ? tl.before_first : tl.win_first;
         const int64_t w = std::min(sealable, W), first = sealable - w;
-        if (first < tl.win_first) throw std::logic_error("DSV4 seal: the window rows before the seal were not kept");
+        if (first < rows_first || rows_first + int64_t(rows_before.size() / wrb) != sealable)
+          throw std::logic_error("DSV4 seal: the window rows before the seal were not kept");
         KvBlock blk{int(l), sealable, 0};
         blk.seal_tokens = sealable;
-        blk.sections.push_back({K::Window, kt, first, w, tl.win.data() + size_t(first - tl.win_first) * wrb, size_t(w) * wrb});
+        blk.sections.push_back({K::Window, kt, first, w, rows_before.data() + size_t(first - rows_first) * wrb, size_t(w) * wrb});
         if (tl.ratio) add_rings(blk, rings, tl.ratio);
         if (!sink(blk)) break;
       }
