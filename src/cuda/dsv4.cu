@@ -299,14 +299,15 @@ __global__ void sink_softmax_kernel(const float* __restrict__ sc, const uint8_t*
   for (int j = threadIdx.x; j < NK; j += blockDim.x) p[row * NK + j] = __float2bfloat16_rn(v[j] ? expf(s[j] * scale - mx) / den : 0.0f);
 }
 
-__global__ void rope_tail_kernel(float* __restrict__ x, const float* __restrict__ cs, int64_t n, int H, int width, int r, int64_t stride) {
+__global__ void rope_tail_kernel(float* __restrict__ x, const float* __restrict__ cs, int64_t n, int H, int width, int r, int64_t stride,
+                                 int64_t cs_stride) {
   const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int pairs = r / 2;
   if (k >= n * H * pairs) return;
   const int64_t t = k / (int64_t(H) * pairs);
   const int h = int((k / pairs) % H), i0 = int(k % pairs) * 2;
   float* a = x + t * stride + int64_t(h) * width + (width - r) + i0;
-  const float c = cs[t * r + i0], s = cs[t * r + i0 + 1];
+  const float c = cs[t * cs_stride + i0], s = cs[t * cs_stride + i0 + 1];
   const float x0 = a[0], x1 = a[1];
   a[0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
   a[1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
@@ -402,10 +403,11 @@ void dsv4_pool(const float* a, const float* g, int64_t h0, int64_t b0, int64_t n
   PDB_CUDA_LAUNCHED();
 }
 
-void rope_tail(float* x, const float* cs, int64_t n, int heads, int width, int r, int64_t row_stride, cudaStream_t s) {
+void rope_tail(float* x, const float* cs, int64_t n, int heads, int width, int r, int64_t row_stride, cudaStream_t s, int64_t cs_stride) {
   if (n <= 0) return;
   if (r % 2 || r > width) throw std::invalid_argument("rope_tail: r must be even and <= width");
-  rope_tail_kernel<<<blocks_for(n * heads * (r / 2), kT), kT, 0, s>>>(x, cs, n, heads, width, r, row_stride ? row_stride : int64_t(heads) * width);
+  rope_tail_kernel<<<blocks_for(n * heads * (r / 2), kT), kT, 0, s>>>(x, cs, n, heads, width, r, row_stride ? row_stride : int64_t(heads) * width,
+                                                                    cs_stride ? cs_stride : r);
   PDB_CUDA_LAUNCHED();
 }
 

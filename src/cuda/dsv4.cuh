@@ -32,7 +32,8 @@ void dsv4_add_ape(float* g, const float* ape, int64_t n, int64_t cw, int64_t pos
 void dsv4_pool(const float* a, const float* g, int64_t h0, int64_t b0, int64_t nb, int ratio, int64_t width, float* out, cudaStream_t s);
 // ggml's NORM RoPE on the last r dims of each of `heads` groups of `width` per row (rows row_stride apart, 0:
 // heads * width): pair i0 of row t by cs[t * r + i0], cs[t * r + i0 + 1] (cos, sin).
-void rope_tail(float* x, const float* cs, int64_t n, int heads, int width, int r, int64_t row_stride, cudaStream_t s);
+// cs_stride: floats from one row's cos/sin to the next (0: r; the pools read every ratio-th row of the chunk's table).
+void rope_tail(float* x, const float* cs, int64_t n, int heads, int width, int r, int64_t row_stride, cudaStream_t s, int64_t cs_stride = 0);
 // x <- x as a cache of `type` holds it: 1 f16, 2 bf16 (0: f32, nothing to do).
 void round_as_cached(float* x, int64_t n, int type, cudaStream_t s);
 void scale_f32(float* x, int64_t n, float a, cudaStream_t s);

@@ -593,9 +593,16 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
         if (nb > 0) {
           cuda::dsv4_pool(h.a.as<float>(), h.g.as<float>(), h.first, b0, nb, ratio, width, out, s);
           cuda::rmsnorm_rows(out, norm.as<float>(), out, nb, width, eps, s);
-          const auto csb = rope_table(rp, nb, [&](int64_t i) { return ratio * (b0 + i); });
-          PDB_CUDA_CHECK(cudaMemcpyAsync(I.csb.get(), csb.data(), csb.size() * 4, cudaMemcpyHostToDevice, s));
-          cuda::rope_tail(out, I.csb.as<float>(), nb, 1, int(width), int(r), width, s);
+          // each block is roped at its first position: a row of the chunk's table (every ratio-th), except a block
+          // that began in the previous chunk
+          const int64_t lead = ratio * b0 < p0 ? 1 : 0;
+          if (lead) {
+            const auto csb = rope_table(rp, 1, [&](int64_t) { return ratio * b0; });
+            PDB_CUDA_CHECK(cudaMemcpyAsync(I.csb.get(), csb.data(), csb.size() * 4, cudaMemcpyHostToDevice, s));
+            cuda::rope_tail(out, I.csb.as<float>(), 1, 1, int(width), int(r), width, s);
+          }
+          cuda::rope_tail(out + lead * width, I.cs_comp.as<float>() + (ratio * (b0 + lead) - p0) * r, nb - lead, 1, int(width), int(r), width, s,
+                          ratio * r);
           if (hadamard && rotation_of(width)) cuda::hadamard_groups(out, nb * width / rotation_of(width), int(rotation_of(width)), s);
           I.download(pooled, out, nb * width);  // to pageable memory: complete when it returns
           // the LID rows stay rotated (the indexer's query is rotated to match); pool rows as the window's
