@@ -23,6 +23,7 @@
 #include "cuda/rmsnorm.cuh"
 #include "formats/gguf.h"
 #include "formats/numeric.h"
+#include "model/cuda_engine_load.h"
 #include "model/deepseek4_blocks.h"
 #include "recipes/deepseek4.h"
 #include "recipes/q8_dot.h"
@@ -40,11 +41,7 @@ void check_cublas(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(fmt::format("cuBLAS {} failed (status {})", what, int(st)));
 }
 
-DeviceBuffer upload_f32(const std::vector<float>& v) {
-  DeviceBuffer b(std::max<size_t>(v.size(), 1) * 4);
-  if (!v.empty()) b.upload(v.data(), v.size() * 4);
-  return b;
-}
+using cuda_load::upload_f32;
 DeviceBuffer upload_bf16(const std::vector<float>& v) {
   std::vector<uint16_t> h(v.size());
   for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
@@ -145,7 +142,11 @@ struct Deepseek4CudaEngine::Impl {
 
 namespace {
 
-int64_t rotation_of(int64_t width) { return k_rotation_size(width); }
+// The decoder's Hadamard rotation of `count` rows of `width` (its groups: recipes/recipe.h k_rotation_size).
+void rotate_rows(float* rows, int64_t count, int64_t width, cudaStream_t s) {
+  const int64_t g = k_rotation_size(width);
+  if (g) cuda::hadamard_groups(rows, count * width / g, int(g), s);
+}
 
 // Host cos/sin of the layer's RoPE for each of `n` positions pos(i).
 template <class Pos>
@@ -416,14 +417,13 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
   }
   for (int32_t t : tokens)
     if (t < 0 || t >= c.vocab) throw std::invalid_argument(fmt::format("token {} outside the vocabulary", t));
-  const int64_t rotD = rotation_of(D), rotI = rotation_of(Id);
   // rows as the decoder stores and the engine reads them: the cache type's values (quantized rows un-rotated:
   // a rotated query against rotated rows is the same dot product), then bf16
   auto as_stored = [&](float* rows, int64_t count, int64_t width, bool rotated, bf16* out) {
     if (count <= 0) return;
     if (quantized) {
       cuda::q8_0_round_trip(rows, count * width, s);
-      if (rotated && rotation_of(width)) cuda::hadamard_groups(rows, count * width / rotation_of(width), int(rotation_of(width)), s);
+      if (rotated) rotate_rows(rows, count, width, s);
     } else {
       cuda::round_as_cached(rows, count * width, round_kind, s);
     }
@@ -559,7 +559,7 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
       I.project(L.wkv, cur, qx, dx, rows, kv);
       cuda::rmsnorm_rows(kv, L.kv_norm.as<float>(), kv, rows, D, eps, s);
       cuda::rope_tail(kv, cs, rows, 1, int(D), int(r), D, s);
-      if (quantized && rotD) cuda::hadamard_groups(kv, rows * D / rotD, int(rotD), s);
+      if (quantized) rotate_rows(kv, rows, D, s);
       I.download(S.window, kv + (rows - handed) * D, handed * D);
       PDB_CUDA_CHECK(cudaMemcpyAsync(I.kvtmp.get(), kv, size_t(rows * D) * 4, cudaMemcpyDeviceToDevice, s));
       I.keep_last(L.win, L.win_rows, std::min(W, L.win_rows), size_t(D) * 2);  // what this chunk's queries reach back to
@@ -603,7 +603,7 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
           }
           cuda::rope_tail(out + lead * width, I.cs_comp.as<float>() + (ratio * (b0 + lead) - p0) * r, nb - lead, 1, int(width), int(r), width, s,
                           ratio * r);
-          if (hadamard && rotation_of(width)) cuda::hadamard_groups(out, nb * width / rotation_of(width), int(rotation_of(width)), s);
+          if (hadamard) rotate_rows(out, nb, width, s);
           I.download(pooled, out, nb * width);  // to pageable memory: complete when it returns
           // the LID rows stay rotated (the indexer's query is rotated to match); pool rows as the window's
           as_stored(out, nb, width, hadamard && &rows_out != &L.lid, rows_out.as<bf16>() + n_out * width);
@@ -660,7 +660,7 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
       if (L.ratio == 4) {
         I.gemm.xwt(cuda::DType::BF16, I.qr_b.get(), L.idx_q_b.get(), cuda::DType::F32, I.iq.get(), rows, Lq, Hi * Id, 0.0f, s);
         cuda::rope_tail(I.iq.as<float>(), cs, rows, int(Hi), int(Id), int(r), Hi * Id, s);
-        if (rotI) cuda::hadamard_groups(I.iq.as<float>(), rows * Hi * Id / rotI, int(rotI), s);
+        rotate_rows(I.iq.as<float>(), rows * Hi, Id, s);
         cuda::f32_to_bf16(I.iq.as<float>(), I.iq_b.as<bf16>(), rows * Hi * Id, s);
         I.gemm.xwt(cuda::DType::BF16, I.cur_b.get(), L.idx_proj.get(), cuda::DType::F32, I.iw.get(), rows, E, Hi, 0.0f, s);
         cuda::scale_f32(I.iw.as<float>(), rows * Hi, 1.0f / std::sqrt(float(Id * Hi)), s);
