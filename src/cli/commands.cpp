@@ -127,6 +127,11 @@ void register_prefill(CLI::App& app) {
   cmd->add_option("--memory-limit-mb", o->memory_limit_mb, "Capture backlog limit; past it the capture seals a valid prefix (default: MemAvailable/4, >= 256)");
   cmd->add_option("--link-gbps", o->link_gbps, "Pace the sender to this link rate (emulation for tests and benchmarks)");
   cmd->add_flag("--allow-config-mismatch", o->allow_config_mismatch, "Start even if config.json and the decoder GGUF disagree");
+  cmd->add_option("--prefix-cache-gb", o->prefix_cache_gb,
+                  "Memory for the engine's state of recent prompts (K/V, least recently used out first), so a conversation's next turn "
+                  "computes only past the longest cached prefix (0: off; host memory, the engine's own)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
   cmd->callback([o] { guarded("prefill", [&] { return run_prefill_server(*o); }); });
 }
 
@@ -136,7 +141,12 @@ void register_front(CLI::App& app) {
   cmd->add_option("--decoder", o->decoder_url, "llama-server URL (http://host:port)")->required();
   cmd->add_option("--decoder-gguf", o->decoder_gguf, "The GGUF the decoder runs (for the recipe fingerprint)")->required();
   cmd->add_option("--slot-dir", o->slot_dir, "The decoder's --slot-save-path")->required();
-  cmd->add_option("--prefill", o->prefill_url, "Prefill server URL")->required();
+  cmd->add_option("--prefill", o->prefill_url,
+                  "Prefill server URL, or several separated by commas: a conversation goes to the server holding its prefix, else to the "
+                  "least loaded; one that is down or busy is skipped")
+      ->required();
+  cmd->add_flag("!--no-tail", o->tail_bridge,
+                "Bridge a slot's next turn whole instead of only its new tail (the A/B of tail bridging)");
   cmd->add_option("--port", o->port, "Port")->required();
   cmd->add_option("--host", o->host, "Bind address")->capture_default_str();
   cmd->add_option("--min-tokens", o->min_tokens, "Prompts shorter than this are served natively")->capture_default_str();

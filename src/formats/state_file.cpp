@@ -3,6 +3,8 @@
 #include "formats/state_file_reader.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -53,10 +55,10 @@ std::vector<int32_t> decode_state_tokens(const std::vector<int32_t>& raw, bool* 
   return t;
 }
 
-ParsedState parse_state_bytes(std::vector<uint8_t> bytes, const std::string& name) {
-  ParsedState s;
-  s.storage = std::move(bytes);
-  Reader r{s.storage.data(), s.storage.size(), 0, name};
+namespace {
+// Parses the file's bytes at p (owned by s.storage or s.mapping); row pointers point into them.
+void parse_state_into(ParsedState& s, const uint8_t* p, size_t n, const std::string& name) {
+  Reader r{p, n, 0, name};
   const std::vector<int32_t> raw = state_io::read_state_header(r);
   try { s.tokens = decode_state_tokens(raw, &s.packed_tokens); } catch (const std::exception& e) { fail(name, e.what()); }
 
@@ -128,6 +130,31 @@ ParsedState parse_state_bytes(std::vector<uint8_t> bytes, const std::string& nam
     }
   }
   if (r.pos != r.n) fail(name, fmt::format("{} trailing bytes", r.n - r.pos));
+}
+}  // namespace
+
+ParsedState parse_state_bytes(std::vector<uint8_t> bytes, const std::string& name) {
+  ParsedState s;
+  s.storage = std::move(bytes);
+  parse_state_into(s, s.storage.data(), s.storage.size(), name);
+  return s;
+}
+
+ParsedState parse_state_file_mapped(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, fmt::format("cannot open: {}", std::strerror(errno)));
+  struct stat stt{};
+  if (fstat(fd, &stt) != 0 || stt.st_size <= 0) {
+    ::close(fd);
+    fail(path, "cannot stat, or empty");
+  }
+  const size_t n = size_t(stt.st_size);
+  void* m = mmap(nullptr, n, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) fail(path, fmt::format("cannot map: {}", std::strerror(errno)));
+  ParsedState s;
+  s.mapping = std::shared_ptr<const void>(m, [n](const void* q) { munmap(const_cast<void*>(q), n); });
+  parse_state_into(s, static_cast<const uint8_t*>(m), n, path);
   return s;
 }
 

@@ -2,6 +2,7 @@
 // llama_state_seq_save_file + llama_kv_cache::state_write for one sequence. This file is the single
 // owner of that format in pdbridge: the parser, the layout arithmetic and the offset-exact writer.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -64,12 +65,16 @@ struct ParsedState {
   // v_data is empty when the layout has no V sections.
   std::vector<const uint8_t*> k_data, v_data;
   std::vector<uint8_t> storage;  // owns the bytes (the file)
+  std::shared_ptr<const void> mapping;  // or: the file mapped read-only (parse_state_file_mapped)
 };
 
 // Parses a state file; throws std::runtime_error naming what is wrong. Requires at most one
 // non-empty stream (a single sequence) and the plain per-cell metadata (no cell extensions).
 ParsedState parse_state_file(const std::string& path);
 ParsedState parse_state_bytes(std::vector<uint8_t> bytes, const std::string& name);
+// The same on the file mapped read-only: its rows are paged in as they are read, not copied into memory (a
+// slot's state of many GB, of which the front door copies a prefix into a new file).
+ParsedState parse_state_file_mapped(const std::string& path);
 
 // The server's token encoding: [-1, version 1, n, tokens..., 0 media] (plain lists are also accepted).
 std::vector<int32_t> decode_state_tokens(const std::vector<int32_t>& raw, bool* packed);
@@ -113,7 +118,7 @@ class StateFileWriter {
   void commit();  // fsync-free rename: the decoder reads it right after, on the same host
   void abandon();
   const std::string& path() const { return path_; }
-  uint64_t bytes_written() const { return bytes_; }
+  uint64_t bytes_written() const { return bytes_.load(); }
 
  private:
   void pwrite_all(const void* p, size_t n, uint64_t off);
@@ -122,7 +127,7 @@ class StateFileWriter {
   StateFileGeometry geo_;
   int fd_ = -1;
   bool committed_ = false;
-  uint64_t bytes_ = 0;
+  std::atomic<uint64_t> bytes_{0};  // rows may be written from two threads (a tail's copied prefix beside the frames)
 };
 
 }  // namespace pdb

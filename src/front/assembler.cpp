@@ -1,5 +1,7 @@
 #include "front/assembler.h"
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -20,11 +22,82 @@ json parse_hello(const wire::FrameHeader& h, const uint8_t* payload, bool seen, 
 }  // namespace
 
 CaptureAssembler::CaptureAssembler(const std::string& path, const StateLayout& layout, const std::vector<int32_t>& tokens,
-                                   std::string fingerprint)
+                                   std::string fingerprint, int64_t tail_from)
     : path_(path), layout_(layout), T_(int64_t(tokens.size())), fingerprint_(std::move(fingerprint)),
       writer_(path, layout, tokens, uint32_t(tokens.size())),
       parser_([this](const wire::FrameHeader& h, const uint8_t* p) { on_frame(h, p); }),
-      k_next_(layout.layers.size(), 0), v_next_(layout.layers.size(), 0), tokens_(tokens) {}
+      k_next_(layout.layers.size(), tail_from), v_next_(layout.layers.size(), tail_from), tail_from_(tail_from), tokens_(tokens) {
+  if (tail_from < 0 || tail_from >= T_) throw std::invalid_argument(fmt::format("tail from {} of a {}-token prompt", tail_from, T_));
+}
+
+int64_t usable_held_prefix(const ParsedState& held, const StateLayout& layout, const std::vector<int32_t>& prompt) {
+  const StateLayout& H = held.layout;
+  if (H.n_layer() != layout.n_layer() || H.v_trans != layout.v_trans || H.has_v() != layout.has_v()) return 0;
+  for (uint32_t l = 0; l < H.n_layer(); ++l) {
+    const auto &a = H.layers[l], &b = layout.layers[l];
+    if (a.k_type != b.k_type || a.k_row_bytes != b.k_row_bytes || a.v_type != b.v_type || a.v_row_bytes != b.v_row_bytes) return 0;
+  }
+  int64_t P = 0;
+  const int64_t n = std::min<int64_t>(int64_t(held.tokens.size()), int64_t(prompt.size()) - 1);
+  while (P < n && held.tokens[size_t(P)] == prompt[size_t(P)]) ++P;
+  std::vector<bool> present(size_t(std::max<int64_t>(P, 0)), false);
+  for (uint32_t c = 0; c < held.cell_count; ++c)
+    if (held.positions[c] >= 0 && held.positions[c] < P) present[size_t(held.positions[c])] = true;
+  int64_t q = 0;
+  while (q < P && present[size_t(q)]) ++q;
+  return q;
+}
+
+void CaptureAssembler::copy_prefix(const ParsedState& held) {
+  const int64_t P = tail_from_;
+  if (P == 0) return;
+  const StateLayout& H = held.layout;
+  if (H.n_layer() != layout_.n_layer() || H.v_trans != layout_.v_trans || H.has_v() != layout_.has_v())
+    throw std::runtime_error("the slot's saved state has another layout than the decoder's probe (" + H.describe() + ")");
+  for (uint32_t l = 0; l < H.n_layer(); ++l) {
+    const auto &a = H.layers[l], &b = layout_.layers[l];
+    if (a.k_type != b.k_type || a.k_row_bytes != b.k_row_bytes || a.v_type != b.v_type || a.v_row_bytes != b.v_row_bytes)
+      throw std::runtime_error(fmt::format("the slot's saved state: layer {} has other cache rows than the decoder's probe", l));
+  }
+  if (int64_t(held.tokens.size()) < P || !std::equal(held.tokens.begin(), held.tokens.begin() + P, tokens_.begin()))
+    throw std::runtime_error("the slot's saved state holds other tokens than the prompt's first " + std::to_string(P));
+  // The cell holding each position: in a slot's own state usually cell p, but the file says.
+  std::vector<int64_t> cell(size_t(P), -1);
+  for (uint32_t c = 0; c < held.cell_count; ++c) {
+    const int32_t p = held.positions[c];
+    if (p >= 0 && p < P) {
+      if (cell[size_t(p)] >= 0) throw std::runtime_error(fmt::format("the slot's saved state holds position {} twice", p));
+      cell[size_t(p)] = c;
+    }
+  }
+  for (int64_t p = 0; p < P; ++p)
+    if (cell[size_t(p)] < 0) throw std::runtime_error(fmt::format("the slot's saved state lacks position {} of its first {}", p, P));
+  constexpr int64_t kBatch = 4096;
+  std::vector<uint8_t> buf;
+  for (uint32_t l = 0; l < H.n_layer(); ++l) {
+    const auto& L = H.layers[l];
+    for (int64_t p = 0; p < P;) {
+      // a run of positions in consecutive cells: rows straight from the mapped file
+      int64_t e = p + 1;
+      while (e < P && e - p < kBatch && cell[size_t(e)] == cell[size_t(e - 1)] + 1) ++e;
+      const uint32_t c0 = uint32_t(cell[size_t(p)]), n = uint32_t(e - p);
+      writer_.write_k_rows(l, uint32_t(p), n, held.k_data[l] + size_t(c0) * L.k_row_bytes);
+      if (L.has_v()) {
+        if (!H.v_trans) {
+          writer_.write_v_rows(l, uint32_t(p), n, held.v_data[l] + size_t(c0) * L.v_row_bytes);
+        } else {  // element-major in the file: gather the run's rows
+          const uint64_t el = L.v_row_bytes / L.n_embd_v;
+          buf.resize(size_t(L.v_row_bytes) * n);
+          for (uint32_t j = 0; j < L.n_embd_v; ++j)
+            for (uint32_t r = 0; r < n; ++r)
+              std::memcpy(buf.data() + size_t(r) * L.v_row_bytes + j * el, held.v_data[l] + (uint64_t(j) * held.cell_count + c0 + r) * el, el);
+          writer_.write_v_rows(l, uint32_t(p), n, buf.data());
+        }
+      }
+      p = e;
+    }
+  }
+}
 
 bool CaptureAssembler::partial() const { return trailer_ && trailer_->value("status", "") == "partial"; }
 
@@ -32,7 +105,7 @@ int64_t CaptureAssembler::finish_partial(const std::string& path) {
   if (!partial()) throw std::runtime_error("capture is not partial");
   if (!parser_.idle()) throw std::runtime_error("capture stream ended inside a frame");
   const int64_t tp = trailer_->value("tokens", int64_t(0));
-  if (tp <= 0 || tp > T_) throw std::runtime_error(fmt::format("partial trailer with {} of {} tokens", tp, T_));
+  if (tp <= tail_from_ || tp > T_) throw std::runtime_error(fmt::format("partial trailer with {} of {} tokens (tail from {})", tp, T_, tail_from_));
   for (size_t l = 0; l < layout_.layers.size(); ++l)
     if (k_next_[l] < tp || (layout_.layers[l].has_v() && v_next_[l] < tp))
       throw std::runtime_error(fmt::format("partial capture: layer {} covers K {} V {} of the sealed {} rows", l, k_next_[l], v_next_[l], tp));
@@ -67,6 +140,9 @@ void CaptureAssembler::on_frame(const wire::FrameHeader& h, const uint8_t* paylo
     const json j = parse_hello(h, payload, hello_, fingerprint_, T_);
     if (j.value("k_row_bytes", uint64_t(0)) != layout_.layers[0].k_row_bytes || j.value("v_row_bytes", uint64_t(0)) != layout_.layers[0].v_row_bytes)
       throw wire::Error("HELLO row sizes differ from the decoder's layout");
+    if (j.value("tail_from", int64_t(0)) != tail_from_)
+      throw wire::Error(fmt::format("HELLO: the capture's rows start at position {}, the front door asked for the tail from {} (a prefill server "
+                                    "without tail captures?)", j.value("tail_from", int64_t(0)), tail_from_));
     hello_ = true;
     return;
   }

@@ -26,12 +26,24 @@ class StateAssembler {
   virtual int64_t commit() = 0;
   virtual uint64_t wire_bytes() const = 0;
   virtual double engine_s() const = 0;
+  virtual const std::optional<nlohmann::json>& trailer() const = 0;
 };
+
+// How many of the prompt's first tokens the decoder's own saved state of a slot can give a tail capture: the
+// tokens it holds that agree with the prompt, in cells of every position from 0, in the decoder's layout (0 when
+// the layout differs). At most T-1: the decoder computes the prompt's last token itself.
+int64_t usable_held_prefix(const ParsedState& held, const StateLayout& layout, const std::vector<int32_t>& prompt);
 
 class CaptureAssembler final : public StateAssembler {
  public:
+  // `tail_from` > 0: a tail capture (the decoder holds the first tail_from tokens): the frames cover
+  // [tail_from, T) and copy_prefix() supplies the rest from the decoder's own state of the slot.
   CaptureAssembler(const std::string& path, const StateLayout& layout, const std::vector<int32_t>& tokens,
-                   std::string fingerprint);
+                   std::string fingerprint, int64_t tail_from = 0);
+  // Writes the rows of positions [0, tail_from) from `held` (the slot's state as the decoder saved it, whose
+  // tokens agree with the prompt's there): may run on another thread while frames arrive (other offsets of the
+  // same file). Throws if `held` has another layout or lacks one of those positions.
+  void copy_prefix(const ParsedState& held);
   void feed(const uint8_t* data, size_t n) override;  // throws wire::Error on any bad frame
   int64_t commit() override { return partial() ? finish_partial(path_) : (finish(), T_); }
   // Checks the trailer and coverage, then renames the file into place. Throws with the reason.
@@ -42,7 +54,7 @@ class CaptureAssembler final : public StateAssembler {
   bool partial() const;
   uint64_t wire_bytes() const override { return parser_.bytes(); }
   double engine_s() const override { return trailer_ ? trailer_->value("engine_s", 0.0) : 0.0; }
-  const std::optional<nlohmann::json>& trailer() const { return trailer_; }
+  const std::optional<nlohmann::json>& trailer() const override { return trailer_; }
 
  private:
   void on_frame(const wire::FrameHeader& h, const uint8_t* payload);
@@ -53,6 +65,7 @@ class CaptureAssembler final : public StateAssembler {
   StateFileWriter writer_;
   wire::FrameParser parser_;
   std::vector<int64_t> k_next_, v_next_;
+  int64_t tail_from_ = 0;
   bool hello_ = false;
   std::optional<nlohmann::json> trailer_;
   std::vector<int32_t> tokens_;
@@ -70,6 +83,7 @@ class Dsv4CaptureAssembler final : public StateAssembler {
   int64_t commit() override;
   uint64_t wire_bytes() const override { return parser_.bytes(); }
   double engine_s() const override { return trailer_ ? trailer_->value("engine_s", 0.0) : 0.0; }
+  const std::optional<nlohmann::json>& trailer() const override { return trailer_; }
 
  private:
   void on_frame(const wire::FrameHeader& h, const uint8_t* payload);

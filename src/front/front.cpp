@@ -1,5 +1,6 @@
 #include "front/front.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -9,6 +10,7 @@
 #include <optional>
 #include <random>
 #include <thread>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <httplib.h>
@@ -142,13 +144,31 @@ struct Verdict {
   uint64_t bytes = 0;
   // t_probe: learning the decoder's state layout (a probe prefill + calibration; once per decoder, again
   // after a failed restore); t_wire: from the capture request to its last byte (the engine runs inside it).
-  double t_tokenize = 0, t_probe = 0, t_engine = 0, t_wire = 0, t_restore = 0, t_bridge = 0;
+  // t_hold: saving and mapping the slot's own state (a tail bridge); t_copy: copying its prefix into the new
+  // file (beside the capture).
+  double t_tokenize = 0, t_probe = 0, t_engine = 0, t_wire = 0, t_restore = 0, t_bridge = 0, t_hold = 0, t_copy = 0;
   json fidelity;  // the decoder's fidelity class and numbers, for bridged and declined requests
+  // A tail bridge: the decoder's slot gave the first tail_from tokens, the capture the rest (bridged_tokens).
+  std::optional<int64_t> tail_from;
+  int64_t prefix_reused = 0, computed_tokens = -1;  // the prefill server's: resumed after / computed
+  std::string prefill_server;                      // the one whose capture was mounted
+  std::vector<std::string> prefill_skipped;        // "url: why" of each server tried before it
   json to_json() const {
     json j = {{"verdict", verdict}, {"tokens", tokens}, {"bridged_tokens", bridged_tokens}, {"bytes", bytes},
               {"t_tokenize_s", t_tokenize}, {"t_probe_s", t_probe}, {"t_engine_s", t_engine}, {"t_wire_s", t_wire},
               {"t_restore_s", t_restore}, {"t_bridge_s", t_bridge}};
     j["cached_tokens"] = cached_tokens ? json(*cached_tokens) : json(nullptr);
+    if (tail_from) {
+      j["tail_from"] = *tail_from;
+      j["t_hold_s"] = t_hold;
+      j["t_copy_s"] = t_copy;
+    }
+    if (!prefill_server.empty()) {
+      j["prefill_server"] = prefill_server;
+      j["prefill_reused_tokens"] = prefix_reused;
+      j["prefill_computed_tokens"] = computed_tokens;
+    }
+    if (!prefill_skipped.empty()) j["prefill_skipped"] = prefill_skipped;
     if (!fidelity.is_null()) j["fidelity"] = fidelity;
     return j;
   }
@@ -156,7 +176,21 @@ struct Verdict {
 
 class Front {
  public:
-  explicit Front(const FrontOptions& o) : o_(o), dec_(o.decoder_url), prefill_(parse_http_url(o.prefill_url)) {
+  explicit Front(const FrontOptions& o) : o_(o), dec_(o.decoder_url) {
+    for (size_t a = 0; a <= o.prefill_url.size();) {
+      size_t b = o.prefill_url.find(',', a);
+      if (b == std::string::npos) b = o.prefill_url.size();
+      std::string url = o.prefill_url.substr(a, b - a);
+      while (!url.empty() && url.back() == ' ') url.pop_back();
+      while (!url.empty() && url.front() == ' ') url.erase(url.begin());
+      if (!url.empty()) {
+        for (const auto& p : prefills_)
+          if (p.url == url) throw std::invalid_argument("--prefill names " + url + " twice");
+        prefills_.push_back({url, parse_http_url(url)});
+      }
+      a = b + 1;
+    }
+    if (prefills_.empty()) throw std::invalid_argument("--prefill needs at least one URL");
     auto g = GgufFile::open(o.decoder_gguf);
     info_ = read_recipe_info(*g);
     pooled_ = info_.arch == "deepseek4";
@@ -297,7 +331,11 @@ class Front {
 
   // Pulls the capture for `tokens` into a state file in the slot dir and restores it into `slot`.
   // Throws with the reason on any failure; leaves no file behind (the restored file goes to remover_).
-  void bridge(int slot, const std::vector<int32_t>& tokens, Verdict& v);
+  // slot_cached: the tokens the front knows the slot holds of this prompt (> 0: try a tail bridge).
+  void bridge(int slot, const std::vector<int32_t>& tokens, int64_t slot_cached, Verdict& v);
+  std::vector<size_t> prefill_order(int slot, bool tail);
+  void server_outcome(size_t server, const char* outcome);
+  json prefill_health();
 
   std::vector<int32_t> tokenize_request(const std::string& path, const json& body);
   void handle_generation(const std::string& path, const httplib::Request& req, httplib::Response& res);
@@ -318,7 +356,10 @@ class Front {
 
   FrontOptions o_;
   DecoderClient dec_;
-  HttpTarget prefill_;
+  struct PrefillServer { std::string url; HttpTarget target; };
+  std::vector<PrefillServer> prefills_;
+  std::mutex affinity_m_;
+  std::unordered_map<int, std::string> affinity_;  // slot -> the prefill server that bridged its last turn
   RecipeInfo info_;
   std::string fingerprint_;
   SlotTable slots_;
@@ -338,7 +379,7 @@ class Front {
   std::mutex rng_m_;
 };
 
-void Front::bridge(int slot, const std::vector<int32_t>& prompt, Verdict& v) {
+void Front::bridge(int slot, const std::vector<int32_t>& prompt, int64_t slot_cached, Verdict& v) {
   const auto t0 = Clock::now();
   const StateLayout L = layout(slot);
   v.t_probe = secs(t0);
@@ -365,17 +406,34 @@ void Front::bridge(int slot, const std::vector<int32_t>& prompt, Verdict& v) {
   // last token only (tests/deepseek4_state_test.cpp): the capture and the file are of the first T-1.
   const std::vector<int32_t> tokens(prompt.begin(), prompt.end() - (pooled_ ? 1 : 0));
   const int64_t T = int64_t(tokens.size());
-  std::string name;
+  std::string name, held_name;
   {
     std::lock_guard<std::mutex> l(rng_m_);
-    name = fmt::format("pdbridge-{}-{:016x}.bin", slot, rng_());
+    const uint64_t id = rng_();
+    name = fmt::format("pdbridge-{}-{:016x}.bin", slot, id);
+    held_name = fmt::format("pdbridge-{}-{:016x}.held.bin", slot, id);
   }
-  const std::string path = o_.slot_dir + "/" + name;
-  struct Cleanup { BackgroundRemover& r; std::string p; ~Cleanup() { r.remove(p); } } cleanup{remover_, path};
-  std::unique_ptr<StateAssembler> assembler;
-  if (pooled_) assembler = std::make_unique<Dsv4CaptureAssembler>(path, *like, tokens, uint32_t(info_.window), fingerprint_);
-  else assembler = std::make_unique<CaptureAssembler>(path, L, tokens, fingerprint_);
-  std::string frame_error;
+  const std::string path = o_.slot_dir + "/" + name, held_path = o_.slot_dir + "/" + held_name;
+  struct Cleanup { BackgroundRemover& r; std::string p; ~Cleanup() { r.remove(p); } } cleanup{remover_, path}, held_cleanup{remover_, held_path};
+
+  // A slot that holds an earlier turn of this conversation: the decoder's own state of it gives the first P
+  // tokens (its own rows, also for the tokens it generated itself), the capture only [P, T).
+  std::optional<ParsedState> held;
+  int64_t P = 0;
+  if (!pooled_ && o_.tail_bridge && slot_cached > 0) {
+    const auto th = Clock::now();
+    try {
+      dec_.slot_action(slot, "save", held_name);
+      held = parse_state_file_mapped(held_path);
+      P = usable_held_prefix(*held, L, tokens);
+    } catch (const std::exception& e) {
+      spdlog::warn("front: slot {}: its saved state gives no tail ({}): bridging the whole prompt", slot, e.what());
+      held.reset();
+      P = 0;
+    }
+    if (P == 0) held.reset();
+    v.t_hold = secs(th);
+  }
 
   wire::PrefillRequest pr;
   pr.tokens = tokens;
@@ -385,39 +443,87 @@ void Front::bridge(int slot, const std::vector<int32_t>& prompt, Verdict& v) {
   pr.rot_k = spec.rot_k;
   pr.rot_v = spec.rot_v;
   pr.simd_width = spec.simd_width;
-  StreamPost req;
-  req.host = prefill_.host;
-  req.port = prefill_.port;
-  req.path = "/v1/bridge/prefill";
-  req.body = pr.to_json().dump();
-  req.headers = {{"Content-Type", "application/json"}};
-  req.connect_timeout_s = 5;
-  req.idle_timeout_s = o_.bridge_timeout_s;
+  pr.tail_from = P;
+  const std::string body = pr.to_json().dump();
   const std::string pkey = o_.prefill_api_key.empty() ? o_.api_key : o_.prefill_api_key;
-  if (!pkey.empty()) req.headers.emplace_back("Authorization", "Bearer " + pkey);
-  std::string error_body;
-  const auto tw = Clock::now();
-  const StreamResult result = post_streaming(req, [&](int status, const char* data, size_t n) {
-    if (status != 200) { error_body.append(data, n); return error_body.size() < 65536; }
+
+  // One attempt per prefill server, in routing order, until one delivers a capture the assembler accepts.
+  std::unique_ptr<StateAssembler> assembler;
+  int64_t mounted = 0;
+  std::string last_error;
+  const std::vector<size_t> order = prefill_order(slot, P > 0);
+  for (size_t attempt = 0; attempt < order.size(); ++attempt) {
+    const PrefillServer& server = prefills_[order[attempt]];
+    assembler.reset();  // removes the previous attempt's partial file before the next one takes its name
     try {
-      assembler->feed(reinterpret_cast<const uint8_t*>(data), n);
+      if (pooled_) assembler = std::make_unique<Dsv4CaptureAssembler>(path, *like, tokens, uint32_t(info_.window), fingerprint_);
+      else assembler = std::make_unique<CaptureAssembler>(path, L, tokens, fingerprint_, P);
+      // the held prefix is copied into the new file while the prefill server computes the tail
+      std::string copy_error;
+      std::thread copier;
+      if (P > 0)
+        copier = std::thread([&] {
+          try {
+            const auto tc = Clock::now();
+            static_cast<CaptureAssembler&>(*assembler).copy_prefix(*held);
+            v.t_copy = secs(tc);
+          } catch (const std::exception& e) { copy_error = e.what(); }
+        });
+      struct Join { std::thread& t; ~Join() { if (t.joinable()) t.join(); } } join{copier};
+      std::string frame_error, error_body;
+      StreamPost req;
+      req.host = server.target.host;
+      req.port = server.target.port;
+      req.path = "/v1/bridge/prefill";
+      req.body = body;
+      req.headers = {{"Content-Type", "application/json"}};
+      req.connect_timeout_s = 5;
+      req.idle_timeout_s = o_.bridge_timeout_s;
+      if (!pkey.empty()) req.headers.emplace_back("Authorization", "Bearer " + pkey);
+      const auto tw = Clock::now();
+      const StreamResult result = post_streaming(req, [&](int status, const char* data, size_t n) {
+        if (status != 200) { error_body.append(data, n); return error_body.size() < 65536; }
+        try {
+          assembler->feed(reinterpret_cast<const uint8_t*>(data), n);
+        } catch (const std::exception& e) {
+          frame_error = e.what();
+          return false;
+        }
+        return true;
+      });
+      v.t_wire = secs(tw);
+      if (copier.joinable()) copier.join();
+      if (!frame_error.empty()) throw std::runtime_error("bad frame: " + frame_error);
+      if (result.status != 0 && result.status != 200) {
+        std::string msg = error_body;
+        try { msg = json::parse(error_body).at("error").at("message").get<std::string>(); } catch (...) {}
+        throw std::runtime_error(fmt::format("prefill server HTTP {}: {}", result.status, msg));
+      }
+      if (!result.transferred) throw std::runtime_error(fmt::format("prefill server {}:{}: {}", server.target.host, server.target.port, result.error));
+      if (!copy_error.empty()) throw std::runtime_error("copying the slot's held prefix: " + copy_error);
+      v.bytes = assembler->wire_bytes();
+      v.t_engine = assembler->engine_s();
+      mounted = assembler->commit();  // a sealed capture: its valid prefix
+      v.prefill_server = server.url;
+      server_outcome(order[attempt], "ok");
+      break;
     } catch (const std::exception& e) {
-      frame_error = e.what();
-      return false;
+      last_error = e.what();
+      server_outcome(order[attempt], "failed");
+      if (attempt + 1 < order.size()) {
+        v.prefill_skipped.push_back(server.url + ": " + last_error);
+        spdlog::warn("front: prefill server {} failed ({}); trying {}", server.url, last_error, prefills_[order[attempt + 1]].url);
+        continue;
+      }
+      if (!v.prefill_skipped.empty()) last_error += fmt::format(" (and {} other prefill servers failed)", v.prefill_skipped.size());
+      throw std::runtime_error(last_error);
     }
-    return true;
-  });
-  v.t_wire = secs(tw);
-  if (!frame_error.empty()) throw std::runtime_error("bad frame: " + frame_error);
-  if (result.status != 0 && result.status != 200) {
-    std::string msg = error_body;
-    try { msg = json::parse(error_body).at("error").at("message").get<std::string>(); } catch (...) {}
-    throw std::runtime_error(fmt::format("prefill server HTTP {}: {}", result.status, msg));
   }
-  if (!result.transferred) throw std::runtime_error(fmt::format("prefill server {}:{}: {}", prefill_.host, prefill_.port, result.error));
-  v.bytes = assembler->wire_bytes();
-  v.t_engine = assembler->engine_s();
-  const int64_t mounted = assembler->commit();  // a sealed capture: its valid prefix
+  if (const auto& tr = assembler->trailer()) {
+    v.prefix_reused = tr->value("prefix_reused", int64_t(0));
+    v.computed_tokens = tr->value("computed_tokens", int64_t(-1));
+  }
+  held.reset();  // unmapped before the decoder's restore
   const auto tr = Clock::now();
   json r;
   try {
@@ -428,9 +534,56 @@ void Front::bridge(int slot, const std::vector<int32_t>& prompt, Verdict& v) {
   }
   v.t_restore = secs(tr);
   if (r.value("n_restored", int64_t(-1)) != mounted) throw std::runtime_error("decoder restored " + r.dump());
-  v.bridged_tokens = mounted;
+  {
+    std::lock_guard<std::mutex> l(affinity_m_);
+    affinity_[slot] = v.prefill_server;
+  }
+  if (P > 0) v.tail_from = P;
+  v.bridged_tokens = mounted - P;
   v.complete = mounted == T;
   v.t_bridge = secs(t0);
+}
+
+// Which prefill server to ask first: for a tail, the one that served this slot's earlier turn (it holds the
+// conversation's prefix); then the others by load (running + waiting captures, from their /health); the ones
+// that do not answer last (they are still tried: a refused connection fails at once).
+std::vector<size_t> Front::prefill_order(int slot, bool tail) {
+  std::vector<size_t> order(prefills_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (prefills_.size() == 1) return order;
+  std::vector<double> load(prefills_.size(), 1e18);
+  std::vector<std::thread> probes;
+  for (size_t i = 0; i < prefills_.size(); ++i)
+    probes.emplace_back([&, i] {
+      httplib::Client c(prefills_[i].target.host, prefills_[i].target.port);
+      c.set_connection_timeout(1, 0);
+      c.set_read_timeout(2, 0);
+      if (auto r = c.Get("/health"); r && r->status == 200) {
+        try {
+          const json j = json::parse(r->body);
+          load[i] = j.value("active", 0.0) + j.value("queue", 0.0);
+        } catch (...) {}
+      }
+    });
+  for (auto& t : probes) t.join();
+  std::string affine;
+  if (tail) {
+    std::lock_guard<std::mutex> l(affinity_m_);
+    if (auto it = affinity_.find(slot); it != affinity_.end()) affine = it->second;
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const bool ua = load[a] < 1e18, ub = load[b] < 1e18;
+    if (ua != ub) return ua;
+    const bool fa = !affine.empty() && prefills_[a].url == affine, fb = !affine.empty() && prefills_[b].url == affine;
+    if (fa != fb) return fa;
+    return load[a] < load[b];
+  });
+  return order;
+}
+
+void Front::server_outcome(size_t server, const char* outcome) {
+  metrics_.counter("pdbridge_front_prefill_attempts_total", "Capture attempts per prefill server", {{"server", prefills_[server].url}, {"outcome", outcome}})
+      .Increment();
 }
 
 std::vector<int32_t> Front::tokenize_request(const std::string& path, const json& body) {
@@ -484,6 +637,13 @@ void Front::declare_metrics() {
   for (const char* r : {"fingerprint", "calibration", "bad_capture", "prefill_busy", "timeout", "prefill_unavailable", "restore", "other"})
     metrics_.counter("pdbridge_front_declines_total", "Bridges declined, by reason", {{"reason", r}});
   metrics_.counter("pdbridge_front_bridged_tokens_total", "Tokens mounted from bridged captures");
+  metrics_.counter("pdbridge_front_tail_bridges_total", "Bridges of a tail only (the slot held the conversation's prefix)");
+  metrics_.counter("pdbridge_front_held_tokens_total", "Tokens of tail bridges taken from the slot's own state");
+  for (const auto& p : prefills_) {
+    for (const char* oc : {"ok", "failed"})
+      metrics_.counter("pdbridge_front_prefill_attempts_total", "Capture attempts per prefill server", {{"server", p.url}, {"outcome", oc}});
+    metrics_.gauge("pdbridge_front_prefill_up", "Whether the prefill server answered /health at the last scrape", {{"server", p.url}});
+  }
   metrics_.counter("pdbridge_front_wire_bytes_total", "Capture bytes received from the prefill server");
   metrics_.gauge("pdbridge_front_active_requests", "Generation requests in flight");
   for (const char* st : {"probe", "engine", "wire", "restore", "bridge", "total"})
@@ -496,6 +656,10 @@ void Front::record(const Verdict& v, double total_s, int status) {
   if (cls == "declined")
     metrics_.counter("pdbridge_front_declines_total", "Bridges declined, by reason", {{"reason", decline_reason(v.verdict)}}).Increment();
   metrics_.counter("pdbridge_front_bridged_tokens_total", "Tokens mounted from bridged captures").Increment(double(v.bridged_tokens));
+  if (v.tail_from && v.bridged_tokens > 0) {
+    metrics_.counter("pdbridge_front_tail_bridges_total", "Bridges of a tail only (the slot held the conversation's prefix)").Increment();
+    metrics_.counter("pdbridge_front_held_tokens_total", "Tokens of tail bridges taken from the slot's own state").Increment(double(*v.tail_from));
+  }
   metrics_.counter("pdbridge_front_wire_bytes_total", "Capture bytes received from the prefill server").Increment(double(v.bytes));
   auto stage = [&](const char* st, double x) {
     metrics_.histogram("pdbridge_front_stage_seconds", "Time per stage", Metrics::seconds_buckets(), {{"stage", st}}).Observe(x);
@@ -508,8 +672,8 @@ void Front::record(const Verdict& v, double total_s, int status) {
     stage("bridge", v.t_bridge);
   }
   stage("total", total_s);
-  spdlog::info("front: request verdict=\"{}\" status={} tokens={} bridged={} cached={} bytes={} t_tokenize={:.3f} t_probe={:.3f} t_engine={:.3f} t_wire={:.3f} t_restore={:.3f} t_bridge={:.3f} t_total={:.3f}",
-               v.verdict, status, v.tokens, v.bridged_tokens, v.cached_tokens ? *v.cached_tokens : -1, v.bytes, v.t_tokenize, v.t_probe,
+  spdlog::info("front: request verdict=\"{}\" status={} tokens={} tail_from={} bridged={} cached={} bytes={} t_tokenize={:.3f} t_probe={:.3f} t_engine={:.3f} t_wire={:.3f} t_restore={:.3f} t_bridge={:.3f} t_total={:.3f}",
+               v.verdict, status, v.tokens, v.tail_from ? *v.tail_from : 0, v.bridged_tokens, v.cached_tokens ? *v.cached_tokens : -1, v.bytes, v.t_tokenize, v.t_probe,
                v.t_engine, v.t_wire, v.t_restore, v.t_bridge, total_s);
 }
 
@@ -558,7 +722,7 @@ void Front::handle_generation(const std::string& path, const httplib::Request& r
   else if (cached > 0 && int64_t(tokens.size() - cached) < o_.min_tail) v.verdict = "native: warm";
   else {
     try {
-      bridge(slot, tokens, v);
+      bridge(slot, tokens, int64_t(cached), v);
       v.verdict = v.complete ? "complete" : fmt::format("partial {}/{}", v.bridged_tokens, v.tokens);
     } catch (const std::exception& e) {
       v.verdict = std::string("declined: ") + e.what();
@@ -647,6 +811,36 @@ void Front::proxy(const httplib::Request& req, httplib::Response& res) {
   res.set_content(r->body, r->get_header_value("Content-Type").empty() ? "application/json" : r->get_header_value("Content-Type"));
 }
 
+// Every prefill server's /health (up, device, load, prefix cache), asked in parallel with short timeouts.
+json Front::prefill_health() {
+  std::vector<json> out(prefills_.size());
+  std::vector<std::thread> ts;
+  for (size_t i = 0; i < prefills_.size(); ++i)
+    ts.emplace_back([&, i] {
+      json e = {{"url", prefills_[i].url}, {"ok", false}};
+      httplib::Client c(prefills_[i].target.host, prefills_[i].target.port);
+      c.set_connection_timeout(1, 0);
+      c.set_read_timeout(2, 0);
+      auto r = c.Get("/health");
+      if (r && r->status == 200) {
+        try {
+          const json h = json::parse(r->body);
+          e["ok"] = true;
+          for (const char* k : {"device", "arch", "fingerprint", "active", "queue", "prefix_cache"})
+            if (h.contains(k)) e[k] = h[k];
+        } catch (...) { e["error"] = "health is not JSON"; }
+      } else {
+        e["error"] = r ? fmt::format("HTTP {}", r->status) : httplib::to_string(r.error());
+      }
+      out[i] = std::move(e);
+    });
+  for (auto& t : ts) t.join();
+  for (size_t i = 0; i < prefills_.size(); ++i)
+    metrics_.gauge("pdbridge_front_prefill_up", "Whether the prefill server answered /health at the last scrape", {{"server", prefills_[i].url}})
+        .Set(out[i].value("ok", false) ? 1 : 0);
+  return json(out);
+}
+
 void Front::serve(httplib::Server& srv) {
   srv.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     json j = {{"ok", true}, {"front", "pdbridge"}, {"fingerprint", fingerprint_}, {"geometry", recipe_geometry(info_)},
@@ -665,13 +859,17 @@ void Front::serve(httplib::Server& srv) {
     c.set_connection_timeout(2, 0);
     auto r = c.Get("/health");
     j["decoder"] = r && r->status == 200;
+    j["prefill"] = prefill_health();
     res.set_content(j.dump(), "application/json");
   });
   for (const char* p : {"/v1/chat/completions", "/v1/completions", "/completion"}) {
     const std::string path = p;
     srv.Post(p, [this, path](const httplib::Request& req, httplib::Response& res) { handle_generation(path, req, res); });
   }
-  srv.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) { res.set_content(metrics_.render(), "text/plain; version=0.0.4"); });
+  srv.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    prefill_health();  // refreshes pdbridge_front_prefill_up
+    res.set_content(metrics_.render(), "text/plain; version=0.0.4");
+  });
   srv.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) { if (check_bearer(o_.api_key, req, res)) proxy(req, res); });
   srv.Get(".*", [this](const httplib::Request& req, httplib::Response& res) { if (check_bearer(o_.api_key, req, res)) proxy(req, res); });
   srv.Post(".*", [this](const httplib::Request& req, httplib::Response& res) {

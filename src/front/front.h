@@ -7,7 +7,8 @@
 namespace pdb {
 
 struct FrontOptions {
-  std::string decoder_url, decoder_gguf, slot_dir, prefill_url, host = "127.0.0.1";
+  std::string decoder_url, decoder_gguf, slot_dir, host = "127.0.0.1";
+  std::string prefill_url;  // one URL, or several separated by commas (routed by prefix affinity, then load)
   int port = 8000;
   int64_t min_tokens = 4096, min_tail = 2048;
   int bridge_timeout_s = 600;
@@ -17,6 +18,7 @@ struct FrontOptions {
   std::string prefill_api_key;  // sent to the prefill server (default: api_key)
   int64_t max_prompt_tokens = 0;  // 0: the decoder's slot context
   size_t max_body_mb = 32;
+  bool tail_bridge = true;        // a slot's next turn bridges only its new tail (false: the whole prompt again)
   bool calibrate = true;          // verify the decoder against its GGUF (layer 0) before the first bridge  // decoder's Hadamard rotation: auto (llama.cpp's default rule) | on | off
 };
 

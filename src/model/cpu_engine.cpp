@@ -168,8 +168,12 @@ void CpuEngine::round_weights_to(int bits) {
 }
 
 int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, int lanes, const LayerHook& hook,
-                           const std::function<bool()>& cancelled, const KvRounding& kv_round, const DecoderCacheSpec& cache) {
-  if (cfg_.mla()) return prefill_mla(tokens, chunk, lanes, hook, cancelled, kv_round);
+                           const std::function<bool()>& cancelled, const KvRounding& kv_round, const DecoderCacheSpec& cache,
+                           ResumePoint resume, std::shared_ptr<EngineState>* keep) {
+  if (cfg_.mla()) {
+    if (resume.tokens > 0 || keep) throw std::invalid_argument("the deepseek2 forward does not resume from a prefix state");
+    return prefill_mla(tokens, chunk, lanes, hook, cancelled, kv_round);
+  }
   const auto& c = cfg_;
   const int64_t T = int64_t(tokens.size()), H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
   const int64_t nh = c.num_heads, nkv = c.num_kv_heads, qd = nh * hd, kvd = nkv * hd, group = nh / nkv;
@@ -184,6 +188,37 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, in
   for (auto& kq : kq8) kq.resize(size_t(T) * q8_row);
   for (auto& k : kcache) k.resize(size_t(T * kvd));
   for (auto& v : vcache) v.resize(size_t(T * kvd));
+  const int64_t start = resume.tokens;
+  if (start > 0) {
+    const auto* st = dynamic_cast<const CpuEngineState*>(resume.state);
+    if (!st || st->kv_dim != kvd || int64_t(st->k.size()) != c.num_layers || st->tokens < start || start > T ||
+        st->kq8.empty() != kq8.empty())
+      throw std::invalid_argument("the resume state is not this engine's for this cache spec");
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      std::copy_n(st->k[size_t(l)].begin(), start * kvd, kcache[size_t(l)].begin());
+      std::copy_n(st->v[size_t(l)].begin(), start * kvd, vcache[size_t(l)].begin());
+      if (!kq8.empty()) std::copy_n(st->kq8[size_t(l)].begin(), size_t(start) * q8_row, kq8[size_t(l)].begin());
+    }
+  }
+  // The state of the positions processed so far, handed over however the forward ends.
+  int64_t processed = start;
+  struct Keep {
+    std::shared_ptr<EngineState>* out;
+    std::function<void()> f;
+    ~Keep() { if (out) f(); }
+  } keep_on_exit{keep, [&] {
+    auto st = std::make_shared<CpuEngineState>();
+    st->tokens = processed;
+    st->kv_dim = kvd;
+    for (auto* src : {&kcache, &vcache}) {
+      auto& dst = src == &kcache ? st->k : st->v;
+      dst = std::move(*src);
+      for (auto& x : dst) { x.resize(size_t(processed * kvd)); if (processed < T) x.shrink_to_fit(); }
+    }
+    st->kq8 = std::move(kq8);
+    for (auto& x : st->kq8) { x.resize(size_t(processed) * q8_row); if (processed < T) x.shrink_to_fit(); }
+    *keep = std::move(st);
+  }};
   if (lanes && (H % lanes || (!c.moe() && F % lanes) || qd % lanes || hd % lanes)) lanes = 0;
   std::vector<float> xr;
   auto gemm = [&](const float* xx, const std::vector<float>& w, int64_t rows, int64_t in, int64_t out, float* y) {
@@ -196,7 +231,7 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, in
     else gemm_xwt(xx, w, rows, in, out, y);
   };
   std::vector<float> h, x, q, k, v, att, o, g, u;
-  for (int64_t p0 = 0; p0 < T; p0 += chunk) {
+  for (int64_t p0 = start; p0 < T; p0 += chunk) {
     const int64_t n = std::min(chunk, T - p0);
     embed_chunk(tokens, p0, n, h);
     for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -355,6 +390,7 @@ int64_t CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, in
       gemm(g.data(), L.wd, n, F, H, o.data());
       for (size_t i = 0; i < h.size(); ++i) h[i] += o[i];
     }
+    processed = p0 + n;
   }
   return T;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "formats/hf_config.h"
+#include "model/engine_state.h"
 #include "recipes/rope_ggml.h"
 
 namespace pdb {
@@ -26,6 +27,21 @@ struct DecoderCacheSpec {
   bool q8_0 = false;               // K and V caches are Q8_0
   bool rot_k = false, rot_v = false;
   int64_t k_rot_n = 64, v_rot_n = 64;
+};
+
+// The CPU engine's own K/V for positions [0, tokens), per layer, as its attention read them (rounded through the
+// decoder's cache type; Q8_0 K as codes on the Q8_0 path): what a forward resumes from.
+struct CpuEngineState final : EngineState {
+  int64_t kv_dim = 0;
+  std::vector<std::vector<float>> k, v;
+  std::vector<std::vector<uint8_t>> kq8;  // the Q8_0 path's K rows (else empty)
+  size_t bytes() const override {
+    size_t b = 0;
+    for (const auto& x : k) b += x.size() * sizeof(float);
+    for (const auto& x : v) b += x.size() * sizeof(float);
+    for (const auto& x : kq8) b += x.size();
+    return b;
+  }
 };
 
 class CpuEngine {
@@ -44,9 +60,13 @@ class CpuEngine {
   // `cancelled` is polled between layers; returns the number of tokens fully processed.
   // `lanes` (4, 8, 16): matmuls summed in tinyBLAS order (batch-independent, decoder-like bits);
   // 0: OpenBLAS (faster, but bits may depend on the chunking).
+  // `resume`: start after its first tokens positions (a CpuEngineState of this engine, computed with the same
+  // lanes, rounding and cache spec): the hook then sees positions from there on. `keep`: receives the engine's
+  // state of every position processed. Neither for deepseek2 (MLA), which always computes every token.
   int64_t prefill(const std::vector<int32_t>& tokens, int64_t chunk, int lanes, const LayerHook& hook,
                   const std::function<bool()>& cancelled = {}, const KvRounding& kv_round = {},
-                  const DecoderCacheSpec& cache = {});
+                  const DecoderCacheSpec& cache = {}, ResumePoint resume = {}, std::shared_ptr<EngineState>* keep = nullptr);
+  bool resumable() const { return !cfg_.mla(); }
 
  private:
   struct Layer;

@@ -9,7 +9,10 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "formats/hf_config.h"
+#include "model/engine_state.h"
 #include "recipes/recipe.h"
 #include "wire/protocol.h"
 
@@ -45,6 +48,16 @@ struct KvBlock {
 // blocks, which the sink takes only when it stopped for a seal).
 using KvSink = std::function<bool(const KvBlock&)>;
 
+// A capture of a prompt whose first `send_from` tokens the decoder already holds (a conversation's next turn):
+// the sink needs rows for [send_from, T) only, and a resumable engine starts after `resume` (a prefix state
+// from the prefill server's cache, resume.tokens <= send_from) and leaves its state of the prompt in `kept`.
+struct CaptureReuse {
+  int64_t send_from = 0;
+  std::shared_ptr<const EngineState> resume_state;
+  int64_t resume_tokens = 0;
+  std::shared_ptr<EngineState> kept;
+};
+
 class PrefillBackend {
  public:
   virtual ~PrefillBackend() = default;
@@ -56,8 +69,16 @@ class PrefillBackend {
   // Throws (with a message for the user) when a prompt of `tokens` cannot be served at all.
   virtual void check_fits(int64_t tokens, int64_t chunk) const {}
   // Runs the forward and the recipe; `stop` is polled between layers. Returns tokens processed.
+  // `reuse` (null: every row from 0, nothing kept): see CaptureReuse. A backend that is not resumable ignores
+  // its resume state and computes from 0; the sink may still get rows before send_from (capture.cpp drops them).
   virtual int64_t capture(const std::vector<int32_t>& tokens, int64_t chunk, const CacheSpec& spec, const KvSink& sink,
-                          const std::function<bool()>& stop) = 0;
+                          const std::function<bool()>& stop, CaptureReuse* reuse = nullptr) = 0;
+  // Whether the engine resumes from a prefix state and keeps one (the prefill server's prefix cache); and the
+  // key of what such a state depends on besides the tokens (the cache spec and numerics the engine attends with).
+  virtual bool resumable() const { return false; }
+  virtual std::string state_key(const CacheSpec& spec) const {
+    return fmt::format("{}:{}:{}:{}:{}:{}", device(), int(spec.k_type), int(spec.v_type), spec.rot_k, spec.rot_v, spec.simd_width);
+  }
   // The engine alone, no recipe (benchmarks measure the recipe's cost against it).
   // `full_last_layer`: also compute the last layer (what an engine producing logits does).
   // `skip_attention` (benchmarks only, GPU only: the layers' outputs are then not the model's): the

@@ -27,14 +27,25 @@ class CpuBackend final : public PrefillBackend {
   const Recipe& recipe() const override { return *recipe_; }
   std::string device() const override { return faithful_ ? "cpu" : "cpu (fast numerics)"; }
 
+  bool resumable() const override { return engine_->resumable(); }
+
   int64_t capture(const std::vector<int32_t>& tokens, int64_t chunk, const CacheSpec& spec, const KvSink& sink,
-                  const std::function<bool()>& stop) override {
+                  const std::function<bool()>& stop, CaptureReuse* reuse) override {
     const auto& info = recipe_->info();
     bool stopped = false;
+    const bool resume = reuse && resumable();
+    const int64_t send_from = reuse ? reuse->send_from : 0;
+    const ResumePoint from = resume ? ResumePoint{reuse->resume_state.get(), reuse->resume_tokens} : ResumePoint{};
     return engine_->prefill(
         tokens, chunk, faithful_ ? spec.simd_width : 0,
         [&](int layer, const float* h, int64_t rows, int64_t pos0) {
           if (stopped) return;
+          if (pos0 + rows <= send_from) return;  // the decoder holds these rows: no recipe for them
+          if (pos0 < send_from) {
+            h += (send_from - pos0) * recipe_->info().n_embd;
+            rows -= send_from - pos0;
+            pos0 = send_from;
+          }
           std::vector<uint8_t> k, v;
           std::vector<float> h0;
           if (layer == 0) {  // the decoder's own layer-0 input: its (possibly quantized) embedding rows
@@ -61,7 +72,8 @@ class CpuBackend final : public PrefillBackend {
           if (rot) hadamard_rows(rows, n * kv_dim, rn);  // orthonormal and symmetric: its own inverse
         },
         DecoderCacheSpec{spec.k_type == GgmlType::Q8_0 && spec.v_type == GgmlType::Q8_0, spec.rot_k, spec.rot_v,
-                         k_rotation_size(info.head_dim), kVRotationSize});
+                         k_rotation_size(info.head_dim), kVRotationSize},
+        from, resume ? &reuse->kept : nullptr);
   }
 
   int64_t forward_only(const std::vector<int32_t>& tokens, int64_t chunk, bool, bool skip_attention) override {

@@ -84,7 +84,7 @@ class CudaBackend final : public PrefillBackend {
   CudaEngine& engine() { return engine_; }
 
   int64_t capture(const std::vector<int32_t>& tokens, int64_t chunk, const CacheSpec& spec, const KvSink& sink,
-                  const std::function<bool()>& stop) override {
+                  const std::function<bool()>& stop, CaptureReuse*) override {
     std::lock_guard<std::mutex> one_at_a_time(capture_mu_);  // the slots and the engine's K/V are per capture
     chunk = std::min(chunk <= 0 ? max_chunk_ : chunk, max_chunk_);
     const auto& info = recipe_->info();

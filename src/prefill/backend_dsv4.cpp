@@ -37,7 +37,7 @@ class Dsv4Backend final : public PrefillBackend {
   std::string weights() const override { return weights_; }
 
   int64_t capture(const std::vector<int32_t>& tokens, int64_t chunk, const CacheSpec& spec, const KvSink& sink,
-                  const std::function<bool()>& stop) override {
+                  const std::function<bool()>& stop, CaptureReuse*) override {
     const auto& c = recipe_->config();
     const int64_t T = int64_t(tokens.size()), D = c.head_dim, W = c.window, L = c.layers;
     const GgmlType kt = spec.k_type;

@@ -19,13 +19,28 @@ CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::P
   return run_capture(*backend, req, chunk, emit);
 }
 
-CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit) {
+CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit,
+                          PrefixCache* cache) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto& info = backend.info();
   const bool pooled = info.arch == "deepseek4";  // sections (docs/WIRE.md), not one K/V row per token
   CacheSpec spec{req.k_type, req.v_type, req.rot_k, req.rot_v, req.simd_width};
   const int64_t T = int64_t(req.tokens.size());
   CaptureResult res;
+  if (pooled && req.tail_from > 0) throw std::invalid_argument("a pooled cache (DeepSeek-V4) is captured whole: tail_from must be 0");
+  // Rows before send_from are the decoder's already; the engine may resume after a cached prefix of them.
+  const int64_t send_from = req.tail_from;
+  CaptureReuse reuse;
+  reuse.send_from = send_from;
+  const bool keeps = cache && cache->enabled() && backend.resumable();
+  const std::string key = keeps ? backend.state_key(spec) : std::string();
+  if (keeps && send_from > 0) {
+    auto hit = cache->lookup(key, req.tokens, send_from);
+    reuse.resume_state = std::move(hit.state);
+    reuse.resume_tokens = hit.tokens;
+  }
+  res.tail_from = send_from;
+  res.prefix_reused = reuse.resume_tokens;
   std::atomic<bool> aborted{false}, sealed{false};  // the sink may run on a backend's delivery thread
   {
     std::vector<uint8_t> hello;
@@ -34,20 +49,37 @@ CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& r
                         {"k_type", ggml_type_name(spec.k_type)}, {"v_type", ggml_type_name(spec.v_type)},
                         {"k_row_bytes", ggml_row_bytes(spec.k_type, info.n_embd_kv())},
                         {"v_row_bytes", info.n_embd_v() && !pooled ? ggml_row_bytes(spec.v_type, info.n_embd_v()) : 0},
-                        {"rot_k", spec.rot_k}, {"rot_v", spec.rot_v}, {"chunk", chunk}, {"cache", pooled ? "dsv4" : "kv"}};
+                        {"rot_k", spec.rot_k}, {"rot_v", spec.rot_v}, {"chunk", chunk}, {"cache", pooled ? "dsv4" : "kv"},
+                        {"tail_from", send_from}, {"prefix_reused", reuse.resume_tokens}};
     if (pooled) h["window"] = info.window;
     wire::encode_json_frame(wire::FrameKind::Hello, h, hello);
     if (emit(std::move(hello), true) == Emit::Gone) aborted = true;
   }
-  // A chunk is complete when its last layer's rows are out; track the contiguous prefix sent.
-  int64_t done = 0;
+  // A chunk is complete when its last layer's rows are out; track the contiguous prefix sent (the decoder
+  // holds [0, send_from)).
+  int64_t done = send_from;
   bool seal_sent = false;
   try {
     if (!aborted) {
       backend.check_fits(T, chunk);
       backend.capture(
           req.tokens, chunk, spec,
-          [&](const KvBlock& b) {
+          [&](const KvBlock& whole) {
+            // K/V rows the decoder holds (a backend that computed them anyway) are not sent
+            KvBlock b = whole;
+            if (!pooled && b.seal_tokens == 0 && b.pos0 < send_from) {
+              if (b.pos0 + b.rows <= send_from) {
+                if (b.layer == info.n_layer - 1) done = std::max(done, b.pos0 + b.rows);
+                return true;
+              }
+              const size_t cut = size_t(send_from - b.pos0), k_row = b.k_bytes / size_t(b.rows), v_row = b.v_bytes / size_t(b.rows);
+              b.pos0 = send_from;
+              b.rows -= int64_t(cut);
+              b.k += cut * k_row;
+              b.k_bytes -= cut * k_row;
+              if (b.v) b.v += cut * v_row;
+              b.v_bytes -= cut * v_row;
+            }
             std::vector<uint8_t> frame;
             wire::FrameHeader fh;
             fh.layer = uint32_t(b.layer);
@@ -103,15 +135,21 @@ CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& r
             if (b.layer == info.n_layer - 1) done = b.pos0 + b.rows;
             return true;
           },
-          [&] { return aborted || sealed; });
+          [&] { return aborted || sealed; }, &reuse);
     }
     if (aborted) { res.status = "error"; res.reason = "receiver went away"; }
-    else if (sealed) { res.status = done > 0 ? "partial" : "error"; res.reason = "memory limit reached: sealed the prefix sent so far"; }
+    else if (sealed) { res.status = done > send_from ? "partial" : "error"; res.reason = "memory limit reached: sealed the prefix sent so far"; }
     else if (done == T) res.status = "complete";
     else { res.status = "partial"; res.reason = "engine stopped early"; }
   } catch (const std::exception& e) {
-    res.status = done > 0 ? "partial" : "error";
+    res.status = done > send_from ? "partial" : "error";
     res.reason = e.what();
+  }
+  if (keeps && reuse.kept && reuse.kept->tokens > reuse.resume_tokens) {
+    res.computed = reuse.kept->tokens - reuse.resume_tokens;
+    cache->insert(key, req.tokens, std::move(reuse.kept));
+  } else {
+    res.computed = std::max<int64_t>(0, done - reuse.resume_tokens);
   }
   res.tokens = done;
   res.engine_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -119,6 +157,7 @@ CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& r
     std::vector<uint8_t> tr;
     wire::encode_json_frame(wire::FrameKind::Trailer,
                             {{"status", res.status}, {"tokens", res.tokens}, {"n_tokens", T}, {"reason", res.reason},
+                             {"tail_from", send_from}, {"prefix_reused", res.prefix_reused}, {"computed_tokens", res.computed},
                              {"engine_s", res.engine_s}, {"tok_s", res.engine_s > 0 ? double(res.tokens) / res.engine_s : 0.0}},
                             tr);
     emit(std::move(tr), true);

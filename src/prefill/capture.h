@@ -8,6 +8,7 @@
 
 #include "model/cpu_engine.h"
 #include "prefill/backend.h"
+#include "prefill/prefix_cache.h"
 #include "recipes/recipe.h"
 #include "wire/protocol.h"
 
@@ -18,6 +19,9 @@ struct CaptureResult {
   int64_t tokens = 0;  // contiguous prefix [0, tokens) fully sent
   std::string reason;
   double engine_s = 0;
+  int64_t tail_from = 0;      // rows sent for [tail_from, tokens) (the decoder held the rest)
+  int64_t prefix_reused = 0;  // positions the engine resumed after, from the prefix cache
+  int64_t computed = 0;       // positions the engine computed
 };
 
 // What the receiver of a frame says: keep going, seal the capture at the last complete chunk (memory
@@ -27,7 +31,10 @@ enum class Emit { Ok, Seal, Gone };
 // `emit` receives encoded frames (HELLO first, TRAILER last). `force` frames (the trailer) must be
 // accepted whatever the memory limit says.
 using EmitFn = std::function<Emit(std::vector<uint8_t>&& frame, bool force)>;
-CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit);
+// `cache`: the prefill server's prefix cache (null: none): a tail capture (req.tail_from > 0) resumes from the
+// longest prefix it holds (at most tail_from), and every resumable capture leaves its engine state there.
+CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit,
+                          PrefixCache* cache = nullptr);
 CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit);
 
 // Convenience for in-process use: every frame accepted.

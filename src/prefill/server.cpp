@@ -26,6 +26,7 @@
 #include "formats/hf_deepseek4.h"
 #include "recipes/deepseek4.h"
 #include "prefill/capture.h"
+#include "prefill/prefix_cache.h"
 
 namespace pdb {
 using json = nlohmann::json;
@@ -240,6 +241,33 @@ int run_prefill_server(const PrefillServerOptions& o) {
     return metrics.counter("pdbridge_prefill_rejected_total", "Requests refused before capture", {{"reason", reason}});
   };
   FifoGate gate(o.max_queue, o.max_queue_wait_s, o.max_concurrent);
+  PrefixCache prefix_cache(engine->resumable() ? size_t(o.prefix_cache_gb * double(1ull << 30)) : 0);
+  if (engine->resumable())
+    spdlog::info("prefill: prefix cache {:.2f} GiB{}", o.prefix_cache_gb, prefix_cache.enabled() ? "" : " (off)");
+  else
+    spdlog::info("prefill: no prefix cache: the {} engine for {} always computes every token (a tail capture sends only the tail)", engine->device(), ri.arch);
+  auto& m_pc_hits = metrics.counter("pdbridge_prefill_prefix_cache_hits_total", "Tail captures that resumed from a cached prefix");
+  auto& m_pc_misses = metrics.counter("pdbridge_prefill_prefix_cache_misses_total", "Tail captures with no cached prefix to resume from");
+  auto& m_pc_evict = metrics.counter("pdbridge_prefill_prefix_cache_evictions_total", "Cached prefixes evicted for room");
+  auto& m_pc_reused = metrics.counter("pdbridge_prefill_prefix_reused_tokens_total", "Positions the engine resumed after instead of computing");
+  auto& m_pc_bytes = metrics.gauge("pdbridge_prefill_prefix_cache_bytes", "Memory the cached prefixes occupy");
+  auto& m_pc_entries = metrics.gauge("pdbridge_prefill_prefix_cache_entries", "Cached prefixes");
+  auto& m_computed = metrics.counter("pdbridge_prefill_computed_tokens_total", "Positions the engine computed");
+  auto& m_tail = metrics.counter("pdbridge_prefill_tail_requests_total", "Captures of a tail (the decoder held a prefix)");
+  // Counters mirror the cache's own totals (the cache counts under its lock; the metric follows at render).
+  std::mutex prefix_metrics_mu;
+  auto sync_prefix_metrics = [&, last = std::make_shared<PrefixCacheStats>()] {
+    const PrefixCacheStats s = prefix_cache.stats();
+    std::lock_guard<std::mutex> l(prefix_metrics_mu);
+    m_pc_hits.Increment(double(s.hits - last->hits));
+    m_pc_misses.Increment(double(s.misses - last->misses));
+    m_pc_evict.Increment(double(s.evictions - last->evictions));
+    m_pc_reused.Increment(double(s.reused_tokens - last->reused_tokens));
+    m_pc_bytes.Set(double(s.bytes));
+    m_pc_entries.Set(double(s.entries));
+    *last = s;
+    return s;
+  };
   int64_t limit_mb = o.memory_limit_mb;
   if (limit_mb <= 0) limit_mb = std::max<int64_t>(256, mem_available_mb() / 4);
   const size_t queue_limit = size_t(limit_mb) << 20;
@@ -252,13 +280,19 @@ int run_prefill_server(const PrefillServerOptions& o) {
     res.set_content(json{{"ok", true}, {"role", "prefill"}, {"device", engine->device()}, {"arch", ri.arch}, {"fingerprint", fingerprint},
                          {"geometry", recipe_geometry(ri)}, {"model", o.model}, {"recipe", o.recipe},
                          {"active", m_active.Value()}, {"queue", gate.depth()}, {"mem_available_mb", mem_available_mb()},
-                         {"config_mismatches", mism}}.dump(),
+                         {"config_mismatches", mism}, {"prefix_cache", [&] {
+                            const auto s = sync_prefix_metrics();
+                            return json{{"enabled", prefix_cache.enabled()}, {"max_bytes", s.max_bytes}, {"bytes", s.bytes}, {"entries", s.entries},
+                                        {"hits", s.hits}, {"misses", s.misses}, {"evictions", s.evictions}, {"superseded", s.superseded},
+                                        {"reused_tokens", s.reused_tokens}};
+                          }()}}.dump(),
                     "application/json");
   });
   auto& m_peak_conc = metrics.gauge("pdbridge_prefill_peak_concurrent_captures", "Most captures that ran at once");
   srv.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
     m_queue.Set(double(gate.depth()));
     m_peak_conc.Set(double(gate.peak()));
+    sync_prefix_metrics();
     res.set_content(metrics.render(), "text/plain; version=0.0.4");
   });
   srv.Post("/v1/bridge/prefill", [&](const httplib::Request& req, httplib::Response& res) {
@@ -280,6 +314,10 @@ int run_prefill_server(const PrefillServerOptions& o) {
     if (int64_t(pr.tokens.size()) > o.max_tokens) {
       reject_counter("too_long").Increment();
       return json_error(res, 413, fmt::format("{} tokens exceed this server's limit of {}", pr.tokens.size(), o.max_tokens), "invalid_request_error");
+    }
+    if (pr.tail_from > 0 && dsv4) {
+      reject_counter("bad_request").Increment();
+      return json_error(res, 400, "tail_from: a DeepSeek-V4 (pooled) state is captured whole; send tail_from 0", "invalid_request_error");
     }
     for (int32_t t : pr.tokens)
       if (t >= hc.vocab_size) {
@@ -306,21 +344,26 @@ int run_prefill_server(const PrefillServerOptions& o) {
     res.set_header("X-PD-Wire-Version", std::to_string(wire::kWireVersion));
     res.set_chunked_content_provider(
         "application/x-pdbridge-frames",
-        [=, &m_active, &m_engine, &m_tokens, &m_bytes, &m_tok_s, &m_peak, &result_counter, &engine](size_t, httplib::DataSink& sink) {
+        [=, &m_active, &m_engine, &m_tokens, &m_bytes, &m_tok_s, &m_peak, &result_counter, &engine, &prefix_cache, &m_computed,
+         &m_tail](size_t, httplib::DataSink& sink) {
           if (!*started) {
             *started = true;
             *pace_start = Clock::now();
-            *worker = std::thread([=, &m_active, &m_engine, &m_tokens, &m_tok_s, &m_peak, &result_counter, &engine] {
+            *worker = std::thread([=, &m_active, &m_engine, &m_tokens, &m_tok_s, &m_peak, &result_counter, &engine, &prefix_cache, &m_computed,
+                                   &m_tail] {
               m_active.Increment();
-              auto r = run_capture(*engine, pr, chunk, EmitFn([&](std::vector<uint8_t>&& f, bool force) { return queue->push(std::move(f), force); }));
+              auto r = run_capture(*engine, pr, chunk, EmitFn([&](std::vector<uint8_t>&& f, bool force) { return queue->push(std::move(f), force); }),
+                                   &prefix_cache);
+              m_computed.Increment(double(r.computed));
+              if (r.tail_from > 0) m_tail.Increment();
               m_peak.Set(double(queue->peak));
               m_active.Decrement();
               m_engine.Observe(r.engine_s);
               m_tokens.Increment(double(r.tokens));
               if (r.engine_s > 0) m_tok_s.Set(double(r.tokens) / r.engine_s);
               result_counter(r.status).Increment();
-              spdlog::info("prefill: capture tokens={} status={} sent={} engine_s={:.3f} tok_s={:.0f} backlog_peak_mb={:.1f}{}", pr.tokens.size(), r.status,
-                           r.tokens, r.engine_s, r.engine_s > 0 ? double(r.tokens) / r.engine_s : 0.0, double(queue->peak) / (1 << 20),
+              spdlog::info("prefill: capture tokens={} tail_from={} reused={} computed={} status={} sent={} engine_s={:.3f} tok_s={:.0f} backlog_peak_mb={:.1f}{}",
+                           pr.tokens.size(), r.tail_from, r.prefix_reused, r.computed, r.status, r.tokens, r.engine_s, r.engine_s > 0 ? double(r.tokens) / r.engine_s : 0.0, double(queue->peak) / (1 << 20),
                            r.reason.empty() ? "" : " reason=\"" + r.reason + "\"");
               queue->close();
               leave_gate();

@@ -20,6 +20,7 @@ struct PrefillServerOptions {
   size_t max_body_mb = 64;
   bool allow_config_mismatch = false;          // start even if config.json and the GGUF disagree
   bool cpu_fast = false;                       // CPU engine: OpenBLAS numerics instead of the decoder-faithful ones
+  double prefix_cache_gb = 4;                  // the engine states of recent prompts kept for tail captures (0: off)
 };
 
 int run_prefill_server(const PrefillServerOptions& o);

@@ -111,7 +111,7 @@ void FrameParser::feed(const uint8_t* data, size_t n) {
 nlohmann::json PrefillRequest::to_json() const {
   return {{"wire_version", kWireVersion}, {"tokens", tokens}, {"fingerprint", fingerprint},
           {"k_type", ggml_type_name(k_type)}, {"v_type", ggml_type_name(v_type)},
-          {"rot_k", rot_k}, {"rot_v", rot_v}, {"simd_width", simd_width}, {"chunk", chunk}};
+          {"rot_k", rot_k}, {"rot_v", rot_v}, {"simd_width", simd_width}, {"chunk", chunk}, {"tail_from", tail_from}};
 }
 
 PrefillRequest PrefillRequest::parse(const nlohmann::json& j) {
@@ -144,6 +144,11 @@ PrefillRequest PrefillRequest::parse(const nlohmann::json& j) {
   if (r.simd_width != 0 && r.simd_width != 4 && r.simd_width != 8 && r.simd_width != 16) bad("'simd_width' must be 0, 4, 8 or 16");
   r.chunk = j.value("chunk", int64_t(0));
   if (r.chunk < 0) bad("'chunk' must be >= 0");
+  if (j.contains("tail_from") && !j["tail_from"].is_number_integer()) bad("'tail_from' must be an integer");
+  r.tail_from = j.value("tail_from", int64_t(0));
+  if (r.tail_from < 0 || r.tail_from >= int64_t(r.tokens.size()))
+    bad(fmt::format("'tail_from' {} must be in [0, {}): the decoder holds the first tail_from tokens, the capture sends the rest", r.tail_from,
+                    r.tokens.size()));
   return r;
 }
 

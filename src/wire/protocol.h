@@ -76,6 +76,9 @@ struct PrefillRequest {
   bool rot_k = false, rot_v = false;
   int simd_width = 8;  // the decoder's matmul summation width (see CacheSpec)
   int64_t chunk = 0;  // 0: server default
+  // The decoder already holds the first tail_from tokens' rows (a conversation's earlier turns): the capture
+  // sends rows for [tail_from, T) only; the server's prefix cache may spare it computing part of [0, tail_from).
+  int64_t tail_from = 0;
   nlohmann::json to_json() const;
   static PrefillRequest parse(const nlohmann::json& j);  // throws std::invalid_argument with the reason
 };

@@ -45,13 +45,25 @@ Stack::Stack(const StackOptions& o) {
                    std::to_string(prefill_port), "--threads", "2"};
   prefill_argv_.insert(prefill_argv_.end(), o.prefill_extra.begin(), o.prefill_extra.end());
   if (o.start_prefill) prefill_ = std::make_unique<Child>(prefill_argv_, dir + "/prefill.log");
+  std::string prefill_urls = "http://127.0.0.1:" + std::to_string(prefill_port);
+  for (int i = 0; i < o.extra_prefill; ++i) {
+    const int port = free_port();
+    auto argv = prefill_argv_;
+    for (size_t a = 0; a + 1 < argv.size(); ++a)
+      if (argv[a] == "--port") argv[a + 1] = std::to_string(port);
+    extra_prefill_.push_back(std::make_unique<Child>(argv, dir + "/prefill-extra-" + std::to_string(i) + ".log"));
+    extra_prefill_ports.push_back(port);
+    prefill_urls += ",http://127.0.0.1:" + std::to_string(port);
+  }
   if (!wait_http_ok("127.0.0.1", decoder_port, "/health", 120)) throw std::runtime_error("decoder did not start:\n" + decoder_->log());
   if (prefill_ && !wait_http_ok("127.0.0.1", prefill_port, "/health", 120)) throw std::runtime_error("prefill did not start:\n" + prefill_->log());
+  for (size_t i = 0; i < extra_prefill_.size(); ++i)
+    if (!wait_http_ok("127.0.0.1", extra_prefill_ports[i], "/health", 120)) throw std::runtime_error("prefill did not start:\n" + extra_prefill_[i]->log());
   if (!o.start_front) return;
   front_port = free_port();
   std::vector<std::string> fa = {pdbridge_bin(), "front", "--decoder", "http://127.0.0.1:" + std::to_string(decoder_port),
                                  "--decoder-gguf", decoder_gguf, "--slot-dir", slot_dir, "--prefill",
-                                 "http://127.0.0.1:" + std::to_string(prefill_port), "--port", std::to_string(front_port),
+                                 prefill_urls, "--port", std::to_string(front_port),
                                  "--min-tokens", std::to_string(o.min_tokens), "--min-tail", std::to_string(o.min_tail)};
   fa.insert(fa.end(), o.front_extra.begin(), o.front_extra.end());
   front_ = std::make_unique<Child>(fa, dir + "/front.log");
@@ -69,6 +81,7 @@ Stack::Stack(const StackOptions& o) {
 Stack::~Stack() {
   if (front_) front_->stop();
   if (prefill_) prefill_->stop();
+  for (auto& p : extra_prefill_) p->stop();
   if (decoder_) decoder_->stop();
 }
 
@@ -79,6 +92,7 @@ HttpReply Stack::post_decoder(const std::string& path, const nlohmann::json& bod
   return http_post(decoder_port, path, body.dump(), timeout_s);
 }
 void Stack::stop_prefill() { if (prefill_) prefill_->stop(); }
+void Stack::stop_extra_prefill(size_t i) { extra_prefill_.at(i)->stop(); }
 void Stack::start_prefill() {
   if (prefill_) prefill_->stop();
   prefill_ = std::make_unique<Child>(prefill_argv_, dir + "/prefill-" + std::to_string(++prefill_starts_) + ".log");
@@ -101,6 +115,7 @@ std::string Stack::logs() const {
   std::string s;
   if (front_) s += "--- front ---\n" + front_->log();
   if (prefill_) s += "--- prefill ---\n" + prefill_->log();
+  for (size_t i = 0; i < extra_prefill_.size(); ++i) s += "--- prefill " + std::to_string(i + 1) + " ---\n" + extra_prefill_[i]->log();
   return s;
 }
 

@@ -24,6 +24,7 @@ struct StackOptions {
   int parallel = 2, ctx = 8192;
   int64_t min_tokens = 256, min_tail = 128;
   bool start_prefill = true;
+  int extra_prefill = 0;              // more prefill servers (the front gets them all, comma-separated)
   bool start_front = true;            // false: the decoder (and prefill) only
   std::vector<std::string> front_extra, prefill_extra, decoder_extra;
   std::string hf_dir;  // default: <model_dir>/hf
@@ -43,10 +44,13 @@ class Stack {
   explicit Stack(const StackOptions& o);
   ~Stack();
   int decoder_port = 0, prefill_port = 0, front_port = 0;
+  std::vector<int> extra_prefill_ports;
   std::string dir, slot_dir, decoder_gguf;
   HttpReply post_front(const std::string& path, const nlohmann::json& body, int timeout_s = 600);
   HttpReply post_decoder(const std::string& path, const nlohmann::json& body, int timeout_s = 600);
   void stop_prefill();
+  void stop_extra_prefill(size_t i);
+  std::string prefill_url(int port) const { return "http://127.0.0.1:" + std::to_string(port); }
   void start_prefill();  // (re)starts it on the same port
   void restart_decoder(bool wait_healthy = true);
   int run_doctor(std::string* output);
@@ -54,6 +58,7 @@ class Stack {
 
  private:
   std::unique_ptr<Child> decoder_, prefill_, front_;
+  std::vector<std::unique_ptr<Child>> extra_prefill_;
   std::vector<std::string> prefill_argv_, decoder_argv_;
   int prefill_starts_ = 0;
 };
