@@ -4,6 +4,8 @@
 // eviction and a restarted prefill server, an edited earlier message, two prefill servers with one killed.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <map>
 #include <random>
 #include <tuple>
@@ -121,6 +123,49 @@ INSTANTIATE_TEST_SUITE_P(Models, TailCapture,
                            for (auto& ch : n) if (ch == '-') ch = '_';
                            return n;
                          });
+
+// The GPU engine resumed after a cached prefix (its K/V copied back into the engine's cache): tolerance class,
+// since cuBLAS's sums depend on the row counts of the chunks, which the resume cuts elsewhere.
+TEST(CudaTailCapture, ResumedFromTheCachedPrefixMatchesTheFullCapturesTailWithinTolerance) {
+  if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device";
+  for (const std::string model : {"llama-tiny", "qwen3moe-tiny"}) {
+    const std::string dir = test::models_dir() + "/" + model;
+    std::shared_ptr<const Recipe> recipe = Recipe::load(dir + "/decoder-f32.gguf", 2);
+    auto be = make_cuda_backend(dir + "/hf", recipe, 2, 256);
+    ASSERT_TRUE(be->resumable());
+    CacheSpec spec = CacheSpec::decoder_default(GgmlType::F16, GgmlType::F16, recipe->info().head_dim);
+    std::mt19937 g(std::random_device{}());
+    std::vector<int32_t> conv(700);
+    for (auto& x : conv) x = int32_t(g() % uint32_t(be->config().vocab_size - 10) + 5);
+    PrefixCache cache(size_t(1) << 30);
+    capture_rows(*be, std::vector<int32_t>(conv.begin(), conv.begin() + 300), 0, spec, 128, &cache);
+    const auto tail = capture_rows(*be, conv, 420, spec, 128, &cache);
+    EXPECT_EQ(tail.hello.value("prefix_reused", -1), 300) << model;
+    EXPECT_EQ(tail.trailer.value("computed_tokens", -1), 400) << model;
+    const auto full = capture_rows(*be, conv, 0, spec, 256, nullptr);
+    size_t rows = 0, elems = 0, same = 0;
+    double worst = 0;
+    for (const auto& [key, row] : full.rows) {
+      if (std::get<2>(key) < 420) continue;
+      ++rows;
+      auto it = tail.rows.find(key);
+      ASSERT_TRUE(it != tail.rows.end()) << model << " lacks a tail row";
+      const size_t n = row.size() / 2;
+      std::vector<float> a(n), b(n);
+      dequantize_row(GgmlType::F16, row.data(), a.data(), int64_t(n));
+      dequantize_row(GgmlType::F16, it->second.data(), b.data(), int64_t(n));
+      for (size_t i = 0; i < n; ++i) {
+        same += a[i] == b[i];
+        worst = std::max(worst, double(std::fabs(a[i] - b[i])));
+      }
+      elems += n;
+    }
+    EXPECT_EQ(tail.rows.size(), rows) << model;
+    std::printf("CUDA TAIL %s: %.4f%% of %zu elements identical, max |d| %.3g\n", model.c_str(), 100.0 * double(same) / double(elems), elems, worst);
+    EXPECT_GE(double(same), 0.95 * double(elems)) << model;
+    EXPECT_LT(worst, 0.1) << model;
+  }
+}
 
 namespace {
 

@@ -268,8 +268,28 @@ void CudaEngine::check_fits(int64_t T, int64_t chunk, size_t extra) const {
                                          double(weight_bytes_) / (1 << 30)));
 }
 
+namespace {
+// The engine's K/V of positions [0, tokens) per cached layer, compact ([layer][kv head][position][head_dim]), in
+// device memory of its own; fp8 K/V with their per-row scales.
+struct CudaEngineState final : EngineState {
+  cuda::DeviceBuffer k, v, ks, vs;
+  int64_t layers = 0, nkv = 0, hd = 0, elem = 2;
+  size_t bytes() const override { return k.bytes() + v.bytes() + ks.bytes() + vs.bytes(); }
+};
+
+// [layers][heads][rows of `row_bytes`]: the first `n` rows of every (layer, head) from a buffer of `src_rows`
+// per head into one of `dst_rows` per head.
+void copy_head_rows(void* dst, int64_t dst_rows, const void* src, int64_t src_rows, int64_t layers, int64_t heads, int64_t n,
+                    int64_t row_bytes, cudaStream_t s) {
+  if (n <= 0) return;
+  PDB_CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(dst_rows * row_bytes), src, size_t(src_rows * row_bytes), size_t(n * row_bytes),
+                                   size_t(layers * heads), cudaMemcpyDeviceToDevice, s));
+}
+}  // namespace
+
 int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, const DeviceHook& hook,
-                            const std::function<bool()>& cancelled, bool full_last_layer, bool skip_attention) {
+                            const std::function<bool()>& cancelled, bool full_last_layer, bool skip_attention, ResumePoint resume,
+                            std::shared_ptr<EngineState>* keep) {
   const auto& c = cfg_;
   const int64_t T = int64_t(tokens.size()), H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
   const int64_t nh = c.num_heads, nkv = c.num_kv_heads, L = c.num_layers;
@@ -278,7 +298,10 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
   chunk = std::min(chunk, T);
   for (int32_t t : tokens)
     if (t < 0 || t >= c.vocab_size) throw std::invalid_argument(fmt::format("token id {} outside the vocabulary ({})", t, c.vocab_size));
-  if (c.mla()) return prefill_mla(tokens, chunk, hook, cancelled, full_last_layer, skip_attention);
+  if (c.mla()) {
+    if (resume.tokens > 0 || keep) throw std::invalid_argument("the deepseek2 forward does not resume from a prefix state");
+    return prefill_mla(tokens, chunk, hook, cancelled, full_last_layer, skip_attention);
+  }
   check_fits(T, chunk);
   auto& W = *w_;
   const int64_t cache_layers = full_last_layer ? L : std::max<int64_t>(L - 1, 1);
@@ -355,7 +378,48 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
   as.head_dim = int(hd);
   as.kv_capacity = cap;
   as.scale = 1.0f / std::sqrt(float(hd));
-  for (int64_t p0 = 0; p0 < T; p0 += chunk) {
+  // A cached prefix's K/V back into the cache (the cache's rows per head are `cap`, the state's its tokens).
+  const int64_t start = resume.tokens;
+  if (start > 0) {
+    const auto* st = dynamic_cast<const CudaEngineState*>(resume.state);
+    if (!st || st->layers != cache_layers || st->nkv != nkv || st->hd != hd || st->elem != elem || st->tokens < start || start > T)
+      throw std::invalid_argument("the resume state is not this engine's (layers, heads, K/V dtype)");
+    copy_head_rows(W.kcache.get(), cap, st->k.get(), st->tokens, cache_layers, nkv, start, hd * elem, s);
+    copy_head_rows(W.vcache.get(), cap, st->v.get(), st->tokens, cache_layers, nkv, start, hd * elem, s);
+    if (kv_fp8_) {
+      copy_head_rows(W.kscale.get(), cap, st->ks.get(), st->tokens, cache_layers, nkv, start, 4, s);
+      copy_head_rows(W.vscale.get(), cap, st->vs.get(), st->tokens, cache_layers, nkv, start, 4, s);
+    }
+  }
+  // The K/V of the positions processed, into device memory of their own (after the forward: nothing is kept
+  // when that memory is not there).
+  auto keep_state = [&](int64_t processed) {
+    if (!keep || processed <= 0) return;
+    try {
+      auto st = std::make_shared<CudaEngineState>();
+      st->tokens = processed;
+      st->layers = cache_layers;
+      st->nkv = nkv;
+      st->hd = hd;
+      st->elem = elem;
+      st->k.resize(size_t(cache_layers * nkv * processed * hd * elem));
+      st->v.resize(st->k.bytes());
+      copy_head_rows(st->k.get(), processed, W.kcache.get(), cap, cache_layers, nkv, processed, hd * elem, s);
+      copy_head_rows(st->v.get(), processed, W.vcache.get(), cap, cache_layers, nkv, processed, hd * elem, s);
+      if (kv_fp8_) {
+        st->ks.resize(size_t(cache_layers * nkv * processed) * 4);
+        st->vs.resize(st->ks.bytes());
+        copy_head_rows(st->ks.get(), processed, W.kscale.get(), cap, cache_layers, nkv, processed, 4, s);
+        copy_head_rows(st->vs.get(), processed, W.vscale.get(), cap, cache_layers, nkv, processed, 4, s);
+      }
+      PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+      *keep = std::move(st);
+    } catch (const std::exception& e) {
+      cudaGetLastError();
+      spdlog::warn("cuda engine: the prompt's K/V ({} tokens) not kept for the prefix cache: {}", processed, e.what());
+    }
+  };
+  for (int64_t p0 = start; p0 < T; p0 += chunk) {
     const int64_t n = std::min(chunk, T - p0);
     ra.rows = as.n_q = n;
     ra.pos0 = as.pos0 = p0;
@@ -363,7 +427,11 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
     float* h = W.h.as<float>();
     cuda::embed_rows(W.embed.as<float>(), W.tokens.as<int32_t>(), n, H, h, s);
     for (int64_t l = 0; l < L; ++l) {
-      if (cancelled && cancelled()) { PDB_CUDA_CHECK(cudaStreamSynchronize(s)); return p0; }
+      if (cancelled && cancelled()) {
+        PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+        keep_state(p0);
+        return p0;
+      }
       if (hook) hook(int(l), h, n, p0, s);
       if (l == L - 1 && !full_last_layer) break;
       auto& Lw = W.layers[size_t(l)];
@@ -410,6 +478,7 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
     }
   }
   PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+  keep_state(T);
   return T;
 }
 

@@ -17,6 +17,7 @@
 
 #include "cuda/gemm.cuh"
 #include "formats/hf_config.h"
+#include "model/engine_state.h"
 
 namespace pdb {
 
@@ -51,8 +52,14 @@ class CudaEngine {
   // leaves the attention (and fp8 K/V's expansion) out: `bench prefill`'s engine-no-attention, whose
   // difference from a normal run is the attention's own time; the layers' outputs are then not the model's.
   // `cancelled` is polled between layers. Returns tokens fully processed; synchronizes the stream.
+  // `resume`: start after the first resume.tokens positions of a state this engine kept (same full_last_layer
+  // and K/V dtype): their K/V are copied back into the engine's cache, the hook sees positions from there on.
+  // `keep`: receives the engine's K/V of every position processed, in device memory of its own (nothing kept
+  // when that memory is not available). Neither for deepseek2 (MLA).
   int64_t prefill(const std::vector<int32_t>& tokens, int64_t chunk, const DeviceHook& hook,
-                  const std::function<bool()>& cancelled = {}, bool full_last_layer = false, bool skip_attention = false);
+                  const std::function<bool()>& cancelled = {}, bool full_last_layer = false, bool skip_attention = false,
+                  ResumePoint resume = {}, std::shared_ptr<EngineState>* keep = nullptr);
+  bool resumable() const { return !cfg_.mla(); }
 
  private:
   // deepseek2 (cuda_engine_mla.cpp): MLA attention decompressed per head, dense lead layers, routed +

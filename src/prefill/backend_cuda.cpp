@@ -82,9 +82,10 @@ class CudaBackend final : public PrefillBackend {
   std::string weights() const override { return engine_.weights_note(); }
   void check_fits(int64_t tokens, int64_t chunk) const override { engine_.check_fits(tokens, std::min(chunk, max_chunk_)); }
   CudaEngine& engine() { return engine_; }
+  bool resumable() const override { return engine_.resumable(); }
 
   int64_t capture(const std::vector<int32_t>& tokens, int64_t chunk, const CacheSpec& spec, const KvSink& sink,
-                  const std::function<bool()>& stop, CaptureReuse*) override {
+                  const std::function<bool()>& stop, CaptureReuse* reuse) override {
     std::lock_guard<std::mutex> one_at_a_time(capture_mu_);  // the slots and the engine's K/V are per capture
     chunk = std::min(chunk <= 0 ? max_chunk_ : chunk, max_chunk_);
     const auto& info = recipe_->info();
@@ -202,7 +203,9 @@ class CudaBackend final : public PrefillBackend {
       job = start_embedding(chunk_pos0 + chunk_rows, buf ^ 1);
       emit(0, embed_dev_.as<float>(), chunk_rows, chunk_pos0, st);
     };
-    job = start_embedding(0, 0);
+    const bool resume = reuse && resumable();
+    const ResumePoint from = resume ? ResumePoint{reuse->resume_state.get(), reuse->resume_tokens} : ResumePoint{};
+    job = start_embedding(from.tokens, 0);
     // Layer 0's rows of the chunk in flight not yet out. They go out at the first later hook that finds
     // the helper's embedding rows ready, at the latest at the last layer's (whose rows mark the chunk
     // complete), so the GPU does not wait on the host: for the first chunk there was no chunk ahead to
@@ -233,7 +236,7 @@ class CudaBackend final : public PrefillBackend {
             }
             if (layer > 0) emit(layer, d_h, rows, pos0, st);
           },
-          [&] { return stopped.load() || (stop && stop()); });
+          [&] { return stopped.load() || (stop && stop()); }, false, false, from, resume ? &reuse->kept : nullptr);
     } catch (...) {
       engine_error = std::current_exception();
     }

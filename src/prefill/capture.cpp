@@ -39,6 +39,16 @@ CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& r
     reuse.resume_state = std::move(hit.state);
     reuse.resume_tokens = hit.tokens;
   }
+  if (keeps && cache->stats().entries > 0) {
+    // The cached prefixes (in the GPU's memory) may be what leaves this prompt no room: it is worth more.
+    try {
+      backend.check_fits(T, chunk);
+    } catch (const std::exception&) {
+      cache->clear();
+      reuse.resume_state.reset();
+      reuse.resume_tokens = 0;
+    }
+  }
   res.tail_from = send_from;
   res.prefix_reused = reuse.resume_tokens;
   std::atomic<bool> aborted{false}, sealed{false};  // the sink may run on a backend's delivery thread
