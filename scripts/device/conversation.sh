@@ -24,8 +24,11 @@ front() {  # front [extra args]: a front door on 8400 for one session
   up localhost:8400/health $F || { echo "conversation: the front door did not come up"; return 1; }
   while ! grep -q "layout learned at startup\|startup layout probe" $R/conv_front_$#.log; do sleep 0.5; done
 }
-front && python3 $DEV/conversation.py http://127.0.0.1:8400 tail $TURNS $TAIL $RANDOM$RANDOM $VOCAB $OUT; kill $F; wait $F 2>/dev/null
-front --no-tail && python3 $DEV/conversation.py http://127.0.0.1:8400 whole $TURNS $TAIL $RANDOM$RANDOM $VOCAB $OUT; kill $F; wait $F 2>/dev/null
+# MODES: the sessions to run (tail: the default front door; whole: --no-tail)
+for mode in ${MODES:-tail whole}; do
+  if [ $mode = tail ]; then front; else front --no-tail; fi && python3 $DEV/conversation.py http://127.0.0.1:8400 $mode $TURNS $TAIL $RANDOM$RANDOM $VOCAB $OUT
+  kill $F; wait $F 2>/dev/null
+done
 curl -s localhost:8490/metrics | grep -E "^pdbridge_prefill_(prefix|computed|tail|wire)" > $R/conv_prefill_metrics.txt
 # the decoder's own prompt rate, a cold 2,048-token prompt of fresh tokens
 python3 - $VOCAB > $R/conv_native.json <<'PY'

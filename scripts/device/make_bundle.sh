@@ -22,5 +22,5 @@ done
 tar -C "$b" -cJf .dev/bundle.tar.xz .
 tar -C build/llama/src --exclude=./.git --exclude='./models/*' --exclude=docs --exclude=media --exclude='*.png' --exclude='*.jpg' -cJf .dev/llama-src.tar.xz .
 [ -f ../shared/peers/torch_prefill_peer.py ] && cp ../shared/peers/torch_prefill_peer.py .dev/ || true
-cp scripts/device/env.sh scripts/device/pipeline.sh scripts/device/drive.sh scripts/device/scale.sh scripts/device/pace.sh scripts/device/million8b.sh scripts/device/gpu_decoder.sh scripts/device/torch_qwen3_peer.py scripts/device/torch_moe_peer.py scripts/device/torch_peer_timing.py scripts/device/moe_stack.sh scripts/device/convert_compare.py scripts/device/dsv4_real.sh scripts/device/dsv4_gpu.sh scripts/device/conversation.sh scripts/device/conversation.py scripts/train/train_needle.py .dev/
+cp scripts/device/env.sh scripts/device/pipeline.sh scripts/device/drive.sh scripts/device/scale.sh scripts/device/pace.sh scripts/device/million8b.sh scripts/device/gpu_decoder.sh scripts/device/torch_qwen3_peer.py scripts/device/torch_moe_peer.py scripts/device/torch_peer_timing.py scripts/device/moe_stack.sh scripts/device/convert_compare.py scripts/device/dsv4_real.sh scripts/device/dsv4_gpu.sh scripts/device/conversation.sh scripts/device/conversation.py scripts/device/conv_job.sh scripts/device/conv_drive.sh scripts/train/train_needle.py .dev/
 du -sh .dev

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "common/parallel.h"
+
 namespace pdb {
 using json = nlohmann::json;
 
@@ -73,8 +75,12 @@ void CaptureAssembler::copy_prefix(const ParsedState& held) {
   for (int64_t p = 0; p < P; ++p)
     if (cell[size_t(p)] < 0) throw std::runtime_error(fmt::format("the slot's saved state lacks position {} of its first {}", p, P));
   constexpr int64_t kBatch = 4096;
+  // Layers in parallel: one thread moves ~2 GB/s, and a long conversation's prefix is many GB (the 8B shape at 80K
+  // tokens: 10 GB), copied while the prefill server computes the tail.
+  const int threads = int(std::min<int64_t>(int64_t(H.n_layer()), std::max(1, std::min(8, default_threads()))));
+  parallel_for(int64_t(H.n_layer()), threads, [&](int64_t lb, int64_t le) {
   std::vector<uint8_t> buf;
-  for (uint32_t l = 0; l < H.n_layer(); ++l) {
+  for (uint32_t l = uint32_t(lb); l < uint32_t(le); ++l) {
     const auto& L = H.layers[l];
     for (int64_t p = 0; p < P;) {
       // a run of positions in consecutive cells: rows straight from the mapped file
@@ -97,6 +103,7 @@ void CaptureAssembler::copy_prefix(const ParsedState& held) {
       p = e;
     }
   }
+  });
 }
 
 bool CaptureAssembler::partial() const { return trailer_ && trailer_->value("status", "") == "partial"; }

@@ -1,7 +1,7 @@
 // The prefill engine's CPU backend: a chunked causal forward for llama, qwen3, qwen3moe and deepseek2 (MLA,
 // model/cpu_engine_mla.cpp) HF checkpoints
 // (f32/f16/bf16, block-FP8 dequantized on load) with its own numerics (OpenBLAS GEMMs, f32
-// attention). No prefix caching: every request computes every token. The only output the bridge
+// attention). A forward may resume after a prefix whose K/V it kept (CpuEngineState: the prefill server's prefix cache). The only output the bridge
 // needs is the per-layer hook: the residual stream entering each layer, per chunk.
 #pragma once
 #include <cstdint>

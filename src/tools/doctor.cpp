@@ -154,19 +154,31 @@ int run_doctor(const DoctorOptions& in) {
       }
     }
   }
-  // 2. prefill: reachable, same fingerprint, config.json agrees with the GGUF, memory headroom
-  if (!o.prefill_url.empty()) {
-    auto ph = get_json(o.prefill_url, "/health", "", &err);
-    if (!ph) rep.fail("prefill server", o.prefill_url + " unreachable: " + err, "start `pdbridge prefill --model ... --recipe <decoder GGUF>`");
+  // 2. prefill: every server the front door names (--prefill A,B): reachable, same fingerprint, config.json agrees
+  // with the GGUF, memory headroom
+  std::vector<std::string> prefill_urls;
+  for (size_t a = 0; a <= o.prefill_url.size();) {
+    size_t e = o.prefill_url.find(',', a);
+    if (e == std::string::npos) e = o.prefill_url.size();
+    if (e > a) prefill_urls.push_back(o.prefill_url.substr(a, e - a));
+    a = e + 1;
+  }
+  for (const std::string& url : prefill_urls) {
+    auto ph = get_json(url, "/health", "", &err);
+    if (!ph) rep.fail("prefill server", url + " unreachable: " + err, "start `pdbridge prefill --model ... --recipe <decoder GGUF>`");
     else {
-      rep.ok("prefill server", fmt::format("{} answers ({})", o.prefill_url, ph->value("device", "?")));
+      const json pc = ph->value("prefix_cache", json::object());
+      rep.ok("prefill server", fmt::format("{} answers ({}; prefix cache {})", url, ph->value("device", "?"),
+                                           pc.value("enabled", false) ? fmt::format("{:.2f} of {:.2f} GiB, {} entries", pc.value("bytes", 0.0) / (1 << 30),
+                                                                                    pc.value("max_bytes", 0.0) / (1 << 30), pc.value("entries", 0))
+                                                                      : std::string("off")));
       const std::string pf = ph->value("fingerprint", "");
       if (pf != fingerprint) {
         std::string diff;
         const json mine = recipe_geometry(info), theirs = ph->value("geometry", json::object());
         for (auto& [k, v] : mine.items())
           if (!theirs.contains(k) || theirs[k] != v) diff += fmt::format(" {}: decoder {} vs prefill {};", k, v.dump(), theirs.contains(k) ? theirs[k].dump() : "?");
-        rep.fail("fingerprints", fmt::format("prefill recipe {} != decoder {}:{}", pf, fingerprint, diff),
+        rep.fail("fingerprints", fmt::format("{}: prefill recipe {} != decoder {}:{}", url, pf, fingerprint, diff),
                  "start the prefill server with --recipe <the exact GGUF the decoder runs>");
       } else rep.ok("fingerprints", "prefill recipe and decoder agree (" + fingerprint + ")");
       for (const auto& m : ph->value("config_mismatches", json::array()))
