@@ -289,7 +289,7 @@ void copy_head_rows(void* dst, int64_t dst_rows, const void* src, int64_t src_ro
 
 int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, const DeviceHook& hook,
                             const std::function<bool()>& cancelled, bool full_last_layer, bool skip_attention, ResumePoint resume,
-                            std::shared_ptr<EngineState>* keep) {
+                            std::shared_ptr<EngineState>* keep, size_t keep_max_bytes) {
   const auto& c = cfg_;
   const int64_t T = int64_t(tokens.size()), H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
   const int64_t nh = c.num_heads, nkv = c.num_kv_heads, L = c.num_layers;
@@ -395,6 +395,8 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
   // when that memory is not there).
   auto keep_state = [&](int64_t processed) {
     if (!keep || processed <= 0) return;
+    // a state the prefix cache would refuse is not copied at all (a 1M-token prompt's K/V is tens of GB)
+    if (size_t(cache_layers * nkv * processed) * size_t(hd * elem + (kv_fp8_ ? 4 : 0)) * 2 > keep_max_bytes) return;
     try {
       auto st = std::make_shared<CudaEngineState>();
       st->tokens = processed;

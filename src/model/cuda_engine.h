@@ -58,7 +58,7 @@ class CudaEngine {
   // when that memory is not available). Neither for deepseek2 (MLA).
   int64_t prefill(const std::vector<int32_t>& tokens, int64_t chunk, const DeviceHook& hook,
                   const std::function<bool()>& cancelled = {}, bool full_last_layer = false, bool skip_attention = false,
-                  ResumePoint resume = {}, std::shared_ptr<EngineState>* keep = nullptr);
+                  ResumePoint resume = {}, std::shared_ptr<EngineState>* keep = nullptr, size_t keep_max_bytes = SIZE_MAX);
   bool resumable() const { return !cfg_.mla(); }
 
  private:

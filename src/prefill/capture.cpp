@@ -49,6 +49,7 @@ CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& r
       reuse.resume_tokens = 0;
     }
   }
+  if (cache) reuse.keep_max_bytes = cache->stats().max_bytes;
   res.tail_from = send_from;
   res.prefix_reused = reuse.resume_tokens;
   std::atomic<bool> aborted{false}, sealed{false};  // the sink may run on a backend's delivery thread
