@@ -32,13 +32,20 @@ CaptureAssembler::CaptureAssembler(const std::string& path, const StateLayout& l
   if (tail_from < 0 || tail_from >= T_) throw std::invalid_argument(fmt::format("tail from {} of a {}-token prompt", tail_from, T_));
 }
 
-int64_t usable_held_prefix(const ParsedState& held, const StateLayout& layout, const std::vector<int32_t>& prompt) {
-  const StateLayout& H = held.layout;
-  if (H.n_layer() != layout.n_layer() || H.v_trans != layout.v_trans || H.has_v() != layout.has_v()) return 0;
+namespace {
+// Whether a slot's saved state holds rows exactly as the decoder's probe did (the new file's layout).
+bool same_rows(const StateLayout& H, const StateLayout& layout) {
+  if (H.n_layer() != layout.n_layer() || H.v_trans != layout.v_trans || H.has_v() != layout.has_v()) return false;
   for (uint32_t l = 0; l < H.n_layer(); ++l) {
     const auto &a = H.layers[l], &b = layout.layers[l];
-    if (a.k_type != b.k_type || a.k_row_bytes != b.k_row_bytes || a.v_type != b.v_type || a.v_row_bytes != b.v_row_bytes) return 0;
+    if (a.k_type != b.k_type || a.k_row_bytes != b.k_row_bytes || a.v_type != b.v_type || a.v_row_bytes != b.v_row_bytes) return false;
   }
+  return true;
+}
+}  // namespace
+
+int64_t usable_held_prefix(const ParsedState& held, const StateLayout& layout, const std::vector<int32_t>& prompt) {
+  if (!same_rows(held.layout, layout)) return 0;
   int64_t P = 0;
   const int64_t n = std::min<int64_t>(int64_t(held.tokens.size()), int64_t(prompt.size()) - 1);
   while (P < n && held.tokens[size_t(P)] == prompt[size_t(P)]) ++P;
@@ -54,13 +61,8 @@ void CaptureAssembler::copy_prefix(const ParsedState& held) {
   const int64_t P = tail_from_;
   if (P == 0) return;
   const StateLayout& H = held.layout;
-  if (H.n_layer() != layout_.n_layer() || H.v_trans != layout_.v_trans || H.has_v() != layout_.has_v())
+  if (!same_rows(H, layout_))
     throw std::runtime_error("the slot's saved state has another layout than the decoder's probe (" + H.describe() + ")");
-  for (uint32_t l = 0; l < H.n_layer(); ++l) {
-    const auto &a = H.layers[l], &b = layout_.layers[l];
-    if (a.k_type != b.k_type || a.k_row_bytes != b.k_row_bytes || a.v_type != b.v_type || a.v_row_bytes != b.v_row_bytes)
-      throw std::runtime_error(fmt::format("the slot's saved state: layer {} has other cache rows than the decoder's probe", l));
-  }
   if (int64_t(held.tokens.size()) < P || !std::equal(held.tokens.begin(), held.tokens.begin() + P, tokens_.begin()))
     throw std::runtime_error("the slot's saved state holds other tokens than the prompt's first " + std::to_string(P));
   // The cell holding each position: in a slot's own state usually cell p, but the file says.

@@ -12,6 +12,20 @@
 namespace pdb {
 using json = nlohmann::json;
 
+std::vector<std::string> split_url_list(const std::string& list) {
+  std::vector<std::string> out;
+  for (size_t a = 0; a <= list.size();) {
+    size_t b = list.find(',', a);
+    if (b == std::string::npos) b = list.size();
+    std::string url = list.substr(a, b - a);
+    while (!url.empty() && url.back() == ' ') url.pop_back();
+    while (!url.empty() && url.front() == ' ') url.erase(url.begin());
+    if (!url.empty()) out.push_back(std::move(url));
+    a = b + 1;
+  }
+  return out;
+}
+
 HttpTarget parse_http_url(const std::string& url) {
   std::string u = url;
   if (u.rfind("http://", 0) == 0) u = u.substr(7);

@@ -14,6 +14,8 @@ namespace pdb {
 
 struct HttpTarget { std::string host; int port = 0; };
 HttpTarget parse_http_url(const std::string& url);  // http://host:port
+// "URL[,URL...]" (the front door's --prefill): the URLs, trimmed, empty ones left out.
+std::vector<std::string> split_url_list(const std::string& list);
 
 class DecoderClient {
  public:

@@ -177,18 +177,10 @@ struct Verdict {
 class Front {
  public:
   explicit Front(const FrontOptions& o) : o_(o), dec_(o.decoder_url) {
-    for (size_t a = 0; a <= o.prefill_url.size();) {
-      size_t b = o.prefill_url.find(',', a);
-      if (b == std::string::npos) b = o.prefill_url.size();
-      std::string url = o.prefill_url.substr(a, b - a);
-      while (!url.empty() && url.back() == ' ') url.pop_back();
-      while (!url.empty() && url.front() == ' ') url.erase(url.begin());
-      if (!url.empty()) {
-        for (const auto& p : prefills_)
-          if (p.url == url) throw std::invalid_argument("--prefill names " + url + " twice");
-        prefills_.push_back({url, parse_http_url(url)});
-      }
-      a = b + 1;
+    for (const std::string& url : split_url_list(o.prefill_url)) {
+      for (const auto& p : prefills_)
+        if (p.url == url) throw std::invalid_argument("--prefill names " + url + " twice");
+      prefills_.push_back({url, parse_http_url(url)});
     }
     if (prefills_.empty()) throw std::invalid_argument("--prefill needs at least one URL");
     auto g = GgufFile::open(o.decoder_gguf);
@@ -552,20 +544,9 @@ std::vector<size_t> Front::prefill_order(int slot, bool tail) {
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   if (prefills_.size() == 1) return order;
   std::vector<double> load(prefills_.size(), 1e18);
-  std::vector<std::thread> probes;
+  const json health = prefill_health();
   for (size_t i = 0; i < prefills_.size(); ++i)
-    probes.emplace_back([&, i] {
-      httplib::Client c(prefills_[i].target.host, prefills_[i].target.port);
-      c.set_connection_timeout(1, 0);
-      c.set_read_timeout(2, 0);
-      if (auto r = c.Get("/health"); r && r->status == 200) {
-        try {
-          const json j = json::parse(r->body);
-          load[i] = j.value("active", 0.0) + j.value("queue", 0.0);
-        } catch (...) {}
-      }
-    });
-  for (auto& t : probes) t.join();
+    if (health[i].value("ok", false)) load[i] = health[i].value("active", 0.0) + health[i].value("queue", 0.0);
   std::string affine;
   if (tail) {
     std::lock_guard<std::mutex> l(affinity_m_);

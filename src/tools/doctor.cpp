@@ -156,14 +156,7 @@ int run_doctor(const DoctorOptions& in) {
   }
   // 2. prefill: every server the front door names (--prefill A,B): reachable, same fingerprint, config.json agrees
   // with the GGUF, memory headroom
-  std::vector<std::string> prefill_urls;
-  for (size_t a = 0; a <= o.prefill_url.size();) {
-    size_t e = o.prefill_url.find(',', a);
-    if (e == std::string::npos) e = o.prefill_url.size();
-    if (e > a) prefill_urls.push_back(o.prefill_url.substr(a, e - a));
-    a = e + 1;
-  }
-  for (const std::string& url : prefill_urls) {
+  for (const std::string& url : split_url_list(o.prefill_url)) {
     auto ph = get_json(url, "/health", "", &err);
     if (!ph) rep.fail("prefill server", url + " unreachable: " + err, "start `pdbridge prefill --model ... --recipe <decoder GGUF>`");
     else {
