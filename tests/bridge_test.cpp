@@ -16,7 +16,6 @@ using json = nlohmann::json;
 
 namespace {
 
-using test::files_in;
 
 json completion_body(const std::string& prompt) { return {{"prompt", prompt}, {"n_predict", 24}, {"temperature", 0}}; }
 
@@ -57,7 +56,7 @@ TEST_P(BridgeEndToEnd, BridgedCompletionEqualsNativeWithARealCacheHit) {
   EXPECT_EQ(v["cached_tokens"].get<int64_t>(), timings["cache_n"].get<int64_t>());
   EXPECT_GT(v["bytes"].get<int64_t>(), 0);
   EXPECT_EQ(r.json()["content"].get<std::string>(), native_content(st, prompt));
-  EXPECT_EQ(files_in(st.slot_dir), 0u) << "state files left in the slot directory";
+  EXPECT_EQ(st.stray_state_files(), 0u) << "state files left in the slot directory";
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, BridgeEndToEnd,
@@ -90,7 +89,7 @@ TEST(BridgeVerdicts, ShortWarmAndQuantizedCache) {
   EXPECT_GE(r.verdict()["cached_tokens"].get<int64_t>(), r.verdict()["tokens"].get<int64_t>() - 1);
   EXPECT_EQ(r.json()["content"].get<std::string>(), bridged);
   EXPECT_EQ(bridged, native_content(st, prompt));
-  EXPECT_EQ(files_in(st.slot_dir), 0u);
+  EXPECT_EQ(st.stray_state_files(), 0u);
 }
 
 // The front door learns the decoder's state layout and calibrates layer 0 as it starts, so the first
@@ -117,7 +116,7 @@ TEST(FrontDoor, LearnsTheDecoderLayoutBeforeTheFirstRequest) {
   const auto v = r.verdict();
   EXPECT_EQ(v.value("verdict", ""), "complete") << v.dump() << st.logs();
   EXPECT_LT(v["t_probe_s"].get<double>(), 0.05) << "the first request probed again: " << v.dump();
-  EXPECT_EQ(files_in(st.slot_dir), 0u);
+  EXPECT_EQ(st.stray_state_files(), 0u);
 }
 
 TEST(BridgeVerdicts, PrefillDownIsDeclinedAndServedNatively) {
@@ -133,7 +132,7 @@ TEST(BridgeVerdicts, PrefillDownIsDeclinedAndServedNatively) {
   EXPECT_EQ(v["bridged_tokens"].get<int64_t>(), 0);
   EXPECT_LT(r.json()["timings"]["cache_n"].get<int64_t>(), 10) << "nothing may have been mounted";
   EXPECT_EQ(r.json()["content"].get<std::string>(), native_content(st, prompt));
-  EXPECT_EQ(files_in(st.slot_dir), 0u);
+  EXPECT_EQ(st.stray_state_files(), 0u);
 }
 
 TEST(BridgeVerdicts, WrongRecipeIsDeclinedNeverMounted) {
@@ -150,7 +149,7 @@ TEST(BridgeVerdicts, WrongRecipeIsDeclinedNeverMounted) {
   EXPECT_NE(v.value("verdict", "").find("fingerprint"), std::string::npos) << v.dump();
   EXPECT_LT(r.json()["timings"]["cache_n"].get<int64_t>(), 10);
   EXPECT_EQ(r.json()["content"].get<std::string>(), native_content(st, prompt));
-  EXPECT_EQ(files_in(st.slot_dir), 0u);
+  EXPECT_EQ(st.stray_state_files(), 0u);
 }
 
 TEST(FrontDoor, MalformedRequestsGet4xxAndTheServerKeepsServing) {
@@ -215,7 +214,7 @@ TEST(FrontDoor, StreamsServerSentEventsAsTheyArrive) {
   EXPECT_GT(pieces.size(), 3u) << "the body arrived in one piece: not streamed";
   EXPECT_NE(all.find("data: "), std::string::npos);
   EXPECT_NE(all.find("[DONE]"), std::string::npos);
-  EXPECT_EQ(files_in(st.slot_dir), 0u);
+  EXPECT_EQ(st.stray_state_files(), 0u);
 }
 
 TEST(FrontDoor, OfficialOpenAiClientStreamsThroughTheBridge) {

@@ -270,9 +270,10 @@ TEST(ConversationBridge, SixTurnsBridgeOnlyTheirTailsAndAnswerAsNative) {
     } else {
       // the slot held the previous turn's prompt and the answer it generated (all but the last answer token,
       // which it sampled but never evaluated): the capture is the rest only
+      // (from the front door's own file of the previous turn: its T tokens; the answer is computed with the tail)
       const int64_t P = t.verdict.value("tail_from", int64_t(-1));
-      EXPECT_GE(P, prev_T) << t.verdict.dump();
-      EXPECT_LT(P, prev_T + 6) << t.verdict.dump();
+      EXPECT_EQ(P, prev_T) << t.verdict.dump();
+      EXPECT_EQ(t.verdict.value("held_from", ""), "kept") << t.verdict.dump();
       EXPECT_EQ(t.verdict.value("bridged_tokens", -1), t.T - P);
       held_total += P;
       // the prefill server resumed after the previous prompt (its cache) and computed only past it
@@ -293,20 +294,28 @@ TEST(ConversationBridge, SixTurnsBridgeOnlyTheirTailsAndAnswerAsNative) {
   const std::string fm = http_get(st.front_port, "/metrics");
   EXPECT_EQ(metric(fm, "pdbridge_front_tail_bridges_total"), 5);
   EXPECT_EQ(metric(fm, "pdbridge_front_held_tokens_total"), double(held_total));
-  EXPECT_EQ(test::files_in(st.slot_dir), 0u) << "state files left in the slot directory";
+  EXPECT_EQ(metric(fm, "pdbridge_front_tail_prefix_source_total{source=\"kept\"}"), 5) << fm;
+  EXPECT_EQ(metric(fm, "pdbridge_front_tail_prefix_source_total{source=\"slot\"}"), 0) << fm;
+  EXPECT_EQ(st.stray_state_files(), 0u) << "state files left in the slot directory";
+  EXPECT_EQ(st.kept_state_files(), 1u) << "each turn's file supersedes the one before";
 }
 
 TEST(ConversationBridge, EvictionARestartedServerAndAnEditedMessageStayCorrect) {
   auto so = conversation_stack();
   so.prefill_extra = {"--prefix-cache-gb", "0.00001"};  // ~10 KB: every prompt's state is refused
+  so.front_extra = {"--keep-states-gb", "0"};           // the prefix from the slot's own saved state
   test::Stack st(so);
   test::Stack ref(reference_stack());
   Conversation conv(st, ref, 5200);
   auto t = conv.next();
   EXPECT_EQ(t.verdict.value("verdict", ""), "complete") << t.verdict.dump();
+  const int64_t first_T = t.T;
   t = conv.next();  // nothing cached: the server computes everything, sends the tail
   EXPECT_EQ(t.verdict.value("verdict", ""), "complete") << t.verdict.dump();
-  EXPECT_GT(t.verdict.value("tail_from", int64_t(0)), 0);
+  EXPECT_EQ(t.verdict.value("held_from", ""), "slot") << t.verdict.dump();
+  // the slot also holds the answer the decoder generated (all but its last token, sampled but not evaluated)
+  EXPECT_GE(t.verdict.value("tail_from", int64_t(0)), first_T);
+  EXPECT_LT(t.verdict.value("tail_from", int64_t(0)), first_T + 6);
   EXPECT_EQ(t.verdict.value("prefill_reused_tokens", -1), 0);
   EXPECT_EQ(t.verdict.value("prefill_computed_tokens", -1), t.T);
   EXPECT_EQ(t.timings.value("cache_n", -1), t.T - 1);
@@ -323,6 +332,8 @@ TEST(ConversationBridge, EvictionARestartedServerAndAnEditedMessageStayCorrect) 
   EXPECT_LE(t.verdict.value("tail_from", int64_t(0)), 40) << t.verdict.dump();
   EXPECT_GE(t.verdict.value("bridged_tokens", int64_t(0)), t.T - 40);
   EXPECT_EQ(t.timings.value("cache_n", -1), t.T - 1);
+  EXPECT_EQ(st.stray_state_files(), 0u);
+  EXPECT_EQ(st.kept_state_files(), 0u);
   EXPECT_EQ(test::files_in(st.slot_dir), 0u);
 }
 
@@ -359,6 +370,31 @@ TEST(ConversationBridge, TwoPrefillServersOneKilledMidConversation) {
   t = conv.next();  // and the conversation goes on there, now from its cache
   EXPECT_EQ(t.verdict.value("verdict", ""), "complete") << t.verdict.dump();
   EXPECT_GT(t.verdict.value("prefill_reused_tokens", int64_t(0)), 0) << t.verdict.dump();
+}
+
+TEST(ConversationBridge, ThreeConversationsOnTwoSlotsEachBridgeOnlyTheirTails) {
+  // More conversations than slots: a conversation's slot goes to another one between its turns. Its next turn
+  // still bridges only the tail, from the front door's kept file of its previous turn.
+  test::Stack st(conversation_stack());
+  test::Stack ref(reference_stack());
+  std::vector<Conversation> convs;
+  convs.reserve(3);
+  for (uint64_t c = 0; c < 3; ++c) convs.emplace_back(st, ref, 7100 + 100 * c);
+  std::vector<int64_t> prev_T(3, 0);
+  for (int round = 0; round < 2; ++round)
+    for (size_t c = 0; c < 3; ++c) {
+      const auto t = convs[c].next(500);
+      EXPECT_EQ(t.verdict.value("verdict", ""), "complete") << t.verdict.dump() << st.logs();
+      EXPECT_EQ(t.timings.value("cache_n", -1), t.T - 1) << t.timings.dump();
+      if (round == 1) {
+        EXPECT_EQ(t.verdict.value("tail_from", int64_t(-1)), prev_T[c]) << "conversation " << c << ": " << t.verdict.dump();
+        EXPECT_EQ(t.verdict.value("held_from", ""), "kept") << t.verdict.dump();
+        EXPECT_EQ(t.verdict.value("prefill_reused_tokens", int64_t(-1)), prev_T[c]) << t.verdict.dump();
+      }
+      prev_T[c] = t.T;
+    }
+  EXPECT_EQ(st.kept_state_files(), 3u);
+  EXPECT_EQ(st.stray_state_files(), 0u);
 }
 
 }  // namespace pdb

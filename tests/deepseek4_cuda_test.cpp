@@ -186,7 +186,7 @@ TEST(Deepseek4CudaBridge, CompleteWithTheGpuPrefillAndAnswersAsNative) {
                   k.model.c_str(), k.decoder.c_str(), k.cache.c_str(), T_want, v["verdict"].get<std::string>().c_str(),
                   (long long)r.json()["timings"]["cache_n"].get<int64_t>(), first_b == first_n ? "equal" : "differs", shared, kl, agree, gn.size());
     }
-    EXPECT_EQ(test::files_in(st.slot_dir), 0u);
+    EXPECT_EQ(st.stray_state_files(), 0u);
   }
 }
 

@@ -395,7 +395,7 @@ TEST(Deepseek4Bridge, CompleteThroughPrefillServerAndFrontDoorAnswersAsNative) {
                   (long long)r.json()["timings"]["cache_n"].get<int64_t>(), (long long)v["bytes"].get<int64_t>(),
                   v["fidelity"]["class"].get<std::string>().c_str(), agree, native_ids.size());
     }
-    EXPECT_EQ(test::files_in(st.slot_dir), 0u);
+    EXPECT_EQ(st.stray_state_files(), 0u);
   }
 }
 
@@ -910,7 +910,7 @@ TEST(Deepseek4Bridge, DeclinesWithTheReasonAndServesNatively) {
     auto n = st.post_decoder("/completion", body);
     ASSERT_EQ(n.status, 200) << n.body;
     EXPECT_EQ(r.json()["tokens"], n.json()["tokens"]) << c.name << ": the native answer";
-    EXPECT_EQ(test::files_in(st.slot_dir), 0u) << c.name;
+    EXPECT_EQ(st.stray_state_files(), 0u) << c.name;
     std::printf("DSV4 DECLINE %s: %s\n", c.name.c_str(), v.c_str());
   }
 }

@@ -27,7 +27,6 @@ using json = nlohmann::json;
 
 namespace {
 
-using test::files_in;
 json body(const std::string& prompt, int n = 16) { return {{"prompt", prompt}, {"n_predict", n}, {"temperature", 0}}; }
 std::string native(test::Stack& st, const std::string& prompt, int slot = 0) {
   auto b = body(prompt);
@@ -275,7 +274,7 @@ TEST(Hardening, PrefillKilledMidCaptureIsServedCorrectly) {
     if (v == "complete") { ++complete; EXPECT_GE(r.json()["timings"]["cache_n"].get<int64_t>(), r.verdict()["tokens"].get<int64_t>() - 1); }
     else { ++declined; EXPECT_EQ(v.rfind("declined: ", 0), 0u) << v; }
     EXPECT_EQ(r.json()["content"].get<std::string>(), want) << "trial " << trial << " verdict " << v;
-    EXPECT_EQ(files_in(st.slot_dir), 0u);
+    EXPECT_EQ(st.stray_state_files(), 0u);
     st.start_prefill();
   }
   std::printf("prefill killed mid-capture: %d trials, %d complete before the kill, %d declined, all answers correct unless reported above\n",
@@ -293,7 +292,7 @@ TEST(Hardening, CaptureSlowerThanTheTimeoutIsDeclined) {
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.verdict().value("verdict", "").rfind("declined: ", 0), 0u) << r.verdict().dump();
   EXPECT_EQ(r.json()["content"].get<std::string>(), native(st, prompt));
-  EXPECT_EQ(files_in(st.slot_dir), 0u);
+  EXPECT_EQ(st.stray_state_files(), 0u);
 }
 
 TEST(Hardening, SlotDirectoryFullIsDeclinedAndLeavesNothing) {
@@ -309,7 +308,7 @@ TEST(Hardening, SlotDirectoryFullIsDeclinedAndLeavesNothing) {
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.verdict().value("verdict", "").rfind("declined: ", 0), 0u) << r.verdict().dump();
   EXPECT_EQ(r.json()["content"].get<std::string>(), native(st, prompt));
-  EXPECT_EQ(files_in(st.slot_dir), 0u);
+  EXPECT_EQ(st.stray_state_files(), 0u);
 }
 
 TEST(Hardening, DecoderRestartedMidRequestStillAnswersCorrectly) {
@@ -328,7 +327,7 @@ TEST(Hardening, DecoderRestartedMidRequestStillAnswersCorrectly) {
   if (v == "complete") EXPECT_GE(r.json()["timings"]["cache_n"].get<int64_t>(), r.verdict()["tokens"].get<int64_t>() - 1);
   else EXPECT_EQ(v.rfind("declined: ", 0), 0u) << v;
   EXPECT_EQ(r.json()["content"].get<std::string>(), want) << v;
-  EXPECT_EQ(files_in(st.slot_dir), 0u);
+  EXPECT_EQ(st.stray_state_files(), 0u);
 }
 
 TEST(Hardening, EveryFrameCorruptionIsDetected) {
@@ -460,7 +459,7 @@ TEST(Hardening, SixteenConcurrentMixedRequestsOnFourSlots) {
   for (auto& [v, n] : verdicts) std::printf(" %s=%d", v.c_str(), n);
   std::printf("\n");
   EXPECT_GE(verdicts["complete"], 4);
-  EXPECT_EQ(files_in(st.slot_dir), 0u);
+  EXPECT_EQ(st.stray_state_files(), 0u);
   // bridges on different slots ran side by side, not one behind the other
   const std::string pm = get(st.prefill_port, "/metrics");
   const std::string key = "\npdbridge_prefill_peak_concurrent_captures ";

@@ -69,7 +69,7 @@ TEST_P(MoeMlaVerdicts, ShortCompleteWarmDeclinedAndPartial) {
     EXPECT_EQ(r.verdict().value("verdict", "").rfind("declined: ", 0), 0u) << r.verdict().dump();
     EXPECT_LT(r.json()["timings"]["cache_n"].get<int64_t>(), 10) << "nothing may have been mounted";
     EXPECT_EQ(r.json()["content"].get<std::string>(), native(st, other));
-    EXPECT_EQ(test::files_in(st.slot_dir), 0u);
+    EXPECT_EQ(st.stray_state_files(), 0u);
   }
   {
     test::StackOptions so;
@@ -104,7 +104,7 @@ TEST_P(MoeMlaVerdicts, ShortCompleteWarmDeclinedAndPartial) {
     EXPECT_EQ(t["cache_n"].get<int64_t>(), B) << t.dump();
     EXPECT_EQ(t["prompt_n"].get<int64_t>(), T - B) << t.dump();
     EXPECT_EQ(r.json()["content"].get<std::string>(), native(st, prompt));
-    EXPECT_EQ(test::files_in(st.slot_dir), 0u);
+    EXPECT_EQ(st.stray_state_files(), 0u);
   }
 }
 

@@ -43,7 +43,7 @@ TEST(Streaming, CaptureOverItsMemoryLimitSealsAValidPrefix) {
   EXPECT_EQ(t["cache_n"].get<int64_t>(), B) << t.dump();
   EXPECT_EQ(t["prompt_n"].get<int64_t>(), T - B) << t.dump();
   EXPECT_EQ(r.json()["content"].get<std::string>(), native(st, prompt));
-  EXPECT_EQ(test::files_in(st.slot_dir), 0u);
+  EXPECT_EQ(st.stray_state_files(), 0u);
 }
 
 TEST(Streaming, SenderPacingHoldsTheLinkRate) {

@@ -10,10 +10,17 @@ TM=$P/build/test-models; mkdir -p $TM
 # the 8B model in the background while the tests run
 ( [ -f $M/llama8b/decoder-f16.gguf ] || $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16 \
     > $R/make_llama8b.log 2>&1; echo $? > $R/make_llama8b.rc ) &
-[ "${GPU_TESTS:-1}" = 1 ] && for spec in "llama-tiny:llama:1" "qwen3moe-tiny:qwen3moe:3"; do
-  IFS=: read name arch seed <<< "$spec"
-  [ -d $TM/$name/hf ] || $PDB make-model --arch $arch --preset tiny --seed $seed --out $TM/$name --hf-dtype f32 --gguf-types f32,f16 > $R/make_$name.log 2>&1
+{ [ "${GPU_TESTS:-1}" = 1 ] || [ "${CPU_TESTS:-0}" = 1 ]; } && for spec in "llama-tiny:llama:1:f32,f16" "qwen3-tiny:qwen3:2:f32,f16,q8_0" "qwen3moe-tiny:qwen3moe:3:f32,f16"; do
+  IFS=: read name arch seed types <<< "$spec"
+  [ -d $TM/$name/hf ] || $PDB make-model --arch $arch --preset tiny --seed $seed --out $TM/$name --hf-dtype f32 --gguf-types $types > $R/make_$name.log 2>&1
 done
+# CPU_TESTS=1: the conversation tests on this box's CPU (a second ISA beside the development machine's)
+if [ "${CPU_TESTS:-0}" = 1 ]; then
+  ts "cpu tests"
+  timeout 400 $P/build/tests/integration_tests --gtest_filter='Models/TailCapture.*:ConversationBridge.*' > $R/conv_cpu_tests.log 2>&1
+  ts "rc=$?"; grep -E "^\[  |OK|FAILED|Failure" $R/conv_cpu_tests.log | head -20 | tee -a $R/conv_job.log
+  $P/build/tests/unit_tests --gtest_filter='KeptStates*:PrefixCache*' 2>&1 | tail -3 | tee -a $R/conv_job.log
+fi
 if [ "${GPU_TESTS:-1}" = 1 ]; then
   ts "gpu tests"
   timeout 240 $P/build/tests/integration_tests --gtest_filter='CudaTailCapture.*' > $R/conv_gpu_tests.log 2>&1

@@ -24,9 +24,10 @@ front() {  # front [extra args]: a front door on 8400 for one session
   up localhost:8400/health $F || { echo "conversation: the front door did not come up"; return 1; }
   while ! grep -q "layout learned at startup\|startup layout probe" $R/conv_front_$#.log; do sleep 0.5; done
 }
-# MODES: the sessions to run (tail: the default front door; whole: --no-tail)
+# MODES: the sessions to run (tail: the default front door, the prefix from its kept file of the previous turn;
+# slot: tail-only with the prefix from the decoder's saved slot, --keep-states-gb 0; whole: --no-tail)
 for mode in ${MODES:-tail whole}; do
-  if [ $mode = tail ]; then front; else front --no-tail; fi && python3 $DEV/conversation.py http://127.0.0.1:8400 $mode $TURNS $TAIL $RANDOM$RANDOM $VOCAB $OUT
+  case $mode in tail) front ;; slot) front --keep-states-gb 0 ;; *) front --no-tail ;; esac && python3 $DEV/conversation.py http://127.0.0.1:8400 $mode $TURNS $TAIL $RANDOM$RANDOM $VOCAB $OUT
   kill $F; wait $F 2>/dev/null
 done
 curl -s localhost:8490/metrics | grep -E "^pdbridge_prefill_(prefix|computed|tail|wire)" > $R/conv_prefill_metrics.txt

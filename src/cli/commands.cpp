@@ -147,6 +147,10 @@ void register_front(CLI::App& app) {
       ->required();
   cmd->add_flag("!--no-tail", o->tail_bridge,
                 "Bridge a slot's next turn whole instead of only its new tail (the A/B of tail bridging)");
+  cmd->add_option("--keep-states-gb", o->keep_states_gb,
+                  "Disk the front door keeps its bridged state files in (in --slot-dir) for conversations' next turns: a turn's prefix "
+                  "comes from its own file instead of a slot save; 0: save the slot")
+      ->capture_default_str();
   cmd->add_option("--port", o->port, "Port")->required();
   cmd->add_option("--host", o->host, "Bind address")->capture_default_str();
   cmd->add_option("--min-tokens", o->min_tokens, "Prompts shorter than this are served natively")->capture_default_str();

@@ -4,7 +4,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <filesystem>
 #include <mutex>
 #include <optional>
@@ -26,6 +25,7 @@
 #include "front/assembler.h"
 #include "front/calibration.h"
 #include "front/decoder_client.h"
+#include "front/state_store.h"
 #include "recipes/recipe.h"
 #include "wire/protocol.h"
 
@@ -37,51 +37,6 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 double secs(Clock::time_point a, Clock::time_point b = Clock::now()) { return std::chrono::duration<double>(b - a).count(); }
-
-// Unlinking a state file of many GB takes seconds (on the H200 box's tmpfs: 10.2 s for 17 GB, 11.1 s for 39 GB),
-// and the request waited for it between the restore and forwarding to the decoder. Once
-// the decoder has restored a file (or a bridge has failed), nothing reads it again: one worker removes such
-// files off the request's path. The destructor removes what is still queued before the front door exits.
-class BackgroundRemover {
- public:
-  BackgroundRemover() : worker_([this] { run(); }) {}
-  ~BackgroundRemover() {
-    {
-      std::lock_guard<std::mutex> l(m_);
-      stop_ = true;
-    }
-    cv_.notify_one();
-    worker_.join();
-  }
-  void remove(std::string path) {
-    {
-      std::lock_guard<std::mutex> l(m_);
-      queue_.push_back(std::move(path));
-    }
-    cv_.notify_one();
-  }
-
- private:
-  void run() {
-    std::unique_lock<std::mutex> l(m_);
-    for (;;) {
-      cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stop_ and nothing left
-      const std::string p = std::move(queue_.front());
-      queue_.pop_front();
-      l.unlock();
-      std::error_code ec;
-      fs::remove(p, ec);
-      if (ec) spdlog::warn("front: could not remove {}: {}", p, ec.message());
-      l.lock();
-    }
-  }
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::deque<std::string> queue_;
-  bool stop_ = false;
-  std::thread worker_;
-};
 
 void openai_error(httplib::Response& res, int status, const std::string& msg, const std::string& type = "invalid_request_error") {
   res.status = status;
@@ -147,6 +102,7 @@ struct Verdict {
   // t_hold: saving and mapping the slot's own state (a tail bridge); t_copy: copying its prefix into the new
   // file (beside the capture).
   double t_tokenize = 0, t_probe = 0, t_engine = 0, t_wire = 0, t_restore = 0, t_bridge = 0, t_hold = 0, t_copy = 0;
+  std::string held_from;  // a tail bridge's prefix: "kept" (the front door's own file of an earlier turn) or "slot" (the slot saved)
   json fidelity;  // the decoder's fidelity class and numbers, for bridged and declined requests
   // A tail bridge: the decoder's slot gave the first tail_from tokens, the capture the rest (bridged_tokens).
   std::optional<int64_t> tail_from;
@@ -161,6 +117,7 @@ struct Verdict {
     if (tail_from) {
       j["tail_from"] = *tail_from;
       j["t_hold_s"] = t_hold;
+      j["held_from"] = held_from;
       j["t_copy_s"] = t_copy;
     }
     if (!prefill_server.empty()) {
@@ -176,7 +133,7 @@ struct Verdict {
 
 class Front {
  public:
-  explicit Front(const FrontOptions& o) : o_(o), dec_(o.decoder_url) {
+  explicit Front(const FrontOptions& o) : o_(o), dec_(o.decoder_url), kept_(uint64_t(std::max(0.0, o.keep_states_gb) * double(1ull << 30)), remover_) {
     for (const std::string& url : split_url_list(o.prefill_url)) {
       for (const auto& p : prefills_)
         if (p.url == url) throw std::invalid_argument("--prefill names " + url + " twice");
@@ -189,6 +146,7 @@ class Front {
     fingerprint_ = recipe_fingerprint(info_);
     info_vocab_ = int64_t(g->get("tokenizer.ggml.tokens").arr.size());
     if (!fs::is_directory(o.slot_dir)) throw std::runtime_error("--slot-dir " + o.slot_dir + " is not a directory");
+    remove_stale_files();
     declare_metrics();
   }
 
@@ -298,6 +256,20 @@ class Front {
     std::lock_guard<std::mutex> l(layout_m_);
     layout_.reset();
     dsv4_like_.reset();
+    kept_.clear();  // computed for the decoder before its restart: its arithmetic may have changed with it
+  }
+  // A front door that was killed leaves its kept files (GBs each) in the slot dir; this one never reads them.
+  void remove_stale_files() {
+    size_t n = 0;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(o_.slot_dir, ec)) {
+      const std::string f = e.path().filename().string();
+      if (e.is_regular_file() && f.rfind("pdbridge-", 0) == 0 && f.size() > 4 && f.compare(f.size() - 4, 4, ".bin") == 0) {
+        remover_.remove(e.path().string());
+        ++n;
+      }
+    }
+    if (n) spdlog::info("front: removing {} state files an earlier front door left in {}", n, o_.slot_dir);
   }
 
   CacheSpec cache_spec_for(const StateLayout& L, int simd_width) const {
@@ -322,7 +294,8 @@ class Front {
   }
 
   // Pulls the capture for `tokens` into a state file in the slot dir and restores it into `slot`.
-  // Throws with the reason on any failure; leaves no file behind (the restored file goes to remover_).
+  // Throws with the reason on any failure; leaves no file behind (the restored file is kept for the next turn
+  // in kept_, or goes to remover_).
   // slot_cached: the tokens the front knows the slot holds of this prompt (> 0: try a tail bridge).
   void bridge(int slot, const std::vector<int32_t>& tokens, int64_t slot_cached, Verdict& v);
   std::vector<size_t> prefill_order(int slot, bool tail);
@@ -363,6 +336,7 @@ class Front {
   std::optional<CalibrationResult> fidelity_;
   int64_t info_vocab_ = 0;
   BackgroundRemover remover_;
+  KeptStates kept_;  // after remover_: a kept file's removal goes through it
   std::atomic<int64_t> slot_ctx_{0};  // tokens one decoder slot holds (0: unknown)
  public:
   Metrics metrics_;
@@ -408,12 +382,35 @@ void Front::bridge(int slot, const std::vector<int32_t>& prompt, int64_t slot_ca
   const std::string path = o_.slot_dir + "/" + name, held_path = o_.slot_dir + "/" + held_name;
   struct Cleanup { BackgroundRemover& r; std::string p; ~Cleanup() { r.remove(p); } } cleanup{remover_, path}, held_cleanup{remover_, held_path};
 
-  // A slot that holds an earlier turn of this conversation: the decoder's own state of it gives the first P
-  // tokens (its own rows, also for the tokens it generated itself), the capture only [P, T).
+  // An earlier turn of this conversation gives the first P tokens, the capture only [P, T): best the front
+  // door's own file of it (ready at once), else the slot's own state (llama-server saves the whole slot first:
+  // seconds at long context), which also holds the decoder's rows of the answer it generated.
   std::optional<ParsedState> held;
+  std::shared_ptr<const KeptStates::File> kept;
   int64_t P = 0;
-  if (!pooled_ && o_.tail_bridge && slot_cached > 0) {
-    const auto th = Clock::now();
+  const auto th = Clock::now();
+  if (!pooled_ && o_.tail_bridge && kept_.enabled()) {
+    int64_t common = 0;
+    kept = kept_.best(tokens, &common);
+    // worth it while it covers at least half of what the slot holds (the rest is computed with the tail)
+    if (kept && 2 * common >= slot_cached) {
+      try {
+        held = parse_state_file_mapped(kept->path);
+        P = usable_held_prefix(*held, L, tokens);
+      } catch (const std::exception& e) {
+        spdlog::warn("front: kept state {} gives no tail ({}): dropped", kept->path, e.what());
+        kept_.drop(kept->path);
+        held.reset();
+        P = 0;
+      }
+      if (P > 0) v.held_from = "kept";
+    }
+    if (P == 0) {
+      held.reset();
+      kept.reset();
+    }
+  }
+  if (P == 0 && !pooled_ && o_.tail_bridge && slot_cached > 0) {
     try {
       dec_.slot_action(slot, "save", held_name);
       held = parse_state_file_mapped(held_path);
@@ -424,8 +421,9 @@ void Front::bridge(int slot, const std::vector<int32_t>& prompt, int64_t slot_ca
       P = 0;
     }
     if (P == 0) held.reset();
-    v.t_hold = secs(th);
+    else v.held_from = "slot";
   }
+  if (P > 0 || slot_cached > 0) v.t_hold = secs(th);
 
   wire::PrefillRequest pr;
   pr.tokens = tokens;
@@ -515,7 +513,8 @@ void Front::bridge(int slot, const std::vector<int32_t>& prompt, int64_t slot_ca
     v.prefix_reused = tr->value("prefix_reused", int64_t(0));
     v.computed_tokens = tr->value("computed_tokens", int64_t(-1));
   }
-  held.reset();  // unmapped before the decoder's restore
+  held.reset();  // unmapped before the decoder's restore (a kept source file goes once `kept` lets go of it)
+  kept.reset();
   const auto tr = Clock::now();
   json r;
   try {
@@ -532,6 +531,15 @@ void Front::bridge(int slot, const std::vector<int32_t>& prompt, int64_t slot_ca
   }
   if (P > 0) v.tail_from = P;
   v.bridged_tokens = mounted - P;
+  // Kept for the next turn (the decoder has its own copy now); the file of a pooled state is not extended.
+  if (!pooled_ && o_.tail_bridge && kept_.enabled() && mounted > 0) {
+    std::error_code ec;
+    const uint64_t bytes = fs::file_size(path, ec);
+    if (!ec) {
+      kept_.keep(path, std::vector<int32_t>(tokens.begin(), tokens.begin() + mounted), bytes);
+      cleanup.p.clear();
+    }
+  }
   v.complete = mounted == T;
   v.t_bridge = secs(t0);
 }
@@ -620,6 +628,10 @@ void Front::declare_metrics() {
   metrics_.counter("pdbridge_front_bridged_tokens_total", "Tokens mounted from bridged captures");
   metrics_.counter("pdbridge_front_tail_bridges_total", "Bridges of a tail only (the slot held the conversation's prefix)");
   metrics_.counter("pdbridge_front_held_tokens_total", "Tokens of tail bridges taken from the slot's own state");
+  for (const char* src : {"kept", "slot"})
+    metrics_.counter("pdbridge_front_tail_prefix_source_total", "Tail bridges by where their prefix came from (kept: the front door's own file; slot: the slot saved)", {{"source", src}});
+  metrics_.gauge("pdbridge_front_kept_state_bytes", "Bytes of state files kept for conversations' next turns");
+  metrics_.gauge("pdbridge_front_kept_state_files", "State files kept for conversations' next turns");
   for (const auto& p : prefills_) {
     for (const char* oc : {"ok", "failed"})
       metrics_.counter("pdbridge_front_prefill_attempts_total", "Capture attempts per prefill server", {{"server", p.url}, {"outcome", oc}});
@@ -640,6 +652,7 @@ void Front::record(const Verdict& v, double total_s, int status) {
   if (v.tail_from && v.bridged_tokens > 0) {
     metrics_.counter("pdbridge_front_tail_bridges_total", "Bridges of a tail only (the slot held the conversation's prefix)").Increment();
     metrics_.counter("pdbridge_front_held_tokens_total", "Tokens of tail bridges taken from the slot's own state").Increment(double(*v.tail_from));
+    metrics_.counter("pdbridge_front_tail_prefix_source_total", "Tail bridges by where their prefix came from (kept: the front door's own file; slot: the slot saved)", {{"source", v.held_from}}).Increment();
   }
   metrics_.counter("pdbridge_front_wire_bytes_total", "Capture bytes received from the prefill server").Increment(double(v.bytes));
   auto stage = [&](const char* st, double x) {
@@ -841,6 +854,9 @@ void Front::serve(httplib::Server& srv) {
     auto r = c.Get("/health");
     j["decoder"] = r && r->status == 200;
     j["prefill"] = prefill_health();
+    const auto ks = kept_.stats();
+    j["kept_states"] = {{"files", ks.files}, {"bytes", ks.bytes}, {"max_bytes", ks.max_bytes}, {"kept", ks.kept},
+                        {"evictions", ks.evictions}, {"superseded", ks.superseded}, {"refused", ks.refused}};
     res.set_content(j.dump(), "application/json");
   });
   for (const char* p : {"/v1/chat/completions", "/v1/completions", "/completion"}) {
@@ -849,6 +865,9 @@ void Front::serve(httplib::Server& srv) {
   }
   srv.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     prefill_health();  // refreshes pdbridge_front_prefill_up
+    const auto ks = kept_.stats();
+    metrics_.gauge("pdbridge_front_kept_state_bytes", "Bytes of state files kept for conversations' next turns").Set(double(ks.bytes));
+    metrics_.gauge("pdbridge_front_kept_state_files", "State files kept for conversations' next turns").Set(double(ks.files));
     res.set_content(metrics_.render(), "text/plain; version=0.0.4");
   });
   srv.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) { if (check_bearer(o_.api_key, req, res)) proxy(req, res); });

@@ -19,6 +19,7 @@ struct FrontOptions {
   int64_t max_prompt_tokens = 0;  // 0: the decoder's slot context
   size_t max_body_mb = 32;
   bool tail_bridge = true;        // a slot's next turn bridges only its new tail (false: the whole prompt again)
+  double keep_states_gb = 16;     // the front door's bridged files kept for the next turns (0: save the slot instead)
   bool calibrate = true;          // verify the decoder against its GGUF (layer 0) before the first bridge  // decoder's Hadamard rotation: auto (llama.cpp's default rule) | on | off
 };
 

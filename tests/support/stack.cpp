@@ -104,6 +104,30 @@ void Stack::restart_decoder(bool wait_healthy) {
   if (wait_healthy && !wait_http_ok("127.0.0.1", decoder_port, "/health", 120)) throw std::runtime_error("decoder did not restart");
 }
 
+size_t Stack::kept_state_files() {
+  if (!front_) return 0;
+  httplib::Client c("127.0.0.1", front_port);
+  c.set_read_timeout(30, 0);
+  auto r = c.Get("/health");
+  if (!r || r->status != 200) throw std::runtime_error("front door /health failed");
+  return nlohmann::json::parse(r->body).at("kept_states").at("files").get<size_t>();
+}
+
+size_t Stack::stray_state_files() {
+  auto count = [&] {
+    size_t n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(slot_dir)) { (void)e; ++n; }
+    const size_t kept = kept_state_files();
+    return n > kept ? n - kept : 0;
+  };
+  size_t n = count();
+  for (int i = 0; i < 200 && n > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    n = count();
+  }
+  return n;
+}
+
 int Stack::run_doctor(std::string* output) {
   Child d({pdbridge_bin(), "doctor", "--front", "http://127.0.0.1:" + std::to_string(front_port)}, dir + "/doctor.log");
   const int rc = d.stop(0, 120);

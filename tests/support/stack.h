@@ -55,6 +55,10 @@ class Stack {
   void restart_decoder(bool wait_healthy = true);
   int run_doctor(std::string* output);
   std::string logs() const;
+  // Files in the slot dir besides the state files the front door keeps for conversations' next turns (its
+  // /health kept_states): what a failed or finished bridge left behind. Waits up to 10 s for the removals.
+  size_t stray_state_files();
+  size_t kept_state_files();
 
  private:
   std::unique_ptr<Child> decoder_, prefill_, front_;
