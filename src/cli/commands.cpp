@@ -117,6 +117,9 @@ void register_prefill(CLI::App& app) {
   cmd->add_option("--kv-dtype", o->kv_dtype, "CUDA engine's own K/V: bf16, or fp8 (e4m3 + a scale per head row: half the memory, for very long prompts; head_dim 128 on sm_90)")
       ->check(CLI::IsMember({"bf16", "fp8"}))
       ->capture_default_str();
+  cmd->add_option("--tp", o->tp, "CUDA: tensor parallel over GPUs 0..N-1 (NCCL; heads and FFN columns split, one capture stream)")
+      ->capture_default_str();
+  cmd->add_flag("--tp-one-gpu", o->tp_one_gpu, "With --tp N: every rank on GPU 0 (checks the sharded forward on one GPU; not faster)");
   cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)");
   cmd->add_option("--api-key", o->api_key, "Require Authorization: Bearer <key> (default: $PDBRIDGE_API_KEY)")->envname("PDBRIDGE_API_KEY");
   cmd->add_option("--max-queue", o->max_queue, "Captures allowed to wait behind the running one")->capture_default_str();
@@ -261,6 +264,8 @@ void register_bench(CLI::App& app) {
   pre->add_option("--chunk", po->chunk, "Chunk size");
   pre->add_option("--kv-dtype", po->kv_dtype, "CUDA engine's own K/V: bf16 or fp8")->check(CLI::IsMember({"bf16", "fp8"}));
   pre->add_option("--reps", po->reps, "Timed runs per mode (median reported)");
+  pre->add_option("--tp", po->tp, "CUDA: tensor parallel over GPUs 0..N-1 (NCCL)");
+  pre->add_flag("--tp-one-gpu", po->tp_one_gpu, "With --tp N: every rank on GPU 0 (the sharding's overhead, not a speed-up)");
   pre->add_option("--cache-type", po->cache_type, "Decoder cache type for the recipe's rows");
   pre->add_option("--threads", po->threads, "Host threads");
   pre->add_option("--seed", po->seed, "First prompt seed (0: from the clock)");

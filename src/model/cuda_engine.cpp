@@ -23,6 +23,7 @@
 #include "formats/ggml_types.h"
 #include "formats/numeric.h"
 #include "formats/safetensors.h"
+#include "cuda/tp_comm.cuh"
 #include "model/cuda_engine_load.h"
 
 namespace pdb {
@@ -91,37 +92,64 @@ DeviceBuffer upload_stacked(const SafetensorsCheckpoint& ck, const HfConfig& c, 
   return b;
 }
 
+DeviceBuffer upload_sliced(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::vector<RowSlice>& parts, int64_t full_cols,
+                           int64_t col0, int64_t cols, int threads, size_t& total) {
+  int64_t rows = 0;
+  for (const auto& p : parts) rows += p.rows;
+  DeviceBuffer b(size_t(rows * cols) * 2);
+  size_t off = 0;
+  for (const auto& p : parts) {
+    auto w = rows_of(to_bf16(ck, c, p.name, p.full_rows, full_cols, threads), full_cols, p.row0, p.rows);
+    if (cols != full_cols) w = cols_of(w, p.rows, full_cols, col0, cols);
+    b.upload(w.data(), w.size() * 2, off);
+    off += w.size() * 2;
+  }
+  total += b.bytes();
+  return b;
+}
+
 }  // namespace cuda_load
 
+using cuda_load::RowSlice;
+using cuda_load::upload_sliced;
 using cuda_load::to_bf16;
 using cuda_load::upload_f32;
 using cuda_load::upload_stacked;
 
 namespace {
 
-// Block-FP8 tensors stacked along their output dimension: e4m3 bytes as they are, and the
-// checkpoint's [out/128 x in/128] scale grids (weight_scale_inv: w = code * scale) concatenated and
+// Block-FP8 row slices stacked along their output dimension, each restricted to the input columns [col0,
+// col0 + cols) (a tensor-parallel rank's; slices on 128-blocks): e4m3 bytes as they are, and the checkpoint's
+// [out/128 x in/128] scale grids (weight_scale_inv: w = code * scale) cut and concatenated the same way and
 // written in the order the product reads them.
-void upload_stacked_fp8(const SafetensorsCheckpoint& ck, const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols,
-                        const cuda::Fp8ScaleLayout& L, DeviceBuffer& w, DeviceBuffer& scales, size_t& total) {
+void upload_sliced_fp8(const SafetensorsCheckpoint& ck, const std::vector<RowSlice>& parts, int64_t full_cols, int64_t col0, int64_t cols,
+                       const cuda::Fp8ScaleLayout& L, DeviceBuffer& w, DeviceBuffer& scales, size_t& total) {
+  if (col0 % 128 || cols % 128) throw std::invalid_argument("FP8 weights are sliced on 128-column blocks");
   int64_t rows = 0;
-  for (const auto& p : parts) rows += p.second;
-  const int64_t KB = cols / 128, NB = rows / 128;
+  for (const auto& p : parts) {
+    if (p.row0 % 128 || p.rows % 128) throw std::invalid_argument(p.name + ": FP8 weights are sliced on 128-row blocks");
+    rows += p.rows;
+  }
+  const int64_t FKB = full_cols / 128, KB = cols / 128, kb0 = col0 / 128, NB = rows / 128;
   w.resize(size_t(rows * cols));
   std::vector<float> grid(size_t(L.weight_scale_count(NB, KB)), 0.0f);
   size_t off = 0;
   int64_t nb0 = 0;
-  for (const auto& [name, r] : parts) {
-    const StTensor& t = ck.get(name);
-    if (t.dtype != StDtype::F8_E4M3 || t.shape.size() != 2 || t.shape[0] != r || t.shape[1] != cols)
-      throw std::runtime_error(fmt::format("{}: expected F8_E4M3 [{} x {}]", name, r, cols));
-    w.upload(t.data, size_t(r * cols), off);
-    off += size_t(r * cols);
-    const auto s = ck.to_f32(name.substr(0, name.size() - 6) + "weight_scale_inv");
-    if (int64_t(s.size()) != (r / 128) * KB) throw std::runtime_error(name + ": weight_scale_inv does not hold one scale per 128x128 block");
-    for (int64_t nb = 0; nb < r / 128; ++nb)
-      for (int64_t kb = 0; kb < KB; ++kb) grid[size_t(L.weight_index(nb0 + nb, kb, NB, KB))] = s[size_t(nb * KB + kb)];
-    nb0 += r / 128;
+  for (const auto& p : parts) {
+    const StTensor& t = ck.get(p.name);
+    if (t.dtype != StDtype::F8_E4M3 || t.shape.size() != 2 || t.shape[0] != p.full_rows || t.shape[1] != full_cols)
+      throw std::runtime_error(fmt::format("{}: expected F8_E4M3 [{} x {}]", p.name, p.full_rows, full_cols));
+    const auto* codes = static_cast<const uint8_t*>(t.data);
+    std::vector<uint8_t> slice(size_t(p.rows * cols));
+    for (int64_t r = 0; r < p.rows; ++r) std::memcpy(&slice[size_t(r * cols)], codes + (p.row0 + r) * full_cols + col0, size_t(cols));
+    w.upload(slice.data(), slice.size(), off);
+    off += slice.size();
+    const auto s = ck.to_f32(p.name.substr(0, p.name.size() - 6) + "weight_scale_inv");
+    if (int64_t(s.size()) != (p.full_rows / 128) * FKB) throw std::runtime_error(p.name + ": weight_scale_inv does not hold one scale per 128x128 block");
+    for (int64_t nb = 0; nb < p.rows / 128; ++nb)
+      for (int64_t kb = 0; kb < KB; ++kb)
+        grid[size_t(L.weight_index(nb0 + nb, kb, NB, KB))] = s[size_t((p.row0 / 128 + nb) * FKB + kb0 + kb)];
+    nb0 += p.rows / 128;
   }
   scales.resize(grid.size() * 4);
   scales.upload(grid.data(), grid.size() * 4);
@@ -144,9 +172,13 @@ std::string fp8_unsupported(const HfConfig& c, const SafetensorsCheckpoint& ck) 
 
 }  // namespace
 
-CudaEngine::CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8)
-    : cfg_(HfConfig::load(hf_dir)), w_(std::make_unique<Weights>()), kv_fp8_(kv_fp8) {
+CudaEngine::CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8, cuda::TpComm* tp)
+    : cfg_(HfConfig::load(hf_dir)), w_(std::make_unique<Weights>()), kv_fp8_(kv_fp8), tp_(tp) {
   const auto& c = cfg_;
+  const int world = tp ? tp->world() : 1;
+  if (world > 1 && c.mla()) throw std::runtime_error("CUDA engine: tensor parallel is not implemented for MLA (deepseek2) yet");
+  // FP8 weights are cut on their 128x128 scale blocks
+  if (!c.mla()) shard_ = tp_shard(c, tp ? tp->rank() : 0, world, world > 1 && c.fp8 ? 128 : 8);
   if (c.mla()) {
     if (c.qk_nope_head_dim != 128 || c.qk_rope_head_dim != 64 || c.v_head_dim != 128)
       throw std::runtime_error(fmt::format("CUDA engine: MLA head widths nope {} / rope {} / v {} not supported (128 / 64 / 128, DeepSeek-V2's)",
@@ -169,7 +201,7 @@ CudaEngine::CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8)
   PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   gemm_ = std::make_unique<cuda::Gemm>();
   auto ck = SafetensorsCheckpoint::open(hf_dir);
-  const int64_t H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
+  const int64_t H = c.hidden_size, hd = c.head_dim;
   const StDtype wdt = ck->get(c.mla() ? "model.layers.0.self_attn.kv_a_proj_with_mqa.weight" : "model.layers.0.self_attn.k_proj.weight").dtype;
   weights_note_ = wdt == StDtype::BF16 ? "bf16 weights" : fmt::format("{} weights converted to bf16 on load", st_dtype_name(wdt));
   if (c.fp8) {
@@ -199,25 +231,29 @@ CudaEngine::CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8)
       L.q_norm = upload_f32(ck->to_f32(p + "self_attn.q_norm.weight"));
       L.k_norm = upload_f32(ck->to_f32(p + "self_attn.k_norm.weight"));
     }
-    const std::vector<std::pair<std::string, int64_t>> qkv = {
-        {p + "self_attn.q_proj.weight", nh * hd}, {p + "self_attn.k_proj.weight", nkv * hd}, {p + "self_attn.v_proj.weight", nkv * hd}};
-    const std::vector<std::pair<std::string, int64_t>> o = {{p + "self_attn.o_proj.weight", H}};
-    const std::vector<std::pair<std::string, int64_t>> gu = {{p + "mlp.gate_proj.weight", F}, {p + "mlp.up_proj.weight", F}};
-    const std::vector<std::pair<std::string, int64_t>> d = {{p + "mlp.down_proj.weight", H}};
+    // this rank's heads (q, then k, then v) and FFN columns (gate rows, then up rows): all of them without TP
+    const TpShard& sh = shard_;
+    const int64_t nh = c.num_heads, nkv = c.num_kv_heads, F = c.intermediate_size;
+    const std::vector<RowSlice> qkv = {{p + "self_attn.q_proj.weight", nh * hd, sh.q_head0 * hd, sh.q_heads * hd},
+                                       {p + "self_attn.k_proj.weight", nkv * hd, sh.kv_head0 * hd, sh.kv_heads * hd},
+                                       {p + "self_attn.v_proj.weight", nkv * hd, sh.kv_head0 * hd, sh.kv_heads * hd}};
+    const std::vector<RowSlice> o = {{p + "self_attn.o_proj.weight", H, 0, H}};
+    const std::vector<RowSlice> gu = {{p + "mlp.gate_proj.weight", F, sh.ff0, sh.ff}, {p + "mlp.up_proj.weight", F, sh.ff0, sh.ff}};
+    const std::vector<RowSlice> d = {{p + "mlp.down_proj.weight", H, 0, H}};
     if (fp8_) {
-      upload_stacked_fp8(*ck, qkv, H, *fp8_, L.wqkv, L.wqkv_s, total);
-      upload_stacked_fp8(*ck, o, nh * hd, *fp8_, L.wo, L.wo_s, total);
-      upload_stacked_fp8(*ck, gu, H, *fp8_, L.wgu, L.wgu_s, total);
-      upload_stacked_fp8(*ck, d, F, *fp8_, L.wd, L.wd_s, total);
+      upload_sliced_fp8(*ck, qkv, H, 0, H, *fp8_, L.wqkv, L.wqkv_s, total);
+      upload_sliced_fp8(*ck, o, nh * hd, sh.q_head0 * hd, sh.q_heads * hd, *fp8_, L.wo, L.wo_s, total);
+      upload_sliced_fp8(*ck, gu, H, 0, H, *fp8_, L.wgu, L.wgu_s, total);
+      upload_sliced_fp8(*ck, d, F, sh.ff0, sh.ff, *fp8_, L.wd, L.wd_s, total);
     } else {
-      L.wqkv = upload_stacked(*ck, c, qkv, H, threads, total);
-      L.wo = upload_stacked(*ck, c, o, nh * hd, threads, total);
+      L.wqkv = upload_sliced(*ck, c, qkv, H, 0, H, threads, total);
+      L.wo = upload_sliced(*ck, c, o, nh * hd, sh.q_head0 * hd, sh.q_heads * hd, threads, total);
       if (c.moe()) {
-        L.moe = std::make_unique<CudaMoeWeights>(load_cuda_moe(*ck, c, p, threads));
+        L.moe = std::make_unique<CudaMoeWeights>(load_cuda_moe(*ck, c, p, threads, sh.expert_ff0, sh.expert_ff));
         total += L.moe->bytes();
       } else {
-        L.wgu = upload_stacked(*ck, c, gu, H, threads, total);
-        L.wd = upload_stacked(*ck, c, d, F, threads, total);
+        L.wgu = upload_sliced(*ck, c, gu, H, 0, H, threads, total);
+        L.wd = upload_sliced(*ck, c, d, F, sh.ff0, sh.ff, threads, total);
       }
     }
     w_->layers.push_back(std::move(L));
@@ -228,6 +264,7 @@ CudaEngine::CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8)
     w_->inv_freq = upload_f32(inv);
   }
   weight_bytes_ = total;
+  if (world > 1) weights_note_ += fmt::format("; tensor parallel rank {} of {} ({} of {} heads)", shard_.rank, world, shard_.q_heads, c.num_heads);
   spdlog::info("cuda engine: {} layers, {:.2f} GiB of weights on {} ({})", c.num_layers, double(total) / (1 << 30), cuda::device_summary(), weights_note_);
 }
 
@@ -240,13 +277,13 @@ CudaEngine::~CudaEngine() {
 size_t CudaEngine::bytes_for_prompt(int64_t T, int64_t chunk) const {
   const auto& c = cfg_;
   if (c.mla()) return bytes_for_prompt_mla(T, chunk);
-  const int64_t H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
+  const int64_t H = c.hidden_size, F = shard_.ff, hd = c.head_dim, nh = shard_.q_heads, nkv = shard_.kv_heads;
   chunk = std::min(chunk, T);
   const size_t per_row = kv_fp8_ ? size_t(hd) + 4 : size_t(hd) * 2;  // fp8: codes + one scale per head row
   size_t kv = size_t(2) * size_t(std::max<int64_t>(c.num_layers - 1, 1)) * size_t(nkv * T) * per_row;
   if (kv_fp8_ && !fp8kv_fused_) kv += size_t(2) * size_t(nkv * T * hd) * 2;  // one layer's rows expanded to bf16
   size_t work = size_t(chunk) * size_t(4 + H * 4 + H * 2 + (nh + 2 * nkv) * hd * 2 + 2 * nh * hd * 2 + (c.moe() ? 0 : 2 * F * 2 + F * 2));
-  if (c.moe()) work += CudaMoeFfn::bytes_for(c, chunk);
+  if (c.moe()) work += CudaMoeFfn::bytes_for(c, chunk);  // (the whole experts' width: an upper bound for a rank)
   if (fp8_) {
     const int64_t K = std::max({H, nh * hd, F}), rows = fp8_->padded_rows(chunk);
     work += size_t(rows - chunk) * size_t(H * 4 + H * 2 + (nh + 2 * nkv) * hd * 2 + nh * hd * 2 + 2 * F * 2 + F * 2) + size_t(rows * K) +
@@ -291,8 +328,9 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
                             const std::function<bool()>& cancelled, bool full_last_layer, bool skip_attention, ResumePoint resume,
                             std::shared_ptr<EngineState>* keep, size_t keep_max_bytes) {
   const auto& c = cfg_;
-  const int64_t T = int64_t(tokens.size()), H = c.hidden_size, F = c.intermediate_size, hd = c.head_dim;
-  const int64_t nh = c.num_heads, nkv = c.num_kv_heads, L = c.num_layers;
+  const int64_t T = int64_t(tokens.size()), H = c.hidden_size, hd = c.head_dim, L = c.num_layers;
+  // this rank's share (everything without tensor parallelism)
+  const int64_t F = shard_.ff, nh = shard_.q_heads, nkv = shard_.kv_heads;
   if (T == 0) return 0;
   if (chunk <= 0) chunk = 2048;
   chunk = std::min(chunk, T);
@@ -363,6 +401,17 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
     gemm.xwt_fp8(*fp8_, W.xq.as<uint8_t>(), W.xs.as<float>(), w.as<uint8_t>(), ws.as<float>(), yt, y, n, in, out, beta, s);
   };
   const float eps = float(c.rms_norm_eps);
+  // Tensor parallel: once a block's normed input is taken, rank 0 keeps the residual and the other ranks
+  // zero theirs; each adds its heads' (its columns') part of o_proj's (down_proj's) product into it, and the
+  // sum over the ranks is the unsharded residual, on every rank. The rows past n (FP8 padding) are never read.
+  const bool tp = tp_ && tp_->world() > 1;
+  int64_t rows_now = 0;
+  auto partial_residual = [&] {
+    if (tp && tp_->rank() != 0) PDB_CUDA_CHECK(cudaMemsetAsync(W.h.get(), 0, size_t(rows_now * H) * 4, s));
+  };
+  auto reduce_residual = [&] {
+    if (tp) tp_->all_reduce_sum(W.h.as<float>(), size_t(rows_now * H), s);
+  };
   // Kernel arguments that only change per chunk (rows, positions) or per layer (qwen3's norms).
   cuda::QkvRopeArgs ra;
   ra.n_heads = int(nh);
@@ -423,6 +472,7 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
   };
   for (int64_t p0 = start; p0 < T; p0 += chunk) {
     const int64_t n = std::min(chunk, T - p0);
+    rows_now = n;
     ra.rows = as.n_q = n;
     ra.pos0 = as.pos0 = p0;
     PDB_CUDA_CHECK(cudaMemcpyAsync(W.tokens.get(), tokens.data() + p0, size_t(n) * 4, cudaMemcpyHostToDevice, s));
@@ -439,6 +489,7 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
       auto& Lw = W.layers[size_t(l)];
       bf16* x = W.x.as<bf16>();
       cuda::rmsnorm_rows_bf16(h, Lw.in_norm.as<float>(), x, n, H, eps, s);
+      partial_residual();
       mm(x, Lw.wqkv, Lw.wqkv_s, n, H, qkv_dim, cuda::DType::BF16, W.qkv.get(), 0.0f);
       ra.q_norm = Lw.q_norm.bytes() ? Lw.q_norm.as<float>() : nullptr;
       ra.k_norm = Lw.k_norm.bytes() ? Lw.k_norm.as<float>() : nullptr;
@@ -469,14 +520,17 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
         if (!skip_attention) cuda::causal_attention(W.q.as<bf16>(), kc, vc, W.att.as<bf16>(), as, s);
       }
       mm(W.att.get(), Lw.wo, Lw.wo_s, n, nh * hd, H, cuda::DType::F32, h, 1.0f);
+      reduce_residual();
       cuda::rmsnorm_rows_bf16(h, Lw.post_norm.as<float>(), x, n, H, eps, s);
+      partial_residual();
       if (Lw.moe) {
         W.moe.forward(*Lw.moe, x, n, h, gemm, s);
-        continue;
+      } else {
+        mm(x, Lw.wgu, Lw.wgu_s, n, H, 2 * F, cuda::DType::BF16, W.gu.get(), 0.0f);
+        cuda::swiglu_rows(W.gu.as<bf16>(), W.act.as<bf16>(), n, F, s);
+        mm(W.act.get(), Lw.wd, Lw.wd_s, n, F, H, cuda::DType::F32, h, 1.0f);
       }
-      mm(x, Lw.wgu, Lw.wgu_s, n, H, 2 * F, cuda::DType::BF16, W.gu.get(), 0.0f);
-      cuda::swiglu_rows(W.gu.as<bf16>(), W.act.as<bf16>(), n, F, s);
-      mm(W.act.get(), Lw.wd, Lw.wd_s, n, F, H, cuda::DType::F32, h, 1.0f);
+      reduce_residual();
     }
   }
   PDB_CUDA_CHECK(cudaStreamSynchronize(s));

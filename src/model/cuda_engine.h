@@ -18,10 +18,12 @@
 #include "cuda/gemm.cuh"
 #include "formats/hf_config.h"
 #include "model/engine_state.h"
+#include "model/tensor_parallel.h"
 
 namespace pdb {
 
 class SafetensorsCheckpoint;
+namespace cuda { class TpComm; }
 
 class CudaEngine {
  public:
@@ -31,7 +33,9 @@ class CudaEngine {
 
   // kv_fp8: the engine keeps its own K/V as e4m3 rows with one scale per head row (about half of bf16's
   // memory, for very long prompts); needs head_dim 128 on an sm_90 GPU (the wgmma attention kernel).
-  CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8 = false);
+  // tp: this engine is one rank of a tensor-parallel group (model/tensor_parallel.h: its heads and FFN
+  // columns; the residual stream all-reduced after o_proj and down_proj), on the current device. Null: whole.
+  CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8 = false, cuda::TpComm* tp = nullptr);
   ~CudaEngine();
   const HfConfig& config() const { return cfg_; }
   cuda::Gemm& gemm() { return *gemm_; }
@@ -60,6 +64,9 @@ class CudaEngine {
                   const std::function<bool()>& cancelled = {}, bool full_last_layer = false, bool skip_attention = false,
                   ResumePoint resume = {}, std::shared_ptr<EngineState>* keep = nullptr, size_t keep_max_bytes = SIZE_MAX);
   bool resumable() const { return !cfg_.mla(); }
+  const TpShard& shard() const { return shard_; }
+  // A new group's comm for the same rank (the old group was aborted after a rank failed).
+  void set_tp_comm(cuda::TpComm* tp) { tp_ = tp; }
 
  private:
   // deepseek2 (cuda_engine_mla.cpp): MLA attention decompressed per head, dense lead layers, routed +
@@ -81,6 +88,8 @@ class CudaEngine {
   // kv_fp8: the attention converts each fp8 tile itself (PDBRIDGE_FP8KV_FUSED=1) instead of reading one
   // layer's rows expanded to bf16 beforehand (a buffer of one layer's bf16 K/V).
   bool fp8kv_fused_ = false;
+  cuda::TpComm* tp_ = nullptr;
+  TpShard shard_;  // the heads and FFN columns this engine holds (all of them without tp)
 };
 
 }  // namespace pdb

@@ -19,6 +19,13 @@ namespace cuda_load {
 // HF tensor -> bf16 bytes (bf16 as is; f32/f16 rounded; block FP8 dequantized with its scales).
 std::vector<uint16_t> to_bf16(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& name, int64_t rows, int64_t cols, int threads);
 cuda::DeviceBuffer upload_f32(const std::vector<float>& v);
+// A tensor's rows [row0, row0 + rows) of `full_rows` (a tensor-parallel rank's slice; row0 0 and rows ==
+// full_rows: all of it).
+struct RowSlice { std::string name; int64_t full_rows, row0, rows; };
+// Row slices stacked along the output dimension, each restricted to the input columns [col0, col0 + cols) of
+// `full_cols`, into one bf16 buffer; adds its bytes to total.
+cuda::DeviceBuffer upload_sliced(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::vector<RowSlice>& parts, int64_t full_cols,
+                                 int64_t col0, int64_t cols, int threads, size_t& total);
 // Tensors stacked along their output dimension into one bf16 buffer; adds its bytes to total.
 cuda::DeviceBuffer upload_stacked(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::vector<std::pair<std::string, int64_t>>& parts,
                                   int64_t cols, int threads, size_t& total);

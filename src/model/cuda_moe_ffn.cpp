@@ -9,17 +9,21 @@
 #include "cuda/moe.cuh"
 #include "formats/hf_config.h"
 #include "model/cuda_engine_load.h"
+#include "model/tensor_parallel.h"
 
 namespace pdb {
 
 using bf16 = __nv_bfloat16;
 
-CudaMoeWeights load_cuda_moe(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& prefix, int threads) {
+CudaMoeWeights load_cuda_moe(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& prefix, int threads, int64_t ff0,
+                             int64_t ff) {
   CudaMoeWeights w;
   w.n_expert = c.num_experts;
   w.n_used = c.num_experts_per_tok;
   w.hidden = c.hidden_size;
-  w.ff = c.moe_intermediate_size;
+  const int64_t full_ff = c.moe_intermediate_size;
+  w.ff = ff < 0 ? full_ff : ff;
+  if (ff0 < 0 || ff0 + w.ff > full_ff) throw std::invalid_argument("load_cuda_moe: expert columns outside the expert");
   // As the CPU engine (model/cpu_engine*.cpp) and llama.cpp: qwen3moe always renormalizes, deepseek2 as its config says.
   w.renormalize = c.arch == "qwen3moe" ? true : c.norm_topk_prob;
   w.scale = c.routed_scaling_factor > 0 ? float(c.routed_scaling_factor) : 1.0f;
@@ -32,9 +36,9 @@ CudaMoeWeights load_cuda_moe(const SafetensorsCheckpoint& ck, const HfConfig& c,
   w.down.resize(d_bytes * size_t(w.n_expert));
   for (int64_t e = 0; e < w.n_expert; ++e) {
     const std::string x = fmt::format("{}mlp.experts.{}.", prefix, e);
-    auto g = cuda_load::to_bf16(ck, c, x + "gate_proj.weight", w.ff, w.hidden, threads);
-    auto u = cuda_load::to_bf16(ck, c, x + "up_proj.weight", w.ff, w.hidden, threads);
-    auto d = cuda_load::to_bf16(ck, c, x + "down_proj.weight", w.hidden, w.ff, threads);
+    auto g = rows_of(cuda_load::to_bf16(ck, c, x + "gate_proj.weight", full_ff, w.hidden, threads), w.hidden, ff0, w.ff);
+    auto u = rows_of(cuda_load::to_bf16(ck, c, x + "up_proj.weight", full_ff, w.hidden, threads), w.hidden, ff0, w.ff);
+    auto d = cols_of(cuda_load::to_bf16(ck, c, x + "down_proj.weight", w.hidden, full_ff, threads), w.hidden, full_ff, ff0, w.ff);
     w.gu.upload(g.data(), g.size() * 2, size_t(e) * gu_bytes);
     w.gu.upload(u.data(), u.size() * 2, size_t(e) * gu_bytes + g.size() * 2);
     w.down.upload(d.data(), d.size() * 2, size_t(e) * d_bytes);

@@ -29,8 +29,10 @@ struct CudaMoeWeights {
   size_t bytes() const { return router.bytes() + gu.bytes() + down.bytes(); }
 };
 
-// Loads `prefix`mlp.gate and `prefix`mlp.experts.{e}.{gate,up,down}_proj (HF names, qwen3moe and deepseek2 alike).
-CudaMoeWeights load_cuda_moe(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& prefix, int threads);
+// Loads `prefix`mlp.gate and `prefix`mlp.experts.{e}.{gate,up,down}_proj (HF names, qwen3moe and deepseek2 alike);
+// of each expert only the columns [ff0, ff0 + ff) (a tensor-parallel rank's; ff < 0: all).
+CudaMoeWeights load_cuda_moe(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& prefix, int threads, int64_t ff0 = 0,
+                             int64_t ff = -1);
 
 class CudaMoeFfn {
  public:

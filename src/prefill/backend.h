@@ -94,9 +94,11 @@ class PrefillBackend {
 std::unique_ptr<PrefillBackend> make_cpu_backend(std::shared_ptr<CpuEngine> engine, std::shared_ptr<const Recipe> recipe,
                                                  bool faithful = true);
 // Loads the HF checkpoint onto the GPU; `recipe` supplies the decoder's weights. kv_fp8: the engine's
-// own K/V in fp8 (cuda_engine.h). Throws where CUDA is not built in or no GPU is present.
+// own K/V in fp8 (cuda_engine.h). tp: tensor parallel over GPUs 0..tp-1 (model/cuda_engine_tp.h), or with
+// tp_shared_device every rank on the current GPU (the sharded forward checked on one GPU). Throws where CUDA
+// is not built in or no GPU is present.
 std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads,
-                                                  int64_t max_chunk, bool kv_fp8 = false);
+                                                  int64_t max_chunk, bool kv_fp8 = false, int tp = 1, bool tp_shared_device = false);
 bool cuda_backend_available();
 // DeepSeek-V4 on the CPU (model/cpu_engine_dsv4 + recipes/deepseek4): the decoder GGUF gives the recipe's
 // weights; the engine's come from `weights`: an HF checkpoint directory (DeepSeek's FP8 / FP4 layout or f32),

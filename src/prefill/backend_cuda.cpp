@@ -24,6 +24,7 @@
 #include "cuda/device.h"
 #include "cuda/gemm.cuh"
 #include "model/cuda_engine.h"
+#include "model/cuda_engine_tp.h"
 #include "prefill/backend.h"
 #include "recipes/recipe_gpu.h"
 
@@ -34,8 +35,9 @@ constexpr int kSlots = 6;
 
 class CudaBackend final : public PrefillBackend {
  public:
-  CudaBackend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads, int64_t max_chunk, bool kv_fp8)
-      : recipe_(std::move(recipe)), engine_(hf_dir, threads, kv_fp8), gpu_recipe_(*recipe_, recipe_gemm_, max_chunk), max_chunk_(max_chunk),
+  CudaBackend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads, int64_t max_chunk, bool kv_fp8, int tp,
+              bool tp_shared_device)
+      : recipe_(std::move(recipe)), engine_(hf_dir, threads, kv_fp8, tp, tp_shared_device), gpu_recipe_(*recipe_, recipe_gemm_, max_chunk), max_chunk_(max_chunk),
         threads_(threads) {
     PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     if (const char* e = std::getenv("PDBRIDGE_RECIPE_STREAM"); e && std::string(e) == "1")
@@ -81,7 +83,7 @@ class CudaBackend final : public PrefillBackend {
   std::string device() const override { return "cuda: " + cuda::device_summary(); }
   std::string weights() const override { return engine_.weights_note(); }
   void check_fits(int64_t tokens, int64_t chunk) const override { engine_.check_fits(tokens, std::min(chunk, max_chunk_)); }
-  CudaEngine& engine() { return engine_; }
+  CudaEngine& engine() { return engine_.rank0(); }
   bool resumable() const override { return engine_.resumable(); }
 
   int64_t capture(const std::vector<int32_t>& tokens, int64_t chunk, const CacheSpec& spec, const KvSink& sink,
@@ -305,7 +307,7 @@ class CudaBackend final : public PrefillBackend {
   }
 
   std::shared_ptr<const Recipe> recipe_;
-  CudaEngine engine_;
+  CudaTpEngine engine_;  // one rank, or a tensor-parallel group whose rank 0 the recipe runs beside
   cuda::Gemm recipe_gemm_;  // its own workspace: the recipe's products may run beside the engine's
   GpuRecipe gpu_recipe_;
   int64_t max_chunk_;
@@ -327,9 +329,9 @@ class CudaBackend final : public PrefillBackend {
 bool cuda_backend_available() { return cuda::device_count() > 0; }
 
 std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads,
-                                                  int64_t max_chunk, bool kv_fp8) {
+                                                  int64_t max_chunk, bool kv_fp8, int tp, bool tp_shared_device) {
   if (cuda::device_count() == 0) throw std::runtime_error("--device cuda: " + cuda::device_summary());
-  return std::make_unique<CudaBackend>(hf_dir, std::move(recipe), threads, max_chunk, kv_fp8);
+  return std::make_unique<CudaBackend>(hf_dir, std::move(recipe), threads, max_chunk, kv_fp8, tp, tp_shared_device);
 }
 
 }  // namespace pdb

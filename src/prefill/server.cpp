@@ -203,6 +203,9 @@ int run_prefill_server(const PrefillServerOptions& o) {
   if (o.device != "cpu" && o.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda");
   check_kv_dtype(o.device, o.kv_dtype);
   const bool dsv4 = read_recipe_info(*GgufFile::open(o.recipe)).arch == "deepseek4";
+  if (o.tp < 1) throw std::invalid_argument("--tp must be at least 1");
+  if (o.tp > 1 && (o.device != "cuda" || dsv4))
+    throw std::invalid_argument("--tp > 1 needs --device cuda and a llama, qwen3 or qwen3moe model (DeepSeek-V4 and MLA are not split yet)");
   const auto mism = config_mismatches(o.model, o.recipe);
   for (const auto& m : mism) spdlog::error("prefill: config mismatch: {}", m);
   if (!mism.empty() && !o.allow_config_mismatch)
@@ -217,7 +220,7 @@ int run_prefill_server(const PrefillServerOptions& o) {
     engine = o.device == "cuda" ? make_cuda_dsv4_backend(o.recipe, o.model) : make_cpu_dsv4_backend(o.recipe, o.model);
   } else {
     recipe = Recipe::load(o.recipe, threads);
-    if (o.device == "cuda") engine = make_cuda_backend(o.model, recipe, threads, default_chunk, o.kv_dtype == "fp8");
+    if (o.device == "cuda") engine = make_cuda_backend(o.model, recipe, threads, default_chunk, o.kv_dtype == "fp8", o.tp, o.tp_one_gpu);
     else engine = make_cpu_backend(std::make_shared<CpuEngine>(o.model, threads), recipe, !o.cpu_fast);
   }
   spdlog::info("prefill: engine on {} ({})", engine->device(), engine->weights().empty() ? "weights as loaded" : engine->weights());

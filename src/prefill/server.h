@@ -21,6 +21,8 @@ struct PrefillServerOptions {
   bool allow_config_mismatch = false;          // start even if config.json and the GGUF disagree
   bool cpu_fast = false;                       // CPU engine: OpenBLAS numerics instead of the decoder-faithful ones
   double prefix_cache_gb = 4;                  // the engine states of recent prompts kept for tail captures (0: off)
+  int tp = 1;                                  // CUDA: tensor parallel over GPUs 0..tp-1
+  bool tp_one_gpu = false;                     // every rank on GPU 0 (the sharded forward checked on one GPU)
 };
 
 int run_prefill_server(const PrefillServerOptions& o);

@@ -39,7 +39,7 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
   std::shared_ptr<const Recipe> recipe = Recipe::load(o.recipe, threads);
   std::unique_ptr<PrefillBackend> be;
   check_kv_dtype(o.device, o.kv_dtype);
-  if (o.device == "cuda") be = make_cuda_backend(o.model, recipe, threads, o.chunk, o.kv_dtype == "fp8");
+  if (o.device == "cuda") be = make_cuda_backend(o.model, recipe, threads, o.chunk, o.kv_dtype == "fp8", o.tp, o.tp_one_gpu);
   else if (o.device == "cpu") be = make_cpu_backend(std::make_shared<CpuEngine>(o.model, threads), recipe);
   else throw std::invalid_argument("--device must be cuda or cpu");
   const auto& c = be->config();
@@ -132,7 +132,7 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
       std::printf("%-8lld %-22s %10.3f %12.0f %10.1f %9.0f%%\n", (long long)T, m.name.c_str(), t, double(T) / t, tflops,
                   gemm_rate > 0 ? 100.0 * tflops / gemm_rate : 0.0);
       std::fflush(stdout);
-      json row = {{"label", o.label}, {"device", be->device()}, {"weights", be->weights()}, {"arch", c.arch}, {"model", o.model}, {"tokens", T}, {"mode", m.name},
+      json row = {{"label", o.label}, {"device", be->device()}, {"weights", be->weights()}, {"tp", o.tp}, {"tp_one_gpu", o.tp_one_gpu}, {"arch", c.arch}, {"model", o.model}, {"tokens", T}, {"mode", m.name},
                   {"chunk", o.chunk}, {"cache_type", o.cache_type}, {"seconds_median", t}, {"seconds_all", ts}, {"tok_s", double(T) / t},
                   {"tflops", tflops}, {"gemm_tflops", gemm_rate}, {"wire_bytes", bytes}};
       out << row.dump() << "\n";
