@@ -25,9 +25,11 @@ front() {  # front [extra args]: a front door on 8400 for one session
   while ! grep -q "layout learned at startup\|startup layout probe" $R/conv_front_$#.log; do sleep 0.5; done
 }
 # MODES: the sessions to run (tail: the default front door, the prefix from its kept file of the previous turn;
+# pwrite: tail with the state file written by pwrite instead of through its mapping (PDBRIDGE_STATE_PWRITE=1);
 # slot: tail-only with the prefix from the decoder's saved slot, --keep-states-gb 0; whole: --no-tail)
 for mode in ${MODES:-tail whole}; do
-  case $mode in tail) front ;; slot) front --keep-states-gb 0 ;; *) front --no-tail ;; esac && python3 $DEV/conversation.py http://127.0.0.1:8400 $mode $TURNS $TAIL $RANDOM$RANDOM $VOCAB $OUT
+  case $mode in tail) front ;; pwrite) export PDBRIDGE_STATE_PWRITE=1; front; unset PDBRIDGE_STATE_PWRITE ;;
+    slot) front --keep-states-gb 0 ;; *) front --no-tail ;; esac && python3 $DEV/conversation.py http://127.0.0.1:8400 $mode $TURNS $TAIL $RANDOM$RANDOM $VOCAB $OUT
   kill $F; wait $F 2>/dev/null
 done
 curl -s localhost:8490/metrics | grep -E "^pdbridge_prefill_(prefix|computed|tail|wire)" > $R/conv_prefill_metrics.txt

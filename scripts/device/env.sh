@@ -4,6 +4,12 @@ R=/tmp/res; M=/tmp/m; P=/tmp/pdb
 mkdir -p $R $M $P
 [ -x $P/build/pdbridge ] || tar -xJf $DEV/bundle.tar.xz -C $P || { echo "env.sh: bundle extract failed"; return 1; }
 export LD_LIBRARY_PATH=$P/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# NCCL (loaded by `--tp` at run time): the CUDA toolkit's where it is installed, else the one PyTorch ships.
+if [ ! -e /usr/local/cuda/lib64/libnccl.so.2 ] && ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then
+  NCCL_DIR=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))" 2>/dev/null)
+  [ -n "$NCCL_DIR" ] && [ -e "$NCCL_DIR/libnccl.so.2" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$NCCL_DIR
+fi
+export NCCL_NVLS_ENABLE=0
 # The bundle carries the build machine's libcurl (pdbridge reads the prefill stream with it). The device's own
 # curl binary is newer and cannot load against it ("undefined symbol: curl_global_trace"), which on
 # 2026-11-30 left every health check failing for 450 s: curl runs without the bundle's libraries.

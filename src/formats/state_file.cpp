@@ -5,8 +5,10 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -204,7 +206,8 @@ uint64_t StateFileGeometry::v_elem_offset(uint32_t layer, uint32_t cell, uint32_
   return v_base_.at(layer) + (uint64_t(j) * n_cells_ + cell) * el;
 }
 
-StateFileWriter::StateFileWriter(const std::string& path, const StateLayout& layout, const std::vector<int32_t>& tokens, uint32_t n_cells)
+StateFileWriter::StateFileWriter(const std::string& path, const StateLayout& layout, const std::vector<int32_t>& tokens, uint32_t n_cells,
+                                 WriteMode mode)
     : path_(path), partial_(path + ".partial"), geo_(layout, tokens.size(), n_cells) {
   if (tokens.size() < n_cells) throw std::invalid_argument("fewer tokens than cells");
   fd_ = ::open(partial_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -213,6 +216,13 @@ StateFileWriter::StateFileWriter(const std::string& path, const StateLayout& lay
     const int e = errno;
     abandon();
     throw std::runtime_error(fmt::format("cannot size {} to {} bytes: {}", partial_, geo_.total_bytes(), std::strerror(e)));
+  }
+  const char* force = std::getenv("PDBRIDGE_STATE_PWRITE");  // the A/B switch
+  struct statvfs sv{};
+  if (mode == WriteMode::Auto && !(force && std::string(force) == "1") && geo_.total_bytes() > 0 && fstatvfs(fd_, &sv) == 0 &&
+      uint64_t(sv.f_bavail) * uint64_t(sv.f_frsize) >= 2 * geo_.total_bytes()) {
+    void* m = mmap(nullptr, size_t(geo_.total_bytes()), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (m != MAP_FAILED) map_ = static_cast<uint8_t*>(m);
   }
   // header, tokens (plain list: the server accepts it), stream cell counts, cell metadata, layer headers
   std::vector<uint8_t> h;
@@ -260,7 +270,18 @@ StateFileWriter::StateFileWriter(const std::string& path, const StateLayout& lay
 
 StateFileWriter::~StateFileWriter() { if (!committed_) abandon(); }
 
+void StateFileWriter::unmap() {
+  if (map_) munmap(map_, size_t(geo_.total_bytes()));
+  map_ = nullptr;
+}
+
 void StateFileWriter::pwrite_all(const void* p, size_t n, uint64_t off) {
+  if (off + n > geo_.total_bytes()) throw std::out_of_range(fmt::format("write past the end of {}", partial_));
+  if (map_) {
+    std::memcpy(map_ + off, p, n);
+    bytes_ += n;
+    return;
+  }
   const auto* b = static_cast<const uint8_t*>(p);
   while (n) {
     const ssize_t w = ::pwrite(fd_, b, n, off_t(off));
@@ -297,6 +318,11 @@ void StateFileWriter::write_v_rows(uint32_t layer, uint32_t cell, uint32_t rows,
 }
 
 void StateFileWriter::pread_all(void* p, size_t n, uint64_t off) const {
+  if (off + n > geo_.total_bytes()) throw std::out_of_range(fmt::format("read past the end of {}", partial_));
+  if (map_) {
+    std::memcpy(p, map_ + off, n);
+    return;
+  }
   auto* b = static_cast<uint8_t*>(p);
   while (n) {
     const ssize_t r = ::pread(fd_, b, n, off_t(off));
@@ -323,12 +349,14 @@ void StateFileWriter::read_v_rows(uint32_t layer, uint32_t cell, uint32_t rows, 
 }
 
 void StateFileWriter::commit() {
+  unmap();  // the pages stay in the page cache: the decoder reads what was written
   if (fd_ >= 0) { ::close(fd_); fd_ = -1; }
   std::filesystem::rename(partial_, path_);
   committed_ = true;
 }
 
 void StateFileWriter::abandon() {
+  unmap();
   if (fd_ >= 0) { ::close(fd_); fd_ = -1; }
   std::error_code ec;
   std::filesystem::remove(partial_, ec);

@@ -8,7 +8,10 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <numeric>
+#include <thread>
 
 #include "front/assembler.h"
 #include "support/test_env.h"
@@ -102,6 +105,54 @@ TEST(StateFile, LayoutWithVSectionsStillHasThem) {
   EXPECT_TRUE(s.layout.has_v());
   ASSERT_EQ(s.v_data.size(), 2u);
   EXPECT_EQ(s.layout.layers[1].v_row_bytes, 256u);
+}
+
+// Rows written through the file's mapping (several threads at once, as a tail's prefix copy beside the frames)
+// give the same bytes as pwrite, transposed V included; reads back through either.
+TEST(StateFile, MappedWritesFromSeveralThreadsEqualPwrittenOnes) {
+  for (bool v_trans : {false, true}) {
+    StateLayout lay;
+    lay.v_trans = v_trans;
+    for (int l = 0; l < 4; ++l) {
+      StateLayerTypes t;
+      t.n_embd_k = t.n_embd_v = 128;
+      t.k_row_bytes = t.v_row_bytes = 256;
+      lay.layers.push_back(t);
+    }
+    const uint32_t cells = 300;
+    std::vector<int32_t> tokens(cells);
+    std::iota(tokens.begin(), tokens.end(), 3);
+    auto write = [&](const std::string& name, StateFileWriter::WriteMode mode, bool threads) {
+      const std::string path = scratch(name);
+      StateFileWriter w(path, lay, tokens, cells, mode);
+      EXPECT_EQ(w.mapped(), mode == StateFileWriter::WriteMode::Auto) << "the scratch filesystem has room: rows go through the mapping";
+      auto layer = [&](uint32_t l) {
+        const auto k = pattern(256 * cells, uint8_t(l)), v = pattern(256 * cells, uint8_t(l + 50));
+        for (uint32_t c = 0; c < cells; c += 64) {
+          const uint32_t n = std::min(64u, cells - c);
+          w.write_k_rows(l, c, n, k.data() + size_t(c) * 256);
+          w.write_v_rows(l, c, n, v.data() + size_t(c) * 256);
+        }
+        std::vector<uint8_t> back(256 * 10);
+        w.read_v_rows(l, 7, 10, back.data());
+        EXPECT_EQ(0, std::memcmp(back.data(), v.data() + 7 * 256, back.size()));
+      };
+      std::vector<std::thread> ts;
+      for (uint32_t l = 0; l < 4; ++l) {
+        if (threads) ts.emplace_back(layer, l);
+        else layer(l);
+      }
+      for (auto& t : ts) t.join();
+      EXPECT_THROW(w.write_k_rows(0, cells - 1, 2, pattern(512, 1).data()), std::out_of_range);
+      w.commit();
+      std::ifstream f(path, std::ios::binary);
+      return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
+    };
+    const auto a = write("pwrite.bin", StateFileWriter::WriteMode::Pwrite, false), b = write("mapped.bin", StateFileWriter::WriteMode::Auto, true);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_TRUE(a == b) << "v_trans " << v_trans;
+    EXPECT_EQ(parse_state_file(scratch("mapped.bin")).cell_count, cells);
+  }
 }
 
 TEST(StateFile, AssemblerRefusesVRowsForALayoutWithoutThem) {
