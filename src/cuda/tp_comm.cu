@@ -1,7 +1,9 @@
 #include "cuda/tp_comm.cuh"
 
 #include <dlfcn.h>
+#ifdef PDBRIDGE_HAVE_NCCL
 #include <nccl.h>
+#endif
 
 #include <atomic>
 #include <condition_variable>
@@ -17,6 +19,7 @@ namespace pdb::cuda {
 
 namespace {
 
+#ifdef PDBRIDGE_HAVE_NCCL
 // ---- NCCL, loaded at run time ----
 struct Nccl {
   decltype(&ncclCommInitAll) comm_init_all = nullptr;
@@ -84,6 +87,8 @@ class NcclComm final : public TpComm {
   int rank_, world_, device_;
   std::atomic<bool> aborted_{false};
 };
+
+#endif  // PDBRIDGE_HAVE_NCCL
 
 // ---- ranks sharing one device ----
 constexpr int kMaxSharedRanks = 8;
@@ -169,6 +174,10 @@ class SharedDeviceComm final : public TpComm {
 }  // namespace
 
 std::vector<std::unique_ptr<TpComm>> make_nccl_group(const std::vector<int>& devices) {
+#ifndef PDBRIDGE_HAVE_NCCL
+  (void)devices;
+  throw std::runtime_error("tensor parallel across GPUs: this build found no nccl.h (the CUDA toolkit's NCCL) at configure time");
+#else
   const int n = int(devices.size());
   if (n < 1) throw std::invalid_argument("tensor parallel: no devices");
   for (int i = 0; i < n; ++i)
@@ -182,6 +191,7 @@ std::vector<std::unique_ptr<TpComm>> make_nccl_group(const std::vector<int>& dev
   std::vector<std::unique_ptr<TpComm>> out;
   for (int r = 0; r < n; ++r) out.push_back(std::make_unique<NcclComm>(comms[size_t(r)], r, n, devices[size_t(r)]));
   return out;
+#endif
 }
 
 std::vector<std::unique_ptr<TpComm>> make_shared_device_group(int world, int device) {
