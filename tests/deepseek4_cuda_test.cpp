@@ -31,9 +31,6 @@ namespace pdb {
 namespace {
 using json = nlohmann::json;
 
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary()
-
 std::vector<int32_t> random_tokens(uint64_t seed, int n) {
   std::mt19937_64 g(seed);
   std::vector<int32_t> t;
@@ -61,7 +58,7 @@ using SectionsByChunk = std::map<std::pair<int64_t, int>, Deepseek4LayerSections
 // Q8_0 integer products): equal within f32 rounding (Q8_0: within its activation codes' flips). Deeper ones carry the GPU engine's bf16 products (the
 // tolerance class): within a few percent, bounded here with the measured worst case's margin.
 TEST(Deepseek4Cuda, TracksTheCpuEngineSectionBySection) {
-  SKIP_WITHOUT_GPU();
+  PDB_SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA
   struct Case { std::string model, decoder; GgmlType kt; };
   for (const Case& k : {Case{"deepseek4-tiny", "decoder-f32.gguf", GgmlType::F16}, Case{"deepseek4-tiny", "decoder-f32.gguf", GgmlType::Q8_0},
@@ -121,7 +118,7 @@ TEST(Deepseek4Cuda, TracksTheCpuEngineSectionBySection) {
 // equal, the greedy continuation and the top-10 log-probabilities reported (the GPU engine's bf16 products put
 // the deeper layers' sections within ~1e-2 of the CPU engine's: a random model's near-ties may part later tokens).
 TEST(Deepseek4CudaBridge, CompleteWithTheGpuPrefillAndAnswersAsNative) {
-  SKIP_WITHOUT_GPU();
+  PDB_SKIP_WITHOUT_GPU();
   struct Case { std::string model, decoder, cache; };
   for (const Case& k : {Case{"deepseek4-tiny", "f32", "f16"}, Case{"deepseek4-tiny-fp8", "mxfp4_moe", "q8_0"}}) {
     test::StackOptions so;
@@ -196,7 +193,7 @@ TEST(Deepseek4CudaBridge, CompleteWithTheGpuPrefillAndAnswersAsNative) {
 // prefill throughput extrapolated over its 43 layers (2 ratio-0, 21 ratio-4, 20 ratio-128). JSON lines to
 // PDBRIDGE_BENCH_OUT (or stdout).
 TEST(Deepseek4CudaBench, RealShapeLayersPerKind) {
-  SKIP_WITHOUT_GPU();
+  PDB_SKIP_WITHOUT_GPU();
   if (!std::getenv("PDBRIDGE_BENCH")) GTEST_SKIP() << "a benchmark: PDBRIDGE_BENCH=1";
 #ifdef PDBRIDGE_HAVE_CUDA
   Deepseek4Config c = Deepseek4Config::preset("v4-flash");

@@ -27,17 +27,6 @@
 namespace pdb {
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary()
-
-// A random-weight HF checkpoint made by make-model in a fresh temporary directory (no GGUFs); its path.
-std::string make_checkpoint(const std::string& name, const std::string& arch, const std::string& preset, uint64_t seed, const std::string& dtype) {
-  MakeModelOptions o;
-  o.arch = arch; o.preset = preset; o.seed = seed; o.out = test::temp_dir(name); o.hf_dtype = dtype; o.gguf_types = {};
-  o.vocab_dir = test::llama_src() + "/models";
-  make_model(o);
-  return o.out + "/hf";
-}
 
 // deepseek2 `small` (DeepSeek-V2's head widths, which the GPU's MLA attention takes) with its decoder
 // GGUFs, made once per test process; its model directory.
@@ -54,12 +43,6 @@ const std::string& deepseek2_small_dir() {
   return dir;
 }
 
-std::vector<int32_t> random_tokens(uint64_t seed, int n, int vocab) {
-  std::mt19937_64 g(seed);
-  std::vector<int32_t> t;
-  for (int i = 0; i < n; ++i) t.push_back(int32_t(1000 + g() % uint64_t(std::min(vocab, 100000) - 1000)));
-  return t;
-}
 
 int64_t f16_ulp_distance(uint16_t a, uint16_t b) {
   auto ord = [](uint16_t x) { return (x & 0x8000) ? -int64_t(x & 0x7fff) : int64_t(x); };
@@ -70,7 +53,7 @@ int64_t f16_ulp_distance(uint16_t a, uint16_t b) {
 
 // Same hidden states through both recipes; rows compared as the decoder stores them (f16).
 TEST(GpuRecipe, RowsMatchTheCpuRecipeOnTheSameHiddenStates) {
-  SKIP_WITHOUT_GPU();
+  PDB_SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA
   struct Case { std::string model, gguf; double min_pct; };
   cuda::Gemm gemm;
@@ -115,7 +98,7 @@ TEST(GpuRecipe, RowsMatchTheCpuRecipeOnTheSameHiddenStates) {
 
 // The residual stream entering every layer, GPU engine (bf16) vs CPU engine (f32).
 TEST(CudaEngine, ForwardTracksTheCpuEngineLayerByLayer) {
-  SKIP_WITHOUT_GPU();
+  PDB_SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA
   // qwen3moe: grouped expert products; deepseek2 `small`: decompressed MLA attention (192/128) and routed + shared experts
   for (const std::string& dir : {test::models_dir() + "/llama-tiny", test::models_dir() + "/qwen3-tiny", test::models_dir() + "/qwen3moe-tiny",
@@ -124,7 +107,7 @@ TEST(CudaEngine, ForwardTracksTheCpuEngineLayerByLayer) {
     CpuEngine cpu(hf, 2);
     CudaEngine gpu(hf, 2);
     const int64_t T = 700;
-    auto tokens = random_tokens(std::random_device{}(), int(T), int(cpu.config().vocab_size));
+    auto tokens = test::random_token_ids(std::random_device{}(), int(T), int(cpu.config().vocab_size));
     const int64_t E = cpu.config().hidden_size, L = cpu.config().num_layers;
     std::vector<std::vector<float>> want(size_t(L), std::vector<float>(size_t(T * E))), got = want;
     cpu.prefill(tokens, 256, 0, [&](int l, const float* h, int64_t rows, int64_t p0) { std::copy_n(h, rows * E, want[size_t(l)].begin() + p0 * E); });
@@ -143,7 +126,7 @@ TEST(CudaEngine, ForwardTracksTheCpuEngineLayerByLayer) {
 
 // deepseek2's GPU recipe: the cache row [rms_norm(latent) * w | RoPE(k_pe)], no V, against the CPU recipe.
 TEST(GpuRecipe, MlaRowsMatchTheCpuRecipeOnTheSameHiddenStates) {
-  SKIP_WITHOUT_GPU();
+  PDB_SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA
   cuda::Gemm gemm;
   for (const std::string gguf : {"f32", "q8_0"}) {
@@ -192,15 +175,15 @@ TEST(GpuRecipe, MlaRowsMatchTheCpuRecipeOnTheSameHiddenStates) {
 // A block-FP8 checkpoint runs its products in FP8 (block-scaled cuBLASLt, activations quantized per
 // 1x128 block) and still tracks the CPU engine, which dequantizes the same weights exactly.
 TEST(CudaEngine, Fp8CheckpointRunsBlockScaledProductsAndTracksTheCpuEngine) {
-  SKIP_WITHOUT_GPU();
+  PDB_SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA
-  const std::string hf = make_checkpoint("fp8-engine", "qwen3", "tiny", 9, "fp8");
+  const std::string hf = test::make_hf_checkpoint("fp8-engine", "qwen3", "tiny", 9, "fp8");
   CpuEngine cpu(hf, 2);
   CudaEngine gpu(hf, 2);
   std::printf("FP8 ENGINE: %s\n", gpu.weights_note().c_str());
   ASSERT_TRUE(gpu.fp8().has_value()) << gpu.weights_note();
   const int64_t T = 520, E = cpu.config().hidden_size, L = cpu.config().num_layers;
-  auto tokens = random_tokens(std::random_device{}(), int(T), int(cpu.config().vocab_size));
+  auto tokens = test::random_token_ids(std::random_device{}(), int(T), int(cpu.config().vocab_size));
   std::vector<std::vector<float>> want(size_t(L), std::vector<float>(size_t(T * E))), got = want;
   cpu.prefill(tokens, 256, 0, [&](int l, const float* h, int64_t rows, int64_t p0) { std::copy_n(h, rows * E, want[size_t(l)].begin() + p0 * E); });
   gpu.prefill(tokens, 200, [&](int l, const float* dh, int64_t rows, int64_t p0, cudaStream_t s) {
@@ -219,7 +202,7 @@ TEST(CudaEngine, Fp8CheckpointRunsBlockScaledProductsAndTracksTheCpuEngine) {
 // same engine with bf16 K/V, layer by layer, on the `small` preset (head_dim 128); refused with a
 // clear message for head_dim 64.
 TEST(CudaEngine, Fp8KvTracksBf16KvAndIsRefusedWhereItCannotRun) {
-  SKIP_WITHOUT_GPU();
+  PDB_SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA
   try {
     CudaEngine tiny(test::models_dir() + "/llama-tiny/hf", 2, true);
@@ -227,11 +210,11 @@ TEST(CudaEngine, Fp8KvTracksBf16KvAndIsRefusedWhereItCannotRun) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("head_dim 128"), std::string::npos) << e.what();
   }
-  const std::string hf = make_checkpoint("fp8-kv", "llama", "small", 5, "bf16");
+  const std::string hf = test::make_hf_checkpoint("fp8-kv", "llama", "small", 5, "bf16");
   CudaEngine bf(hf, 2), f8(hf, 2, true);
   EXPECT_NE(f8.weights_note().find("fp8 K/V"), std::string::npos) << f8.weights_note();
   const int64_t T = 1500, E = bf.config().hidden_size, L = bf.config().num_layers;
-  auto tokens = random_tokens(std::random_device{}(), int(T), int(bf.config().vocab_size));
+  auto tokens = test::random_token_ids(std::random_device{}(), int(T), int(bf.config().vocab_size));
   std::vector<std::vector<float>> want(size_t(L), std::vector<float>(size_t(T * E))), got = want;
   auto grab = [&](std::vector<std::vector<float>>& into) {
     return [&into, E](int l, const float* dh, int64_t rows, int64_t p0, cudaStream_t s) {
@@ -268,7 +251,7 @@ TEST(CudaEngine, Fp8KvTracksBf16KvAndIsRefusedWhereItCannotRun) {
 // `pdbridge prefill --device cuda` behind the front door, llama-server as the decoder: the bridge is
 // complete, the decoder's cache hit is real, and the bridged state is close to the decoder's own.
 TEST(CudaBridge, ServesTheBridgeEndToEndWithARealCacheHit) {
-  SKIP_WITHOUT_GPU();
+  PDB_SKIP_WITHOUT_GPU();
   struct Case { std::string dir, gguf; };
   for (const Case& c : {Case{test::models_dir() + "/llama-tiny", "f32"}, Case{test::models_dir() + "/llama-tiny", "q8_0"},
                        Case{test::models_dir() + "/qwen3moe-tiny", "f32"}, Case{deepseek2_small_dir(), "f32"}}) {
@@ -300,7 +283,7 @@ TEST(CudaBridge, ServesTheBridgeEndToEndWithARealCacheHit) {
 
 // The GPU-bridged state against the state llama-server saves itself (the parity table's GPU rows).
 TEST(CudaParity, BridgedStateAgainstTheDecodersOwn) {
-  SKIP_WITHOUT_GPU();
+  PDB_SKIP_WITHOUT_GPU();
   struct Case { std::string model, gguf, cache; };
   for (const Case& c : {Case{"llama-tiny", "f32", "f16"}, Case{"qwen3-tiny", "f32", "f16"}, Case{"llama-tiny", "f32", "q8_0"},
                        Case{"llama-tiny-h16", "f16", "f16"}, Case{"qwen3moe-tiny", "f32", "f16"}, Case{"qwen3moe-tiny", "f32", "q8_0"},
@@ -308,7 +291,7 @@ TEST(CudaParity, BridgedStateAgainstTheDecodersOwn) {
     const std::string mdir = c.model == "deepseek2-small" ? deepseek2_small_dir() : test::models_dir() + "/" + c.model;
     test::Stack st(test::parity_stack_options(mdir, c.gguf, c.cache));
     const int T = 700;
-    auto tokens = random_tokens(std::random_device{}(), T, 100000);
+    auto tokens = test::random_token_ids(std::random_device{}(), T, 100000);
     std::shared_ptr<const Recipe> recipe = Recipe::load(st.decoder_gguf, 2);
     auto backend = make_cuda_backend(mdir + "/hf", recipe, 2, 256);
     auto [native, ours, fid] = test::native_and_bridged_states(st, *backend, tokens, 256);

@@ -12,7 +12,6 @@
 #include "model/reference_ops.h"
 #include "prefill/backend.h"
 #include "support/stack.h"
-#include "tools/make_model.h"
 #ifdef PDBRIDGE_HAVE_CUDA
 #include "cuda/common.cuh"
 #include "cuda/tp_comm.cuh"
@@ -22,16 +21,7 @@
 namespace pdb {
 namespace {
 
-#define SKIP_WITHOUT_GPU() \
-  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary()
-
 #ifdef PDBRIDGE_HAVE_CUDA
-std::vector<int32_t> random_tokens(int n, int vocab) {
-  std::mt19937_64 g(std::random_device{}());
-  std::vector<int32_t> t;
-  for (int i = 0; i < n; ++i) t.push_back(int32_t(1000 + g() % uint64_t(std::min(vocab, 100000) - 1000)));
-  return t;
-}
 
 // Every rank fills its buffer with (rank + 1) * (i % 7); each must end with the sum over the ranks.
 void expect_group_sums(std::vector<std::unique_ptr<cuda::TpComm>>& comms) {
@@ -78,19 +68,12 @@ std::vector<std::vector<float>> layer_inputs(CudaTpEngine& e, const std::vector<
 }
 std::vector<float> from_position(const std::vector<float>& v, int64_t p, int64_t E) { return std::vector<float>(v.begin() + p * E, v.end()); }
 
-std::string make_checkpoint(const std::string& name, const std::string& arch, const std::string& preset, uint64_t seed, const std::string& dtype) {
-  MakeModelOptions o;
-  o.arch = arch; o.preset = preset; o.seed = seed; o.out = test::temp_dir(name); o.hf_dtype = dtype; o.gguf_types = {};
-  o.vocab_dir = test::llama_src() + "/models";
-  make_model(o);
-  return o.out + "/hf";
-}
 #endif
 
 }  // namespace
 
 TEST(CudaTpComm, RanksSharingOneGpuSumEveryRanksBufferInPlace) {
-  SKIP_WITHOUT_GPU();
+  PDB_SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA
   for (int W : {1, 2, 4}) {
     auto comms = cuda::make_shared_device_group(W, 0);
@@ -100,7 +83,7 @@ TEST(CudaTpComm, RanksSharingOneGpuSumEveryRanksBufferInPlace) {
 }
 
 TEST(CudaTpComm, NcclGroupOverEveryGpuSumsInPlace) {
-  SKIP_WITHOUT_GPU();
+  PDB_SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA
   // One rank per GPU (a group of one on a one-GPU machine: NCCL loads, initializes and reduces to itself).
   std::vector<int> devs;
@@ -116,21 +99,21 @@ TEST(CudaTpComm, NcclGroupOverEveryGpuSumsInPlace) {
 // Tolerance class: a rank's o_proj / down_proj part is summed in f32 after the product instead of inside it, so
 // the residual differs from the whole engine's by rounding; deeper layers carry it through bf16 activations.
 TEST(CudaTensorParallel, RanksOnOneGpuTrackTheWholeEngineLayerByLayer) {
-  SKIP_WITHOUT_GPU();
+  PDB_SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA
   struct Case { std::string name, hf; };
   const std::vector<Case> cases = {
       {"llama-tiny (dense)", test::models_dir() + "/llama-tiny/hf"},
       {"qwen3moe-tiny (experts split by columns)", test::models_dir() + "/qwen3moe-tiny/hf"},
-      {"llama small bf16 (12 layers, 6 heads over 2 kv heads)", make_checkpoint("tp-small", "llama", "small", 11, "bf16")},
-      {"qwen3 small block-FP8 (FP8 products on 128-blocks)", make_checkpoint("tp-fp8", "qwen3", "small", 12, "fp8")}};
+      {"llama small bf16 (12 layers, 6 heads over 2 kv heads)", test::make_hf_checkpoint("tp-small", "llama", "small", 11, "bf16")},
+      {"qwen3 small block-FP8 (FP8 products on 128-blocks)", test::make_hf_checkpoint("tp-fp8", "qwen3", "small", 12, "fp8")}};
   for (const auto& c : cases) {
     CudaTpEngine whole(c.hf, 2);
     CudaTpEngine tp(c.hf, 2, false, 2, true);
     EXPECT_EQ(tp.world(), 2);
     EXPECT_NE(tp.weights_note().find("rank 0 of 2"), std::string::npos) << tp.weights_note();
     const int64_t T = 700, E = whole.config().hidden_size, L = whole.config().num_layers;
-    const auto tokens = random_tokens(int(T), int(whole.config().vocab_size));
+    const auto tokens = test::random_token_ids(std::random_device{}(), int(T), int(whole.config().vocab_size));
     const auto want = layer_inputs(whole, tokens, 256);
     std::shared_ptr<EngineState> kept;
     const auto got = layer_inputs(tp, tokens, 300, {}, &kept);
@@ -163,14 +146,14 @@ TEST(CudaTensorParallel, RanksOnOneGpuTrackTheWholeEngineLayerByLayer) {
 }
 
 TEST(CudaTensorParallel, AcrossGpusOverNcclTracksTheWholeEngine) {
-  SKIP_WITHOUT_GPU();
+  PDB_SKIP_WITHOUT_GPU();
   if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs; this machine has " << cuda::device_count() << " (" << cuda::device_summary() << ")";
 #ifdef PDBRIDGE_HAVE_CUDA
-  const std::string hf = make_checkpoint("tp-nccl", "llama", "small", 13, "bf16");
+  const std::string hf = test::make_hf_checkpoint("tp-nccl", "llama", "small", 13, "bf16");
   CudaTpEngine whole(hf, 2);
   CudaTpEngine tp(hf, 2, false, 2, false);
   std::printf("TP2 NCCL: %s\n", tp.weights_note().c_str());
-  const auto tokens = random_tokens(900, int(whole.config().vocab_size));
+  const auto tokens = test::random_token_ids(std::random_device{}(), 900, int(whole.config().vocab_size));
   const auto want = layer_inputs(whole, tokens, 256), got = layer_inputs(tp, tokens, 300);
   for (size_t l = 1; l < want.size(); ++l) EXPECT_LT(ref::rel_error(got[l], want[l]), 3e-2) << "layer " << l;
 #endif
@@ -179,7 +162,7 @@ TEST(CudaTensorParallel, AcrossGpusOverNcclTracksTheWholeEngine) {
 // `pdbridge prefill --device cuda --tp 2 --tp-one-gpu` behind the front door: one capture stream, a complete
 // bridge, the decoder's cache hit, the answer as native.
 TEST(CudaTensorParallel, BridgesEndToEndWithTwoRanks) {
-  SKIP_WITHOUT_GPU();
+  PDB_SKIP_WITHOUT_GPU();
   test::StackOptions so;
   so.model_dir = test::models_dir() + "/llama-tiny";
   so.decoder_type = "f32";

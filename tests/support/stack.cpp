@@ -10,6 +10,7 @@
 
 #include "front/assembler.h"
 #include "prefill/capture.h"
+#include "tools/make_model.h"
 
 namespace pdb::test {
 namespace fs = std::filesystem;
@@ -102,6 +103,22 @@ void Stack::restart_decoder(bool wait_healthy) {
   decoder_->stop();
   decoder_ = std::make_unique<Child>(decoder_argv_, dir + "/decoder-restarted.log");
   if (wait_healthy && !wait_http_ok("127.0.0.1", decoder_port, "/health", 120)) throw std::runtime_error("decoder did not restart");
+}
+
+std::vector<int32_t> random_token_ids(uint64_t seed, int n, int vocab) {
+  std::mt19937_64 g(seed);
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(int32_t(1000 + g() % uint64_t(std::min(vocab, 100000) - 1000)));
+  return t;
+}
+
+std::string make_hf_checkpoint(const std::string& name, const std::string& arch, const std::string& preset, uint64_t seed,
+                               const std::string& dtype) {
+  MakeModelOptions o;
+  o.arch = arch; o.preset = preset; o.seed = seed; o.out = temp_dir(name); o.hf_dtype = dtype; o.gguf_types = {};
+  o.vocab_dir = llama_src() + "/models";
+  make_model(o);
+  return o.out + "/hf";
 }
 
 size_t Stack::kept_state_files() {

@@ -69,6 +69,12 @@ class Stack {
 
 HttpReply http_post(int port, const std::string& path, const std::string& body, int timeout_s);
 
+// Token ids in [1000, min(vocab, 100000)) from `seed`: a prompt of fresh random tokens.
+std::vector<int32_t> random_token_ids(uint64_t seed, int n, int vocab);
+// A random-weight HF checkpoint made by make-model in a fresh temporary directory (no GGUFs); its path.
+std::string make_hf_checkpoint(const std::string& name, const std::string& arch, const std::string& preset, uint64_t seed,
+                               const std::string& dtype);
+
 // A one-slot decoder without a prefill server: what the parity tests compare states on.
 StackOptions parity_stack_options(const std::string& model_dir, const std::string& decoder_type, const std::string& cache_type);
 

@@ -6,6 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "cuda/device.h"
+
+// GPU tests skip, saying why, where there is no GPU (CI) or no CUDA in the build.
+#define PDB_SKIP_WITHOUT_GPU() \
+  if (::pdb::cuda::device_count() == 0) GTEST_SKIP() << ::pdb::cuda::device_summary()
+
 namespace pdb::test {
 
 std::string build_dir();    // the CMake build directory (contains pdbridge, llama/)
