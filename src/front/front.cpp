@@ -535,7 +535,16 @@ void Front::bridge(int slot, const std::vector<int32_t>& prompt, int64_t slot_ca
   if (!pooled_ && o_.tail_bridge && kept_.enabled() && mounted > 0) {
     std::error_code ec;
     const uint64_t bytes = fs::file_size(path, ec);
-    if (!ec) {
+    // the next turn writes a file about this large beside it: a kept file that leaves no room for it would only
+    // turn that bridge into a decline
+    std::error_code sec;
+    const auto space = fs::space(o_.slot_dir, sec);
+    if (ec) {
+      // not kept: the file goes with the request (cleanup)
+    } else if (!sec && space.available < bytes + bytes / 8) {
+      spdlog::warn("front: {} has {:.1f} GB free: not keeping a {:.1f} GB state for the next turn", o_.slot_dir, double(space.available) / 1e9,
+                   double(bytes) / 1e9);
+    } else {
       kept_.keep(path, std::vector<int32_t>(tokens.begin(), tokens.begin() + mounted), bytes);
       cleanup.p.clear();
     }
