@@ -208,6 +208,13 @@ TEST(Deepseek4CudaBench, RealShapeLayersPerKind) {
     std::stringstream ss(e);
     for (std::string t; std::getline(ss, t, ',');) lengths.push_back(std::stoll(t));
   }
+  auto env_or = [](const char* name, const char* fallback) {
+    const char* e = std::getenv(name);
+    return std::string(e && *e ? e : fallback);
+  };
+  // the paths of the run (the A/B switches: the fused attention and indexer, or the gathered keys and S)
+  const json paths = {{"attention", env_or("PDBRIDGE_DSV4_ATTN", "fused")}, {"indexer", env_or("PDBRIDGE_DSV4_INDEXER", "fused")},
+                      {"moe_gemm", env_or("PDBRIDGE_MOE_GEMM", "grouped")}};
   auto eng = Deepseek4CudaEngine::random(c, 7);
   std::printf("DSV4 bench: %s; %.1f GB of weights for %lld layers; %s\n", cuda::device_summary().c_str(), double(eng->weight_bytes()) / 1e9,
               (long long)c.layers, eng->weights_note().c_str());
@@ -230,7 +237,7 @@ TEST(Deepseek4CudaBench, RealShapeLayersPerKind) {
     double layers_ms = 0;
     for (int64_t l = 0; l < c.layers; ++l)
       for (int p = 0; p < Deepseek4CudaEngine::kPhases; ++p)
-        if (p != Deepseek4CudaEngine::kExpand) layers_ms += prof.ms[size_t(l)][size_t(p)];
+        if (!Deepseek4CudaEngine::Profile::part_of_another(p)) layers_ms += prof.ms[size_t(l)][size_t(p)];
     const double per_prompt_ms = std::max(0.0, wall_ms - layers_ms);
     double model_ms = per_prompt_ms;
     for (int64_t l = 0; l < c.layers; ++l) {
@@ -239,7 +246,7 @@ TEST(Deepseek4CudaBench, RealShapeLayersPerKind) {
       double layer_ms = 0;
       json phases;
       for (int p = 0; p < Deepseek4CudaEngine::kPhases; ++p) {
-        if (p != Deepseek4CudaEngine::kExpand) layer_ms += prof.ms[size_t(l)][size_t(p)];  // the expansion is inside the MoE's time
+        if (!Deepseek4CudaEngine::Profile::part_of_another(p)) layer_ms += prof.ms[size_t(l)][size_t(p)];  // the parts are inside the MoE's time
         phases[Deepseek4CudaEngine::Profile::phase_name(p)] = prof.ms[size_t(l)][size_t(p)];
       }
       model_ms += count * layer_ms;
@@ -260,17 +267,17 @@ TEST(Deepseek4CudaBench, RealShapeLayersPerKind) {
         flops += 64 * f;
       }
       const json row = {{"bench", "dsv4_layer"}, {"tokens", T}, {"chunk", chunk}, {"ratio", ratio}, {"layer_ms", layer_ms}, {"phases_ms", phases},
-                        {"tflops", flops / (layer_ms * 1e-3) / 1e12}, {"layers_of_this_kind", count}, {"device", cuda::device_summary()}};
+                        {"tflops", flops / (layer_ms * 1e-3) / 1e12}, {"layers_of_this_kind", count}, {"paths", paths}, {"device", cuda::device_summary()}};
       std::fprintf(out, "%s\n", row.dump().c_str());
       std::printf("DSV4 bench T=%lld ratio %d: %.1f ms per layer (%.0f TFLOP/s) %s\n", (long long)T, ratio, layer_ms,
                   flops / (layer_ms * 1e-3) / 1e12, phases.dump().c_str());
     }
     const json row = {{"bench", "dsv4_model_extrapolated"}, {"tokens", T}, {"chunk", chunk}, {"model_ms", model_ms}, {"wall_ms_3_layers", wall_ms},
                       {"per_prompt_ms", per_prompt_ms},
-                      {"tokens_per_s", double(T) / (model_ms * 1e-3)}, {"layers", 43}, {"device", cuda::device_summary()}};
+                      {"tokens_per_s", double(T) / (model_ms * 1e-3)}, {"layers", 43}, {"paths", paths}, {"device", cuda::device_summary()}};
     std::fprintf(out, "%s\n", row.dump().c_str());
-    std::printf("DSV4 bench T=%lld: 43 layers extrapolated %.0f ms (%.0f of it per prompt, outside the layers; 3 layers ran in %.0f ms wall) -> %.0f tok/s\n",
-                (long long)T, model_ms, per_prompt_ms, wall_ms, double(T) / (model_ms * 1e-3));
+    std::printf("DSV4 bench T=%lld %s: 43 layers extrapolated %.0f ms (%.0f of it per prompt, outside the layers; 3 layers ran in %.0f ms wall) -> %.0f tok/s\n",
+                (long long)T, paths.dump().c_str(), model_ms, per_prompt_ms, wall_ms, double(T) / (model_ms * 1e-3));
     std::fflush(out);
   }
   if (out != stdout) std::fclose(out);

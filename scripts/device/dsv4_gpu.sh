@@ -2,7 +2,8 @@
 # Issue 19 on the GPU: the DSV4 kernels against their CPU twins, the GPU engine against the CPU engine section by
 # section on the tiny models, the bridge with `prefill --device cuda` into llama-server (on the device's CPU), and
 # the real V4-Flash layer shapes timed per layer kind (tests/deepseek4_cuda_test.cpp).
-# Usage (device): bash .dev/dsv4_gpu.sh [stages: kernels engine bridge bench]
+# Usage (device): bash .dev/dsv4_gpu.sh [stages: kernels engine bridge bench]; bash .dev/bg.sh LIMIT dsv4_gpu.sh ... runs
+# it in the background past one command's limit.
 DEV=$(cd "$(dirname "$0")" && pwd)
 source $DEV/env.sh || exit 1
 T0=$(date +%s)
@@ -20,12 +21,16 @@ for st in $STAGES; do
     kernels) ts kernels; timeout 120 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4*' > $R/dsv4_kernels.log 2>&1; ts "rc=$?"; grep -E "OK|FAILED|Failure|Expected|Which|differs" $R/dsv4_kernels.log | head -30 | tee -a $R/dsv4_gpu.log ;;
     engine) ts engine; timeout 240 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*' > $R/dsv4_engine.log 2>&1; ts "rc=$?"; grep -E "DSV4|OK|FAILED|Failure|what|deepseek4 on" $R/dsv4_engine.log | head -40 | tee -a $R/dsv4_gpu.log ;;
     bridge) ts bridge; timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4CudaBridge.*' > $R/dsv4_bridge.log 2>&1; ts "rc=$?"; grep -E "DSV4|OK|FAILED|Failure" $R/dsv4_bridge.log | head -30 | tee -a $R/dsv4_gpu.log ;;
-    # bench: FP4 experts at chunks of 4096 and 16384, then bf16 experts (the FP4 expansion's A/B); BENCH_RUNS picks
-    bench) for run in ${BENCH_RUNS:-fp4:4096 fp4:16384 bf16:16384}; do
-        ex=${run%%:*}; ch=${run#*:}; ts "bench experts=$ex chunk=$ch"
-        PDBRIDGE_BENCH=1 PDBRIDGE_BENCH_OUT=$R/dsv4_bench_${ex}_$ch.jsonl PDBRIDGE_DSV4_BENCH_TOKENS=${BENCH_TOKENS:-8192,32768,131072} PDBRIDGE_DSV4_BENCH_CHUNK=$ch \
-          PDBRIDGE_DSV4_EXPERTS=$ex timeout ${BENCH_LIMIT:-300} $P/build/tests/integration_tests --gtest_filter='Deepseek4CudaBench.*' > $R/dsv4_bench_${ex}_$ch.log 2>&1
-        ts "rc=$?"; grep -E "DSV4|OK|FAILED|Failure|what" $R/dsv4_bench_${ex}_$ch.log | head -30 | tee -a $R/dsv4_gpu.log
+    # bench: BENCH_RUNS picks, each EXPERTS:CHUNK[:NAME=VALUE+NAME=VALUE] (the third part: the A/B switches, e.g.
+    # PDBRIDGE_DSV4_ATTN=gather+PDBRIDGE_DSV4_INDEXER=gemm for the paths before the fused kernels)
+    bench) for run in ${BENCH_RUNS:-fp4:32768 fp4:32768:PDBRIDGE_DSV4_ATTN=gather+PDBRIDGE_DSV4_INDEXER=gemm}; do
+        IFS=: read ex ch envs <<< "$run"
+        tag=${ex}_${ch}$( [ -n "$envs" ] && echo "_$(echo "$envs" | md5sum | cut -c1-6)" )
+        ts "bench experts=$ex chunk=$ch ${envs:-(defaults)} -> $tag"
+        env $(echo "$envs" | tr '+' ' ') PDBRIDGE_BENCH=1 PDBRIDGE_BENCH_OUT=$R/dsv4_bench_$tag.jsonl PDBRIDGE_DSV4_BENCH_TOKENS=${BENCH_TOKENS:-8192,32768,131072} \
+          PDBRIDGE_DSV4_BENCH_CHUNK=$ch PDBRIDGE_DSV4_EXPERTS=$ex timeout ${BENCH_LIMIT:-300} $P/build/tests/integration_tests --gtest_filter='Deepseek4CudaBench.*' \
+          > $R/dsv4_bench_$tag.log 2>&1
+        ts "rc=$?"; grep -E "DSV4|OK|FAILED|Failure|what" $R/dsv4_bench_$tag.log | head -30 | tee -a $R/dsv4_gpu.log
       done ;;
   esac
   cp $R/dsv4_* $R/make_* $OUT/ 2>/dev/null

@@ -15,28 +15,8 @@ namespace {
 // query heads that share a KV head (heads_per_block of them, W / heads_per_block warps each), so
 // every K/V tile brought into shared memory serves 16 * W query rows: twice the reuse of a
 // one-head block at W = 8, which is what keeps long contexts off the memory roof.
-// Shared tiles are rows of head_dim bf16 split into 16-byte chunks; chunk c of row r lives at
-// chunk (c ^ (r & 7)) so that the 8 rows an ldmatrix reads fall in 8 different bank groups.
+// Shared tiles are rows of head_dim bf16 in swizzled 16-byte chunks (device_helpers.cuh, swz).
 __device__ __forceinline__ int64_t imin64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-__device__ __forceinline__ uint32_t swz(int row, int chunk, int chunks_per_row) {
-  return uint32_t((row * chunks_per_row + (chunk ^ (row & 7))) * 16);
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-// D(16x8, f32) += A(16x16, bf16, row) * B(16x8, bf16, col)
-__device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Copies `rows` rows (row stride `stride` elements) of a head_dim-wide tile into swizzled shared memory;
 // rows at or past `valid` are zero-filled.

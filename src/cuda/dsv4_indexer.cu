@@ -3,8 +3,10 @@
 #include <cub/block/block_scan.cuh>
 
 #include <stdexcept>
+#include <string>
 
 #include "cuda/common.cuh"
+#include "cuda/device_helpers.cuh"
 
 namespace pdb::cuda {
 namespace {
@@ -99,6 +101,114 @@ __global__ void topk_kernel(const float* __restrict__ scores, int32_t* __restric
   }
 }
 
+
+// The fused scores. A block of 8 warps holds 128 (query, head) rows: 128 / H queries of H heads, each warp 16
+// heads of one query, their q fragments in registers for the whole prompt. It walks the blocks its last query
+// can see in tiles of 64 LID rows (two shared-memory stages, cp.async), 16 x 64 dot products per warp on the
+// tensor cores (bf16, f32 accumulation), then per column: the warp's two rows per lane as w * max(0, s), summed
+// over the warp's 16 heads by shuffles and over the query's H / 16 warps through shared memory.
+template <int H>
+__global__ void __launch_bounds__(256) indexer_scores_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ rows,
+                                                             const float* __restrict__ w, float* __restrict__ scores, IndexerShape sh) {
+  constexpr int D = 128, C = D / 8, KS = D / 16, KT = 64, QPB = 128 / H, WPQ = H / 16;
+  constexpr uint32_t kTileBytes = KT * D * 2;
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  const uint32_t sQ = uint32_t(__cvta_generic_to_shared(smem_raw));
+  const uint32_t sK0 = sQ + 128 * D * 2;
+  float* red = reinterpret_cast<float*>(smem_raw + 128 * D * 2 + 2 * kTileBytes);  // [8 warps x KT]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t qb = (int64_t(gridDim.x) - 1 - blockIdx.x) * QPB;  // the block's first query; the most blocks first
+  const int64_t last_q = (qb + QPB < sh.n_q ? qb + QPB : sh.n_q) - 1;
+  const int64_t reach = visible_blocks(sh, last_q);
+  const int n_tiles = int((reach + KT - 1) / KT);
+  for (int i = threadIdx.x; i < 128 * C; i += 256) {
+    const int r = i / C, c = i % C;
+    const int64_t t = qb + r / H;
+    const bool ok = t < sh.n_q;
+    cp_async16(sQ + swz(r, c, C), q + ((ok ? t : 0) * H + r % H) * D + c * 8, ok);
+  }
+  cp_async_commit();
+  auto load = [&](int tile, int stage) {
+    const int64_t b0 = int64_t(tile) * KT;
+    for (int i = threadIdx.x; i < KT * C; i += 256) {
+      const int r = i / C, c = i % C;
+      const bool ok = b0 + r < sh.n_blocks;
+      cp_async16(sK0 + stage * kTileBytes + swz(r, c, C), rows + (ok ? (b0 + r) * D + c * 8 : 0), ok);
+    }
+    cp_async_commit();
+  };
+  if (n_tiles > 0) load(0, 0);
+  cp_async_wait<0>();
+  __syncthreads();
+  const int mat = lane / 8, lr = lane % 8;
+  uint32_t qf[KS][4];
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) ldmatrix_x4(sQ + swz(warp * 16 + lr + (mat & 1) * 8, kk * 2 + (mat >> 1), C), qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3]);
+  const int64_t my_t = qb + warp / WPQ;
+  const int h0 = (warp % WPQ) * 16 + lane / 4;
+  const float w0 = my_t < sh.n_q ? w[my_t * H + h0] : 0.0f, w1 = my_t < sh.n_q ? w[my_t * H + h0 + 8] : 0.0f;
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int stage = tile & 1;
+    cp_async_wait<0>();
+    __syncthreads();  // this tile landed; every warp is past the previous one (its stage and `red` are free)
+    if (tile + 1 < n_tiles) load(tile + 1, stage ^ 1);
+    float sc[KT / 8][4];
+#pragma unroll
+    for (int j = 0; j < KT / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk)
+#pragma unroll
+      for (int j = 0; j < KT / 8; j += 2) {
+        uint32_t b0, b1, b2, b3;
+        ldmatrix_x4(sK0 + stage * kTileBytes + swz((j + (mat >> 1)) * 8 + lr, kk * 2 + (mat & 1), C), b0, b1, b2, b3);
+        mma_bf16(sc[j], qf[kk], b0, b1);
+        mma_bf16(sc[j + 1], qf[kk], b2, b3);
+      }
+#pragma unroll
+    for (int j = 0; j < KT / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = w0 * fmaxf(sc[j][e], 0.0f) + w1 * fmaxf(sc[j][2 + e], 0.0f);
+        v += __shfl_xor_sync(0xffffffffu, v, 4);
+        v += __shfl_xor_sync(0xffffffffu, v, 8);
+        v += __shfl_xor_sync(0xffffffffu, v, 16);
+        if (lane < 4) red[warp * KT + j * 8 + 2 * lane + e] = v;
+      }
+    __syncthreads();
+    for (int i = threadIdx.x; i < QPB * KT; i += 256) {
+      const int qq = i / KT, col = i % KT;
+      const int64_t t = qb + qq, b = int64_t(tile) * KT + col;
+      if (t >= sh.n_q || b >= sh.n_blocks) continue;
+      float v = -INFINITY;
+      if (b < visible_blocks(sh, t)) {
+        v = 0.0f;
+#pragma unroll
+        for (int k = 0; k < WPQ; ++k) v += red[(qq * WPQ + k) * KT + col];
+      }
+      scores[t * sh.n_blocks + b] = v;
+    }
+  }
+  // the blocks past the last query's reach: not visible to any query of the block
+  for (int qq = 0; qq < QPB; ++qq) {
+    const int64_t t = qb + qq;
+    if (t >= sh.n_q) break;
+    for (int64_t b = int64_t(n_tiles) * KT + threadIdx.x; b < sh.n_blocks; b += 256) scores[t * sh.n_blocks + b] = -INFINITY;
+  }
+}
+
+template <int H>
+void launch_scores(const __nv_bfloat16* q, const __nv_bfloat16* rows, const float* w, float* scores, const IndexerShape& sh, cudaStream_t stream) {
+  constexpr int smem = 128 * 128 * 2 + 2 * 64 * 128 * 2 + 8 * 64 * 4;
+  static bool configured = false;  // once per process and instantiation
+  if (!configured) {
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(indexer_scores_kernel<H>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    configured = true;
+  }
+  const int64_t blocks = (sh.n_q + 128 / H - 1) / (128 / H);
+  indexer_scores_kernel<H><<<unsigned(blocks), 256, smem, stream>>>(q, rows, w, scores, sh);
+  PDB_CUDA_CHECK(cudaGetLastError());
+}
+
 }  // namespace
 
 void indexer_weighted_relu(const float* s, const float* w, float* scores, const IndexerShape& sh, cudaStream_t stream) {
@@ -107,6 +217,23 @@ void indexer_weighted_relu(const float* s, const float* w, float* scores, const 
   const dim3 grid(unsigned((sh.n_blocks + kThreads - 1) / kThreads), unsigned(sh.n_q));
   weighted_relu_kernel<<<grid, kThreads, 0, stream>>>(s, w, scores, sh);
   PDB_CUDA_CHECK(cudaGetLastError());
+}
+
+bool indexer_scores_supported(int heads, int dim) { return dim == 128 && (heads == 16 || heads == 32 || heads == 64 || heads == 128); }
+
+void indexer_scores(const __nv_bfloat16* q, const __nv_bfloat16* rows, const float* w, float* scores, const IndexerShape& sh, int dim,
+                    cudaStream_t stream) {
+  if (sh.n_q <= 0 || sh.n_blocks <= 0) return;
+  if (sh.ratio <= 0) throw std::invalid_argument("indexer: ratio must be positive");
+  if (!indexer_scores_supported(sh.heads, dim))
+    throw std::invalid_argument("indexer_scores: takes 16, 32, 64 or 128 heads of 128 dims, not " + std::to_string(sh.heads) + " x " +
+                                std::to_string(dim));
+  switch (sh.heads) {
+    case 16: return launch_scores<16>(q, rows, w, scores, sh, stream);
+    case 32: return launch_scores<32>(q, rows, w, scores, sh, stream);
+    case 64: return launch_scores<64>(q, rows, w, scores, sh, stream);
+    default: return launch_scores<128>(q, rows, w, scores, sh, stream);
+  }
 }
 
 void indexer_topk(const float* scores, int32_t* idx, const IndexerShape& sh, cudaStream_t stream) {

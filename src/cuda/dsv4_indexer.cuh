@@ -1,10 +1,13 @@
 // DeepSeek-V4's lightning indexer on the GPU (the CPU twin: model/deepseek4_blocks.h, dsv4_indexer_select): for
 // each query t of a ratio-4 layer, the score of every finished 4-block b visible to it (b < (t+1)/4) is
 //   sum_h w[t][h] * max(0, q[t][h] . k[b])
-// and the top_k blocks by score are the compressed rows its attention reads. The q . k products are one GEMM
-// per query chunk (gemm.cuh: S [n_q*H x n_blocks] f32), the weighted ReLU sum one kernel, the selection one
-// block per query row (radix select of the k-th score, then the indices in ascending order).
+// and the top_k blocks by score are the compressed rows its attention reads. The scores in one fused kernel
+// (indexer_scores: the q . k products on tensor cores, the ReLU and the weighted sum over heads in registers,
+// only the causal blocks computed), or, for head counts it does not take, one GEMM per query chunk (gemm.cuh:
+// S [n_q*H x n_blocks] f32) and the weighted ReLU sum; the selection one block per query row (radix select of
+// the k-th score, then the indices in ascending order).
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -22,6 +25,11 @@ struct IndexerShape {
 
 // scores [n_q x n_blocks] from s [n_q*heads x n_blocks] and w [n_q x heads]; -inf where b is not visible to t.
 void indexer_weighted_relu(const float* s, const float* w, float* scores, const IndexerShape& sh, cudaStream_t stream);
+// The same scores straight from the bf16 queries q [n_q x heads x dim] (rotated, as the LID rows) and rows
+// [n_blocks x dim]: S never exists (at 32K tokens it was 64 GB of f32 written and read per ratio-4 layer).
+bool indexer_scores_supported(int heads, int dim);  // dim 128, heads 16, 32, 64 or 128
+void indexer_scores(const __nv_bfloat16* q, const __nv_bfloat16* rows, const float* w, float* scores, const IndexerShape& sh, int dim,
+                    cudaStream_t stream);
 // idx [n_q x top_k]: per query the top_k visible blocks by score, ascending block index (ties of the k-th score:
 // lower indices first); -1 past the visible count when fewer than top_k are visible.
 void indexer_topk(const float* scores, int32_t* idx, const IndexerShape& sh, cudaStream_t stream);

@@ -1,7 +1,8 @@
-// DeepSeek-V4's lightning-indexer kernels (cuda/dsv4_indexer.cuh) against their CPU twin
-// (model/deepseek4_blocks.h, dsv4_indexer_select) on fresh random inputs: the weighted ReLU scores of every
-// visible block, and the top-k set (a block may differ only where its score ties the k-th within the
-// products' rounding). Skips without a GPU.
+// DeepSeek-V4's kernels against their CPU twins (model/deepseek4_blocks.h) on fresh random inputs: the lightning
+// indexer (cuda/dsv4_indexer.cuh against dsv4_indexer_select: the weighted ReLU scores of every visible block, and
+// the top-k set, where a block may differ only where its score ties the k-th within the products' rounding), the
+// sparse attention (cuda/dsv4_attention.cuh against dsv4_attend), the mixes, the rotation and MXFP4. Skips without
+// a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #ifdef PDBRIDGE_HAVE_CUDA
 #include "cuda/common.cuh"
 #include "cuda/dsv4.cuh"
+#include "cuda/dsv4_attention.cuh"
 #include "cuda/dsv4_indexer.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/kernel_test_support.h"
@@ -29,62 +31,157 @@ TEST(CudaKernels, Dsv4IndexerScoresAndTopKMatchTheCpuTwin) {
 #ifdef PDBRIDGE_HAVE_CUDA
   using namespace test_kernels;
   struct Case { int heads; int64_t n_q, pos0; int top_k; };
-  // few blocks visible (every one taken, then -1), many (the selection proper), V4-Flash's 64 heads
-  for (const Case c : {Case{4, 40, 0, 8}, Case{8, 64, 1000, 32}, Case{64, 16, 4000, 512}}) {
+  // few blocks visible (every one taken, then -1), many (the selection proper), V4-Flash's 64 heads; each case
+  // through the GEMM path and, where it takes the head count, the fused scores (an odd n_q: a part-filled block)
+  for (const Case c : {Case{4, 40, 0, 8}, Case{8, 64, 1000, 32}, Case{64, 16, 4000, 512}, Case{16, 100, 2000, 64}, Case{64, 71, 3000, 512},
+                       Case{32, 9, 100, 16}}) {
     const int dim = 128;
     const int64_t n_blocks = (c.pos0 + c.n_q) / 4;
     const auto q = round_bf16(randn(size_t(c.n_q * c.heads * dim))), k = round_bf16(randn(size_t(n_blocks * dim)));
     auto w = randn(size_t(c.n_q * c.heads), 0.1f);
     auto dq = to_device_bf16(q), dk = to_device_bf16(k), dw = to_device_f32(w);
-    cuda::DeviceBuffer s(size_t(c.n_q * c.heads * n_blocks) * 4), scores(size_t(c.n_q * n_blocks) * 4), idx(size_t(c.n_q * c.top_k) * 4);
-    cuda::Gemm gemm;
-    gemm.xwt(cuda::DType::BF16, dq.get(), dk.get(), cuda::DType::F32, s.get(), c.n_q * c.heads, dim, n_blocks, 0.0f, nullptr);
-    const cuda::IndexerShape sh{c.n_q, c.pos0, c.heads, n_blocks, 4, c.top_k};
-    cuda::indexer_weighted_relu(s.as<float>(), dw.as<float>(), scores.as<float>(), sh, nullptr);
-    cuda::indexer_topk(scores.as<float>(), idx.as<int32_t>(), sh, nullptr);
-    PDB_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto gs = from_device_f32(scores, size_t(c.n_q * n_blocks));
-    std::vector<int32_t> gi(size_t(c.n_q * c.top_k));
-    idx.download(gi.data(), gi.size() * 4);
-    double worst = 0;
-    int differing = 0;
-    for (int64_t t = 0; t < c.n_q; ++t) {
-      const int64_t visible = std::min(n_blocks, (c.pos0 + t + 1) / 4);
-      std::vector<float> cs;
-      const auto want = dsv4_indexer_select(q.data() + t * c.heads * dim, w.data() + t * c.heads, k.data(), c.heads, dim, visible, c.top_k, &cs);
-      float scale = 1e-30f;
-      for (float v : cs) scale = std::max(scale, std::fabs(v));
-      for (int64_t b = 0; b < n_blocks; ++b) {
-        const float g = gs[size_t(t * n_blocks + b)];
-        if (b >= visible) { EXPECT_TRUE(std::isinf(g) && g < 0) << "t " << t << " b " << b; continue; }
-        worst = std::max(worst, double(std::fabs(g - cs[size_t(b)]) / scale));
+    for (const bool fused : {false, true}) {
+      if (fused && !cuda::indexer_scores_supported(c.heads, dim)) continue;
+      auto scores = poisoned(size_t(c.n_q * n_blocks) * 4);
+      cuda::DeviceBuffer idx(size_t(c.n_q * c.top_k) * 4);
+      const cuda::IndexerShape sh{c.n_q, c.pos0, c.heads, n_blocks, 4, c.top_k};
+      if (fused) {
+        cuda::indexer_scores(dq.as<__nv_bfloat16>(), dk.as<__nv_bfloat16>(), dw.as<float>(), scores.as<float>(), sh, dim, nullptr);
+      } else {
+        cuda::DeviceBuffer s(size_t(c.n_q * c.heads * n_blocks) * 4);
+        cuda::Gemm gemm;
+        gemm.xwt(cuda::DType::BF16, dq.get(), dk.get(), cuda::DType::F32, s.get(), c.n_q * c.heads, dim, n_blocks, 0.0f, nullptr);
+        cuda::indexer_weighted_relu(s.as<float>(), dw.as<float>(), scores.as<float>(), sh, nullptr);
+        PDB_CUDA_CHECK(cudaDeviceSynchronize());
       }
-      std::vector<int64_t> got;
-      for (int j = 0; j < c.top_k; ++j) {
-        const int32_t v = gi[size_t(t * c.top_k + j)];
-        if (j < int(want.size())) {
-          ASSERT_GE(v, 0) << "t " << t;
-          got.push_back(v);
-        } else {
-          EXPECT_EQ(v, -1) << "t " << t << ": past the visible blocks";
+      cuda::indexer_topk(scores.as<float>(), idx.as<int32_t>(), sh, nullptr);
+      PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto gs = from_device_f32(scores, size_t(c.n_q * n_blocks));
+      std::vector<int32_t> gi(size_t(c.n_q * c.top_k));
+      idx.download(gi.data(), gi.size() * 4);
+      double worst = 0;
+      int differing = 0;
+      for (int64_t t = 0; t < c.n_q; ++t) {
+        const int64_t visible = std::min(n_blocks, (c.pos0 + t + 1) / 4);
+        std::vector<float> cs;
+        const auto want = dsv4_indexer_select(q.data() + t * c.heads * dim, w.data() + t * c.heads, k.data(), c.heads, dim, visible, c.top_k, &cs);
+        float scale = 1e-30f;
+        for (float v : cs) scale = std::max(scale, std::fabs(v));
+        for (int64_t b = 0; b < n_blocks; ++b) {
+          const float g = gs[size_t(t * n_blocks + b)];
+          if (b >= visible) { EXPECT_TRUE(std::isinf(g) && g < 0) << "t " << t << " b " << b; continue; }
+          ASSERT_FALSE(std::isnan(g)) << "t " << t << " b " << b << ": not written";
+          worst = std::max(worst, double(std::fabs(g - cs[size_t(b)]) / scale));
+        }
+        std::vector<int64_t> got;
+        for (int j = 0; j < c.top_k; ++j) {
+          const int32_t v = gi[size_t(t * c.top_k + j)];
+          if (j < int(want.size())) {
+            ASSERT_GE(v, 0) << "t " << t;
+            got.push_back(v);
+          } else {
+            EXPECT_EQ(v, -1) << "t " << t << ": past the visible blocks";
+          }
+        }
+        ASSERT_TRUE(std::is_sorted(got.begin(), got.end())) << "t " << t;
+        if (got == want) continue;
+        // where the two differ, the blocks must tie the k-th score within the products' rounding
+        std::vector<float> sorted = cs;
+        std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+        const float kth = sorted[std::min(sorted.size(), size_t(c.top_k)) - 1];
+        std::set<int64_t> a(got.begin(), got.end()), b(want.begin(), want.end());
+        for (int64_t x : a)
+          if (!b.count(x)) { ++differing; EXPECT_LT(std::fabs(cs[size_t(x)] - kth), 1e-4 * scale) << "t " << t << " took " << x; }
+        for (int64_t x : b) {
+          if (!a.count(x)) { EXPECT_LT(std::fabs(cs[size_t(x)] - kth), 1e-4 * scale) << "t " << t << " left " << x; }
         }
       }
-      ASSERT_TRUE(std::is_sorted(got.begin(), got.end())) << "t " << t;
-      if (got == want) continue;
-      // where the two differ, the blocks must tie the k-th score within the products' rounding
-      std::vector<float> sorted = cs;
-      std::sort(sorted.begin(), sorted.end(), std::greater<float>());
-      const float kth = sorted[std::min(sorted.size(), size_t(c.top_k)) - 1];
-      std::set<int64_t> a(got.begin(), got.end()), b(want.begin(), want.end());
-      for (int64_t x : a)
-        if (!b.count(x)) { ++differing; EXPECT_LT(std::fabs(cs[size_t(x)] - kth), 1e-4 * scale) << "t " << t << " took " << x; }
-      for (int64_t x : b) {
-        if (!a.count(x)) { EXPECT_LT(std::fabs(cs[size_t(x)] - kth), 1e-4 * scale) << "t " << t << " left " << x; }
+      std::printf("DSV4 indexer (%s) H=%d n_q=%lld pos0=%lld top_k=%d: scores rel err %.2e (of the row's largest), %d near-tie swaps\n",
+                  fused ? "fused" : "GEMM + ReLU sum", c.heads, (long long)c.n_q, (long long)c.pos0, c.top_k, worst, differing);
+      EXPECT_LT(worst, 1e-4);
+    }
+  }
+#endif
+}
+
+// The fused sparse attention against its CPU twin (dsv4_attend) on fresh random inputs, for each kind of layer:
+// a window that starts before position 0, the ratio-128 pool's visible blocks, the indexer's choices with -1 past
+// them; V4-Flash's 64 heads of 512 and the tiny model's 4 of 64 (padded to a block's 64 rows).
+TEST(CudaKernels, Dsv4SparseAttentionMatchesItsCpuTwin) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
+#ifdef PDBRIDGE_HAVE_CUDA
+  using namespace test_kernels;
+  struct Case { int heads, dim, ratio; int64_t t0, nq; int top_k; };
+  for (const Case c : {Case{64, 512, 4, 3000, 6, 512}, Case{64, 512, 4, 20, 9, 512}, Case{64, 512, 128, 1900, 5, 0}, Case{64, 512, 0, 3, 4, 0},
+                       Case{4, 64, 4, 600, 40, 8}, Case{4, 64, 128, 700, 33, 0}, Case{4, 64, 0, 0, 130, 0}}) {
+    const int W = 128, H = c.heads, D = c.dim;
+    const int64_t win_first = std::max<int64_t>(0, c.t0 - W + 1);
+    const int64_t win_rows = c.t0 + c.nq - win_first;
+    const int64_t n_pool = c.ratio ? (c.t0 + c.nq) / c.ratio : 0;
+    const auto q = round_bf16(randn(size_t(c.nq * H * D), 1.0f));  // logits of sd 1 after the 1/sqrt(D)
+    const auto win = round_bf16(randn(size_t(win_rows * D)));
+    const auto pool = round_bf16(randn(size_t(std::max<int64_t>(n_pool, 1) * D)));
+    const auto sinks = randn(size_t(H));
+    std::vector<int32_t> idx(size_t(c.nq * std::max(c.top_k, 1)), -1);
+    if (c.ratio == 4)
+      for (int64_t i = 0; i < c.nq; ++i) {  // a random ascending choice of the visible blocks, -1 past them
+        const int64_t visible = (c.t0 + i + 1) / 4;
+        std::vector<int32_t> all(static_cast<size_t>(visible));
+        for (int64_t b = 0; b < visible; ++b) all[size_t(b)] = int32_t(b);
+        std::shuffle(all.begin(), all.end(), rng());
+        all.resize(std::min<size_t>(all.size(), size_t(c.top_k)));
+        std::sort(all.begin(), all.end());
+        std::copy(all.begin(), all.end(), idx.begin() + i * c.top_k);
+      }
+    auto dq = to_device_bf16(q), dwin = to_device_bf16(win), dpool = to_device_bf16(pool), dsinks = to_device_f32(sinks);
+    cuda::DeviceBuffer didx(idx.size() * 4);
+    didx.upload(idx.data(), idx.size() * 4);
+    auto out = poisoned(size_t(c.nq * H * D) * 2);
+    cuda::Dsv4SparseAttention a;
+    a.q = dq.as<__nv_bfloat16>();
+    a.win = dwin.as<__nv_bfloat16>();
+    a.win_first = win_first;
+    a.pool = dpool.as<__nv_bfloat16>();
+    a.n_pool = n_pool;
+    a.idx = c.ratio == 4 ? didx.as<int32_t>() : nullptr;
+    a.sinks = dsinks.as<float>();
+    a.top_k = c.top_k;
+    a.ratio = c.ratio;
+    a.W = W;
+    a.H = H;
+    a.D = D;
+    a.t0 = c.t0;
+    a.nq = c.nq;
+    a.scale = 1.0f / std::sqrt(float(D));
+    ASSERT_TRUE(cuda::dsv4_sparse_attention_supported(H, D));
+    cuda::dsv4_sparse_attention(a, out.as<__nv_bfloat16>(), nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto got = from_device_bf16(out, size_t(c.nq * H * D));
+    double err2 = 0, ref2 = 0, worst = 0;
+    std::vector<float> want(size_t(H * D));
+    for (int64_t i = 0; i < c.nq; ++i) {
+      const int64_t t = c.t0 + i;
+      std::vector<const float*> keys;
+      for (int64_t p = std::max<int64_t>(0, t - W + 1); p <= t; ++p) keys.push_back(win.data() + (p - win_first) * D);
+      if (c.ratio == 128)
+        for (int64_t b = 0; b < std::min(n_pool, (t + 1) / 128); ++b) keys.push_back(pool.data() + b * D);
+      if (c.ratio == 4)
+        for (int j = 0; j < c.top_k; ++j)
+          if (const int32_t b = idx[size_t(i * c.top_k + j)]; b >= 0) keys.push_back(pool.data() + int64_t(b) * D);
+      dsv4_attend(q.data() + i * H * D, keys, sinks.data(), H, D, a.scale, want.data());
+      for (int64_t e = 0; e < H * D; ++e) {
+        const double g = got[size_t(i * H * D + e)], w = want[size_t(e)];
+        ASSERT_FALSE(std::isnan(g)) << "query " << i << " element " << e;
+        err2 += (g - w) * (g - w);
+        ref2 += w * w;
+        worst = std::max(worst, std::fabs(g - w));
       }
     }
-    std::printf("DSV4 indexer H=%d n_q=%lld pos0=%lld top_k=%d: scores rel err %.2e (of the row's largest), %d near-tie swaps\n", c.heads,
-                (long long)c.n_q, (long long)c.pos0, c.top_k, worst, differing);
-    EXPECT_LT(worst, 1e-4);
+    const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
+    std::printf("DSV4 sparse attention H=%d D=%d ratio %d t0=%lld nq=%lld: rel RMS %.2e, worst abs %.2e\n", H, D, c.ratio, (long long)c.t0,
+                (long long)c.nq, rel, worst);
+    // bf16 P and bf16 output against f32: a few parts in 1e3
+    EXPECT_LT(rel, 8e-3);
   }
 #endif
 }

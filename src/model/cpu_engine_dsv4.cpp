@@ -184,7 +184,7 @@ int64_t Deepseek4CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t 
       const float scale = 1.0f / std::sqrt(float(D));
       parallel_for(n, 4, [&](int64_t b0, int64_t b1) {
         std::vector<float> qr(static_cast<size_t>(Lq)), q(size_t(H * D)), cs(static_cast<size_t>(r)), out(size_t(H * D)), oa(size_t(G * R)), ao(static_cast<size_t>(E));
-        std::vector<float> iq(size_t(Hi * I)), iw(static_cast<size_t>(Hi)), sc;
+        std::vector<float> iq(size_t(Hi * I)), iw(static_cast<size_t>(Hi));
         std::vector<const float*> keys;
         Dsv4HcMix mix;
         std::vector<float> pre(static_cast<size_t>(E));
@@ -226,22 +226,9 @@ int64_t Deepseek4CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t 
             std::partial_sort(score.begin(), score.begin() + std::ptrdiff_t(k), score.end(), [](auto& a, auto& b) { return a.first > b.first; });
             for (size_t i = 0; i < k; ++i) keys.push_back(kc.pool.data() + score[i].second * D);
           }
+          dsv4_attend(q.data(), keys, L.sinks.data(), H, D, scale, out.data());
           for (int64_t h = 0; h < H; ++h) {
-            const float* qh = q.data() + h * D;
-            sc.resize(keys.size());
-            float mx = L.sinks[size_t(h)];
-            for (size_t j = 0; j < keys.size(); ++j) {
-              float s = 0.0f;
-              for (int64_t i = 0; i < D; ++i) s += qh[i] * keys[j][i];
-              sc[j] = s * scale;
-              mx = std::max(mx, sc[j]);
-            }
-            float den = std::exp(L.sinks[size_t(h)] - mx);
-            for (auto& s : sc) den += (s = std::exp(s - mx));
             float* oh = out.data() + h * D;
-            std::fill(oh, oh + D, 0.0f);
-            for (size_t j = 0; j < keys.size(); ++j)
-              for (int64_t i = 0; i < D; ++i) oh[i] += sc[j] / den * keys[j][i];
             for (int64_t i0 = 0; i0 < r; i0 += 2) {  // de-rope at the query's position
               float* a = oh + (D - r) + i0;
               const float cv = cs[size_t(i0)], sv = cs[size_t(i0 + 1)], x0 = a[0], x1 = a[1];

@@ -14,6 +14,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/dsv4.cuh"
+#include "cuda/dsv4_attention.cuh"
 #include "cuda/dsv4_indexer.cuh"
 #include "cuda/elementwise.cuh"
 #include "cuda/gemm.cuh"
@@ -61,7 +62,7 @@ struct SectionProjection {
 }  // namespace
 
 const char* Deepseek4CudaEngine::Profile::phase_name(int p) {
-  static const char* names[] = {"sections", "query", "indexer", "attention", "output", "moe", "hook", "moe_fp4_expand"};
+  static const char* names[] = {"sections", "query", "indexer", "attention", "output", "moe", "hook", "moe_fp4_expand", "moe_routed_products"};
   return p >= 0 && p < kPhases ? names[p] : "?";
 }
 
@@ -492,28 +493,40 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
   }
   I.counts_host.resize(size_t(NE) * 4);
   const GgmlRopeParams rp_plain = dsv4_rope(c, 0), rp_comp = dsv4_rope(c, 4);
-  // the attention's key batches: sized so that one batch's keys and scores stay near 512 MB each
+  // The fused kernels where they take the shapes; PDBRIDGE_DSV4_ATTN=gather and PDBRIDGE_DSV4_INDEXER=gemm select
+  // the paths before them (the same-run A/B of the benchmark).
+  auto env_is = [](const char* name, const char* value) {
+    const char* e = std::getenv(name);
+    return e && std::string(e) == value;
+  };
+  const bool fused_attn = cuda::dsv4_sparse_attention_supported(int(H), int(D)) && !env_is("PDBRIDGE_DSV4_ATTN", "gather");
+  const bool fused_idx = cuda::indexer_scores_supported(int(Hi), int(Id)) && !env_is("PDBRIDGE_DSV4_INDEXER", "gemm");
+  // the gathered attention's key batches: sized so that one batch's keys and scores stay near 512 MB each
   const int64_t max_nk = W + std::max<int64_t>(topk, T / 128);
   const int64_t attn_batch = std::max<int64_t>(1, std::min<int64_t>(n, (int64_t(512) << 20) / std::max<int64_t>(max_nk * std::max(D * 2, H * 4), 1)));
-  Impl::grow(I.kg, size_t(attn_batch * max_nk * D) * 2);
-  Impl::grow(I.valid, size_t(attn_batch * max_nk));
-  Impl::grow(I.sc, size_t(attn_batch * H * max_nk) * 4);
-  Impl::grow(I.p, size_t(attn_batch * H * max_nk) * 2);
+  if (!fused_attn) {
+    Impl::grow(I.kg, size_t(attn_batch * max_nk * D) * 2);
+    Impl::grow(I.valid, size_t(attn_batch * max_nk));
+    Impl::grow(I.sc, size_t(attn_batch * H * max_nk) * 4);
+    Impl::grow(I.p, size_t(attn_batch * H * max_nk) * 2);
+  }
+  // the indexer's query batches: S [batch*Hi x blocks] f32 near 1 GB (the GEMM path), or the scores alone
   const int64_t max_blocks = T / 4 + 1;
-  const int64_t idx_batch = std::max<int64_t>(1, std::min<int64_t>(n, (int64_t(1) << 30) / std::max<int64_t>(Hi * max_blocks * 4, 1)));
-  Impl::grow(I.isc, size_t(idx_batch * Hi * max_blocks) * 4);
+  const int64_t idx_row_bytes = (fused_idx ? 1 : Hi) * max_blocks * 4;
+  const int64_t idx_batch = std::max<int64_t>(1, std::min<int64_t>(n, (int64_t(1) << 30) / std::max<int64_t>(idx_row_bytes, 1)));
+  if (!fused_idx) Impl::grow(I.isc, size_t(idx_batch * Hi * max_blocks) * 4);
   Impl::grow(I.iscores, size_t(idx_batch * max_blocks) * 4);
   if (profile) {
     profile->ms.resize(size_t(c.layers));
     profile->ratio.resize(size_t(c.layers));
     for (int64_t l = 0; l < c.layers; ++l) profile->ratio[size_t(l)] = c.compress_ratios[size_t(l)];
   }
-  cudaEvent_t ev[11];  // 0-6 phase bounds, 8 after the hook, 9-10 around the FP4 expansion
+  cudaEvent_t ev[13];  // 0-6 phase bounds, 8 after the hook, 9-10 around the FP4 expansion, 11-12 the routed experts' products
   for (auto& e : ev) PDB_CUDA_CHECK(cudaEventCreate(&e));
   struct EventGuard {
     cudaEvent_t* e;
     ~EventGuard() {
-      for (int i = 0; i < 11; ++i) cudaEventDestroy(e[i]);
+      for (int i = 0; i < 13; ++i) cudaEventDestroy(e[i]);
     }
   } guard{ev};
   auto mark = [&](int phase) {
@@ -670,9 +683,13 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
         } else {
           for (int64_t q0 = 0; q0 < rows; q0 += idx_batch) {
             const int64_t nq = std::min(idx_batch, rows - q0);
-            I.gemm.xwt(cuda::DType::BF16, I.iq_b.as<bf16>() + q0 * Hi * Id, L.lid.get(), cuda::DType::F32, I.isc.get(), nq * Hi, Id, nblocks, 0.0f, s);
             const cuda::IndexerShape sh{nq, p0 + q0, int(Hi), nblocks, 4, int(topk)};
-            cuda::indexer_weighted_relu(I.isc.as<float>(), I.iw.as<float>() + q0 * Hi, I.iscores.as<float>(), sh, s);
+            if (fused_idx) {
+              cuda::indexer_scores(I.iq_b.as<bf16>() + q0 * Hi * Id, L.lid.as<bf16>(), I.iw.as<float>() + q0 * Hi, I.iscores.as<float>(), sh, int(Id), s);
+            } else {
+              I.gemm.xwt(cuda::DType::BF16, I.iq_b.as<bf16>() + q0 * Hi * Id, L.lid.get(), cuda::DType::F32, I.isc.get(), nq * Hi, Id, nblocks, 0.0f, s);
+              cuda::indexer_weighted_relu(I.isc.as<float>(), I.iw.as<float>() + q0 * Hi, I.iscores.as<float>(), sh, s);
+            }
             cuda::indexer_topk(I.iscores.as<float>(), I.idx.as<int32_t>() + q0 * topk, sh, s);
           }
         }
@@ -681,9 +698,28 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
       // ---- the sparse attention: per query its window rows and its compressed rows, softmax with the sink
       {
         const int64_t NK = W + (L.ratio == 4 ? topk : L.ratio == 128 ? (p0 + rows) / 128 : 0);
+        if (fused_attn) {
+          cuda::Dsv4SparseAttention a;
+          a.q = I.q_b.as<bf16>();
+          a.win = L.win.as<bf16>();
+          a.win_first = L.win_first;
+          a.pool = L.ratio ? L.pool.as<bf16>() : nullptr;
+          a.n_pool = L.ratio ? L.n_pool : 0;
+          a.idx = L.ratio == 4 ? I.idx.as<int32_t>() : nullptr;
+          a.sinks = L.sinks.as<float>();
+          a.top_k = int(topk);
+          a.ratio = int(L.ratio);
+          a.W = int(W);
+          a.H = int(H);
+          a.D = int(D);
+          a.t0 = p0;
+          a.nq = rows;
+          a.scale = scale;
+          cuda::dsv4_sparse_attention(a, I.att.as<bf16>(), s);
+        }
         const int64_t batch = std::max<int64_t>(1, std::min<int64_t>(rows, attn_batch * max_nk / NK));
         const float one = 1.0f, zero = 0.0f;
-        for (int64_t q0 = 0; q0 < rows; q0 += batch) {
+        for (int64_t q0 = 0; q0 < rows && !fused_attn; q0 += batch) {
           const int64_t nq = std::min(batch, rows - q0);
           cuda::Dsv4KeyGather kg;
           kg.win = L.win.as<bf16>();
@@ -772,9 +808,11 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
         }
         if (fp4) mark(10);
         if (off != g) throw std::runtime_error(fmt::format("DSV4 MoE grouping placed {} of {} token choices", off, g));
+        mark(11);
         I.grouped.xwt(up, E, 2 * F, cuda::DType::BF16, s);
         cuda::swiglu_clamp_rows(I.gu.as<bf16>(), I.act.as<bf16>(), g, F, c.swiglu_clamp, s);
         I.grouped.xwt(down, F, E, cuda::DType::BF16, s);
+        mark(12);
         I.gemm.xwt(cuda::DType::BF16, I.hn_b.get(), L.sh_gu.get(), cuda::DType::BF16, I.shgu.get(), rows, E, 2 * FS, 0.0f, s);
         cuda::swiglu_clamp_rows(I.shgu.as<bf16>(), I.shact.as<bf16>(), rows, FS, c.swiglu_clamp, s);
         I.gemm.xwt(cuda::DType::BF16, I.shact.get(), L.sh_down.get(), cuda::DType::F32, I.y.get(), rows, FS, E, 0.0f, s);
@@ -797,6 +835,9 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
           PDB_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[9], ev[10]));
           profile->ms[size_t(l)][kExpand] += ms;
         }
+        float routed = 0;
+        PDB_CUDA_CHECK(cudaEventElapsedTime(&routed, ev[11], ev[12]));
+        profile->ms[size_t(l)][kRouted] += routed;
       }
     }
     PDB_CUDA_CHECK(cudaStreamSynchronize(s));

@@ -3,8 +3,8 @@
 // the compressors' pools and rings, the indexer's rows: recipes/deepseek4.h's arithmetic, Q8_0 projections in
 // integers as ggml-cpu multiplies them, q8_gemm.cuh), then the layer over them: the q path, the lightning
 // indexer's top-k on ratio-4 layers (dsv4_indexer.cuh), the sparse attention over each query's window and
-// visible compressed rows (its keys gathered per query, two batched cuBLAS products around the softmax with
-// sinks), the de-RoPE, the grouped output LoRA, the MoE (routing by tid2eid or biased sqrt-softplus scores,
+// visible compressed rows (one fused kernel reading the rows in place, dsv4_attention.cuh), the de-RoPE, the
+// grouped output LoRA, the MoE (routing by tid2eid or biased sqrt-softplus scores,
 // routed experts as one grouped product, FP4 experts kept FP4 in memory and expanded to bf16 per layer just
 // before it) and the hyper-connection mixes. bf16 products with f32 accumulation, f32 streams: tolerance class.
 #pragma once
@@ -28,13 +28,15 @@ class Deepseek4CudaEngine {
   // prompt's last W) and a seal at the chunk's end need, where copying every position's row cost a third of the
   // sections' time at 16K-token chunks.
   using ChunkHook = Deepseek4CpuEngine::ChunkHook;
-  // kExpand: the FP4 experts' expansion to bf16, part of the MoE's time (reported apart, not added twice)
-  enum Phase { kSections, kQuery, kIndexer, kAttention, kOutput, kMoe, kHook, kExpand, kPhases };
+  // kExpand (the FP4 experts' expansion to bf16) and kRouted (the routed experts' grouped products and their
+  // SwiGLU) are parts of the MoE's time, reported apart: Profile::part_of_another says not to add them twice
+  enum Phase { kSections, kQuery, kIndexer, kAttention, kOutput, kMoe, kHook, kExpand, kRouted, kPhases };
   // Device milliseconds per layer and phase, summed over the chunks of the prompts run with it set.
   struct Profile {
     std::vector<std::array<double, kPhases>> ms;
     std::vector<int32_t> ratio;
     static const char* phase_name(int p);
+    static bool part_of_another(int p) { return p == kExpand || p == kRouted; }
   };
 
   // The decoder's weights (for the sections) from the recipe's GGUF; the engine's from `weights`.

@@ -112,4 +112,24 @@ std::vector<int64_t> dsv4_indexer_select(const float* q, const float* w, const f
   return order;
 }
 
+void dsv4_attend(const float* q, const std::vector<const float*>& keys, const float* sinks, int64_t heads, int64_t dim, float scale, float* out) {
+  std::vector<float> sc(keys.size());
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* qh = q + h * dim;
+    float mx = sinks[h];
+    for (size_t j = 0; j < keys.size(); ++j) {
+      float s = 0.0f;
+      for (int64_t i = 0; i < dim; ++i) s += qh[i] * keys[j][i];
+      sc[j] = s * scale;
+      mx = std::max(mx, sc[j]);
+    }
+    float den = std::exp(sinks[h] - mx);
+    for (auto& s : sc) den += (s = std::exp(s - mx));
+    float* oh = out + h * dim;
+    std::fill(oh, oh + dim, 0.0f);
+    for (size_t j = 0; j < keys.size(); ++j)
+      for (int64_t i = 0; i < dim; ++i) oh[i] += sc[j] / den * keys[j][i];
+  }
+}
+
 }  // namespace pdb

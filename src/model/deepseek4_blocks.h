@@ -32,6 +32,11 @@ void dsv4_hc_post(const Dsv4HcMix& m, const float* f, const float* x, int64_t E,
 std::vector<int64_t> dsv4_indexer_select(const float* q, const float* w, const float* keys, int64_t heads, int64_t dim, int64_t visible,
                                          int64_t top_k, std::vector<float>* scores = nullptr);
 
+// One query's sparse attention before the output's de-RoPE (the GPU twin: cuda/dsv4_attention.cuh): per head h
+// of q [heads x dim], out[h] = sum_j p_j keys[j] with p the softmax of scale * q_h . keys[j] over the keys and the
+// head's sink as one more logit whose weight is dropped (the rows are the keys and the values).
+void dsv4_attend(const float* q, const std::vector<const float*>& keys, const float* sinks, int64_t heads, int64_t dim, float scale, float* out);
+
 // The RoPE of a layer (llama.cpp deepseek4.cpp:903-910): NORM pairs on the last r dims; ratio 0 plain with
 // rope.freq_base; compressed layers (q, window, pools, indexer) the compress base with the model's YaRN, whose
 // attn_factor 1/(1 + 0.1 ln factor) cancels ggml's YaRN magnitude factor.
