@@ -108,7 +108,7 @@ TEST(Deepseek4Cuda, TracksTheCpuEngineSectionBySection) {
     }
     std::printf("DSV4 GPU vs CPU engine, %s, %s cache, T 600 in chunks of %lld:", k.model.c_str(), ggml_type_name(k.kt).c_str(), (long long)chunk);
     for (const auto& [l, e] : worst) std::printf(" layer %d %.2e", l, e);
-    std::printf("\n%s\n", gpu.weights_note().c_str());
+    std::printf("\n%s\nDSV4 experts: %s\n", gpu.weights_note().c_str(), gpu.experts_note().c_str());
   }
 #endif
 }
@@ -214,7 +214,9 @@ TEST(Deepseek4CudaBench, RealShapeLayersPerKind) {
   };
   // the paths of the run (the A/B switches: the fused attention and indexer, or the gathered keys and S)
   const json paths = {{"attention", env_or("PDBRIDGE_DSV4_ATTN", "fused")}, {"indexer", env_or("PDBRIDGE_DSV4_INDEXER", "fused")},
-                      {"moe_gemm", env_or("PDBRIDGE_MOE_GEMM", "grouped")}};
+                      {"moe_gemm", env_or("PDBRIDGE_MOE_GEMM", "loop")},
+                      {"fp4_expansion", env_or("PDBRIDGE_DSV4_EXPAND", "side_stream")},
+                      {"moe_experts", env_or("PDBRIDGE_DSV4_EXPERTS_FP8", "0") == "1" ? "fp8" : "bf16"}};
   auto eng = Deepseek4CudaEngine::random(c, 7);
   std::printf("DSV4 bench: %s; %.1f GB of weights for %lld layers; %s\n", cuda::device_summary().c_str(), double(eng->weight_bytes()) / 1e9,
               (long long)c.layers, eng->weights_note().c_str());
@@ -227,6 +229,7 @@ TEST(Deepseek4CudaBench, RealShapeLayersPerKind) {
     Deepseek4CudaEngine::Profile warm, prof;
     eng->prefill(std::vector<int32_t>(tokens.begin(), tokens.begin() + std::min<int64_t>(T, chunk)), chunk, GgmlType::F16,
                  [](int, const float*, int64_t, int64_t, const Deepseek4LayerSections&) { return true; }, {}, true, &warm);
+    if (T == lengths.front()) std::printf("DSV4 bench: %s\n", eng->experts_note().c_str());
     const auto w0 = std::chrono::steady_clock::now();
     const int64_t done = eng->prefill(tokens, chunk, GgmlType::F16, [](int, const float*, int64_t, int64_t, const Deepseek4LayerSections&) { return true; },
                                       {}, true, &prof);

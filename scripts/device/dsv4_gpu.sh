@@ -19,7 +19,11 @@ done
 for st in $STAGES; do
   case $st in
     kernels) ts kernels; timeout 120 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4*' > $R/dsv4_kernels.log 2>&1; ts "rc=$?"; grep -E "OK|FAILED|Failure|Expected|Which|differs" $R/dsv4_kernels.log | head -30 | tee -a $R/dsv4_gpu.log ;;
-    engine) ts engine; timeout 240 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*' > $R/dsv4_engine.log 2>&1; ts "rc=$?"; grep -E "DSV4|OK|FAILED|Failure|what|deepseek4 on" $R/dsv4_engine.log | head -40 | tee -a $R/dsv4_gpu.log ;;
+    # engine: the default products, then the routed experts as FP8 products (PDBRIDGE_DSV4_EXPERTS_FP8=1)
+    engine) for fp8 in 0 1; do ts "engine experts_fp8=$fp8"
+        PDBRIDGE_DSV4_EXPERTS_FP8=$fp8 timeout 240 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*' > $R/dsv4_engine_fp8_$fp8.log 2>&1
+        ts "rc=$?"; grep -E "DSV4|OK|FAILED|Failure|what|deepseek4 on" $R/dsv4_engine_fp8_$fp8.log | head -40 | tee -a $R/dsv4_gpu.log
+      done ;;
     bridge) ts bridge; timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4CudaBridge.*' > $R/dsv4_bridge.log 2>&1; ts "rc=$?"; grep -E "DSV4|OK|FAILED|Failure" $R/dsv4_bridge.log | head -30 | tee -a $R/dsv4_gpu.log ;;
     # bench: BENCH_RUNS picks, each EXPERTS:CHUNK[:NAME=VALUE+NAME=VALUE] (the third part: the A/B switches, e.g.
     # PDBRIDGE_DSV4_ATTN=gather+PDBRIDGE_DSV4_INDEXER=gemm for the paths before the fused kernels)

@@ -1,6 +1,7 @@
 #include "cuda/dsv4.cuh"
 
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -240,6 +241,46 @@ __global__ void mxfp4_kernel(const uint8_t* __restrict__ blocks, int64_t n_block
   *reinterpret_cast<uint4*>(out + o + part * 8) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// One CTA per 128 x 128 tile, thread (r, j) = one row's j-th 32-block of the tile: the tile's largest exponent
+// first (a CTA-wide max), then 32 codes as two 16-byte stores.
+__global__ void __launch_bounds__(512) mxfp4_fp8_tiles_kernel(Mxfp4ToFp8 a) {
+  const int r = threadIdx.x / 4, j = threadIdx.x % 4;
+  const int64_t kb = blockIdx.x, nb = blockIdx.y, x = blockIdx.z;
+  const int64_t row = nb * 128 + r;
+  const uint8_t* blk = a.blocks + ((x * a.rows + row) * (a.cols / 32) + kb * 4 + j) * 17;
+  const int e = blk[0];
+  __shared__ int warp_max[16];
+  const int wmax = __reduce_max_sync(0xffffffffu, unsigned(e));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = wmax;
+  __syncthreads();
+  int emax = 0;
+#pragma unroll
+  for (int w = 0; w < 16; ++w) emax = max(emax, warp_max[w]);
+  const int shift = e - emax;  // <= 0
+  uint32_t words[8];
+  unsigned lost = 0;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const uint32_t c = i < 16 ? (blk[1 + i] & 15u) : (blk[1 + i - 16] >> 4);
+    const uint32_t m = c & 7, ex = m >> 1;
+    const float mag = float(ex == 0 ? m : (2 + (m & 1)) << (ex - 1));
+    const float v = ldexpf((c & 8) ? -mag : mag, shift);
+    const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+    const __half_raw back = __nv_cvt_fp8_to_halfraw(code, __NV_E4M3);
+    lost += __half2float(__half(back)) != v;
+    if (i % 4 == 0) words[i / 4] = 0;
+    words[i / 4] |= uint32_t(code) << (8 * (i % 4));
+  }
+  if (lost) atomicAdd(a.inexact, lost);
+  uint4* out = reinterpret_cast<uint4*>(a.codes + x * a.code_stride + (a.row0 + row) * a.cols + kb * 128 + j * 32);
+  out[0] = make_uint4(words[0], words[1], words[2], words[3]);
+  out[1] = make_uint4(words[4], words[5], words[6], words[7]);
+  if (threadIdx.x == 0) {
+    const int64_t n = a.row0 / 128 + nb;
+    a.scales[x * a.scale_stride + (a.kb_fastest ? n * a.ld + kb : kb * a.ld + n)] = ldexpf(1.0f, emax - 128);
+  }
+}
+
 __global__ void gather_keys_kernel(Dsv4KeyGather g, bf16* __restrict__ kg, uint8_t* __restrict__ valid) {
   const int slot = blockIdx.x;
   const int64_t q = blockIdx.y;
@@ -311,6 +352,37 @@ __global__ void rope_tail_kernel(float* __restrict__ x, const float* __restrict_
   const float x0 = a[0], x1 = a[1];
   a[0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
   a[1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+// one warp per head row; lane l holds the pairs l, l + 32, ... (coalesced float2 loads)
+__global__ void head_norm_rope_kernel(const float* __restrict__ q, const float* __restrict__ cs, int64_t rows, int heads, int D, int r, float eps,
+                                      bf16* __restrict__ out) {
+  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const float2* x = reinterpret_cast<const float2*>(q + row * D);
+  double sum = 0.0;  // as rmsnorm_kernel: float squares added in double
+  for (int p = lane; p < D / 2; p += 32) {
+    const float2 v = x[p];
+    sum += double(v.x * v.x);
+    sum += double(v.y * v.y);
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const float mean = float(sum / double(D));
+  const float scale = 1.0f / sqrtf(mean + eps);
+  const float* c = cs + (row / heads) * r;
+  __nv_bfloat162* y = reinterpret_cast<__nv_bfloat162*>(out + row * D);
+  for (int p = lane; p < D / 2; p += 32) {
+    const float2 v = x[p];
+    float a0 = v.x * scale, a1 = v.y * scale;
+    const int i0 = 2 * p - (D - r);
+    if (i0 >= 0) {
+      const float cv = c[i0], sv = c[i0 + 1], x0 = a0, x1 = a1;
+      a0 = __fsub_rn(__fmul_rn(x0, cv), __fmul_rn(x1, sv));
+      a1 = __fadd_rn(__fmul_rn(x0, sv), __fmul_rn(x1, cv));
+    }
+    y[p] = __floats2bfloat162_rn(a0, a1);
+  }
 }
 
 __global__ void derope_kernel(bf16* __restrict__ o, const float* __restrict__ cs, int64_t n, int H, int D, int r) {
@@ -443,6 +515,13 @@ void mxfp4_to_bf16(const uint8_t* blocks, int64_t n_blocks, bf16* out, cudaStrea
   PDB_CUDA_LAUNCHED();
 }
 
+void mxfp4_to_fp8_tiles(const Mxfp4ToFp8& a, cudaStream_t s) {
+  if (a.experts <= 0) return;
+  if (a.rows % 128 || a.cols % 128 || a.row0 % 128) throw std::invalid_argument("mxfp4_to_fp8_tiles: rows, cols and row0 multiples of 128");
+  mxfp4_fp8_tiles_kernel<<<dim3(unsigned(a.cols / 128), unsigned(a.rows / 128), unsigned(a.experts)), 512, 0, s>>>(a);
+  PDB_CUDA_LAUNCHED();
+}
+
 void dsv4_gather_keys(const Dsv4KeyGather& g, bf16* kg, uint8_t* valid, cudaStream_t s) {
   if (g.nq <= 0) return;
   if (g.D % 8) throw std::invalid_argument("dsv4_gather_keys: D must be a multiple of 8");
@@ -453,6 +532,14 @@ void dsv4_gather_keys(const Dsv4KeyGather& g, bf16* kg, uint8_t* valid, cudaStre
 void dsv4_sink_softmax(const float* sc, const uint8_t* valid, const float* sinks, int64_t nq, int H, int NK, float scale, bf16* p, cudaStream_t st) {
   if (nq <= 0) return;
   sink_softmax_kernel<<<unsigned(nq * H), 128, 0, st>>>(sc, valid, sinks, H, NK, scale, p);
+  PDB_CUDA_LAUNCHED();
+}
+
+void dsv4_head_norm_rope_bf16(const float* q, const float* cs, int64_t n, int heads, int D, int r, float eps, bf16* out, cudaStream_t s) {
+  if (n <= 0) return;
+  if (D % 64 || r % 2 || r > D) throw std::invalid_argument("dsv4_head_norm_rope_bf16: D a multiple of 64, r even and <= D");
+  const int64_t rows = n * heads;
+  head_norm_rope_kernel<<<unsigned((rows + 7) / 8), 256, 0, s>>>(q, cs, rows, heads, D, r, eps, out);
   PDB_CUDA_LAUNCHED();
 }
 

@@ -34,6 +34,10 @@ void dsv4_pool(const float* a, const float* g, int64_t h0, int64_t b0, int64_t n
 // heads * width): pair i0 of row t by cs[t * r + i0], cs[t * r + i0 + 1] (cos, sin).
 // cs_stride: floats from one row's cos/sin to the next (0: r; the pools read every ratio-th row of the chunk's table).
 void rope_tail(float* x, const float* cs, int64_t n, int heads, int width, int r, int64_t row_stride, cudaStream_t s, int64_t cs_stride = 0);
+// q [n x heads x D] f32 -> out bf16: each head's row RMS-normalized without a weight (rmsnorm_rows' arithmetic),
+// its last r dims roped by cs [n x r] (rope_tail's), then bf16: one pass where the three took five over q.
+// D a multiple of 64.
+void dsv4_head_norm_rope_bf16(const float* q, const float* cs, int64_t n, int heads, int D, int r, float eps, __nv_bfloat16* out, cudaStream_t s);
 // x <- x as a cache of `type` holds it: 1 f16, 2 bf16 (0: f32, nothing to do).
 void round_as_cached(float* x, int64_t n, int type, cudaStream_t s);
 void scale_f32(float* x, int64_t n, float a, cudaStream_t s);
@@ -49,6 +53,24 @@ void swiglu_clamp_rows(const __nv_bfloat16* gu, __nv_bfloat16* out, int64_t rows
 // up matrices into the halves of each expert's fused gate|up rows).
 void mxfp4_to_bf16(const uint8_t* blocks, int64_t n_blocks, __nv_bfloat16* out, cudaStream_t s, int64_t blocks_per_group = 0,
                    int64_t group_stride = 0);
+// GGUF MXFP4 matrices [experts x rows x cols] (32-blocks along cols; rows, cols multiples of 128) -> e4m3 codes
+// with one f32 scale per 128 x 128 tile, the weight operand of the block-scaled FP8 product (gemm.cuh xwt_fp8):
+// a tile's scale is 2^(its largest block exponent - 128) and each value m x 2^(e - emax) (m the doubled e2m1
+// magnitude, ggml's kvalues_mxfp4), which e4m3 holds exactly while e - emax >= -9; a nonzero value that it does
+// not hold is rounded to nearest and counted into *inexact. Expert x's row r goes to codes + x * code_stride +
+// (row0 + r) * cols, tile (nb, kb)'s scale to scales + x * scale_stride + (kb_fastest ? (row0 / 128 + nb) * ld + kb
+// : kb * ld + row0 / 128 + nb): W's grid order as Fp8ScaleLayout::weight_index has it.
+struct Mxfp4ToFp8 {
+  const uint8_t* blocks;
+  int64_t experts, rows, cols;
+  uint8_t* codes;
+  int64_t code_stride, row0;
+  float* scales;
+  int64_t scale_stride, ld;
+  bool kb_fastest;
+  unsigned* inexact;
+};
+void mxfp4_to_fp8_tiles(const Mxfp4ToFp8& a, cudaStream_t s);
 
 // The sparse attention's keys for queries at positions t0 .. t0 + nq - 1: slot j < W the window row of position
 // t - W + 1 + j (from win [rows x D], row 0 = position win_first), slot W + i the compressed row: ratio 128 block

@@ -13,6 +13,7 @@
 
 #include "cuda/device.h"
 #include "formats/ggml_types.h"
+#include "formats/numeric.h"
 #include "model/deepseek4_blocks.h"
 #include "recipes/recipe.h"
 #ifdef PDBRIDGE_HAVE_CUDA
@@ -20,7 +21,9 @@
 #include "cuda/dsv4.cuh"
 #include "cuda/dsv4_attention.cuh"
 #include "cuda/dsv4_indexer.cuh"
+#include "cuda/elementwise.cuh"
 #include "cuda/gemm.cuh"
+#include "cuda/rmsnorm.cuh"
 #include "cuda/kernel_test_support.h"
 #endif
 
@@ -243,7 +246,7 @@ TEST(CudaBench, Dsv4IndexerAtV4FlashShapes) {
 #endif
 }
 
-// The hyper-connection mix, the Hadamard rotation and MXFP4's expansion against their CPU twins
+// The hyper-connection mix, the Hadamard rotation, the q path's fused head norm and MXFP4's expansion against their twins
 // (dsv4_hc_pre, hadamard_rows, dequantize_row): the rotation and MXFP4 bit for bit (the same operations in the
 // same order; e2m1 x 2^k is exact in bf16), the mix within f32 rounding (expf differs by an ulp).
 TEST(CudaKernels, Dsv4MixRotationAndMxfp4MatchTheirCpuTwins) {
@@ -297,6 +300,34 @@ TEST(CudaKernels, Dsv4MixRotationAndMxfp4MatchTheirCpuTwins) {
       EXPECT_EQ(from_device_f32(dv, v.size()), want) << "rotation of " << nrot;
     }
   }
+  {  // the q path's fused head norm + RoPE + bf16 against its three steps (rmsnorm_rows, rope_tail, f32_to_bf16):
+     // the same float operations; only the double sum's order differs, so a value may move by one bf16 ulp
+    const int64_t n = 33;
+    const int heads = 64, D = 512, r = 64;
+    const auto q = randn(size_t(n * heads * D), 3.0f);
+    std::vector<float> cs(size_t(n * r));
+    for (int64_t t = 0; t < n; ++t)
+      for (int i = 0; i < r; i += 2) {
+        cs[size_t(t * r + i)] = std::cos(0.37f * float(t) * float(i + 1));
+        cs[size_t(t * r + i + 1)] = std::sin(0.37f * float(t) * float(i + 1));
+      }
+    auto dq = to_device_f32(q), dcs = to_device_f32(cs);
+    cuda::DeviceBuffer fused(q.size() * 2), steps(q.size() * 2), tmp(q.size() * 4);
+    cuda::dsv4_head_norm_rope_bf16(dq.as<float>(), dcs.as<float>(), n, heads, D, r, 1e-6f, fused.as<__nv_bfloat16>(), nullptr);
+    cuda::rmsnorm_rows(dq.as<float>(), nullptr, tmp.as<float>(), n * heads, D, 1e-6f, nullptr);
+    cuda::rope_tail(tmp.as<float>(), dcs.as<float>(), n, heads, D, r, int64_t(heads) * D, nullptr);
+    cuda::f32_to_bf16(tmp.as<float>(), steps.as<__nv_bfloat16>(), int64_t(q.size()), nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto a = from_device_bf16(fused, q.size()), b = from_device_bf16(steps, q.size());
+    size_t differ = 0;
+    double worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i] != b[i]) ++differ;
+      worst = std::max(worst, double(std::fabs(a[i] - b[i])) / std::max(1e-6, double(std::fabs(b[i]))));
+    }
+    EXPECT_LE(differ, a.size() / 1000) << "values off the three steps' result";
+    EXPECT_LE(worst, 1.0 / 128) << "a value moved by more than one bf16 ulp";
+  }
   {  // MXFP4 blocks from the reference quantizer, expanded bit for bit
     const int64_t n = 32 * 64;
     const auto v = randn(size_t(n), 0.05f);
@@ -309,6 +340,55 @@ TEST(CudaKernels, Dsv4MixRotationAndMxfp4MatchTheirCpuTwins) {
     cuda::mxfp4_to_bf16(db.as<uint8_t>(), n / 32, out.as<__nv_bfloat16>(), nullptr);
     PDB_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_EQ(from_device_bf16(out, size_t(n)), want) << "MXFP4 expansion";
+  }
+  {  // MXFP4 experts as FP8 tiles for the FP8 products: code x tile scale gives MXFP4's value bit for bit while a
+     // tile's block exponents lie within 9 of its largest; one block 14 binades down rounds and is counted. Two
+     // tensors of [experts x half x cols] into the halves of each expert's rows (row0), as the engine's gate and up.
+    const int64_t experts = 2, half = 128, rows = 2 * half, cols = 256, nbk = cols / 32;
+    for (const bool spread : {false, true}) {
+      std::vector<uint8_t> blocks[2];
+      std::vector<float> want(size_t(experts * rows * cols));
+      for (int h = 0; h < 2; ++h) {
+        blocks[h].resize(size_t(experts * half * nbk) * 17);
+        for (int64_t b = 0; b < experts * half * nbk; ++b) {
+          auto v = randn(32, std::ldexp(1.0f, -int(b % 7)));  // block exponents over 7 binades
+          if (spread && h == 1 && b == 5) for (float& x : v) x *= std::ldexp(1.0f, -14);
+          quantize_row(GgmlType::MXFP4, v.data(), blocks[h].data() + b * 17, 32);
+          const int64_t x = b / (half * nbk), r = (b / nbk) % half, kb = b % nbk;
+          dequantize_row(GgmlType::MXFP4, blocks[h].data() + b * 17, want.data() + (x * rows + h * half + r) * cols + kb * 32, 32);
+        }
+      }
+      const int64_t tn = rows / 128, tk = cols / 128;
+      cuda::DeviceBuffer codes(size_t(experts * rows * cols)), scales(size_t(experts * tn * tk) * 4), lost(4);
+      PDB_CUDA_CHECK(cudaMemset(lost.get(), 0, 4));
+      cuda::DeviceBuffer db[2] = {cuda::DeviceBuffer(blocks[0].size()), cuda::DeviceBuffer(blocks[1].size())};
+      for (int h = 0; h < 2; ++h) {
+        db[h].upload(blocks[h].data(), blocks[h].size());
+        cuda::mxfp4_to_fp8_tiles({db[h].as<uint8_t>(), experts, half, cols, codes.as<uint8_t>(), rows * cols, h * half, scales.as<float>(), tn * tk, tk, true,
+                                  lost.as<unsigned>()}, nullptr);
+      }
+      PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<uint8_t> hc(size_t(experts * rows * cols));
+      std::vector<float> hs(size_t(experts * tn * tk));
+      unsigned hl = 0;
+      codes.download(hc.data(), hc.size());
+      scales.download(hs.data(), hs.size() * 4);
+      lost.download(&hl, 4);
+      size_t differ = 0;
+      for (int64_t x = 0; x < experts; ++x)
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) {
+            const float got = fp8_e4m3_to_f32(hc[size_t((x * rows + r) * cols + c)]) * hs[size_t(x * tn * tk + (r / 128) * tk + c / 128)];
+            differ += got != want[size_t((x * rows + r) * cols + c)];
+          }
+      if (!spread) {
+        EXPECT_EQ(differ, 0u) << "FP8 tiles of MXFP4";
+        EXPECT_EQ(hl, 0u);
+      } else {
+        EXPECT_GT(hl, 0u) << "a block 14 binades under its tile's largest rounds, and is counted";
+        EXPECT_LE(differ, size_t(hl)) << "only the counted values differ";
+      }
+    }
   }
 #endif
 }

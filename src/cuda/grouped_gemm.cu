@@ -17,7 +17,7 @@ void check(cublasStatus_t st, const char* what) {
 
 }  // namespace
 
-GroupedGemm::GroupedGemm() {
+GroupedGemm::GroupedGemm(bool per_expert) : loop_(per_expert) {
   cublasHandle_t h = nullptr;
   check(cublasCreate(&h), "create");
   handle_ = h;
@@ -25,6 +25,7 @@ GroupedGemm::GroupedGemm() {
   PDB_CUDA_CHECK(cudaEventCreateWithFlags(&ptrs_copied_, cudaEventDisableTiming));
   PDB_CUDA_CHECK(cudaEventRecord(ptrs_copied_, nullptr));
   if (const char* e = std::getenv("PDBRIDGE_MOE_GEMM"); e && std::string(e) == "loop") loop_ = true;
+  if (const char* e = std::getenv("PDBRIDGE_MOE_GEMM"); e && std::string(e) == "grouped") loop_ = false;
 }
 
 GroupedGemm::~GroupedGemm() {

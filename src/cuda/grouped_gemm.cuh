@@ -23,12 +23,14 @@ struct GroupedProduct {
 
 class GroupedGemm {
  public:
-  GroupedGemm();
+  // per_expert: one cuBLAS product per expert by default instead of the grouped call (DeepSeek-V4's experts of
+  // 2048 x 4096 on the H200: 15.6 ms against 33.0 ms per 32K-token layer, docs/RESULTS.md).
+  explicit GroupedGemm(bool per_expert = false);
   ~GroupedGemm();
   GroupedGemm(const GroupedGemm&) = delete;
   GroupedGemm& operator=(const GroupedGemm&) = delete;
   // Every product shares in/out and the types. Products with no rows are left out. PDBRIDGE_MOE_GEMM=loop
-  // runs them as one cuBLAS product each instead (an A/B switch for the benchmark).
+  // runs them as one cuBLAS product each, =grouped as one grouped call, whatever the default (the A/B switch).
   void xwt(const std::vector<GroupedProduct>& products, int64_t in, int64_t out, DType y_type, cudaStream_t s);
 
  private:

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -17,6 +18,7 @@
 #include "cuda/dsv4_attention.cuh"
 #include "cuda/dsv4_indexer.cuh"
 #include "cuda/elementwise.cuh"
+#include "cuda/fp8.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/grouped_gemm.cuh"
 #include "cuda/moe.cuh"
@@ -78,6 +80,7 @@ struct Deepseek4CudaEngine::Impl {
     DeviceBuffer wq_a, wq_b, wo_a, wo_b, idx_q_b, idx_proj, sh_gu, sh_down;  // bf16
     DeviceBuffer exp_gu, exp_down;                 // bf16 [NE x 2F x E], [NE x E x F], or empty when FP4
     DeviceBuffer gate_fp4, up_fp4, down_fp4;       // GGUF MXFP4 blocks
+    int fp8_fit = -1;  // its FP4 experts as FP8 tiles lose nothing (1), would (0), not yet looked (-1)
     DeviceBuffer tid2eid;                          // int32 [vocab x K] (hash layers)
     bool hash = false;
     // per prompt: the raw rows (as stored, bf16) of the last W positions and the chunk's, the compressed rows,
@@ -93,24 +96,47 @@ struct Deepseek4CudaEngine::Impl {
   std::vector<Layer> layers;
   DeviceBuffer embed;  // f32 [vocab x E]
   cuda::Gemm gemm;
-  cuda::GroupedGemm grouped;
+  cuda::GroupedGemm grouped{true};  // one product per expert: faster than the grouped call at these shapes
   cublasHandle_t blas = nullptr;
   cudaStream_t s = nullptr;
+  // The FP4 experts' expansion of a long chunk's layer runs here, beside the layer's attention (memory-bound work
+  // beside compute-bound): `expanded` tells the MoE it is done, `scratch_free` that the last layer's products have
+  // read the scratch it overwrites.
+  cudaStream_t side = nullptr;
+  cudaEvent_t expanded = nullptr, scratch_free = nullptr;
   bool fp4 = false;
   // scratch, grown on demand
   DeviceBuffer tokens, x, xa, xn, m, mix_r, mix_e, pre, cur, cur_b, qx, dx, kvrow, kvtmp, pooled, csb, cs_plain, cs_comp;
   DeviceBuffer qr, qr_b, q, q_b, iq, iq_b, iw, isc, iscores, idx, kg, valid, sc, p, att, oa, ao, shift_tmp;
   DeviceBuffer hpre, hn, hn_b, logits, experts, weights, counts, offsets, slot_of, token_of, xg, gu, act, yexp, shgu, shact, y;
   DeviceBuffer exp_gu_scratch, exp_down_scratch;
+  // The routed experts as FP8 products (long chunks): the layer's experts expanded FP4 -> e4m3 tiles (half the
+  // bf16 expansion's bytes, twice the tensor rate), the token rows quantized per expert (1 x 128 blocks).
+  bool fp8_probed = false;
+  std::optional<cuda::Fp8ScaleLayout> fp8;
+  std::string fp8_note;
+  DeviceBuffer gu8, gu8_s, down8, down8_s, xq, xq_s, aq, aq_s, inexact;
   cuda::PinnedBuffer counts_host;
 
   Impl() {
-    PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    // the layer's stream first wherever an SM frees up, the expansion in the gaps (without priorities its blocks
+    // took the SMs from the sections and the layer gained nothing, docs/RESULTS.md)
+    int least = 0, greatest = 0;
+    PDB_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    PDB_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+    PDB_CUDA_CHECK(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, least));
+    PDB_CUDA_CHECK(cudaEventCreateWithFlags(&expanded, cudaEventDisableTiming));
+    PDB_CUDA_CHECK(cudaEventCreateWithFlags(&scratch_free, cudaEventDisableTiming));
+    PDB_CUDA_CHECK(cudaEventRecord(scratch_free, s));
     check_cublas(cublasCreate(&blas), "create");
     check_cublas(cublasSetStream(blas, s), "set stream");
   }
   ~Impl() {
     if (blas) cublasDestroy(blas);
+    if (side) cudaStreamSynchronize(side);
+    if (expanded) cudaEventDestroy(expanded);
+    if (scratch_free) cudaEventDestroy(scratch_free);
+    if (side) cudaStreamDestroy(side);
     if (s) cudaStreamDestroy(s);
   }
 
@@ -149,6 +175,28 @@ void rotate_rows(float* rows, int64_t count, int64_t width, cudaStream_t s) {
   if (g) cuda::hadamard_groups(rows, count * width / g, int(g), s);
 }
 
+// Every routed expert of layer L, FP4 -> bf16 into the scratch, in three launches on `st` (gate and up into the
+// two halves of each expert's fused 2F rows).
+void expand_all_experts(Deepseek4CudaEngine::Impl& I, const Deepseek4CudaEngine::Impl::Layer& L, cudaStream_t st) {
+  const int64_t E = I.c.hidden, F = I.c.expert_ff, NE = I.c.experts, blocks_fe = F * E / 32, per = NE * blocks_fe;
+  cuda::mxfp4_to_bf16(L.gate_fp4.as<uint8_t>(), per, I.exp_gu_scratch.as<__nv_bfloat16>(), st, blocks_fe, 2 * F * E);
+  cuda::mxfp4_to_bf16(L.up_fp4.as<uint8_t>(), per, I.exp_gu_scratch.as<__nv_bfloat16>() + F * E, st, blocks_fe, 2 * F * E);
+  cuda::mxfp4_to_bf16(L.down_fp4.as<uint8_t>(), per, I.exp_down_scratch.as<__nv_bfloat16>(), st);
+}
+
+// The layer's experts as FP8 tiles into gu8 / down8 (gate and up into the halves of each expert's 2F rows).
+void expand_all_experts_fp8(Deepseek4CudaEngine::Impl& I, const Deepseek4CudaEngine::Impl::Layer& L, cudaStream_t st) {
+  const int64_t E = I.c.hidden, F = I.c.expert_ff, NE = I.c.experts;
+  const cuda::Fp8ScaleLayout& fl = *I.fp8;
+  const int64_t gu_n = 2 * F / 128, gu_k = E / 128, dn_n = E / 128, dn_k = F / 128;
+  unsigned* lost = I.inexact.as<unsigned>();
+  const int64_t gu_ld = fl.weight_ld(gu_n, gu_k), gu_ss = fl.weight_scale_count(gu_n, gu_k);
+  cuda::mxfp4_to_fp8_tiles({L.gate_fp4.as<uint8_t>(), NE, F, E, I.gu8.as<uint8_t>(), 2 * F * E, 0, I.gu8_s.as<float>(), gu_ss, gu_ld, fl.weight_kb_fastest, lost}, st);
+  cuda::mxfp4_to_fp8_tiles({L.up_fp4.as<uint8_t>(), NE, F, E, I.gu8.as<uint8_t>(), 2 * F * E, F, I.gu8_s.as<float>(), gu_ss, gu_ld, fl.weight_kb_fastest, lost}, st);
+  cuda::mxfp4_to_fp8_tiles({L.down_fp4.as<uint8_t>(), NE, E, F, I.down8.as<uint8_t>(), E * F, 0, I.down8_s.as<float>(), fl.weight_scale_count(dn_n, dn_k),
+                            fl.weight_ld(dn_n, dn_k), fl.weight_kb_fastest, lost}, st);
+}
+
 // Host cos/sin of the layer's RoPE for each of `n` positions pos(i).
 template <class Pos>
 std::vector<float> rope_table(const GgmlRopeParams& rp, int64_t n, Pos pos) {
@@ -158,6 +206,20 @@ std::vector<float> rope_table(const GgmlRopeParams& rp, int64_t n, Pos pos) {
 }
 
 }  // namespace
+
+std::string Deepseek4CudaEngine::experts_note() const {
+  const Impl& I = *impl_;
+  if (!I.fp4) return "routed experts bf16 in memory: bf16 products";
+  if (!I.fp8_probed) return "FP4 routed experts: bf16 products (FP8 products are PDBRIDGE_DSV4_EXPERTS_FP8=1, for widths that are multiples of 128)";
+  if (!I.fp8) return "FP4 routed experts: bf16 products (" + I.fp8_note + ")";
+  int64_t fit = 0, fp4_layers = 0;
+  for (const auto& L : I.layers) {
+    fp4_layers += L.exp_gu.bytes() == 0;
+    fit += L.fp8_fit == 1;
+  }
+  return fmt::format("FP4 routed experts as FP8 products (e4m3 tiles of 128 x 128, token rows in 1 x 128 blocks) in {} of {} FP4 layers "
+                     "(the others' tiles would round), chunks of >= 8 x experts / k rows; {}", fit, fp4_layers, I.fp8_note);
+}
 
 Deepseek4CudaEngine::Deepseek4CudaEngine(const Deepseek4Config& c) : c_(c), impl_(std::make_unique<Impl>()) { impl_->c = c; }
 
@@ -481,10 +543,11 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
   Impl::grow(I.offsets, size_t(NE) * 4);
   Impl::grow(I.slot_of, size_t(n * K) * 4);
   Impl::grow(I.token_of, size_t(n * K) * 4);
-  Impl::grow(I.xg, size_t(n * K * E) * 2);
-  Impl::grow(I.gu, size_t(n * K * 2 * F) * 2);
-  Impl::grow(I.act, size_t(n * K * F) * 2);
-  Impl::grow(I.yexp, size_t(n * K * E) * 2);
+  // 64 rows of slack: the FP8 products' padding rows past the last expert's
+  Impl::grow(I.xg, size_t((n * K + 64) * E) * 2);
+  Impl::grow(I.gu, size_t((n * K + 64) * 2 * F) * 2);
+  Impl::grow(I.act, size_t((n * K + 64) * F) * 2);
+  Impl::grow(I.yexp, size_t((n * K + 64) * E) * 2);
   Impl::grow(I.shgu, size_t(n * 2 * FS) * 2);
   Impl::grow(I.shact, size_t(n * FS) * 2);
   if (I.fp4) {
@@ -493,7 +556,7 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
   }
   I.counts_host.resize(size_t(NE) * 4);
   const GgmlRopeParams rp_plain = dsv4_rope(c, 0), rp_comp = dsv4_rope(c, 4);
-  // The fused kernels where they take the shapes; PDBRIDGE_DSV4_ATTN=gather and PDBRIDGE_DSV4_INDEXER=gemm select
+  // The fused kernels where they take the shapes; PDBRIDGE_DSV4_ATTN=gather, PDBRIDGE_DSV4_INDEXER=gemm, PDBRIDGE_DSV4_EXPAND=inline select
   // the paths before them (the same-run A/B of the benchmark).
   auto env_is = [](const char* name, const char* value) {
     const char* e = std::getenv(name);
@@ -501,6 +564,42 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
   };
   const bool fused_attn = cuda::dsv4_sparse_attention_supported(int(H), int(D)) && !env_is("PDBRIDGE_DSV4_ATTN", "gather");
   const bool fused_idx = cuda::indexer_scores_supported(int(Hi), int(Id)) && !env_is("PDBRIDGE_DSV4_INDEXER", "gemm");
+  const bool side_expansion = !env_is("PDBRIDGE_DSV4_EXPAND", "inline");  // =inline: in the MoE, as before
+  // PDBRIDGE_DSV4_EXPERTS_FP8=1: the routed experts as FP8 products where the library has the block-scaled
+  // product, the widths are multiples of 128 and a layer's FP4 values fit its e4m3 tiles exactly (looked at once
+  // per layer). Not the default: at V4-Flash's shapes cuBLASLt's block-scaled products per expert took 17.1 ms per
+  // 32K-token layer against the bf16 products' 15.6 (docs/RESULTS.md), and the activations lose bits.
+  bool fp8_experts = false;
+  if (I.fp4 && E % 128 == 0 && F % 128 == 0 && env_is("PDBRIDGE_DSV4_EXPERTS_FP8", "1")) {
+    if (!I.fp8_probed) {
+      I.fp8_probed = true;
+      I.fp8 = cuda::probe_fp8_layout(I.gemm, &I.fp8_note);
+    }
+    if (I.fp8) {
+      const cuda::Fp8ScaleLayout& fl = *I.fp8;
+      Impl::grow(I.gu8, size_t(NE * 2 * F * E));
+      Impl::grow(I.gu8_s, size_t(NE * fl.weight_scale_count(2 * F / 128, E / 128)) * 4);
+      Impl::grow(I.down8, size_t(NE * E * F));
+      Impl::grow(I.down8_s, size_t(NE * fl.weight_scale_count(E / 128, F / 128)) * 4);
+      // each expert's rows padded to 64, each scale grid's ld aligned: bounded by these many rows
+      const int64_t qrows = n * K + NE * (64 + fl.act_ld_align);
+      Impl::grow(I.xq, size_t(qrows * E));
+      Impl::grow(I.aq, size_t(qrows * F));
+      Impl::grow(I.xq_s, cuda::fp8_scale_bytes(qrows, E, fl));
+      Impl::grow(I.aq_s, cuda::fp8_scale_bytes(qrows, F, fl));
+      Impl::grow(I.inexact, 4);
+      for (auto& L : I.layers) {
+        if (L.exp_gu.bytes() != 0 || L.fp8_fit != -1) continue;
+        PDB_CUDA_CHECK(cudaMemsetAsync(I.inexact.get(), 0, 4, s));
+        expand_all_experts_fp8(I, L, s);
+        unsigned lost = 0;
+        PDB_CUDA_CHECK(cudaMemcpyAsync(&lost, I.inexact.get(), 4, cudaMemcpyDeviceToHost, s));
+        PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+        L.fp8_fit = lost == 0;
+      }
+      fp8_experts = true;
+    }
+  }
   // the gathered attention's key batches: sized so that one batch's keys and scores stay near 512 MB each
   const int64_t max_nk = W + std::max<int64_t>(topk, T / 128);
   const int64_t attn_batch = std::max<int64_t>(1, std::min<int64_t>(n, (int64_t(512) << 20) / std::max<int64_t>(max_nk * std::max(D * 2, H * 4), 1)));
@@ -552,6 +651,21 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
       const float* cs = L.ratio ? I.cs_comp.as<float>() : I.cs_plain.as<float>();
       const GgmlRopeParams& rp = L.ratio ? rp_comp : rp_plain;
       mark(0);
+      const bool fp4 = L.exp_gu.bytes() == 0;
+      // A chunk of rows * K >= 8 * NE token choices uses (nearly) every expert: all of them are expanded (to FP8
+      // tiles where the layer's fit) on the side stream from the layer's start, once the last layer's products are
+      // done with the scratch.
+      const bool long_chunk = rows * K >= 8 * NE;
+      const bool experts_fp8 = fp8_experts && fp4 && long_chunk && L.fp8_fit == 1;
+      const bool expand_ahead = side_expansion && fp4 && long_chunk;
+      if (expand_ahead) {
+        PDB_CUDA_CHECK(cudaStreamWaitEvent(I.side, I.scratch_free, 0));
+        if (profile) PDB_CUDA_CHECK(cudaEventRecord(ev[9], I.side));
+        if (experts_fp8) expand_all_experts_fp8(I, L, I.side);
+        else expand_all_experts(I, L, I.side);
+        if (profile) PDB_CUDA_CHECK(cudaEventRecord(ev[10], I.side));
+        PDB_CUDA_CHECK(cudaEventRecord(I.expanded, I.side));
+      }
       // ---- the sections, with the decoder's weights
       float* x = I.x.as<float>();
       float* xn = I.xn.as<float>();
@@ -665,9 +779,7 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
       cuda::rmsnorm_rows(I.qr.as<float>(), L.q_a_norm.as<float>(), I.qr.as<float>(), rows, Lq, eps, s);
       cuda::f32_to_bf16(I.qr.as<float>(), I.qr_b.as<bf16>(), rows * Lq, s);
       I.gemm.xwt(cuda::DType::BF16, I.qr_b.get(), L.wq_b.get(), cuda::DType::F32, I.q.get(), rows, Lq, H * D, 0.0f, s);
-      cuda::rmsnorm_rows(I.q.as<float>(), fnull, I.q.as<float>(), rows * H, D, eps, s);
-      cuda::rope_tail(I.q.as<float>(), cs, rows, int(H), int(D), int(r), H * D, s);
-      cuda::f32_to_bf16(I.q.as<float>(), I.q_b.as<bf16>(), rows * H * D, s);
+      cuda::dsv4_head_norm_rope_bf16(I.q.as<float>(), cs, rows, int(H), int(D), int(r), eps, I.q_b.as<bf16>(), s);
       mark(2);
       // ---- the lightning indexer (ratio 4): each query's top-k of the finished blocks
       if (L.ratio == 4) {
@@ -779,25 +891,20 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
         PDB_CUDA_CHECK(cudaMemcpyAsync(I.counts_host.as<int32_t>(), I.counts.get(), size_t(NE) * 4, cudaMemcpyDeviceToHost, s));
         PDB_CUDA_CHECK(cudaStreamSynchronize(s));
         const int32_t* cnt = I.counts_host.as<int32_t>();
-        const bool fp4 = L.exp_gu.bytes() == 0;
         const bf16* wgu = fp4 ? I.exp_gu_scratch.as<bf16>() : L.exp_gu.as<bf16>();
         const bf16* wd = fp4 ? I.exp_down_scratch.as<bf16>() : L.exp_down.as<bf16>();
         std::vector<cuda::GroupedProduct> up(static_cast<size_t>(NE)), down(static_cast<size_t>(NE));
         int64_t off = 0;
         const int64_t blocks_fe = F * E / 32;
-        if (fp4) mark(9);
+        if (fp4 && !expand_ahead) mark(9);
         int64_t used = 0;
         for (int64_t e = 0; e < NE; ++e) used += cnt[e] > 0;
-        if (fp4 && used == NE) {  // every expert is used (long chunks): the three tensors in three launches
-          const int64_t per = NE * blocks_fe;
-          // gate and up into the two halves of each expert's fused 2F rows
-          cuda::mxfp4_to_bf16(L.gate_fp4.as<uint8_t>(), per, I.exp_gu_scratch.as<bf16>(), s, blocks_fe, 2 * F * E);
-          cuda::mxfp4_to_bf16(L.up_fp4.as<uint8_t>(), per, I.exp_gu_scratch.as<bf16>() + F * E, s, blocks_fe, 2 * F * E);
-          cuda::mxfp4_to_bf16(L.down_fp4.as<uint8_t>(), per, I.exp_down_scratch.as<bf16>(), s);
-        }
+        const bool expand_all = fp4 && !expand_ahead && (used == NE || experts_fp8);
+        if (expand_all && experts_fp8) expand_all_experts_fp8(I, L, s);
+        else if (expand_all) expand_all_experts(I, L, s);
         for (int64_t e = 0; e < NE; ++e) {
           const int64_t ne_rows = cnt[e];
-          if (fp4 && ne_rows > 0 && used < NE) {  // this layer's used experts, FP4 -> bf16, just before their products
+          if (fp4 && ne_rows > 0 && !expand_ahead && !expand_all) {  // this layer's used experts, FP4 -> bf16, just before their products
             cuda::mxfp4_to_bf16(L.gate_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_gu_scratch.as<bf16>() + e * 2 * F * E, s);
             cuda::mxfp4_to_bf16(L.up_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_gu_scratch.as<bf16>() + e * 2 * F * E + F * E, s);
             cuda::mxfp4_to_bf16(L.down_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_down_scratch.as<bf16>() + e * E * F, s);
@@ -806,12 +913,40 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
           down[size_t(e)] = {I.act.as<bf16>() + off * F, wd + e * E * F, I.yexp.as<bf16>() + off * E, ne_rows};
           off += ne_rows;
         }
-        if (fp4) mark(10);
+        if (fp4 && !expand_ahead) mark(10);
+        if (expand_ahead) PDB_CUDA_CHECK(cudaStreamWaitEvent(s, I.expanded, 0));
         if (off != g) throw std::runtime_error(fmt::format("DSV4 MoE grouping placed {} of {} token choices", off, g));
         mark(11);
-        I.grouped.xwt(up, E, 2 * F, cuda::DType::BF16, s);
-        cuda::swiglu_clamp_rows(I.gu.as<bf16>(), I.act.as<bf16>(), g, F, c.swiglu_clamp, s);
-        I.grouped.xwt(down, F, E, cuda::DType::BF16, s);
+        if (experts_fp8) {
+          // One FP8 product per expert, its rows padded to 64 (few shapes, few plans) and quantized with their own
+          // scale grid; the padding rows are the next expert's, whose own product overwrites them after (one
+          // stream, in order), or the slack past the last.
+          const cuda::Fp8ScaleLayout& fl = *I.fp8;
+          auto products = [&](const bf16* in, int64_t width, uint8_t* q, float* qs, const uint8_t* w8, const float* w8s, int64_t w_stride,
+                              int64_t s_stride, int64_t out_width, bf16* out) {
+            int64_t at = 0, scale_at = 0;
+            for (int64_t e = 0; e < NE; ++e) {
+              const int64_t ne_rows = cnt[e];
+              if (ne_rows == 0) continue;
+              const int64_t padded = (ne_rows + 63) / 64 * 64;
+              cuda::quantize_rows_fp8(in + at * width, padded, width, q + at * width, qs + scale_at, fl, s);
+              I.gemm.xwt_fp8(fl, q + at * width, qs + scale_at, w8 + e * w_stride, w8s + e * s_stride, cuda::DType::BF16, out + at * out_width,
+                             padded, width, out_width, 0.0f, s);
+              at += ne_rows;
+              scale_at += int64_t(cuda::fp8_scale_bytes(padded, width, fl) / 4);
+            }
+          };
+          products(I.xg.as<bf16>(), E, I.xq.as<uint8_t>(), I.xq_s.as<float>(), I.gu8.as<uint8_t>(), I.gu8_s.as<float>(), 2 * F * E,
+                   fl.weight_scale_count(2 * F / 128, E / 128), 2 * F, I.gu.as<bf16>());
+          cuda::swiglu_clamp_rows(I.gu.as<bf16>(), I.act.as<bf16>(), g, F, c.swiglu_clamp, s);
+          products(I.act.as<bf16>(), F, I.aq.as<uint8_t>(), I.aq_s.as<float>(), I.down8.as<uint8_t>(), I.down8_s.as<float>(), E * F,
+                   fl.weight_scale_count(E / 128, F / 128), E, I.yexp.as<bf16>());
+        } else {
+          I.grouped.xwt(up, E, 2 * F, cuda::DType::BF16, s);
+          cuda::swiglu_clamp_rows(I.gu.as<bf16>(), I.act.as<bf16>(), g, F, c.swiglu_clamp, s);
+          I.grouped.xwt(down, F, E, cuda::DType::BF16, s);
+        }
+        if (fp4) PDB_CUDA_CHECK(cudaEventRecord(I.scratch_free, s));
         mark(12);
         I.gemm.xwt(cuda::DType::BF16, I.hn_b.get(), L.sh_gu.get(), cuda::DType::BF16, I.shgu.get(), rows, E, 2 * FS, 0.0f, s);
         cuda::swiglu_clamp_rows(I.shgu.as<bf16>(), I.shact.as<bf16>(), rows, FS, c.swiglu_clamp, s);

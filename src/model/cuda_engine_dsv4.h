@@ -5,7 +5,7 @@
 // indexer's top-k on ratio-4 layers (dsv4_indexer.cuh), the sparse attention over each query's window and
 // visible compressed rows (one fused kernel reading the rows in place, dsv4_attention.cuh), the de-RoPE, the
 // grouped output LoRA, the MoE (routing by tid2eid or biased sqrt-softplus scores,
-// routed experts as one grouped product, FP4 experts kept FP4 in memory and expanded to bf16 per layer just
+// routed experts as one cuBLAS product per expert, FP4 experts kept FP4 in memory and expanded to bf16 per layer just
 // before it) and the hyper-connection mixes. bf16 products with f32 accumulation, f32 streams: tolerance class.
 #pragma once
 #include <array>
@@ -50,6 +50,9 @@ class Deepseek4CudaEngine {
   const Deepseek4Config& config() const { return c_; }
   std::string weights_note() const { return note_; }
   size_t weight_bytes() const { return weight_bytes_; }
+  // The routed experts' products as the last prefill ran them: FP8 (and how many FP4 layers fit their e4m3 tiles)
+  // or bf16, and why.
+  std::string experts_note() const;
   // Chunk after chunk, as Deepseek4CpuEngine::prefill. `compute_last`: the last layer is computed too (the
   // benchmarks time every layer); `profile`: per-phase device times added into it.
   int64_t prefill(const std::vector<int32_t>& tokens, int64_t chunk, GgmlType k_type, const ChunkHook& hook,
