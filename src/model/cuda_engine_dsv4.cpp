@@ -336,7 +336,7 @@ Deepseek4CudaEngine::Deepseek4CudaEngine(const Deepseek4Recipe& recipe, const De
   impl_->fp4 = any_fp4;
   note_ = fmt::format("deepseek4 on the GPU: bf16 products (f32 accumulation) of {}; routed experts {}; the sections' projections with the "
                       "decoder's weights ({})",
-                      W.describe, any_fp4 ? "FP4 (MXFP4) in memory, expanded to bf16 per layer before the grouped product" : "bf16",
+                      W.describe, any_fp4 ? "FP4 (MXFP4) in memory, expanded to bf16 per layer on a side stream before one product per expert" : "bf16",
                       impl_->layers.empty() || !impl_->layers[0].wkv.q8 ? "f32" : "Q8_0 in integers");
 }
 
@@ -567,8 +567,8 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
   const bool side_expansion = !env_is("PDBRIDGE_DSV4_EXPAND", "inline");  // =inline: in the MoE, as before
   // PDBRIDGE_DSV4_EXPERTS_FP8=1: the routed experts as FP8 products where the library has the block-scaled
   // product, the widths are multiples of 128 and a layer's FP4 values fit its e4m3 tiles exactly (looked at once
-  // per layer). Not the default: at V4-Flash's shapes cuBLASLt's block-scaled products per expert took 17.1 ms per
-  // 32K-token layer against the bf16 products' 15.6 (docs/RESULTS.md), and the activations lose bits.
+  // per layer). Not the default: at V4-Flash's shapes cuBLASLt's block-scaled products per expert took 17.2 ms per
+  // 32K-token layer against the bf16 products' 15.9 (docs/RESULTS.md), and the activations lose bits.
   bool fp8_experts = false;
   if (I.fp4 && E % 128 == 0 && F % 128 == 0 && env_is("PDBRIDGE_DSV4_EXPERTS_FP8", "1")) {
     if (!I.fp8_probed) {

@@ -5,8 +5,8 @@
 // indexer's top-k on ratio-4 layers (dsv4_indexer.cuh), the sparse attention over each query's window and
 // visible compressed rows (one fused kernel reading the rows in place, dsv4_attention.cuh), the de-RoPE, the
 // grouped output LoRA, the MoE (routing by tid2eid or biased sqrt-softplus scores,
-// routed experts as one cuBLAS product per expert, FP4 experts kept FP4 in memory and expanded to bf16 per layer just
-// before it) and the hyper-connection mixes. bf16 products with f32 accumulation, f32 streams: tolerance class.
+// routed experts as one cuBLAS product per expert, FP4 experts kept FP4 in memory and expanded to bf16 per layer on a
+// side stream just before them) and the hyper-connection mixes. bf16 products with f32 accumulation, f32 streams: tolerance class.
 #pragma once
 #include <array>
 #include <cstdint>
