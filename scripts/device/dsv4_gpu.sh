@@ -2,7 +2,7 @@
 # Issue 19 on the GPU: the DSV4 kernels against their CPU twins, the GPU engine against the CPU engine section by
 # section on the tiny models, the bridge with `prefill --device cuda` into llama-server (on the device's CPU), and
 # the real V4-Flash layer shapes timed per layer kind (tests/deepseek4_cuda_test.cpp).
-# Usage (device): bash .dev/dsv4_gpu.sh [stages: kernels engine bridge bench]; bash .dev/bg.sh LIMIT dsv4_gpu.sh ... runs
+# Usage (device): bash .dev/dsv4_gpu.sh [stages: kernels engine bridge bench cpu (the CPU DSV4 tests on this CPU)]; bash .dev/bg.sh LIMIT dsv4_gpu.sh ... runs
 # it in the background past one command's limit.
 DEV=$(cd "$(dirname "$0")" && pwd)
 source $DEV/env.sh || exit 1
@@ -12,7 +12,7 @@ ts() { echo "[$(date +%T) +$(( $(date +%s) - T0 ))s] $*" | tee -a $R/dsv4_gpu.lo
 STAGES=${*:-kernels engine bridge bench}
 TM=$P/build/test-models
 mkdir -p $TM
-for spec in "deepseek4-tiny:--preset tiny --seed 5" "deepseek4-tiny-fp8:--preset tiny --seed 5 --hf-dtype fp8"; do
+for spec in "deepseek4-tiny:--preset tiny --seed 5" "deepseek4-tiny-fp8:--preset tiny --seed 5 --hf-dtype fp8" "deepseek4-tiny-hca:--preset tiny-hca --seed 6"; do
   name=${spec%%:*}; args=${spec#*:}
   [ -d $TM/$name/hf ] || { ts "make-model $name"; $PDB make-model --arch deepseek4 $args --out $TM/$name > $R/make_$name.log 2>&1 || ts "make-model $name failed"; }
 done
@@ -36,6 +36,9 @@ for st in $STAGES; do
           > $R/dsv4_bench_$tag.log 2>&1
         ts "rc=$?"; grep -E "DSV4|OK|FAILED|Failure|what" $R/dsv4_bench_$tag.log | head -30 | tee -a $R/dsv4_gpu.log
       done ;;
+    cpu) ts "cpu dsv4 tests"; timeout 400 $P/build/tests/integration_tests --gtest_filter='Deepseek4State.*:Deepseek4Engine.*:Deepseek4Recipe.*:Deepseek4Wire.*:Deepseek4Bridge.*' \
+        > $R/dsv4_cpu_tests.log 2>&1; ts "rc=$?"; grep -E "^\[  (PASSED|FAILED) |FAILED|Failure" $R/dsv4_cpu_tests.log | head -20 | tee -a $R/dsv4_gpu.log
+      lscpu | grep -E "Model name" >> $R/dsv4_gpu.log ;;
   esac
   cp $R/dsv4_* $R/make_* $OUT/ 2>/dev/null
 done

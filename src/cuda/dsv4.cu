@@ -15,75 +15,152 @@ using bf16 = __nv_bfloat16;
 
 inline unsigned blocks_for(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 
-__global__ void hc_mix_kernel(const float* __restrict__ m, const float* __restrict__ x, const float* __restrict__ base,
-                              const float* __restrict__ scale, int64_t E, float hc_eps, int iters, float* __restrict__ mix,
-                              float* __restrict__ y) {
-  const int64_t t = blockIdx.x;
-  __shared__ float pre[4];
-  if (threadIdx.x == 0) {
-    const float* mt = m + t * kDsv4MixFloats;
-    float* out = mix + t * kDsv4MixFloats;
-    auto sigmoid = [](float v) { return 1.0f / (1.0f + expf(-v)); };
-    float comb[4][4];
-    for (int i = 0; i < 4; ++i) {
-      out[i] = sigmoid(__fadd_rn(__fmul_rn(mt[i], scale[0]), base[i])) + hc_eps;
-      out[4 + i] = 2.0f * sigmoid(__fadd_rn(__fmul_rn(mt[4 + i], scale[1]), base[4 + i]));
-      pre[i] = out[i];
-    }
-    for (int src = 0; src < 4; ++src) {
-      float v[4], mx = -INFINITY, sum = 0.0f;
-      for (int dst = 0; dst < 4; ++dst) {
-        v[dst] = __fadd_rn(__fmul_rn(mt[8 + dst + 4 * src], scale[2]), base[8 + dst + 4 * src]);
-        mx = fmaxf(mx, v[dst]);
-      }
-      for (int dst = 0; dst < 4; ++dst) sum += (v[dst] = expf(v[dst] - mx));
-      for (int dst = 0; dst < 4; ++dst) comb[dst][src] = v[dst] / sum + hc_eps;
-    }
-    auto norm_cols = [&] {
-      for (int dst = 0; dst < 4; ++dst) {
-        float s = 0.0f;
-        for (int src = 0; src < 4; ++src) s += comb[dst][src];
-        for (int src = 0; src < 4; ++src) comb[dst][src] /= s + hc_eps;
-      }
-    };
-    auto norm_rows = [&] {
-      for (int src = 0; src < 4; ++src) {
-        float s = 0.0f;
-        for (int dst = 0; dst < 4; ++dst) s += comb[dst][src];
-        for (int dst = 0; dst < 4; ++dst) comb[dst][src] /= s + hc_eps;
-      }
-    };
-    norm_cols();
-    for (int i = 1; i < iters; ++i) {
-      norm_rows();
-      norm_cols();
-    }
-    for (int dst = 0; dst < 4; ++dst)
-      for (int src = 0; src < 4; ++src) out[8 + dst * 4 + src] = comb[dst][src];
+// One token's 24 mix floats from its products m (scaled by inv_rms where the products were of the raw streams:
+// (fn . x) / rms instead of fn . (x / rms), the same value up to f32 rounding, and no normalized copy of x).
+__device__ void hc_coefs(const float* mt, float inv_rms, const float* base, const float* scale, float hc_eps, int iters, float* out) {
+  float mv[kDsv4MixFloats];
+  for (int i = 0; i < kDsv4MixFloats; ++i) mv[i] = __fmul_rn(mt[i], inv_rms);  // exact for 1
+  auto sigmoid = [](float v) { return 1.0f / (1.0f + expf(-v)); };
+  float comb[4][4];
+  for (int i = 0; i < 4; ++i) {
+    out[i] = sigmoid(__fadd_rn(__fmul_rn(mv[i], scale[0]), base[i])) + hc_eps;
+    out[4 + i] = 2.0f * sigmoid(__fadd_rn(__fmul_rn(mv[4 + i], scale[1]), base[4 + i]));
   }
-  __syncthreads();
-  const float* xt = x + t * 4 * E;
-  for (int64_t i = threadIdx.x; i < E; i += blockDim.x) {
-    float s = 0.0f;
-    for (int h = 0; h < 4; ++h) s = __fadd_rn(s, __fmul_rn(xt[h * E + i], pre[h]));
-    y[t * E + i] = s;
+  for (int src = 0; src < 4; ++src) {
+    float v[4], mx = -INFINITY, sum = 0.0f;
+    for (int dst = 0; dst < 4; ++dst) {
+      v[dst] = __fadd_rn(__fmul_rn(mv[8 + dst + 4 * src], scale[2]), base[8 + dst + 4 * src]);
+      mx = fmaxf(mx, v[dst]);
+    }
+    for (int dst = 0; dst < 4; ++dst) sum += (v[dst] = expf(v[dst] - mx));
+    for (int dst = 0; dst < 4; ++dst) comb[dst][src] = v[dst] / sum + hc_eps;
+  }
+  auto norm_cols = [&] {
+    for (int dst = 0; dst < 4; ++dst) {
+      float s = 0.0f;
+      for (int src = 0; src < 4; ++src) s += comb[dst][src];
+      for (int src = 0; src < 4; ++src) comb[dst][src] /= s + hc_eps;
+    }
+  };
+  auto norm_rows = [&] {
+    for (int src = 0; src < 4; ++src) {
+      float s = 0.0f;
+      for (int dst = 0; dst < 4; ++dst) s += comb[dst][src];
+      for (int dst = 0; dst < 4; ++dst) comb[dst][src] /= s + hc_eps;
+    }
+  };
+  norm_cols();
+  for (int i = 1; i < iters; ++i) {
+    norm_rows();
+    norm_cols();
+  }
+  for (int dst = 0; dst < 4; ++dst)
+    for (int src = 0; src < 4; ++src) out[8 + dst * 4 + src] = comb[dst][src];
+}
+
+// One thread per token: the serial mix (Sinkhorn) apart from the pass over the streams, which it held up when one
+// thread of each row's block did it (1.45 ms per 32K-token mix on the H200, three times the pass's bytes).
+__global__ void hc_coefs_kernel(const float* __restrict__ m, int64_t ldm, const float* __restrict__ inv_rms, const float* __restrict__ base,
+                                const float* __restrict__ scale, int64_t n, float hc_eps, int iters, float* __restrict__ mix) {
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= n) return;
+  hc_coefs(m + t * ldm, inv_rms ? inv_rms[t] : 1.0f, base, scale, hc_eps, iters, mix + t * kDsv4MixFloats);
+}
+
+// y[t] = sum_h pre[h] x_h, h in order (the decoder's adds, no FMA), V floats at a time.
+template <int V>
+__global__ void hc_pre_sum_kernel(const float* __restrict__ x, const float* __restrict__ mix, int64_t n, int64_t E, float* __restrict__ y) {
+  const int64_t per_row = E / V;
+  for (int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < n * per_row; k += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = k / per_row, i = (k % per_row) * V;
+    const float* mt = mix + t * kDsv4MixFloats;
+    const float* xt = x + t * 4 * E + i;
+    float acc[V];
+    for (int v = 0; v < V; ++v) acc[v] = 0.0f;
+    for (int h = 0; h < 4; ++h) {
+      const float p = mt[h];
+      float xv[V];
+      if constexpr (V == 4) {
+        const float4 q = *reinterpret_cast<const float4*>(xt + h * E);
+        xv[0] = q.x, xv[1] = q.y, xv[2] = q.z, xv[3] = q.w;
+      } else {
+        xv[0] = xt[h * E];
+      }
+      for (int v = 0; v < V; ++v) acc[v] = __fadd_rn(acc[v], __fmul_rn(xv[v], p));
+    }
+    if constexpr (V == 4) *reinterpret_cast<float4*>(y + t * E + i) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    else y[t * E + i] = acc[0];
   }
 }
 
-__global__ void hc_post_kernel(const float* __restrict__ f, const float* __restrict__ mix, const float* __restrict__ x, int64_t n, int64_t E,
-                               float* __restrict__ x_next) {
-  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (k >= n * E) return;
-  const int64_t t = k / E, i = k % E;
+constexpr int kRowThreads = 256;
+
+// The block's double sum of its threads' partial sums (rmsnorm_kernel's accumulation: float squares in double).
+__device__ double block_sum(double v) {
+  __shared__ double part[kRowThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+  __syncthreads();
+  double s = 0.0;
+  for (int w = 0; w < kRowThreads / 32; ++w) s += part[w];
+  __syncthreads();
+  return s;
+}
+
+__device__ float inv_rms_of(double sum, int64_t width, float eps) {
+  const float mean = float(sum / double(width));
+  return 1.0f / sqrtf(mean + eps);
+}
+
+__global__ void __launch_bounds__(kRowThreads) row_inv_rms_kernel(const float* __restrict__ x, int64_t width, float eps, float* __restrict__ inv) {
+  const float* xr = x + int64_t(blockIdx.x) * width;
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < width; i += kRowThreads) sum += double(xr[i] * xr[i]);
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) inv[blockIdx.x] = inv_rms_of(sum, width, eps);
+}
+
+// One block per token: x_next and, where asked, its 4E-wide inv-rms for the next pre-mix (the pass that the
+// normalized copy of x took before).
+template <int V>
+__global__ void __launch_bounds__(kRowThreads) hc_post_kernel(const float* __restrict__ f, const float* __restrict__ mix, const float* __restrict__ x,
+                                                              int64_t E, float* __restrict__ x_next, float* __restrict__ inv_next, float eps) {
+  const int64_t t = blockIdx.x;
   const float* mt = mix + t * kDsv4MixFloats;
+  __shared__ float cf[kDsv4MixFloats];
+  if (threadIdx.x < kDsv4MixFloats) cf[threadIdx.x] = mt[threadIdx.x];
+  __syncthreads();
   const float* xt = x + t * 4 * E;
-  const float fv = f[k];
-  float xs[4];
-  for (int src = 0; src < 4; ++src) xs[src] = xt[src * E + i];
-  for (int dst = 0; dst < 4; ++dst) {
-    float s = __fmul_rn(fv, mt[4 + dst]);
-    for (int src = 0; src < 4; ++src) s = __fadd_rn(s, __fmul_rn(xs[src], mt[8 + dst * 4 + src]));
-    x_next[t * 4 * E + dst * E + i] = s;
+  float* out = x_next + t * 4 * E;
+  double sum = 0.0;
+  for (int64_t i = int64_t(threadIdx.x) * V; i < E; i += int64_t(kRowThreads) * V) {
+    float fv[V], xs[4][V];
+    if constexpr (V == 4) {
+      const float4 q = *reinterpret_cast<const float4*>(f + t * E + i);
+      fv[0] = q.x, fv[1] = q.y, fv[2] = q.z, fv[3] = q.w;
+      for (int src = 0; src < 4; ++src) {
+        const float4 r = *reinterpret_cast<const float4*>(xt + src * E + i);
+        xs[src][0] = r.x, xs[src][1] = r.y, xs[src][2] = r.z, xs[src][3] = r.w;
+      }
+    } else {
+      fv[0] = f[t * E + i];
+      for (int src = 0; src < 4; ++src) xs[src][0] = xt[src * E + i];
+    }
+    for (int dst = 0; dst < 4; ++dst) {
+      float o[V];
+      for (int v = 0; v < V; ++v) {
+        float s = __fmul_rn(fv[v], cf[4 + dst]);
+        for (int src = 0; src < 4; ++src) s = __fadd_rn(s, __fmul_rn(xs[src][v], cf[8 + dst * 4 + src]));
+        o[v] = s;
+        sum += double(s * s);
+      }
+      if constexpr (V == 4) *reinterpret_cast<float4*>(out + dst * E + i) = make_float4(o[0], o[1], o[2], o[3]);
+      else out[dst * E + i] = o[0];
+    }
+  }
+  if (inv_next) {  // uniform across the block
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) inv_next[t] = inv_rms_of(sum, 4 * E, eps);
   }
 }
 
@@ -435,16 +512,39 @@ inline unsigned grid_stride_blocks(int64_t n) { return unsigned(std::min<int64_t
 
 }  // namespace
 
-void dsv4_hc_mix(const float* m, const float* x, const float* base, const float* scale, int64_t n, int64_t E, float hc_eps, int iters, float* mix,
-                 float* y, cudaStream_t s) {
+void dsv4_hc_coefs(const float* m, int64_t ldm, const float* inv_rms, const float* base, const float* scale, int64_t n, float hc_eps, int iters,
+                    float* mix, cudaStream_t s) {
   if (n <= 0) return;
-  hc_mix_kernel<<<unsigned(n), 256, 0, s>>>(m, x, base, scale, E, hc_eps, iters, mix, y);
+  hc_coefs_kernel<<<blocks_for(n, 128), 128, 0, s>>>(m, ldm, inv_rms, base, scale, n, hc_eps, iters, mix);
   PDB_CUDA_LAUNCHED();
 }
 
-void dsv4_hc_post(const float* f, const float* mix, const float* x, int64_t n, int64_t E, float* x_next, cudaStream_t s) {
+void dsv4_hc_pre_sum(const float* x, const float* mix, int64_t n, int64_t E, float* y, cudaStream_t s) {
   if (n <= 0) return;
-  hc_post_kernel<<<blocks_for(n * E, kT), kT, 0, s>>>(f, mix, x, n, E, x_next);
+  const bool vec = E % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  if (vec) hc_pre_sum_kernel<4><<<grid_stride_blocks(n * E / 4), kT, 0, s>>>(x, mix, n, E, y);
+  else hc_pre_sum_kernel<1><<<grid_stride_blocks(n * E), kT, 0, s>>>(x, mix, n, E, y);
+  PDB_CUDA_LAUNCHED();
+}
+
+void dsv4_hc_mix(const float* m, const float* x, const float* base, const float* scale, int64_t n, int64_t E, float hc_eps, int iters, float* mix,
+                 float* y, cudaStream_t s) {
+  dsv4_hc_coefs(m, kDsv4MixFloats, nullptr, base, scale, n, hc_eps, iters, mix, s);
+  dsv4_hc_pre_sum(x, mix, n, E, y, s);
+}
+
+void dsv4_row_inv_rms(const float* x, int64_t n, int64_t width, float eps, float* inv, cudaStream_t s) {
+  if (n <= 0) return;
+  row_inv_rms_kernel<<<unsigned(n), kRowThreads, 0, s>>>(x, width, eps, inv);
+  PDB_CUDA_LAUNCHED();
+}
+
+void dsv4_hc_post(const float* f, const float* mix, const float* x, int64_t n, int64_t E, float* x_next, cudaStream_t s, float* inv_next, float eps) {
+  if (n <= 0) return;
+  const bool vec = E % 4 == 0 && reinterpret_cast<uintptr_t>(f) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(x_next) % 16 == 0;
+  if (vec) hc_post_kernel<4><<<unsigned(n), kRowThreads, 0, s>>>(f, mix, x, E, x_next, inv_next, eps);
+  else hc_post_kernel<1><<<unsigned(n), kRowThreads, 0, s>>>(f, mix, x, E, x_next, inv_next, eps);
   PDB_CUDA_LAUNCHED();
 }
 

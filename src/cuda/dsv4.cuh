@@ -18,8 +18,18 @@ constexpr int kDsv4MixFloats = 24;
 // m [n x 24]: fn . rms_norm(x) (the caller's product). mix [n x 24]; y [n x E] = sum_h pre[h] x_h.
 void dsv4_hc_mix(const float* m, const float* x, const float* base, const float* scale, int64_t n, int64_t E, float hc_eps, int iters,
                  float* mix, float* y, cudaStream_t s);
-// x_next[dst] = f * post[dst] + sum_src comb[dst][src] x[src]   (x, x_next [n x 4 x E], f [n x E])
-void dsv4_hc_post(const float* f, const float* mix, const float* x, int64_t n, int64_t E, float* x_next, cudaStream_t s);
+// The mix alone, from products of the raw streams: m [n x ldm] = fn . x (the first 24 of each row), each row's
+// products times inv_rms[t] (nullptr: m is already of the normalized streams).
+void dsv4_hc_coefs(const float* m, int64_t ldm, const float* inv_rms, const float* base, const float* scale, int64_t n, float hc_eps, int iters,
+                   float* mix, cudaStream_t s);
+// y [n x E] = sum_h pre[h] x_h with the mix's pre.
+void dsv4_hc_pre_sum(const float* x, const float* mix, int64_t n, int64_t E, float* y, cudaStream_t s);
+// inv[t] = 1 / sqrt(mean(x_t^2) + eps) over rows of `width` (rmsnorm_rows' scale, without the normalized copy).
+void dsv4_row_inv_rms(const float* x, int64_t n, int64_t width, float eps, float* inv, cudaStream_t s);
+// x_next[dst] = f * post[dst] + sum_src comb[dst][src] x[src]   (x, x_next [n x 4 x E], f [n x E]); with inv_next,
+// also x_next's inv-rms over its 4E values (dsv4_row_inv_rms of x_next, in the same pass).
+void dsv4_hc_post(const float* f, const float* mix, const float* x, int64_t n, int64_t E, float* x_next, cudaStream_t s,
+                  float* inv_next = nullptr, float eps = 0.0f);
 // x [n x 4 x E]: each token's embedding row in all four streams.
 void dsv4_embed_streams(const float* table, const int32_t* tokens, int64_t n, int64_t E, float* x, cudaStream_t s);
 

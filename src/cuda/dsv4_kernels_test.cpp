@@ -289,6 +289,72 @@ TEST(CudaKernels, Dsv4MixRotationAndMxfp4MatchTheirCpuTwins) {
     }
     EXPECT_LE(worst, 1e-4) << "the mix differs from dsv4_hc_pre's";
   }
+  {  // the engine's way to the same mix: products of the raw streams times each row's inv-rms (dsv4_row_inv_rms,
+     // dsv4_hc_coefs with a row stride of 48), the pre-sum alone, and hc_post's x_next with its own inv-rms; both
+     // sides E = 256 (float4 passes) and E = 6 (scalar)
+    for (const int64_t E : {int64_t(256), int64_t(6)}) {
+      const int64_t n = 41;
+      const auto x = randn(size_t(n * 4 * E)), fn = randn(size_t(24 * 4 * E), 0.02f), base = randn(24, 0.3f), f = randn(size_t(n * E));
+      const std::vector<float> scale = {0.9f, 1.1f, 1.3f};
+      std::vector<float> m48(size_t(n * 48), 0.0f), want_y(size_t(n * E)), want_inv(static_cast<size_t>(n)), want_next(size_t(n * 4 * E)), want_next_inv(static_cast<size_t>(n));
+      std::vector<Dsv4HcMix> want(static_cast<size_t>(n));
+      for (int64_t t = 0; t < n; ++t) {
+        const float* xt = x.data() + t * 4 * E;
+        want[size_t(t)] = dsv4_hc_pre({&fn, &base, &scale}, xt, E, 1e-6f, 1e-6f, 20, want_y.data() + t * E);
+        double ss = 0;
+        for (int64_t i = 0; i < 4 * E; ++i) ss += double(xt[i] * xt[i]);
+        want_inv[size_t(t)] = 1.0f / std::sqrt(float(ss / double(4 * E)) + 1e-6f);
+        for (int o = 0; o < 24; ++o) {  // the raw products in the row's second half (the first: the recipe's, unused here)
+          float acc = 0.0f;
+          for (int64_t i = 0; i < 4 * E; ++i) acc += fn[size_t(o * 4 * E + i)] * xt[i];
+          m48[size_t(t * 48 + 24 + o)] = acc;
+        }
+        dsv4_hc_post(want[size_t(t)], f.data() + t * E, xt, E, want_next.data() + t * 4 * E);
+        double sn = 0;
+        for (int64_t i = 0; i < 4 * E; ++i) sn += double(want_next[size_t(t * 4 * E + i)] * want_next[size_t(t * 4 * E + i)]);
+        want_next_inv[size_t(t)] = 1.0f / std::sqrt(float(sn / double(4 * E)) + 1e-6f);
+      }
+      auto dm = to_device_f32(m48), dx = to_device_f32(x), db = to_device_f32(base), ds = to_device_f32(scale), df = to_device_f32(f);
+      cuda::DeviceBuffer inv(size_t(n) * 4), mix(size_t(n * 24) * 4), y(size_t(n * E) * 4), next(x.size() * 4), next_inv(size_t(n) * 4);
+      cuda::dsv4_row_inv_rms(dx.as<float>(), n, 4 * E, 1e-6f, inv.as<float>(), nullptr);
+      cuda::dsv4_hc_coefs(dm.as<float>() + 24, 48, inv.as<float>(), db.as<float>(), ds.as<float>(), n, 1e-6f, 20, mix.as<float>(), nullptr);
+      cuda::dsv4_hc_pre_sum(dx.as<float>(), mix.as<float>(), n, E, y.as<float>(), nullptr);
+      PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto gi = from_device_f32(inv, size_t(n)), gm = from_device_f32(mix, size_t(n * 24)), gy = from_device_f32(y, size_t(n * E));
+      // hc_post from the host's mix, so that only its own arithmetic is compared (the same operations; the host's
+      // compiler may contract them into FMAs, so within a few f32 ulps)
+      std::vector<float> host_mix(size_t(n * 24));
+      for (int64_t t = 0; t < n; ++t) {
+        const Dsv4HcMix& w = want[size_t(t)];
+        for (int i = 0; i < 4; ++i) host_mix[size_t(t * 24 + i)] = w.pre[i], host_mix[size_t(t * 24 + 4 + i)] = w.post[i];
+        for (int d = 0; d < 4; ++d)
+          for (int k = 0; k < 4; ++k) host_mix[size_t(t * 24 + 8 + d * 4 + k)] = w.comb[d][k];
+      }
+      auto dhm = to_device_f32(host_mix);
+      cuda::dsv4_hc_post(df.as<float>(), dhm.as<float>(), dx.as<float>(), n, E, next.as<float>(), nullptr, next_inv.as<float>(), 1e-6f);
+      PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto gn = from_device_f32(next, x.size()), gni = from_device_f32(next_inv, size_t(n));
+      double worst = 0, worst_inv = 0;
+      for (int64_t t = 0; t < n; ++t) {
+        worst_inv = std::max(worst_inv, double(std::fabs(gi[size_t(t)] - want_inv[size_t(t)]) / want_inv[size_t(t)]));
+        worst_inv = std::max(worst_inv, double(std::fabs(gni[size_t(t)] - want_next_inv[size_t(t)]) / want_next_inv[size_t(t)]));
+        const Dsv4HcMix& w = want[size_t(t)];
+        for (int i = 0; i < 4; ++i) {
+          worst = std::max(worst, double(std::fabs(gm[size_t(t * 24 + i)] - w.pre[i])));
+          worst = std::max(worst, double(std::fabs(gm[size_t(t * 24 + 4 + i)] - w.post[i])));
+        }
+        for (int d = 0; d < 4; ++d)
+          for (int k = 0; k < 4; ++k) worst = std::max(worst, double(std::fabs(gm[size_t(t * 24 + 8 + d * 4 + k)] - w.comb[d][k])));
+        for (int64_t i = 0; i < E; ++i) worst = std::max(worst, double(std::fabs(gy[size_t(t * E + i)] - want_y[size_t(t * E + i)])) / 4.0);
+      }
+      EXPECT_LE(worst_inv, 1e-6) << "inv-rms off the host's, E = " << E;
+      EXPECT_LE(worst, 1e-4) << "the mix from the raw products differs from dsv4_hc_pre's, E = " << E;
+      double worst_next = 0;
+      for (size_t i = 0; i < gn.size(); ++i)
+        worst_next = std::max(worst_next, double(std::fabs(gn[i] - want_next[i])) / (1.0 + std::fabs(double(want_next[i]))));
+      EXPECT_LE(worst_next, 1e-6) << "hc_post differs from the host's, E = " << E;
+    }
+  }
   {  // the rotation: groups of 512 and 128, bit for bit
     for (const int nrot : {512, 128}) {
       auto v = randn(size_t(nrot * 9));

@@ -76,6 +76,8 @@ struct Deepseek4CudaEngine::Impl {
     SectionProjection wkv, ckv, cgate, ikv, igate;
     // the engine's
     DeviceBuffer hc_attn_fn, hc_attn_base, hc_attn_scale, hc_ffn_fn, hc_ffn_base, hc_ffn_scale;
+    // [r_hc_fn; hc_attn_fn] (48 x 4E): the recipe's and the engine's attention-side mixes in one pass over x
+    DeviceBuffer hc_attn_fns;
     DeviceBuffer q_a_norm, sinks, ffn_norm, probs_bias, router;  // f32
     DeviceBuffer wq_a, wq_b, wo_a, wo_b, idx_q_b, idx_proj, sh_gu, sh_down;  // bf16
     DeviceBuffer exp_gu, exp_down;                 // bf16 [NE x 2F x E], [NE x E x F], or empty when FP4
@@ -106,7 +108,7 @@ struct Deepseek4CudaEngine::Impl {
   cudaEvent_t expanded = nullptr, scratch_free = nullptr;
   bool fp4 = false;
   // scratch, grown on demand
-  DeviceBuffer tokens, x, xa, xn, m, mix_r, mix_e, pre, cur, cur_b, qx, dx, kvrow, kvtmp, pooled, csb, cs_plain, cs_comp;
+  DeviceBuffer tokens, x, xa, inv_x, m, mix_r, mix_e, pre, cur, cur_b, qx, dx, kvrow, kvtmp, pooled, csb, cs_plain, cs_comp;
   DeviceBuffer qr, qr_b, q, q_b, iq, iq_b, iw, isc, iscores, idx, kg, valid, sc, p, att, oa, ao, shift_tmp;
   DeviceBuffer hpre, hn, hn_b, logits, experts, weights, counts, offsets, slot_of, token_of, xg, gu, act, yexp, shgu, shact, y;
   DeviceBuffer exp_gu_scratch, exp_down_scratch;
@@ -142,6 +144,16 @@ struct Deepseek4CudaEngine::Impl {
 
   static void grow(DeviceBuffer& b, size_t bytes) {
     if (b.bytes() < bytes) b.resize(bytes);
+  }
+
+  // The recipe's and the engine's attention-side hc products stacked (48 x 4E); the two alone are dropped.
+  static void stack_attn_hc(Layer& L) {
+    const size_t a = L.r_hc_fn.bytes(), b = L.hc_attn_fn.bytes();
+    L.hc_attn_fns.resize(a + b);
+    PDB_CUDA_CHECK(cudaMemcpy(L.hc_attn_fns.get(), L.r_hc_fn.get(), a, cudaMemcpyDeviceToDevice));
+    PDB_CUDA_CHECK(cudaMemcpy(L.hc_attn_fns.as<uint8_t>() + a, L.hc_attn_fn.get(), b, cudaMemcpyDeviceToDevice));
+    L.r_hc_fn.release();
+    L.hc_attn_fn.release();
   }
 
   void project(const SectionProjection& P, const float* x_f32, const int8_t* x_q, const float* x_d, int64_t n, float* y) {
@@ -283,6 +295,7 @@ Deepseek4CudaEngine::Deepseek4CudaEngine(const Deepseek4Recipe& recipe, const De
     L.hc_attn_base = ef(p + "hc_attn_base.weight");
     L.hc_attn_scale = ef(p + "hc_attn_scale.weight");
     L.hc_ffn_fn = ef(p + "hc_ffn_fn.weight");
+    Impl::stack_attn_hc(L);
     L.hc_ffn_base = ef(p + "hc_ffn_base.weight");
     L.hc_ffn_scale = ef(p + "hc_ffn_scale.weight");
     L.q_a_norm = ef(p + "attn_q_a_norm.weight");
@@ -407,6 +420,7 @@ std::unique_ptr<Deepseek4CudaEngine> Deepseek4CudaEngine::random(const Deepseek4
     L.hc_attn_base = f32(24, 0.1f, 0.0f);
     L.hc_attn_scale = f32(3, 0.0f, 1.0f);
     L.hc_ffn_fn = f32(24 * 4 * E, 0.01f, 0.0f);
+    Impl::stack_attn_hc(L);
     L.hc_ffn_base = f32(24, 0.1f, 0.0f);
     L.hc_ffn_scale = f32(3, 0.0f, 1.0f);
     L.q_a_norm = f32(Lq, 0.0f, 1.0f);
@@ -513,8 +527,10 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
   const int64_t n = chunk;
   Impl::grow(I.tokens, size_t(T) * 4);
   I.tokens.upload(tokens.data(), size_t(T) * 4);
-  for (auto* b : {&I.x, &I.xa, &I.xn}) Impl::grow(*b, size_t(n * 4 * E) * 4);
-  for (auto* b : {&I.m, &I.mix_r, &I.mix_e}) Impl::grow(*b, size_t(n * cuda::kDsv4MixFloats) * 4);
+  for (auto* b : {&I.x, &I.xa}) Impl::grow(*b, size_t(n * 4 * E) * 4);
+  Impl::grow(I.inv_x, size_t(n) * 4);
+  Impl::grow(I.m, size_t(n * 2 * cuda::kDsv4MixFloats) * 4);
+  for (auto* b : {&I.mix_r, &I.mix_e}) Impl::grow(*b, size_t(n * cuda::kDsv4MixFloats) * 4);
   for (auto* b : {&I.pre, &I.cur, &I.ao, &I.hpre, &I.hn, &I.y}) Impl::grow(*b, size_t(n * E) * 4);
   Impl::grow(I.cur_b, size_t(n * E) * 2);
   Impl::grow(I.hn_b, size_t(n * E) * 2);
@@ -633,12 +649,12 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
   };
   const bool any_q8 = !I.layers.empty() && I.layers[0].wkv.q8;
   const float scale = 1.0f / std::sqrt(float(D));
-  const float* fnull = nullptr;
   int64_t done = 0;
   for (int64_t p0 = 0; p0 < T; p0 += chunk) {
     const int64_t rows = std::min(chunk, T - p0);
     const int32_t* tok = I.tokens.as<int32_t>() + p0;
     cuda::dsv4_embed_streams(I.embed.as<float>(), tok, rows, E, I.x.as<float>(), s);
+    cuda::dsv4_row_inv_rms(I.x.as<float>(), rows, 4 * E, eps, I.inv_x.as<float>(), s);  // each later layer's: its hc_post's
     {
       auto a = rope_table(rp_plain, rows, [&](int64_t i) { return p0 + i; });
       auto b = rope_table(rp_comp, rows, [&](int64_t i) { return p0 + i; });
@@ -667,12 +683,17 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
         PDB_CUDA_CHECK(cudaEventRecord(I.expanded, I.side));
       }
       // ---- the sections, with the decoder's weights
+      // the pre-mixes: the decoder's (its pre feeds the sections and the layer) and the engine's (its post and comb
+      // make the residual), from one f32 product of the raw streams scaled by their inv-rms
       float* x = I.x.as<float>();
-      float* xn = I.xn.as<float>();
-      cuda::rmsnorm_rows(x, fnull, xn, rows, 4 * E, eps, s);
-      I.gemm.xwt(cuda::DType::F32, xn, L.r_hc_fn.get(), cuda::DType::F32, I.m.get(), rows, 4 * E, 24, 0.0f, s);
-      cuda::dsv4_hc_mix(I.m.as<float>(), x, L.r_hc_base.as<float>(), L.r_hc_scale.as<float>(), rows, E, c.hc_eps, int(c.hc_iterations),
-                        I.mix_r.as<float>(), I.pre.as<float>(), s);
+      const float* inv_x = I.inv_x.as<float>();
+      constexpr int64_t kMix = cuda::kDsv4MixFloats;
+      I.gemm.xwt(cuda::DType::F32, x, L.hc_attn_fns.get(), cuda::DType::F32, I.m.get(), rows, 4 * E, 2 * kMix, 0.0f, s);
+      cuda::dsv4_hc_coefs(I.m.as<float>(), 2 * kMix, inv_x, L.r_hc_base.as<float>(), L.r_hc_scale.as<float>(), rows, c.hc_eps,
+                          int(c.hc_iterations), I.mix_r.as<float>(), s);
+      cuda::dsv4_hc_coefs(I.m.as<float>() + kMix, 2 * kMix, inv_x, L.hc_attn_base.as<float>(), L.hc_attn_scale.as<float>(), rows, c.hc_eps,
+                          int(c.hc_iterations), I.mix_e.as<float>(), s);
+      cuda::dsv4_hc_pre_sum(x, I.mix_r.as<float>(), rows, E, I.pre.as<float>(), s);
       float* cur = I.cur.as<float>();
       cuda::rmsnorm_rows(I.pre.as<float>(), L.attn_norm.as<float>(), cur, rows, E, eps, s);
       if (any_q8) cuda::quantize_rows_q8(cur, rows, E, I.qx.as<int8_t>(), I.dx.as<float>(), s);
@@ -771,9 +792,6 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
         break;
       }
       // ---- the layer, with the engine's weights: the q path
-      I.gemm.xwt(cuda::DType::F32, xn, L.hc_attn_fn.get(), cuda::DType::F32, I.m.get(), rows, 4 * E, 24, 0.0f, s);
-      cuda::dsv4_hc_mix(I.m.as<float>(), x, L.hc_attn_base.as<float>(), L.hc_attn_scale.as<float>(), rows, E, c.hc_eps, int(c.hc_iterations),
-                        I.mix_e.as<float>(), I.pre.as<float>(), s);
       cuda::f32_to_bf16(cur, I.cur_b.as<bf16>(), rows * E, s);
       I.gemm.xwt(cuda::DType::BF16, I.cur_b.get(), L.wq_a.get(), cuda::DType::F32, I.qr.get(), rows, E, Lq, 0.0f, s);
       cuda::rmsnorm_rows(I.qr.as<float>(), L.q_a_norm.as<float>(), I.qr.as<float>(), rows, Lq, eps, s);
@@ -869,16 +887,16 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
                                                 int(G * R), R, int(G), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                      "grouped output LoRA");
         I.gemm.xwt(cuda::DType::BF16, I.oa.get(), L.wo_b.get(), cuda::DType::F32, I.ao.get(), rows, G * R, E, 0.0f, s);
-        cuda::dsv4_hc_post(I.ao.as<float>(), I.mix_e.as<float>(), x, rows, E, I.xa.as<float>(), s);
+        cuda::dsv4_hc_post(I.ao.as<float>(), I.mix_e.as<float>(), x, rows, E, I.xa.as<float>(), s, I.inv_x.as<float>(), eps);
       }
       mark(5);
       // ---- the MoE: pre-mix, ffn_norm, routing, routed experts (one grouped product each for gate|up and down), shared expert
       {
         float* xa = I.xa.as<float>();
-        cuda::rmsnorm_rows(xa, fnull, xn, rows, 4 * E, eps, s);
-        I.gemm.xwt(cuda::DType::F32, xn, L.hc_ffn_fn.get(), cuda::DType::F32, I.m.get(), rows, 4 * E, 24, 0.0f, s);
-        cuda::dsv4_hc_mix(I.m.as<float>(), xa, L.hc_ffn_base.as<float>(), L.hc_ffn_scale.as<float>(), rows, E, c.hc_eps, int(c.hc_iterations),
-                          I.mix_r.as<float>(), I.hpre.as<float>(), s);
+        I.gemm.xwt(cuda::DType::F32, xa, L.hc_ffn_fn.get(), cuda::DType::F32, I.m.get(), rows, 4 * E, 24, 0.0f, s);
+        cuda::dsv4_hc_coefs(I.m.as<float>(), 24, I.inv_x.as<float>(), L.hc_ffn_base.as<float>(), L.hc_ffn_scale.as<float>(), rows, c.hc_eps,
+                            int(c.hc_iterations), I.mix_r.as<float>(), s);
+        cuda::dsv4_hc_pre_sum(xa, I.mix_r.as<float>(), rows, E, I.hpre.as<float>(), s);
         cuda::rmsnorm_rows(I.hpre.as<float>(), L.ffn_norm.as<float>(), I.hn.as<float>(), rows, E, eps, s);
         cuda::f32_to_bf16(I.hn.as<float>(), I.hn_b.as<bf16>(), rows * E, s);
         I.gemm.xwt(cuda::DType::F32, I.hn.get(), L.router.get(), cuda::DType::F32, I.logits.get(), rows, E, NE, 0.0f, s);
@@ -952,7 +970,7 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
         cuda::swiglu_clamp_rows(I.shgu.as<bf16>(), I.shact.as<bf16>(), rows, FS, c.swiglu_clamp, s);
         I.gemm.xwt(cuda::DType::BF16, I.shact.get(), L.sh_down.get(), cuda::DType::F32, I.y.get(), rows, FS, E, 0.0f, s);
         cuda::moe_combine(I.yexp.as<bf16>(), I.slot_of.as<int32_t>(), I.weights.as<float>(), rows, int(K), E, I.y.as<float>(), s);
-        cuda::dsv4_hc_post(I.y.as<float>(), I.mix_r.as<float>(), xa, rows, E, x, s);
+        cuda::dsv4_hc_post(I.y.as<float>(), I.mix_r.as<float>(), xa, rows, E, x, s, I.inv_x.as<float>(), eps);
       }
       mark(6);
       if (profile) {
