@@ -432,15 +432,19 @@ __global__ void rope_tail_kernel(float* __restrict__ x, const float* __restrict_
 }
 
 // one warp per head row; lane l holds the pairs l, l + 32, ... (coalesced float2 loads)
-__global__ void head_norm_rope_kernel(const float* __restrict__ q, const float* __restrict__ cs, int64_t rows, int heads, int D, int r, float eps,
+__device__ __forceinline__ float2 load_pair(const float* q, int p) { return reinterpret_cast<const float2*>(q)[p]; }
+__device__ __forceinline__ float2 load_pair(const bf16* q, int p) { return __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(q)[p]); }
+
+template <class T>
+__global__ void head_norm_rope_kernel(const T* __restrict__ q, const float* __restrict__ cs, int64_t rows, int heads, int D, int r, float eps,
                                       bf16* __restrict__ out) {
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
-  const float2* x = reinterpret_cast<const float2*>(q + row * D);
+  const T* x = q + row * D;
   double sum = 0.0;  // as rmsnorm_kernel: float squares added in double
   for (int p = lane; p < D / 2; p += 32) {
-    const float2 v = x[p];
+    const float2 v = load_pair(x, p);
     sum += double(v.x * v.x);
     sum += double(v.y * v.y);
   }
@@ -450,7 +454,7 @@ __global__ void head_norm_rope_kernel(const float* __restrict__ q, const float* 
   const float* c = cs + (row / heads) * r;
   __nv_bfloat162* y = reinterpret_cast<__nv_bfloat162*>(out + row * D);
   for (int p = lane; p < D / 2; p += 32) {
-    const float2 v = x[p];
+    const float2 v = load_pair(x, p);
     float a0 = v.x * scale, a1 = v.y * scale;
     const int i0 = 2 * p - (D - r);
     if (i0 >= 0) {
@@ -635,12 +639,21 @@ void dsv4_sink_softmax(const float* sc, const uint8_t* valid, const float* sinks
   PDB_CUDA_LAUNCHED();
 }
 
-void dsv4_head_norm_rope_bf16(const float* q, const float* cs, int64_t n, int heads, int D, int r, float eps, bf16* out, cudaStream_t s) {
+template <class T>
+void head_norm_rope(const T* q, const float* cs, int64_t n, int heads, int D, int r, float eps, bf16* out, cudaStream_t s) {
   if (n <= 0) return;
   if (D % 64 || r % 2 || r > D) throw std::invalid_argument("dsv4_head_norm_rope_bf16: D a multiple of 64, r even and <= D");
   const int64_t rows = n * heads;
-  head_norm_rope_kernel<<<unsigned((rows + 7) / 8), 256, 0, s>>>(q, cs, rows, heads, D, r, eps, out);
+  head_norm_rope_kernel<T><<<unsigned((rows + 7) / 8), 256, 0, s>>>(q, cs, rows, heads, D, r, eps, out);
   PDB_CUDA_LAUNCHED();
+}
+
+void dsv4_head_norm_rope_bf16(const float* q, const float* cs, int64_t n, int heads, int D, int r, float eps, bf16* out, cudaStream_t s) {
+  head_norm_rope(q, cs, n, heads, D, r, eps, out, s);
+}
+
+void dsv4_head_norm_rope_bf16(const bf16* q, const float* cs, int64_t n, int heads, int D, int r, float eps, bf16* out, cudaStream_t s) {
+  head_norm_rope(q, cs, n, heads, D, r, eps, out, s);
 }
 
 void dsv4_derope(bf16* o, const float* cs, int64_t n, int H, int D, int r, cudaStream_t s) {

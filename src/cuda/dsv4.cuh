@@ -48,6 +48,9 @@ void rope_tail(float* x, const float* cs, int64_t n, int heads, int width, int r
 // its last r dims roped by cs [n x r] (rope_tail's), then bf16: one pass where the three took five over q.
 // D a multiple of 64.
 void dsv4_head_norm_rope_bf16(const float* q, const float* cs, int64_t n, int heads, int D, int r, float eps, __nv_bfloat16* out, cudaStream_t s);
+// The same from a bf16 q (the q product's own output: half the bytes through the pass and the product's epilogue).
+void dsv4_head_norm_rope_bf16(const __nv_bfloat16* q, const float* cs, int64_t n, int heads, int D, int r, float eps, __nv_bfloat16* out,
+                              cudaStream_t s);
 // x <- x as a cache of `type` holds it: 1 f16, 2 bf16 (0: f32, nothing to do).
 void round_as_cached(float* x, int64_t n, int type, cudaStream_t s);
 void scale_f32(float* x, int64_t n, float a, cudaStream_t s);

@@ -393,6 +393,16 @@ TEST(CudaKernels, Dsv4MixRotationAndMxfp4MatchTheirCpuTwins) {
     }
     EXPECT_LE(differ, a.size() / 1000) << "values off the three steps' result";
     EXPECT_LE(worst, 1.0 / 128) << "a value moved by more than one bf16 ulp";
+    // from a bf16 q: exactly the f32 kernel's result on the bf16-rounded q (the same float operations)
+    std::vector<float> q16(q.size());
+    for (size_t i = 0; i < q.size(); ++i) q16[i] = round_bf16(q[i]);
+    auto dq16f = to_device_f32(q16);
+    cuda::DeviceBuffer dq16(q.size() * 2), from16(q.size() * 2), from32(q.size() * 2);
+    cuda::f32_to_bf16(dq16f.as<float>(), dq16.as<__nv_bfloat16>(), int64_t(q.size()), nullptr);
+    cuda::dsv4_head_norm_rope_bf16(dq16.as<__nv_bfloat16>(), dcs.as<float>(), n, heads, D, r, 1e-6f, from16.as<__nv_bfloat16>(), nullptr);
+    cuda::dsv4_head_norm_rope_bf16(dq16f.as<float>(), dcs.as<float>(), n, heads, D, r, 1e-6f, from32.as<__nv_bfloat16>(), nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(from_device_bf16(from16, q.size()), from_device_bf16(from32, q.size())) << "the bf16 input's pass differs from the f32 one's";
   }
   {  // MXFP4 blocks from the reference quantizer, expanded bit for bit
     const int64_t n = 32 * 64;

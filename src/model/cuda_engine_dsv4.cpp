@@ -796,8 +796,9 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
       I.gemm.xwt(cuda::DType::BF16, I.cur_b.get(), L.wq_a.get(), cuda::DType::F32, I.qr.get(), rows, E, Lq, 0.0f, s);
       cuda::rmsnorm_rows(I.qr.as<float>(), L.q_a_norm.as<float>(), I.qr.as<float>(), rows, Lq, eps, s);
       cuda::f32_to_bf16(I.qr.as<float>(), I.qr_b.as<bf16>(), rows * Lq, s);
-      I.gemm.xwt(cuda::DType::BF16, I.qr_b.get(), L.wq_b.get(), cuda::DType::F32, I.q.get(), rows, Lq, H * D, 0.0f, s);
-      cuda::dsv4_head_norm_rope_bf16(I.q.as<float>(), cs, rows, int(H), int(D), int(r), eps, I.q_b.as<bf16>(), s);
+      // q in bf16 straight from its product: the head norm sees bf16-rounded values (the engine's products' class)
+      I.gemm.xwt(cuda::DType::BF16, I.qr_b.get(), L.wq_b.get(), cuda::DType::BF16, I.q.get(), rows, Lq, H * D, 0.0f, s);
+      cuda::dsv4_head_norm_rope_bf16(I.q.as<bf16>(), cs, rows, int(H), int(D), int(r), eps, I.q_b.as<bf16>(), s);
       mark(2);
       // ---- the lightning indexer (ratio 4): each query's top-k of the finished blocks
       if (L.ratio == 4) {
