@@ -244,76 +244,87 @@ TEST(CudaBench, Dsv4IndexerAtV4FlashShapes) {
                 " 21 ratio-4 layers: %.0f ms\n",
                 (long long)T, (long long)chunk, ms, t_gemm, flops / (t_gemm * 1e-3) / 1e12, t_relu, K, t_topk, 21 * ms);
   }
-#endif
-}
-
-// A measurement, run on request (PDBRIDGE_BENCH=1; docs/RESULTS.md): does an FP8 indexer hold the top-k? At
-// DeepSeek-V4-Flash's shapes (64 heads x 128 dims, top 512), the last 256 queries of a T-token prompt (all T/4
-// blocks visible), their top-k from bf16 q and rows against the top-k from q and rows rounded to e4m3 with one
-// power-of-two scale per 128-wide row (ue8m0, as DeepSeek's FP8 operands; the rounded values are exact in bf16, so
-// the same fused kernel computes what an e4m3 product with f32 accumulation computes, up to the sum's order).
-// Random Gaussian operands: scores without a trained model's peaks, many near-ties at the k-th: a hard case.
-TEST(CudaBench, Dsv4IndexerTopKWithFp8Operands) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
-  const char* on = std::getenv("PDBRIDGE_BENCH");
-  if (!on || std::string(on) != "1") GTEST_SKIP() << "a benchmark: PDBRIDGE_BENCH=1 runs it";
-#ifdef PDBRIDGE_HAVE_CUDA
-  using namespace test_kernels;
-  const int H = 64, I = 128, K = 512;
-  const int64_t NQ = 256;
-  auto fp8_rows = [&](std::vector<float> v) {  // per 128-wide row: scale 2^ceil(log2(amax / 448)), e4m3 codes, back
-    for (size_t r = 0; r < v.size() / I; ++r) {
-      float amax = 0;
-      for (int i = 0; i < I; ++i) amax = std::max(amax, std::fabs(v[r * I + i]));
-      const float sc = amax > 0 ? std::ldexp(1.0f, int(std::ceil(std::log2(amax / 448.0f)))) : 1.0f;
-      for (int i = 0; i < I; ++i) v[r * I + i] = fp8_e4m3_to_f32(f32_to_fp8_e4m3(v[r * I + i] / sc)) * sc;
-    }
-    return v;
-  };
-  for (const int64_t T : {int64_t(8192), int64_t(32768), int64_t(131072)}) {
-    const int64_t NB = T / 4;
-    const auto q = round_bf16(randn(size_t(NQ * H * I))), k = round_bf16(randn(size_t(NB * I)));
-    const auto w = randn(size_t(NQ * H), 0.1f);
-    const cuda::IndexerShape sh{NQ, T - NQ, H, NB, 4, K};
-    auto top = [&](const std::vector<float>& qv, const std::vector<float>& kv, std::vector<float>* scores_out) {
-      auto dq = to_device_bf16(qv), dk = to_device_bf16(kv), dw = to_device_f32(w);
-      cuda::DeviceBuffer sc(size_t(NQ * NB) * 4), idx(size_t(NQ * K) * 4);
-      cuda::indexer_scores(dq.as<__nv_bfloat16>(), dk.as<__nv_bfloat16>(), dw.as<float>(), sc.as<float>(), sh, I, nullptr);
-      cuda::indexer_topk(sc.as<float>(), idx.as<int32_t>(), sh, nullptr);
-      PDB_CUDA_CHECK(cudaDeviceSynchronize());
-      if (scores_out) *scores_out = from_device_f32(sc, size_t(NQ * NB));
-      std::vector<int32_t> out(size_t(NQ * K));
-      idx.download(out.data(), out.size() * 4);
-      return out;
+  // Then: does an FP8 indexer hold the top-k? At the same shapes, the last 256 queries of a T-token prompt (all T/4
+  // blocks visible), their top-k from bf16 q and rows against the top-k from q and rows rounded to e4m3 with one
+  // power-of-two scale per 128-wide row (ue8m0, as DeepSeek's FP8 operands; the rounded values are exact in bf16, so
+  // the same fused kernel computes what an e4m3 product with f32 accumulation computes, up to the sum's order).
+  // Random Gaussian operands: scores without a trained model's peaks, many near-ties at the k-th: a hard case.
+  {
+    const int64_t NQ = 256;
+    auto fp8_rows = [&](std::vector<float> v) {  // per 128-wide row: scale 2^ceil(log2(amax / 448)), e4m3 codes, back
+      for (size_t r = 0; r < v.size() / I; ++r) {
+        float amax = 0;
+        for (int i = 0; i < I; ++i) amax = std::max(amax, std::fabs(v[r * I + i]));
+        const float sc = amax > 0 ? std::ldexp(1.0f, int(std::ceil(std::log2(amax / 448.0f)))) : 1.0f;
+        for (int i = 0; i < I; ++i) v[r * I + i] = fp8_e4m3_to_f32(f32_to_fp8_e4m3(v[r * I + i] / sc)) * sc;
+      }
+      return v;
     };
-    std::vector<float> s16;
-    const auto a = top(q, k, &s16), b = top(fp8_rows(q), fp8_rows(k), nullptr);
-    double shared_sum = 0, worst_shared = 1, worst_gap = 0;
-    for (int64_t t = 0; t < NQ; ++t) {
-      std::set<int32_t> sa(a.begin() + t * K, a.begin() + (t + 1) * K);
-      int shared = 0;
-      for (int j = 0; j < K; ++j) shared += sa.count(b[size_t(t * K + j)]) ? 1 : 0;
-      shared_sum += double(shared) / K;
-      worst_shared = std::min(worst_shared, double(shared) / K);
-      // how far below the bf16 k-th score the FP8 choice reaches, in units of the bf16 scores' spread
-      const int64_t vis = (T - NQ + t + 1) / 4;  // the blocks this query sees (the rest score -inf)
-      std::vector<float> row(s16.begin() + t * NB, s16.begin() + t * NB + vis);
-      std::vector<float> sorted = row;
-      std::nth_element(sorted.begin(), sorted.begin() + (K - 1), sorted.end(), std::greater<float>());
-      const float kth = sorted[size_t(K - 1)];
-      double mean = 0, var = 0;
-      for (float x : row) mean += x;
-      mean /= double(vis);
-      for (float x : row) var += (x - mean) * (x - mean);
-      const double sd = std::sqrt(var / double(vis));
-      for (int j = 0; j < K; ++j) worst_gap = std::max(worst_gap, double(kth - row[size_t(b[size_t(t * K + j)])]) / sd);
+    for (const int64_t T : {int64_t(8192), int64_t(32768), int64_t(131072)}) {
+      const int64_t NB = T / 4;
+      const auto q = round_bf16(randn(size_t(NQ * H * I))), k = round_bf16(randn(size_t(NB * I)));
+      const auto w = randn(size_t(NQ * H), 0.1f);
+      const cuda::IndexerShape sh{NQ, T - NQ, H, NB, 4, K};
+      auto top = [&](const std::vector<float>& qv, const std::vector<float>& kv, std::vector<float>* scores_out) {
+        auto dq = to_device_bf16(qv), dk = to_device_bf16(kv), dw = to_device_f32(w);
+        cuda::DeviceBuffer sc(size_t(NQ * NB) * 4), idx(size_t(NQ * K) * 4);
+        cuda::indexer_scores(dq.as<__nv_bfloat16>(), dk.as<__nv_bfloat16>(), dw.as<float>(), sc.as<float>(), sh, I, nullptr);
+        cuda::indexer_topk(sc.as<float>(), idx.as<int32_t>(), sh, nullptr);
+        PDB_CUDA_CHECK(cudaDeviceSynchronize());
+        if (scores_out) *scores_out = from_device_f32(sc, size_t(NQ * NB));
+        std::vector<int32_t> out(size_t(NQ * K));
+        idx.download(out.data(), out.size() * 4);
+        return out;
+      };
+      std::vector<float> s16;
+      const auto a = top(q, k, &s16), b = top(fp8_rows(q), fp8_rows(k), nullptr);
+      double shared_sum = 0, worst_shared = 1, worst_gap = 0;
+      for (int64_t t = 0; t < NQ; ++t) {
+        std::set<int32_t> sa(a.begin() + t * K, a.begin() + (t + 1) * K);
+        int shared = 0;
+        for (int j = 0; j < K; ++j) shared += sa.count(b[size_t(t * K + j)]) ? 1 : 0;
+        shared_sum += double(shared) / K;
+        worst_shared = std::min(worst_shared, double(shared) / K);
+        // how far below the bf16 k-th score the FP8 choice reaches, in units of the bf16 scores' spread
+        const int64_t vis = (T - NQ + t + 1) / 4;  // the blocks this query sees (the rest score -inf)
+        std::vector<float> row(s16.begin() + t * NB, s16.begin() + t * NB + vis);
+        std::vector<float> sorted = row;
+        std::nth_element(sorted.begin(), sorted.begin() + (K - 1), sorted.end(), std::greater<float>());
+        const float kth = sorted[size_t(K - 1)];
+        double mean = 0, var = 0;
+        for (float x : row) mean += x;
+        mean /= double(vis);
+        for (float x : row) var += (x - mean) * (x - mean);
+        const double sd = std::sqrt(var / double(vis));
+        for (int j = 0; j < K; ++j) worst_gap = std::max(worst_gap, double(kth - row[size_t(b[size_t(t * K + j)])]) / sd);
+      }
+      std::printf("DSV4 INDEXER FP8 T=%lld (last %lld queries, %lld blocks, top %d): bf16 top-k held %.4f on average, worst query %.4f; the "
+                  "furthest FP8 choice %.3f score SDs below the bf16 k-th\n",
+                  (long long)T, (long long)NQ, (long long)NB, K, shared_sum / double(NQ), worst_shared, worst_gap);
     }
-    std::printf("DSV4 INDEXER FP8 T=%lld (last %lld queries, %lld blocks, top %d): bf16 top-k held %.4f on average, worst query %.4f; the "
-                "furthest FP8 choice %.3f score SDs below the bf16 k-th\n",
-                (long long)T, (long long)NQ, (long long)NB, K, shared_sum / double(NQ), worst_shared, worst_gap);
   }
 #endif
 }
+
+#ifdef PDBRIDGE_HAVE_CUDA
+// The worst difference of a device mix [n x 24] and pre-sum [n x E] from the host's (dsv4_hc_pre's).
+double mix_error(const std::vector<float>& gm, const std::vector<float>& gy, const std::vector<Dsv4HcMix>& want, const std::vector<float>& want_y,
+                 int64_t n, int64_t E) {
+  double worst = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const Dsv4HcMix& w = want[size_t(t)];
+    for (int i = 0; i < 4; ++i) {
+      worst = std::max(worst, double(std::fabs(gm[size_t(t * 24 + i)] - w.pre[i])));
+      worst = std::max(worst, double(std::fabs(gm[size_t(t * 24 + 4 + i)] - w.post[i])));
+    }
+    for (int d = 0; d < 4; ++d)
+      for (int k = 0; k < 4; ++k) worst = std::max(worst, double(std::fabs(gm[size_t(t * 24 + 8 + d * 4 + k)] - w.comb[d][k])));
+    for (int64_t i = 0; i < E; ++i) worst = std::max(worst, double(std::fabs(gy[size_t(t * E + i)] - want_y[size_t(t * E + i)])) / 4.0);
+  }
+  return worst;
+}
+
+#endif
 
 // The hyper-connection mix, the Hadamard rotation, the q path's fused head norm and MXFP4's expansion against their twins
 // (dsv4_hc_pre, hadamard_rows, dequantize_row): the rotation and MXFP4 bit for bit (the same operations in the
@@ -345,18 +356,7 @@ TEST(CudaKernels, Dsv4MixRotationAndMxfp4MatchTheirCpuTwins) {
     cuda::dsv4_hc_mix(dm.as<float>(), dx.as<float>(), db.as<float>(), ds.as<float>(), n, E, 1e-6f, 20, mix.as<float>(), y.as<float>(), nullptr);
     PDB_CUDA_CHECK(cudaDeviceSynchronize());
     const auto gm = from_device_f32(mix, size_t(n * 24)), gy = from_device_f32(y, size_t(n * E));
-    double worst = 0;
-    for (int64_t t = 0; t < n; ++t) {
-      const Dsv4HcMix& w = want[size_t(t)];
-      for (int i = 0; i < 4; ++i) {
-        worst = std::max(worst, double(std::fabs(gm[size_t(t * 24 + i)] - w.pre[i])));
-        worst = std::max(worst, double(std::fabs(gm[size_t(t * 24 + 4 + i)] - w.post[i])));
-      }
-      for (int d = 0; d < 4; ++d)
-        for (int sidx = 0; sidx < 4; ++sidx) worst = std::max(worst, double(std::fabs(gm[size_t(t * 24 + 8 + d * 4 + sidx)] - w.comb[d][sidx])));
-      for (int64_t i = 0; i < E; ++i) worst = std::max(worst, double(std::fabs(gy[size_t(t * E + i)] - want_y[size_t(t * E + i)])) / 4.0);
-    }
-    EXPECT_LE(worst, 1e-4) << "the mix differs from dsv4_hc_pre's";
+    EXPECT_LE(mix_error(gm, gy, want, want_y, n, E), 1e-4) << "the mix differs from dsv4_hc_pre's";
   }
   {  // the engine's way to the same mix: products of the raw streams times each row's inv-rms (dsv4_row_inv_rms,
      // dsv4_hc_coefs with a row stride of 48), the pre-sum alone, and hc_post's x_next with its own inv-rms; both
@@ -403,21 +403,13 @@ TEST(CudaKernels, Dsv4MixRotationAndMxfp4MatchTheirCpuTwins) {
       cuda::dsv4_hc_post(df.as<float>(), dhm.as<float>(), dx.as<float>(), n, E, next.as<float>(), nullptr, next_inv.as<float>(), 1e-6f);
       PDB_CUDA_CHECK(cudaDeviceSynchronize());
       const auto gn = from_device_f32(next, x.size()), gni = from_device_f32(next_inv, size_t(n));
-      double worst = 0, worst_inv = 0;
+      double worst_inv = 0;
       for (int64_t t = 0; t < n; ++t) {
         worst_inv = std::max(worst_inv, double(std::fabs(gi[size_t(t)] - want_inv[size_t(t)]) / want_inv[size_t(t)]));
         worst_inv = std::max(worst_inv, double(std::fabs(gni[size_t(t)] - want_next_inv[size_t(t)]) / want_next_inv[size_t(t)]));
-        const Dsv4HcMix& w = want[size_t(t)];
-        for (int i = 0; i < 4; ++i) {
-          worst = std::max(worst, double(std::fabs(gm[size_t(t * 24 + i)] - w.pre[i])));
-          worst = std::max(worst, double(std::fabs(gm[size_t(t * 24 + 4 + i)] - w.post[i])));
-        }
-        for (int d = 0; d < 4; ++d)
-          for (int k = 0; k < 4; ++k) worst = std::max(worst, double(std::fabs(gm[size_t(t * 24 + 8 + d * 4 + k)] - w.comb[d][k])));
-        for (int64_t i = 0; i < E; ++i) worst = std::max(worst, double(std::fabs(gy[size_t(t * E + i)] - want_y[size_t(t * E + i)])) / 4.0);
       }
       EXPECT_LE(worst_inv, 1e-6) << "inv-rms off the host's, E = " << E;
-      EXPECT_LE(worst, 1e-4) << "the mix from the raw products differs from dsv4_hc_pre's, E = " << E;
+      EXPECT_LE(mix_error(gm, gy, want, want_y, n, E), 1e-4) << "the mix from the raw products differs from dsv4_hc_pre's, E = " << E;
       double worst_next = 0;
       for (size_t i = 0; i < gn.size(); ++i)
         worst_next = std::max(worst_next, double(std::fabs(gn[i] - want_next[i])) / (1.0 + std::fabs(double(want_next[i]))));
