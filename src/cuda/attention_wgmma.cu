@@ -20,6 +20,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/device_helpers.cuh"
+#include "cuda/wgmma.cuh"
 
 namespace pdb::cuda {
 namespace {
@@ -38,24 +39,7 @@ __device__ __forceinline__ uint32_t tile_offset(int rows, int row, int chunk /* 
   return uint32_t((chunk / 8) * rows * 128 + row * 128 + (((chunk % 8) ^ (row % 8)) * 16));
 }
 
-// wgmma shared-memory descriptor: start address, leading/stride byte offsets (16-byte units),
-// 128-byte swizzle (layout type 1 in bits 62-63).
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return uint64_t((addr & 0x3ffff) >> 4) | (uint64_t((lbo >> 4) & 0x3fff) << 16) | (uint64_t((sbo >> 4) & 0x3fff) << 32) | (uint64_t(1) << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Shared memory written through the generic proxy (cp.async) must be visible to wgmma's async proxy.
-__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// Pins accumulator registers at this point of the program: the compiler must not move their other uses
-// across the asynchronous wgmma that writes them (issue ... wait).
-__device__ __forceinline__ void fence_operands(float* r) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
+__device__ __forceinline__ void fence_operands(float* r) { fence_registers<64>(r); }
 
 // D(64x128, f32) (+)= A(64x16, bf16, shared, K-major) * B(16x128, bf16, shared, K-major): S = Q K^T.
 __device__ __forceinline__ void wgmma_ss_k(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
@@ -320,14 +304,14 @@ flash_attention_wgmma(const __nv_bfloat16* __restrict__ q, const void* __restric
     }
 
     issue_qk(sc, sQg, sK);
-    wgmma_wait_all();
+    wgmma_wait<0>();
     fence_operands(sc);
 
     const int64_t key0 = int64_t(tile) * kKeys;
     uint32_t pa[kKeys / 16][4];
     softmax_tile(sc, key0, key0 + kKeys - 1 > s.pos0 + b.q_first, b.qpos, b.t, scale_log2, m_run, l_run, o, pa);
     issue_pv(o, pa, sV);
-    wgmma_wait_all();
+    wgmma_wait<0>();
     fence_operands(o);
     __syncthreads();  // the next iteration's prefetch overwrites this stage
   }
@@ -383,7 +367,7 @@ flash_attention_wgmma_pingpong(const __nv_bfloat16* __restrict__ q, const __nv_b
     if (tensor_first) {
       if (tile > 0) issue_pv(o, pa, sV_prev);
       issue_qk(sc, sQg, sK);
-      wgmma_wait_all();
+      wgmma_wait<0>();
       fence_operands(o);
       fence_operands(sc);
       softmax_tile(sc, key0, needs_mask(key0), b.qpos, b.t, scale_log2, m_run, l_run, o, pa);
@@ -393,7 +377,7 @@ flash_attention_wgmma_pingpong(const __nv_bfloat16* __restrict__ q, const __nv_b
         issue_pv(o, pa, sV_prev);
       }
       issue_qk(sc, sQg, sK);
-      wgmma_wait_all();
+      wgmma_wait<0>();
       fence_operands(o);
       fence_operands(sc);
     }
@@ -401,7 +385,7 @@ flash_attention_wgmma_pingpong(const __nv_bfloat16* __restrict__ q, const __nv_b
   const int64_t last_key0 = int64_t(n_tiles - 1) * kKeys;
   if (!tensor_first) softmax_tile(sc, last_key0, needs_mask(last_key0), b.qpos, b.t, scale_log2, m_run, l_run, o, pa);
   issue_pv(o, pa, sV0 + ((n_tiles - 1) % kStagesPingPong) * kKVBytes);
-  wgmma_wait_all();
+  wgmma_wait<0>();
   fence_operands(o);
   store_normalized_rows<kD>(o, l_run, b.q_first + b.row_in_block, s.n_q, int64_t(s.n_heads) * kD, int64_t(b.head) * kD, b.t, out);
 #endif

@@ -209,6 +209,31 @@ void launch_scores(const __nv_bfloat16* q, const __nv_bfloat16* rows, const floa
   PDB_CUDA_CHECK(cudaGetLastError());
 }
 
+// The FP8 operands: one warp per 128-wide row, 4 values per lane; scale = 2^ceil(log2(amax / 448)) as the CPU twin
+// (dsv4_indexer_fp8_rows) computes it, so codes and scales agree bit for bit.
+template <typename T>
+__global__ void fp8_rows_kernel(const T* __restrict__ x, int64_t rows, uint8_t* __restrict__ codes, float* __restrict__ scales) {
+  const int64_t r = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  float v[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = float(x[r * 128 + lane * 4 + i]);
+  float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  float scale = 1.0f;
+  if (amax > 0.0f) {
+    int e;
+    const float m = frexpf(__fdiv_rn(amax, 448.0f), &e);
+    scale = ldexpf(1.0f, m == 0.5f ? e - 1 : e);
+  }
+  uint32_t packed = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) packed |= uint32_t(__nv_cvt_float_to_fp8(__fdiv_rn(v[i], scale), __NV_SATFINITE, __NV_E4M3)) << (8 * i);
+  reinterpret_cast<uint32_t*>(codes + r * 128)[lane] = packed;
+  if (lane == 0) scales[r] = scale;
+}
+
 }  // namespace
 
 void indexer_weighted_relu(const float* s, const float* w, float* scores, const IndexerShape& sh, cudaStream_t stream) {
@@ -240,6 +265,20 @@ void indexer_topk(const float* scores, int32_t* idx, const IndexerShape& sh, cud
   if (sh.n_q <= 0) return;
   if (sh.top_k <= 0) throw std::invalid_argument("indexer: top_k must be positive");
   topk_kernel<<<unsigned(sh.n_q), kThreads, 0, stream>>>(scores, idx, sh);
+  PDB_CUDA_CHECK(cudaGetLastError());
+}
+
+void indexer_fp8_rows(const float* x, int64_t rows, int dim, uint8_t* codes, float* scales, cudaStream_t stream) {
+  if (rows <= 0) return;
+  if (dim != 128) throw std::invalid_argument("indexer_fp8_rows: takes rows of 128, not " + std::to_string(dim));
+  fp8_rows_kernel<float><<<unsigned((rows + 7) / 8), 256, 0, stream>>>(x, rows, codes, scales);
+  PDB_CUDA_CHECK(cudaGetLastError());
+}
+
+void indexer_fp8_rows(const __nv_bfloat16* x, int64_t rows, int dim, uint8_t* codes, float* scales, cudaStream_t stream) {
+  if (rows <= 0) return;
+  if (dim != 128) throw std::invalid_argument("indexer_fp8_rows: takes rows of 128, not " + std::to_string(dim));
+  fp8_rows_kernel<__nv_bfloat16><<<unsigned((rows + 7) / 8), 256, 0, stream>>>(x, rows, codes, scales);
   PDB_CUDA_CHECK(cudaGetLastError());
 }
 

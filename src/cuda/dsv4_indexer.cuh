@@ -30,6 +30,17 @@ void indexer_weighted_relu(const float* s, const float* w, float* scores, const 
 bool indexer_scores_supported(int heads, int dim);  // dim 128, heads 16, 32, 64 or 128
 void indexer_scores(const __nv_bfloat16* q, const __nv_bfloat16* rows, const float* w, float* scores, const IndexerShape& sh, int dim,
                     cudaStream_t stream);
+// The FP8 indexer (DeepSeek's own precision for it; docs/RESULTS.md measures how much of the bf16 top-k it keeps):
+// q and the rows as e4m3 codes with one power-of-two scale per 128-wide row (indexer_fp8_rows, the CPU twin
+// dsv4_indexer_fp8_rows), the scores from them in one fused kernel on Hopper's FP8 wgmma (dsv4_indexer_wgmma.cu)
+// with f32 accumulation. Any head count to 128 (a query's rows padded to 32, 64 or 128). q [n_q x heads x 128]
+// with q_scale [n_q x heads], rows [n_blocks x 128] with row_scale [n_blocks]; the scores are those of the values
+// code x scale.
+bool indexer_scores_fp8_supported(int heads, int dim);
+void indexer_fp8_rows(const float* x, int64_t rows, int dim, uint8_t* codes, float* scales, cudaStream_t stream);
+void indexer_fp8_rows(const __nv_bfloat16* x, int64_t rows, int dim, uint8_t* codes, float* scales, cudaStream_t stream);
+void indexer_scores_fp8(const uint8_t* q, const float* q_scale, const uint8_t* rows, const float* row_scale, const float* w, float* scores,
+                        const IndexerShape& sh, int dim, cudaStream_t stream);
 // idx [n_q x top_k]: per query the top_k visible blocks by score, ascending block index (ties of the k-th score:
 // lower indices first); -1 past the visible count when fewer than top_k are visible.
 void indexer_topk(const float* scores, int32_t* idx, const IndexerShape& sh, cudaStream_t stream);

@@ -36,7 +36,8 @@ TEST(CudaKernels, Dsv4IndexerScoresAndTopKMatchTheCpuTwin) {
   using namespace test_kernels;
   struct Case { int heads; int64_t n_q, pos0; int top_k; };
   // few blocks visible (every one taken, then -1), many (the selection proper), V4-Flash's 64 heads; each case
-  // through the GEMM path and, where it takes the head count, the fused scores (an odd n_q: a part-filled block)
+  // through the GEMM path and, where they take the head count, the fused scores in bf16 and in FP8 (the FP8 path
+  // against the scores of its operands' values; an odd n_q: a part-filled block; 4 to 32 heads: a query's rows padded)
   for (const Case c : {Case{4, 40, 0, 8}, Case{8, 64, 1000, 32}, Case{64, 16, 4000, 512}, Case{16, 100, 2000, 64}, Case{64, 71, 3000, 512},
                        Case{32, 9, 100, 16}}) {
     const int dim = 128;
@@ -44,12 +45,43 @@ TEST(CudaKernels, Dsv4IndexerScoresAndTopKMatchTheCpuTwin) {
     const auto q = round_bf16(randn(size_t(c.n_q * c.heads * dim))), k = round_bf16(randn(size_t(n_blocks * dim)));
     auto w = randn(size_t(c.n_q * c.heads), 0.1f);
     auto dq = to_device_bf16(q), dk = to_device_bf16(k), dw = to_device_f32(w);
-    for (const bool fused : {false, true}) {
-      if (fused && !cuda::indexer_scores_supported(c.heads, dim)) continue;
+    // the FP8 path's operands as the CPU twin makes them: the reference scores are those of their values
+    std::vector<uint8_t> q8(q.size()), k8(k.size());
+    std::vector<float> q8s(size_t(c.n_q * c.heads)), k8s(static_cast<size_t>(n_blocks)), q8v(q.size()), k8v(k.size());
+    dsv4_indexer_fp8_rows(q.data(), c.n_q * c.heads, dim, q8.data(), q8s.data(), q8v.data());
+    dsv4_indexer_fp8_rows(k.data(), n_blocks, dim, k8.data(), k8s.data(), k8v.data());
+    for (const std::string path : {"GEMM + ReLU sum", "fused", "fused FP8"}) {
+      const bool fp8 = path == "fused FP8";
+      if (path == "fused" && !cuda::indexer_scores_supported(c.heads, dim)) continue;
+      if (fp8 && !cuda::indexer_scores_fp8_supported(c.heads, dim)) continue;
+      // the bound on the scores, of the row's largest: f32 accumulation on the bf16 paths; Hopper's FP8 wgmma adds
+      // in the tensor core with fewer bits than f32 (DeepSeek-V3's report: about 14), 2.5e-4 to 7.9e-4 measured
+      const double tol = fp8 ? 2e-3 : 1e-4;
+      const std::vector<float>& qr = fp8 ? q8v : q;
+      const std::vector<float>& kr = fp8 ? k8v : k;
       auto scores = poisoned(size_t(c.n_q * n_blocks) * 4);
       cuda::DeviceBuffer idx(size_t(c.n_q * c.top_k) * 4);
       const cuda::IndexerShape sh{c.n_q, c.pos0, c.heads, n_blocks, 4, c.top_k};
-      if (fused) {
+      if (fp8) {
+        // q from f32 (the engine's rotated queries), the rows from bf16 (its cached LID rows)
+        auto dqf = to_device_f32(q);
+        cuda::DeviceBuffer dq8(q.size()), dk8(k.size()), dq8s(q8s.size() * 4), dk8s(k8s.size() * 4);
+        cuda::indexer_fp8_rows(dqf.as<float>(), c.n_q * c.heads, dim, dq8.as<uint8_t>(), dq8s.as<float>(), nullptr);
+        cuda::indexer_fp8_rows(dk.as<__nv_bfloat16>(), n_blocks, dim, dk8.as<uint8_t>(), dk8s.as<float>(), nullptr);
+        cuda::indexer_scores_fp8(dq8.as<uint8_t>(), dq8s.as<float>(), dk8.as<uint8_t>(), dk8s.as<float>(), dw.as<float>(), scores.as<float>(), sh, dim,
+                                 nullptr);
+        PDB_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint8_t> g8(q8.size()), gk8(k8.size());
+        std::vector<float> g8s(q8s.size()), gk8s(k8s.size());
+        dq8.download(g8.data(), g8.size());
+        dk8.download(gk8.data(), gk8.size());
+        dq8s.download(g8s.data(), g8s.size() * 4);
+        dk8s.download(gk8s.data(), gk8s.size() * 4);
+        EXPECT_EQ(g8, q8) << "e4m3 codes of q";
+        EXPECT_EQ(gk8, k8) << "e4m3 codes of the rows";
+        EXPECT_EQ(g8s, q8s) << "scales of q";
+        EXPECT_EQ(gk8s, k8s) << "scales of the rows";
+      } else if (path == "fused") {
         cuda::indexer_scores(dq.as<__nv_bfloat16>(), dk.as<__nv_bfloat16>(), dw.as<float>(), scores.as<float>(), sh, dim, nullptr);
       } else {
         cuda::DeviceBuffer s(size_t(c.n_q * c.heads * n_blocks) * 4);
@@ -68,7 +100,7 @@ TEST(CudaKernels, Dsv4IndexerScoresAndTopKMatchTheCpuTwin) {
       for (int64_t t = 0; t < c.n_q; ++t) {
         const int64_t visible = std::min(n_blocks, (c.pos0 + t + 1) / 4);
         std::vector<float> cs;
-        const auto want = dsv4_indexer_select(q.data() + t * c.heads * dim, w.data() + t * c.heads, k.data(), c.heads, dim, visible, c.top_k, &cs);
+        const auto want = dsv4_indexer_select(qr.data() + t * c.heads * dim, w.data() + t * c.heads, kr.data(), c.heads, dim, visible, c.top_k, &cs);
         float scale = 1e-30f;
         for (float v : cs) scale = std::max(scale, std::fabs(v));
         for (int64_t b = 0; b < n_blocks; ++b) {
@@ -95,14 +127,14 @@ TEST(CudaKernels, Dsv4IndexerScoresAndTopKMatchTheCpuTwin) {
         const float kth = sorted[std::min(sorted.size(), size_t(c.top_k)) - 1];
         std::set<int64_t> a(got.begin(), got.end()), b(want.begin(), want.end());
         for (int64_t x : a)
-          if (!b.count(x)) { ++differing; EXPECT_LT(std::fabs(cs[size_t(x)] - kth), 1e-4 * scale) << "t " << t << " took " << x; }
+          if (!b.count(x)) { ++differing; EXPECT_LT(std::fabs(cs[size_t(x)] - kth), tol * scale) << "t " << t << " took " << x; }
         for (int64_t x : b) {
-          if (!a.count(x)) { EXPECT_LT(std::fabs(cs[size_t(x)] - kth), 1e-4 * scale) << "t " << t << " left " << x; }
+          if (!a.count(x)) { EXPECT_LT(std::fabs(cs[size_t(x)] - kth), tol * scale) << "t " << t << " left " << x; }
         }
       }
       std::printf("DSV4 indexer (%s) H=%d n_q=%lld pos0=%lld top_k=%d: scores rel err %.2e (of the row's largest), %d near-tie swaps\n",
-                  fused ? "fused" : "GEMM + ReLU sum", c.heads, (long long)c.n_q, (long long)c.pos0, c.top_k, worst, differing);
-      EXPECT_LT(worst, 1e-4);
+                  path.c_str(), c.heads, (long long)c.n_q, (long long)c.pos0, c.top_k, worst, differing);
+      EXPECT_LT(worst, tol);
     }
   }
 #endif
@@ -246,19 +278,15 @@ TEST(CudaBench, Dsv4IndexerAtV4FlashShapes) {
   }
   // Then: does an FP8 indexer hold the top-k? At the same shapes, the last 256 queries of a T-token prompt (all T/4
   // blocks visible), their top-k from bf16 q and rows against the top-k from q and rows rounded to e4m3 with one
-  // power-of-two scale per 128-wide row (ue8m0, as DeepSeek's FP8 operands; the rounded values are exact in bf16, so
-  // the same fused kernel computes what an e4m3 product with f32 accumulation computes, up to the sum's order).
+  // power-of-two scale per 128-wide row (dsv4_indexer_fp8_rows, the FP8 kernel's operands; the rounded values are
+  // exact in bf16, so the bf16 kernel computes what the e4m3 product computes, up to the sum's order).
   // Random Gaussian operands: scores without a trained model's peaks, many near-ties at the k-th: a hard case.
   {
     const int64_t NQ = 256;
-    auto fp8_rows = [&](std::vector<float> v) {  // per 128-wide row: scale 2^ceil(log2(amax / 448)), e4m3 codes, back
-      for (size_t r = 0; r < v.size() / I; ++r) {
-        float amax = 0;
-        for (int i = 0; i < I; ++i) amax = std::max(amax, std::fabs(v[r * I + i]));
-        const float sc = amax > 0 ? std::ldexp(1.0f, int(std::ceil(std::log2(amax / 448.0f)))) : 1.0f;
-        for (int i = 0; i < I; ++i) v[r * I + i] = fp8_e4m3_to_f32(f32_to_fp8_e4m3(v[r * I + i] / sc)) * sc;
-      }
-      return v;
+    auto fp8_rows = [&](const std::vector<float>& v) {  // the FP8 path's operand values (its CPU twin's)
+      std::vector<float> out(v.size());
+      dsv4_indexer_fp8_rows(v.data(), int64_t(v.size()) / I, I, nullptr, nullptr, out.data());
+      return out;
     };
     for (const int64_t T : {int64_t(8192), int64_t(32768), int64_t(131072)}) {
       const int64_t NB = T / 4;
@@ -302,6 +330,47 @@ TEST(CudaBench, Dsv4IndexerAtV4FlashShapes) {
                   "furthest FP8 choice %.3f score SDs below the bf16 k-th\n",
                   (long long)T, (long long)NQ, (long long)NB, K, shared_sum / double(NQ), worst_shared, worst_gap);
     }
+  }
+  // Then the two fused kernels over whole prompts as the engine calls them (query chunks with <= 1 GiB of scores;
+  // FP8: the queries' quantization and the rows' inside the time, as the engine pays them once per layer).
+  for (const int64_t T : {int64_t(8192), int64_t(32768), int64_t(131072)}) {
+    const int64_t NB = T / 4, QC = 4096;
+    const auto qv = round_bf16(randn(size_t(QC * H * I))), kv = round_bf16(randn(size_t(NB * I)));
+    auto dq = to_device_bf16(qv), dqf = to_device_f32(qv), dk = to_device_bf16(kv), dw = to_device_f32(randn(size_t(QC * H), 0.1f));
+    cuda::DeviceBuffer dq8(qv.size()), dq8s(size_t(QC * H) * 4), dk8(kv.size()), dk8s(size_t(NB) * 4);
+    const int64_t chunk = QC;  // the queries reused along the prompt; <= 512 MiB of scores at 128K
+    cuda::DeviceBuffer sc(size_t(chunk * NB) * 4), idx(size_t(chunk * K) * 4);
+    float ms[2] = {0, 0};
+    for (int fp8 = 0; fp8 < 2; ++fp8) {
+      for (int rep = 0; rep < 2; ++rep) {  // the first a warm-up
+        cudaEvent_t a, b;
+        PDB_CUDA_CHECK(cudaEventCreate(&a));
+        PDB_CUDA_CHECK(cudaEventCreate(&b));
+        PDB_CUDA_CHECK(cudaEventRecord(a));
+        if (fp8) cuda::indexer_fp8_rows(dk.as<__nv_bfloat16>(), NB, I, dk8.as<uint8_t>(), dk8s.as<float>(), nullptr);
+        for (int64_t p0 = 0; p0 < T; p0 += chunk) {
+          const int64_t n_here = std::min(chunk, T - p0), nb = std::max<int64_t>(1, (p0 + n_here) / 4);
+          const cuda::IndexerShape sh{n_here, p0, H, nb, 4, K};
+          if (fp8) {
+            cuda::indexer_fp8_rows(dqf.as<float>(), n_here * H, I, dq8.as<uint8_t>(), dq8s.as<float>(), nullptr);
+            cuda::indexer_scores_fp8(dq8.as<uint8_t>(), dq8s.as<float>(), dk8.as<uint8_t>(), dk8s.as<float>(), dw.as<float>(), sc.as<float>(), sh, I,
+                                     nullptr);
+          } else {
+            cuda::indexer_scores(dq.as<__nv_bfloat16>(), dk.as<__nv_bfloat16>(), dw.as<float>(), sc.as<float>(), sh, I, nullptr);
+          }
+          cuda::indexer_topk(sc.as<float>(), idx.as<int32_t>(), sh, nullptr);
+        }
+        PDB_CUDA_CHECK(cudaEventRecord(b));
+        PDB_CUDA_CHECK(cudaEventSynchronize(b));
+        PDB_CUDA_CHECK(cudaEventElapsedTime(&ms[fp8], a, b));
+        cudaEventDestroy(a);
+        cudaEventDestroy(b);
+      }
+    }
+    const double flops = 2.0 * H * I * double(T) * double(T) / 8.0;  // each query t sees (t+1)/4 blocks: T^2/8 dot products in all
+    std::printf("DSV4 INDEXER FUSED T=%lld (one ratio-4 layer, scores + top-%d, chunks of %lld queries): bf16 %.2f ms (%.0f TFLOP/s), FP8 %.2f ms "
+                "(%.0f TFLOP/s, quantization included): FP8/bf16 %.2fx faster\n",
+                (long long)T, K, (long long)chunk, ms[0], flops / (ms[0] * 1e-3) / 1e12, ms[1], flops / (ms[1] * 1e-3) / 1e12, ms[0] / ms[1]);
   }
 #endif
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "formats/numeric.h"
 #include "model/rmsnorm.h"
 
 namespace pdb {
@@ -110,6 +111,26 @@ std::vector<int64_t> dsv4_indexer_select(const float* q, const float* w, const f
   std::sort(order.begin(), order.end());
   if (scores_out) *scores_out = std::move(sc);
   return order;
+}
+
+void dsv4_indexer_fp8_rows(const float* x, int64_t rows, int64_t dim, uint8_t* codes, float* scales, float* values) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * dim;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < dim; ++i) amax = std::max(amax, std::fabs(row[i]));
+    float scale = 1.0f;
+    if (amax > 0.0f) {
+      int e;
+      const float m = std::frexp(amax / 448.0f, &e);  // amax / 448 = m 2^e, m in [0.5, 1): ceil(log2) is e, or e - 1 at m = 0.5
+      scale = std::ldexp(1.0f, m == 0.5f ? e - 1 : e);
+    }
+    if (scales) scales[r] = scale;
+    for (int64_t i = 0; i < dim; ++i) {
+      const uint8_t c = f32_to_fp8_e4m3(row[i] / scale);
+      if (codes) codes[r * dim + i] = c;
+      if (values) values[r * dim + i] = fp8_e4m3_to_f32(c) * scale;
+    }
+  }
 }
 
 void dsv4_attend(const float* q, const std::vector<const float*>& keys, const float* sinks, int64_t heads, int64_t dim, float scale, float* out) {

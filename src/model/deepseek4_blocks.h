@@ -32,6 +32,13 @@ void dsv4_hc_post(const Dsv4HcMix& m, const float* f, const float* x, int64_t E,
 std::vector<int64_t> dsv4_indexer_select(const float* q, const float* w, const float* keys, int64_t heads, int64_t dim, int64_t visible,
                                          int64_t top_k, std::vector<float>* scores = nullptr);
 
+// The FP8 operands of the GPU's FP8 lightning indexer (cuda/dsv4_indexer.cuh indexer_fp8_rows, its twin): each
+// dim-wide row of x as e4m3 codes with one power-of-two scale (ue8m0, as DeepSeek's own FP8 indexer), scale =
+// 2^ceil(log2(amax / 448)) (1 for a zero row), code = e4m3(x / scale); values, where not null, gets code x scale
+// (the operand the product sees; a power-of-two scale makes q.k of the values the scaled q.k of the codes);
+// values may be x (each row is read whole before its values are written).
+void dsv4_indexer_fp8_rows(const float* x, int64_t rows, int64_t dim, uint8_t* codes, float* scales, float* values = nullptr);
+
 // One query's sparse attention before the output's de-RoPE (the GPU twin: cuda/dsv4_attention.cuh): per head h
 // of q [heads x dim], out[h] = sum_j p_j keys[j] with p the softmax of scale * q_h . keys[j] over the keys and the
 // head's sink as one more logit whose weight is dropped (the rows are the keys and the values).
