@@ -56,7 +56,9 @@ using SectionsByChunk = std::map<std::pair<int64_t, int>, Deepseek4LayerSections
 // (window rows, CSA / HCA / LID blocks, the four rings) from the GPU against the CPU engine's. Layer 0's sections
 // come from the decoder's embedding through the recipe's arithmetic on both sides (f32 products or the same
 // Q8_0 integer products): equal within f32 rounding (Q8_0: within its activation codes' flips). Deeper ones carry the GPU engine's bf16 products (the
-// tolerance class): within a few percent, bounded here with the measured worst case's margin.
+// tolerance class): within a few percent, bounded here with the measured worst case's margin. Both indexers of the
+// GPU engine: the default FP8 one against the CPU engine's FP8 twin, the bf16 one (PDBRIDGE_DSV4_INDEXER=bf16)
+// against the decoder's f32 indexer.
 TEST(Deepseek4Cuda, TracksTheCpuEngineSectionBySection) {
   PDB_SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA
@@ -66,49 +68,56 @@ TEST(Deepseek4Cuda, TracksTheCpuEngineSectionBySection) {
     const std::string dir = test::models_dir() + "/" + k.model;
     const Deepseek4Recipe recipe(dir + "/" + k.decoder);
     const Deepseek4Weights w = dsv4_engine_weights(dir + "/hf");
-    const Deepseek4CpuEngine cpu(recipe, &w);
+    Deepseek4CpuEngine cpu(recipe, &w);
     Deepseek4CudaEngine gpu(recipe, w);
     const auto tokens = random_tokens(77, 600);
-    const int64_t chunk = 202;  // cuts blocks of 4 and of 128
-    SectionsByChunk want, got;
-    cpu.prefill(tokens, chunk, k.kt, [&](int l, const float*, int64_t p0, int64_t, const Deepseek4LayerSections& s) {
-      want[{p0, l}] = s;
-      return true;
-    });
-    gpu.prefill(tokens, chunk, k.kt, [&](int l, const float*, int64_t p0, int64_t, const Deepseek4LayerSections& s) {
-      got[{p0, l}] = s;
-      return true;
-    });
-    ASSERT_EQ(got.size(), want.size());
-    // Layer 0: f32 section weights give the same values within f32 rounding; Q8_0 ones multiply the activation's
-    // Q8_0 codes, and where the two sides' attention inputs differ by an ulp at a rounding boundary a code flips
-    // (one step of amax/127 in that element): measured worst 1.3e-3 on the H200
-    const bool q8_sections = recipe.gguf().tensor("blk.0.attn_kv.weight").type == GgmlType::Q8_0;
-    const double layer0_bound = q8_sections ? 5e-3 : 1e-4;
-    std::map<int, double> worst;
-    for (const auto& [key, a] : want) {
-      const auto& b = got.at(key);
-      const int l = key.second;
-      ASSERT_EQ(b.ratio, a.ratio);
-      // the GPU hands over the chunk's last min(rows, W) window rows; the CPU every position's
-      const int64_t D = recipe.config().head_dim, n_cpu = int64_t(a.window.size()) / D, n_gpu = std::min<int64_t>(n_cpu, recipe.config().window);
-      EXPECT_EQ(b.window_first, a.window_first + n_cpu - n_gpu);
-      const std::vector<float> cpu_tail(a.window.end() - n_gpu * D, a.window.end());
-      EXPECT_EQ(b.pool_first, a.pool_first) << "layer " << l << " chunk at " << key.first;
-      EXPECT_EQ(b.lid_first, a.lid_first);
-      for (const auto& [name, x, y] : {std::tuple<const char*, const std::vector<float>&, const std::vector<float>&>{"window", b.window, cpu_tail},
-                                       {"pool", b.pool, a.pool}, {"lid", b.lid, a.lid}, {"ring_kv", b.ring_kv, a.ring_kv},
-                                       {"ring_score", b.ring_score, a.ring_score}, {"lid_kv", b.lid_kv, a.lid_kv}, {"lid_score", b.lid_score, a.lid_score}}) {
-        ASSERT_EQ(x.size(), y.size()) << name << " of layer " << l << " chunk at " << key.first;
-        if (x.empty()) continue;
-        const double e = rel_rms(x, y);
-        worst[l] = std::max(worst[l], e);
-        EXPECT_LE(e, l == 0 ? layer0_bound : 0.1) << name << " of layer " << l << " chunk at " << key.first << " (" << k.model << ", " << ggml_type_name(k.kt) << ")";
+    for (const bool fp8_indexer : {true, false}) {
+      cpu.set_fp8_indexer(fp8_indexer);
+      if (fp8_indexer) unsetenv("PDBRIDGE_DSV4_INDEXER");
+      else setenv("PDBRIDGE_DSV4_INDEXER", "bf16", 1);
+      const int64_t chunk = 202;  // cuts blocks of 4 and of 128
+      SectionsByChunk want, got;
+      cpu.prefill(tokens, chunk, k.kt, [&](int l, const float*, int64_t p0, int64_t, const Deepseek4LayerSections& s) {
+        want[{p0, l}] = s;
+        return true;
+      });
+      gpu.prefill(tokens, chunk, k.kt, [&](int l, const float*, int64_t p0, int64_t, const Deepseek4LayerSections& s) {
+        got[{p0, l}] = s;
+        return true;
+      });
+      ASSERT_EQ(got.size(), want.size());
+      // Layer 0: f32 section weights give the same values within f32 rounding; Q8_0 ones multiply the activation's
+      // Q8_0 codes, and where the two sides' attention inputs differ by an ulp at a rounding boundary a code flips
+      // (one step of amax/127 in that element): measured worst 1.3e-3 on the H200
+      const bool q8_sections = recipe.gguf().tensor("blk.0.attn_kv.weight").type == GgmlType::Q8_0;
+      const double layer0_bound = q8_sections ? 5e-3 : 1e-4;
+      std::map<int, double> worst;
+      for (const auto& [key, a] : want) {
+        const auto& b = got.at(key);
+        const int l = key.second;
+        ASSERT_EQ(b.ratio, a.ratio);
+        // the GPU hands over the chunk's last min(rows, W) window rows; the CPU every position's
+        const int64_t D = recipe.config().head_dim, n_cpu = int64_t(a.window.size()) / D, n_gpu = std::min<int64_t>(n_cpu, recipe.config().window);
+        EXPECT_EQ(b.window_first, a.window_first + n_cpu - n_gpu);
+        const std::vector<float> cpu_tail(a.window.end() - n_gpu * D, a.window.end());
+        EXPECT_EQ(b.pool_first, a.pool_first) << "layer " << l << " chunk at " << key.first;
+        EXPECT_EQ(b.lid_first, a.lid_first);
+        for (const auto& [name, x, y] : {std::tuple<const char*, const std::vector<float>&, const std::vector<float>&>{"window", b.window, cpu_tail},
+                                         {"pool", b.pool, a.pool}, {"lid", b.lid, a.lid}, {"ring_kv", b.ring_kv, a.ring_kv},
+                                         {"ring_score", b.ring_score, a.ring_score}, {"lid_kv", b.lid_kv, a.lid_kv}, {"lid_score", b.lid_score, a.lid_score}}) {
+          ASSERT_EQ(x.size(), y.size()) << name << " of layer " << l << " chunk at " << key.first;
+          if (x.empty()) continue;
+          const double e = rel_rms(x, y);
+          worst[l] = std::max(worst[l], e);
+          EXPECT_LE(e, l == 0 ? layer0_bound : 0.1) << name << " of layer " << l << " chunk at " << key.first << " (" << k.model << ", " << ggml_type_name(k.kt) << ")";
+        }
       }
+      std::printf("DSV4 GPU vs CPU engine, %s, %s cache, %s indexer, T 600 in chunks of %lld:", k.model.c_str(), ggml_type_name(k.kt).c_str(),
+                  fp8_indexer ? "FP8" : "bf16 (the CPU's f32)", (long long)chunk);
+      for (const auto& [l, e] : worst) std::printf(" layer %d %.2e", l, e);
+      std::printf("\n%s\nDSV4 experts: %s\n", gpu.weights_note().c_str(), gpu.experts_note().c_str());
     }
-    std::printf("DSV4 GPU vs CPU engine, %s, %s cache, T 600 in chunks of %lld:", k.model.c_str(), ggml_type_name(k.kt).c_str(), (long long)chunk);
-    for (const auto& [l, e] : worst) std::printf(" layer %d %.2e", l, e);
-    std::printf("\n%s\nDSV4 experts: %s\n", gpu.weights_note().c_str(), gpu.experts_note().c_str());
+    unsetenv("PDBRIDGE_DSV4_INDEXER");
   }
 #endif
 }

@@ -555,6 +555,34 @@ TEST(Deepseek4Engine, ChunkedPrefillEqualsOneShot) {
   }
 }
 
+// The GPU engine's FP8 indexer has its twin in the CPU engine (set_fp8_indexer): the first layer's input is the
+// embedding either way; past the first ratio-4 layer (the tiny model's layer 0) the streams part, as the indexer's
+// top-8 swaps near-ties, and stay within a few percent of the f32 indexer's (relative RMS; 1.1e-2 to 3.3e-2 measured).
+TEST(Deepseek4Engine, Fp8IndexerTwinPartsFromTheF32OnePastTheFirstRatio4Layer) {
+  Deepseek4Recipe recipe(test::models_dir() + "/deepseek4-tiny/decoder-f32.gguf");
+  ASSERT_EQ(recipe.config().compress_ratios[0], 4);
+  Deepseek4CpuEngine engine(recipe);
+  const int64_t T = 300;
+  const auto toks = tokens_of(13, int(T));
+  std::vector<std::vector<float>> x32, x8;
+  engine.forward(toks, GgmlType::F16, [&](int, const float* x, int64_t n) { x32.emplace_back(x, x + n * 4 * recipe.config().hidden); });
+  engine.set_fp8_indexer(true);
+  engine.forward(toks, GgmlType::F16, [&](int, const float* x, int64_t n) { x8.emplace_back(x, x + n * 4 * recipe.config().hidden); });
+  ASSERT_EQ(x8.size(), x32.size());
+  EXPECT_EQ(x8[0], x32[0]) << "layer 0's input is the embedding";
+  for (size_t l = 1; l < x8.size(); ++l) {
+    double d2 = 0, r2 = 0;
+    for (size_t i = 0; i < x8[l].size(); ++i) {
+      d2 += double(x8[l][i] - x32[l][i]) * (x8[l][i] - x32[l][i]);
+      r2 += double(x32[l][i]) * x32[l][i];
+    }
+    const double rel = std::sqrt(d2 / r2);
+    std::printf("DSV4 CPU engine, FP8 indexer twin vs f32: layer %zu input rel RMS %.2e\n", l, rel);
+    EXPECT_GT(rel, 0.0) << "layer " << l << ": the FP8 twin changed nothing";
+    EXPECT_LT(rel, 0.1) << "layer " << l;
+  }
+}
+
 namespace {
 // A capture of `tokens` by the DSV4 CPU backend, framed as the prefill server frames it, into an assembler.
 CaptureResult capture_into(PrefillBackend& backend, StateAssembler& as, const std::vector<int32_t>& tokens, GgmlType kt, int64_t chunk,

@@ -10,6 +10,7 @@
 #include "common/parallel.h"
 #include "formats/gguf.h"
 #include "formats/hf_deepseek4.h"
+#include "formats/numeric.h"
 #include "model/deepseek4_blocks.h"
 #include "model/rmsnorm.h"
 #include "recipes/recipe.h"
@@ -156,6 +157,7 @@ int64_t Deepseek4CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t 
   struct Cache {
     int64_t win_first = 0;
     std::vector<float> win, pool, lid;
+    std::vector<float> lid8;  // the indexer rows' e4m3 values (fp8_indexer_)
   };
   std::vector<Cache> caches(size_t(c.layers));
   Deepseek4Carry carry;
@@ -178,6 +180,13 @@ int64_t Deepseek4CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t 
       kc.win.insert(kc.win.end(), S.window.begin(), S.window.end());
       kc.pool.insert(kc.pool.end(), S.pool.begin(), S.pool.end());
       kc.lid.insert(kc.lid.end(), S.lid.begin(), S.lid.end());
+      if (fp8_indexer_) {
+        std::vector<float> v(S.lid.size());
+        for (size_t i = 0; i < v.size(); ++i) v[i] = round_bf16(S.lid[i]);
+        dsv4_indexer_fp8_rows(v.data(), int64_t(v.size()) / I, I, nullptr, nullptr, v.data());
+        kc.lid8.insert(kc.lid8.end(), v.begin(), v.end());
+      }
+      const float* lid_rows = fp8_indexer_ ? kc.lid8.data() : kc.lid.data();
       const float* win = kc.win.data();
       const int64_t win_first = kc.win_first;
       const GgmlRopeParams rp = dsv4_rope(c, L.ratio);
@@ -210,6 +219,7 @@ int64_t Deepseek4CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t 
             project(L.idx_q_b, qr.data(), Lq, Hi * I, iq.data());
             for (int64_t h = 0; h < Hi; ++h) ggml_rope_apply(rp, cs.data(), iq.data() + h * I + (I - r));
             hadamard_rows(iq.data(), Hi * I, k_rotation_size(I));
+            if (fp8_indexer_) dsv4_indexer_fp8_rows(iq.data(), Hi, I, nullptr, nullptr, iq.data());
             project(L.idx_proj, ct, E, Hi, iw.data());
             for (auto& v : iw) v *= 1.0f / std::sqrt(float(I * Hi));
             std::vector<std::pair<float, int64_t>> score;
@@ -217,7 +227,7 @@ int64_t Deepseek4CpuEngine::prefill(const std::vector<int32_t>& tokens, int64_t 
               float s = 0.0f;
               for (int64_t h = 0; h < Hi; ++h) {
                 float d = 0.0f;
-                for (int64_t i = 0; i < I; ++i) d += iq[size_t(h * I + i)] * kc.lid[size_t(b * I + i)];
+                for (int64_t i = 0; i < I; ++i) d += iq[size_t(h * I + i)] * lid_rows[b * I + i];
                 s += iw[size_t(h)] * std::max(d, 0.0f);
               }
               score.push_back({s, b});

@@ -53,11 +53,16 @@ class Deepseek4CpuEngine {
   int64_t prefill(const std::vector<int32_t>& tokens, int64_t chunk, GgmlType k_type, const ChunkHook& hook,
                   const std::function<bool()>& stop = {}) const;
   const Deepseek4Recipe& recipe() const { return recipe_; }
+  // The GPU engine's default FP8 indexer as a twin: the queries and the indexer rows (bf16 first, as the GPU
+  // holds them) rounded to their e4m3 values (dsv4_indexer_fp8_rows) before the scores. Off: the decoder's own
+  // f32 indexer.
+  void set_fp8_indexer(bool on) { fp8_indexer_ = on; }
 
  private:
   struct Layer;
   const Deepseek4Recipe& recipe_;
   std::vector<std::unique_ptr<Layer>> layers_;
+  bool fp8_indexer_ = false;
 };
 
 }  // namespace pdb
