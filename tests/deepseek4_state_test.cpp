@@ -943,4 +943,36 @@ TEST(Deepseek4Bridge, DeclinesWithTheReasonAndServesNatively) {
   }
 }
 
+// A capture sealed early through the real processes: the prefill server's backlog (1 MiB) fills on a slow link, it
+// seals, the front door mounts the prefix B it assembled and llama-server computes the other T - B tokens; the
+// verdict says `partial B/T` and the answer is the native one.
+TEST(Deepseek4Bridge, PartialSealOverHttpMountsThePrefixAndTheDecoderComputesTheRest) {
+  test::StackOptions so = decoder_only(test::models_dir() + "/deepseek4-tiny", "f16");
+  so.start_prefill = true;
+  so.start_front = true;
+  so.ctx = 16384;
+  so.prefill_extra = {"--memory-limit-mb", "1", "--link-gbps", "0.0001", "--chunk", "64"};
+  test::Stack st(so);
+  const json prompt = tokens_of(777, 8000);
+  json body = {{"prompt", prompt}, {"n_predict", 1}, {"temperature", 0}, {"return_tokens", true}};
+  auto r = st.post_front("/completion", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json v = r.verdict();
+  ASSERT_EQ(v.value("verdict", "").rfind("partial ", 0), 0u) << v.dump() << st.logs();
+  const int64_t T = v["tokens"].get<int64_t>(), B = v["bridged_tokens"].get<int64_t>();
+  EXPECT_EQ(T, int64_t(prompt.size()));
+  EXPECT_GT(B, 0);
+  EXPECT_LT(B, T - 1);
+  const auto t = r.json()["timings"];
+  EXPECT_EQ(t["cache_n"].get<int64_t>(), B) << t.dump();
+  EXPECT_EQ(t["prompt_n"].get<int64_t>(), T - B) << t.dump();
+  body["cache_prompt"] = false;
+  auto n = st.post_decoder("/completion", body);
+  ASSERT_EQ(n.status, 200) << n.body;
+  EXPECT_EQ(r.json()["tokens"], n.json()["tokens"]) << "the answer after a partial bridge is the native one";
+  EXPECT_EQ(st.stray_state_files(), 0u);
+  std::printf("DSV4 PARTIAL over HTTP: %s (cache_n %lld, prompt_n %lld)\n", v["verdict"].get<std::string>().c_str(),
+              (long long)t["cache_n"].get<int64_t>(), (long long)t["prompt_n"].get<int64_t>());
+}
+
 }  // namespace pdb
