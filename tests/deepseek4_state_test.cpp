@@ -945,12 +945,13 @@ TEST(Deepseek4Bridge, DeclinesWithTheReasonAndServesNatively) {
 
 // A capture sealed early through the real processes: the prefill server's backlog (1 MiB) fills on a slow link, it
 // seals, the front door mounts the prefix B it assembled and llama-server computes the other T - B tokens; the
-// verdict says `partial B/T` and the answer is the native one.
+// verdict says `partial B/T` and the answer is the native one. The decoder runs two slots.
 TEST(Deepseek4Bridge, PartialSealOverHttpMountsThePrefixAndTheDecoderComputesTheRest) {
   test::StackOptions so = decoder_only(test::models_dir() + "/deepseek4-tiny", "f16");
   so.start_prefill = true;
   so.start_front = true;
   so.ctx = 16384;
+  so.parallel = 2;  // the sequence in one of two slot streams: the state a slot saves, and restores, is still its own
   so.prefill_extra = {"--memory-limit-mb", "1", "--link-gbps", "0.0001", "--chunk", "64"};
   test::Stack st(so);
   const json prompt = tokens_of(777, 8000);
