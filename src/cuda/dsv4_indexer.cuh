@@ -32,8 +32,8 @@ void indexer_scores(const __nv_bfloat16* q, const __nv_bfloat16* rows, const flo
                     cudaStream_t stream);
 // The FP8 indexer (DeepSeek's own precision for it; docs/RESULTS.md measures how much of the bf16 top-k it keeps):
 // q and the rows as e4m3 codes with one power-of-two scale per 128-wide row (indexer_fp8_rows, the CPU twin
-// dsv4_indexer_fp8_rows), the scores from them in one fused kernel on Hopper's FP8 wgmma (dsv4_indexer_wgmma.cu)
-// with f32 accumulation. Any head count to 128 (a query's rows padded to 32, 64 or 128). q [n_q x heads x 128]
+// dsv4_indexer_fp8_rows), the scores from them in one fused kernel on Hopper's FP8 wgmma (dsv4_indexer_wgmma.cu),
+// which adds inside the tensor core with fewer bits than f32 (the kernel test's bound says how many). Any head count to 128 (a query's rows padded to 32, 64 or 128). q [n_q x heads x 128]
 // with q_scale [n_q x heads], rows [n_blocks x 128] with row_scale [n_blocks]; the scores are those of the values
 // code x scale.
 bool indexer_scores_fp8_supported(int heads, int dim);

@@ -1,5 +1,6 @@
 // The FP8 lightning indexer's scores (dsv4_indexer.cuh indexer_scores_fp8) on Hopper's warpgroup tensor cores:
-// m64n64k32 e4m3 wgmma with f32 accumulation. Measured first with mma.sync m16n8k32 e4m3 (the fragments of the
+// m64n64k32 e4m3 wgmma into f32 accumulators (its adds inside the tensor core keep fewer bits than f32: within
+// 8e-4 of a row's largest score against the twin, measured). Measured first with mma.sync m16n8k32 e4m3 (the fragments of the
 // bf16 kernel with bytes for halves): on the H200 it was no faster than the bf16 kernel (0.89-0.97x, docs/RESULTS.md)
 // -- Hopper's FP8 rate is wgmma's. A block is 2 warpgroups over 256 (query, head) rows, QPB queries of HP rows
 // (a query's heads, then zero rows to HP): each warpgroup issues two m64 products against the same 64-row tile

@@ -331,8 +331,8 @@ TEST(CudaBench, Dsv4IndexerAtV4FlashShapes) {
                   (long long)T, (long long)NQ, (long long)NB, K, shared_sum / double(NQ), worst_shared, worst_gap);
     }
   }
-  // Then the two fused kernels over whole prompts as the engine calls them (query chunks with <= 1 GiB of scores;
-  // FP8: the queries' quantization and the rows' inside the time, as the engine pays them once per layer).
+  // Then the two fused kernels over whole prompts in chunks of 4,096 queries (FP8: the rows' quantization, once per
+  // prompt, and each chunk's queries' inside the time, as the engine pays them).
   for (const int64_t T : {int64_t(8192), int64_t(32768), int64_t(131072)}) {
     const int64_t NB = T / 4, QC = 4096;
     const auto qv = round_bf16(randn(size_t(QC * H * I))), kv = round_bf16(randn(size_t(NB * I)));

@@ -565,9 +565,12 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
   Impl::grow(I.att, size_t(n * H * D) * 2);
   Impl::grow(I.oa, size_t(n * G * R) * 2);
   Impl::grow(I.iq, size_t(n * Hi * Id) * 4);
-  Impl::grow(I.iq_b, size_t(n * Hi * Id) * 2);
-  Impl::grow(I.iq8, size_t(n * Hi * Id));
-  Impl::grow(I.iq8_s, size_t(n * Hi) * 4);
+  if (fp8_idx) {  // the indexer's queries as e4m3 codes and scales, or in bf16
+    Impl::grow(I.iq8, size_t(n * Hi * Id));
+    Impl::grow(I.iq8_s, size_t(n * Hi) * 4);
+  } else {
+    Impl::grow(I.iq_b, size_t(n * Hi * Id) * 2);
+  }
   Impl::grow(I.iw, size_t(n * Hi) * 4);
   Impl::grow(I.idx, size_t(n * std::max<int64_t>(topk, 1)) * 4);
   Impl::grow(I.logits, size_t(n * NE) * 4);
