@@ -11,6 +11,22 @@ JOBS="${JOBS:-$(nproc)}"
 LLAMA_TOOLS=(llama-server llama-quantize llama-cli llama-bench llama-tokenize)
 
 log() { echo "[setup] $*" >&2; }
+
+# llama.cpp's AMX matmul (compiled in by -march=native on Sapphire Rapids and later Xeons) crashes in
+# `ldtilecfg` loading any Q4_0/Q8_0 GGUF (llama.cpp issue 20824: the XTILEDATA permission is asked for on
+# the main thread only) and its extra buffer type aborts deepseek2's graphs (`*cur_backend_id != -1`). The
+# decoder is built without it; everything else stays native (AVX-512, VNNI, AVX512-FP16 where present).
+# The flags are part of the cache key, so a cache built before this rebuilds.
+LLAMA_ARCH_FLAGS=""
+case "$(uname -m)" in x86_64|amd64) LLAMA_ARCH_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" ;; esac
+LLAMA_FLAGS_KEY="$(printf '%s' "v2 $LLAMA_ARCH_FLAGS" | sha256sum | cut -c1-8)"
+
+# Fails the set-up when a llama.cpp binary still carries the AMX kernels (a compiler that ignored the flags).
+check_no_amx() {
+  if command -v nm >/dev/null 2>&1 && nm "$1" 2>/dev/null | grep -q ggml_backend_amx_buffer_type; then
+    die "$1 was built with llama.cpp's AMX kernels, which crash on AMX hosts; remove it and rebuild"
+  fi
+}
 die() { echo "[setup] ERROR: $*" >&2; exit 1; }
 
 APT_PACKAGES=(build-essential cmake git pkg-config ca-certificates
@@ -57,7 +73,7 @@ build_llama() {
   local bundle="$1"
   local commit; commit="$(git bundle list-heads "$bundle" | awk '$2=="HEAD"{print $1}')"
   [[ -n $commit ]] || die "cannot read HEAD from $bundle"
-  local src="$CACHE/llama-src-${commit:0:12}" out="$CACHE/llama-${commit:0:12}"
+  local src="$CACHE/llama-src-${commit:0:12}" out="$CACHE/llama-${commit:0:12}-$LLAMA_FLAGS_KEY"
   if [[ ! -x $out/bin/llama-server || ! -f $out/.complete ]]; then
     if [[ ! -d $src/.git ]]; then
       log "cloning llama.cpp $commit from the bundle"
@@ -67,11 +83,13 @@ build_llama() {
     log "building llama.cpp ${commit:0:12} (first time: ~10 min on 2 cores) into $out"
     cmake -S "$src" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
-      -DGGML_CUDA=OFF -DBUILD_SHARED_LIBS=OFF >"$out.cmake.log" 2>&1 || { tail -30 "$out.cmake.log"; die "llama.cpp cmake failed"; }
+      -DGGML_CUDA=OFF -DBUILD_SHARED_LIBS=OFF -DCMAKE_C_FLAGS="$LLAMA_ARCH_FLAGS" -DCMAKE_CXX_FLAGS="$LLAMA_ARCH_FLAGS" \
+      >"$out.cmake.log" 2>&1 || { tail -30 "$out.cmake.log"; die "llama.cpp cmake failed"; }
     cmake --build "$out/build" -j "$JOBS" --target "${LLAMA_TOOLS[@]}" >"$out.build.log" 2>&1 \
       || { tail -40 "$out.build.log"; die "llama.cpp build failed (log: $out.build.log)"; }
     mkdir -p "$out/bin"
     for t in "${LLAMA_TOOLS[@]}"; do cp "$out/build/bin/$t" "$out/bin/$t"; done
+    check_no_amx "$out/bin/llama-server"
     echo "$commit" >"$out/.complete"
   fi
   mkdir -p "$ROOT/build/llama"
@@ -89,17 +107,19 @@ build_llama() {
 build_llama_blas() {
   [[ ${PDBRIDGE_BLAS_DECODER:-1} == 0 ]] && { log "skipping the OpenBLAS llama-server (PDBRIDGE_BLAS_DECODER=0)"; return; }
   local commit; commit="$(cat "$ROOT/build/llama/COMMIT")"
-  local src="$CACHE/llama-src-${commit:0:12}" out="$CACHE/llama-blas-${commit:0:12}"
+  local src="$CACHE/llama-src-${commit:0:12}" out="$CACHE/llama-blas-${commit:0:12}-$LLAMA_FLAGS_KEY"
   if [[ ! -x $out/bin/llama-server || ! -f $out/.complete ]]; then
     log "building llama-server ${commit:0:12} with GGML_BLAS=ON (OpenBLAS; first time: ~8 min on 2 cores) into $out"
     cmake -S "$src" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
-      -DGGML_CUDA=OFF -DGGML_BLAS=ON -DGGML_BLAS_VENDOR=OpenBLAS -DBUILD_SHARED_LIBS=OFF >"$out.cmake.log" 2>&1 \
+      -DGGML_CUDA=OFF -DGGML_BLAS=ON -DGGML_BLAS_VENDOR=OpenBLAS -DBUILD_SHARED_LIBS=OFF \
+      -DCMAKE_C_FLAGS="$LLAMA_ARCH_FLAGS" -DCMAKE_CXX_FLAGS="$LLAMA_ARCH_FLAGS" >"$out.cmake.log" 2>&1 \
       || { tail -30 "$out.cmake.log"; die "llama.cpp (BLAS) cmake failed"; }
     cmake --build "$out/build" -j "$JOBS" --target llama-server >"$out.build.log" 2>&1 \
       || { tail -40 "$out.build.log"; die "llama.cpp (BLAS) build failed (log: $out.build.log)"; }
     mkdir -p "$out/bin"
     cp "$out/build/bin/llama-server" "$out/bin/llama-server"
+    check_no_amx "$out/bin/llama-server"
     echo "$commit" >"$out/.complete"
   fi
   ln -sfn "$out/bin" "$ROOT/build/llama/bin-blas"
@@ -107,6 +127,41 @@ build_llama_blas() {
   log "OpenBLAS llama-server ready in build/llama/bin-blas"
 }
 
+# Other llama.cpp releases, as users run them: the llama-server of node-llama-cpp VERSION's own bundle, for the
+# release tests (tests/releases_test.cpp) and the release matrix (docs/RESULTS.md). Cached like the pinned
+# build, keyed by the bundle's commit and the flags; linked at build/llama/releases/VERSION/llama-server.
+# PDBRIDGE_RELEASES lists them (default: 3.19.1, the last release with state version 2; "" builds none).
+build_llama_release() {
+  local version="$1" bundle commit
+  bundle="$(NODE_LLAMA_CPP_VERSION="$version" fetch_bundle)"
+  commit="$(git bundle list-heads "$bundle" | awk '$2=="HEAD"{print $1}')"
+  [[ -n $commit ]] || die "cannot read HEAD from $bundle"
+  local src="$CACHE/llama-src-${commit:0:12}" out="$CACHE/llama-release-$version-${commit:0:12}-$LLAMA_FLAGS_KEY"
+  if [[ ! -x $out/bin/llama-server || ! -f $out/.complete ]]; then
+    if [[ ! -d $src/.git ]]; then
+      rm -rf "$src"; git -c advice.detachedHead=false clone -q "$bundle" "$src" || die "git clone of the $version bundle failed"
+      git -C "$src" -c advice.detachedHead=false checkout -q "$commit"
+    fi
+    log "building llama-server of node-llama-cpp $version (llama.cpp ${commit:0:12}; first time: ~8 min on 2 cores) into $out"
+    cmake -S "$src" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
+      -DGGML_CUDA=OFF -DBUILD_SHARED_LIBS=OFF -DCMAKE_C_FLAGS="$LLAMA_ARCH_FLAGS" -DCMAKE_CXX_FLAGS="$LLAMA_ARCH_FLAGS" \
+      >"$out.cmake.log" 2>&1 || { tail -30 "$out.cmake.log"; die "llama.cpp $version cmake failed"; }
+    cmake --build "$out/build" -j "$JOBS" --target llama-server >"$out.build.log" 2>&1 \
+      || { tail -40 "$out.build.log"; die "llama.cpp $version build failed (log: $out.build.log)"; }
+    mkdir -p "$out/bin"
+    cp "$out/build/bin/llama-server" "$out/bin/llama-server"
+    check_no_amx "$out/bin/llama-server"
+    echo "$commit" >"$out/.complete"
+  fi
+  mkdir -p "$ROOT/build/llama/releases"
+  ln -sfn "$out/bin" "$ROOT/build/llama/releases/$version"
+  echo "$commit" >"$out/bin/COMMIT"
+  "$ROOT/build/llama/releases/$version/llama-server" --version >/dev/null 2>&1 || die "llama-server of node-llama-cpp $version does not run"
+  log "llama-server of node-llama-cpp $version ready in build/llama/releases/$version"
+}
+
 install_apt_packages
 build_llama "$(fetch_bundle)"
 build_llama_blas
+for v in ${PDBRIDGE_RELEASES-3.19.1}; do build_llama_release "$v"; done
