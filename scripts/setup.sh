@@ -32,7 +32,8 @@ die() { echo "[setup] ERROR: $*" >&2; exit 1; }
 APT_PACKAGES=(build-essential cmake git pkg-config ca-certificates
   libcpp-httplib-dev libcurl4-openssl-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libxxhash-dev libzstd-dev libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libssl-dev zlib1g-dev libbrotli-dev prometheus-cpp-dev clang libclang-rt-14-dev gnuplot-nox python3 curl nodejs npm iproute2)
+  libssl-dev zlib1g-dev libbrotli-dev prometheus-cpp-dev clang libclang-rt-14-dev gnuplot-nox python3 curl nodejs npm iproute2
+  libc++-14-dev libc++abi-14-dev googletest dpkg-dev)
 
 install_apt_packages() {
   local missing=()

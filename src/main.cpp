@@ -31,7 +31,11 @@ int main(int argc, char** argv) {
   CLI::App app{"pdbridge — prefill long prompts on a fast GPU box for a model decoded by llama.cpp elsewhere"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Expand all help");
+#if defined(PDBRIDGE_DECODE_SIDE_ONLY)
+  pdb::register_decode_side_commands(app);
+#else
   pdb::register_commands(app);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

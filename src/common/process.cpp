@@ -4,7 +4,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#if defined(__APPLE__)
+#include <mach-o/dyld.h>
+#endif
+
 #include <array>
+#include <fstream>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
@@ -55,9 +60,37 @@ RunResult run_capture(const std::vector<std::string>& argv) {
 }
 
 std::string self_dir() {
+#if defined(__APPLE__)
+  char buf[4096];
+  uint32_t size = sizeof(buf);
+  if (_NSGetExecutablePath(buf, &size) != 0) return ".";
+  std::error_code ec;
+  auto p = std::filesystem::canonical(buf, ec);
+  return ec ? std::filesystem::path(buf).parent_path().string() : p.parent_path().string();
+#else
   std::error_code ec;
   auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
   return ec ? std::string(".") : p.parent_path().string();
+#endif
+}
+
+std::string describe_exit_status(int code) {
+  if (code > 128) {
+    const int sig = code - 128;
+    const char* name = strsignal(sig);
+    return "killed by signal " + std::to_string(sig) + " (" + (name ? name : "?") + ")";
+  }
+  return "exited with status " + std::to_string(code);
+}
+
+bool cpu_has_amx() {
+#if defined(__linux__) && (defined(__x86_64__) || defined(__i386__))
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("flags", 0) == 0) return line.find(" amx_tile") != std::string::npos || line.find(" amx_int8") != std::string::npos;
+#endif
+  return false;
 }
 
 }  // namespace pdb

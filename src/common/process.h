@@ -15,4 +15,9 @@ RunResult run_capture(const std::vector<std::string>& argv);
 // Directory of the running executable (for locating build/llama/bin next to build/pdbridge).
 std::string self_dir();
 
+// "exited with status N" or "killed by signal N (name)" for an exit code of run_capture's convention.
+std::string describe_exit_status(int code);
+// Whether this x86 CPU has AMX tiles (Sapphire Rapids and later Xeons): llama.cpp's AMX matmul crashes there.
+bool cpu_has_amx();
+
 }  // namespace pdb

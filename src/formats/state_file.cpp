@@ -45,6 +45,17 @@ std::string StateLayout::describe() const {
                      layers[0].v_row_bytes, v_trans ? " v_trans" : "");
 }
 
+bool state_version_known(uint32_t version) { return version >= kStateVersionMin && version <= kStateVersion; }
+
+std::string state_version_note(uint32_t version) {
+  return fmt::format("llama.cpp state version {}: pdbridge reads and writes versions {} (llama.cpp releases before August 2026) "
+                     "and {} (since); {}",
+                     version, kStateVersionMin, kStateVersion,
+                     version > kStateVersion ? "the decoder is a newer llama.cpp than this pdbridge knows: its state format is not "
+                                               "known, so nothing is mounted (upgrade pdbridge)"
+                                             : "the decoder is older than any release pdbridge was measured against");
+}
+
 std::vector<int32_t> decode_state_tokens(const std::vector<int32_t>& raw, bool* packed) {
   if (packed) *packed = false;
   if (raw.empty() || raw[0] != -1) return raw;
@@ -61,7 +72,7 @@ namespace {
 // Parses the file's bytes at p (owned by s.storage or s.mapping); row pointers point into them.
 void parse_state_into(ParsedState& s, const uint8_t* p, size_t n, const std::string& name) {
   Reader r{p, n, 0, name};
-  const std::vector<int32_t> raw = state_io::read_state_header(r);
+  const std::vector<int32_t> raw = state_io::read_state_header(r, &s.layout.file_version);
   try { s.tokens = decode_state_tokens(raw, &s.packed_tokens); } catch (const std::exception& e) { fail(name, e.what()); }
 
   if (r.n - r.pos >= 4) {
@@ -229,7 +240,7 @@ StateFileWriter::StateFileWriter(const std::string& path, const StateLayout& lay
   auto put = [&h](const void* p, size_t n) { h.insert(h.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n); };
   auto u32 = [&put](uint32_t v) { put(&v, 4); };
   u32(kStateMagic);
-  u32(kStateVersion);
+  u32(layout.file_version);
   u32(uint32_t(tokens.size()));
   put(tokens.data(), tokens.size() * 4);
   u32(layout.n_stream);

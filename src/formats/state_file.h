@@ -13,7 +13,14 @@
 namespace pdb {
 
 constexpr uint32_t kStateMagic = 0x67677371;  // 'ggsq'
+// LLAMA_STATE_SEQ_VERSION: 2 until llama.cpp's August 2026 releases (node-llama-cpp 3.19.1's bundle: the server
+// stores a plain token list), 3 since (3.21.1, 3.22.1: the server stores [-1, 1, n, tokens..., 0 media] and still
+// reads plain lists). The rows after the tokens are the same in both. A file is written in the version the running
+// decoder wrote its own probe in; any other version is refused by name.
 constexpr uint32_t kStateVersion = 3;
+constexpr uint32_t kStateVersionMin = 2;
+bool state_version_known(uint32_t version);
+std::string state_version_note(uint32_t version);  // why a version is refused, naming the ones read
 
 struct StateLayerTypes {
   GgmlType k_type = GgmlType::F16;
@@ -43,6 +50,7 @@ struct StateSection {
 
 // Everything the decoder's reader checks, learned from a file the running decoder wrote itself.
 struct StateLayout {
+  uint32_t file_version = kStateVersion;  // the llama.cpp state version the decoder writes and reads
   uint32_t n_stream = 1;
   uint32_t stream = 0;  // the stream that holds the cells (the slot's own)
   bool v_trans = false;

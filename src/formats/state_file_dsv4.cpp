@@ -209,7 +209,7 @@ Dsv4State parse_dsv4_state_bytes(std::vector<uint8_t> bytes, const std::string& 
   Dsv4State s;
   s.storage = std::move(bytes);
   Reader r{s.storage.data(), s.storage.size(), 0, name};
-  s.raw_tokens = state_io::read_state_header(r);
+  s.raw_tokens = state_io::read_state_header(r, &s.file_version);
   try { s.tokens = decode_state_tokens(s.raw_tokens, &s.packed_tokens); } catch (const std::exception& e) { fail(name, e.what()); }
   if (r.get<uint32_t>("DSV4 magic") != kDsv4Magic) fail(name, "not a DeepSeek-V4 state (no 'DSV4' after the tokens)");
   s.version = r.get<uint32_t>("DSV4 version");
@@ -240,7 +240,7 @@ Dsv4State parse_dsv4_state_file(const std::string& path) {
 namespace {
 void serialize_into(const Dsv4State& s, Out& o) {
   o.put(kStateMagic);
-  o.put(kStateVersion);
+  o.put(s.file_version);
   o.put(uint32_t(s.raw_tokens.size()));
   for (int32_t t : s.raw_tokens) o.put(t);
   o.put(kDsv4Magic);
@@ -312,6 +312,7 @@ Dsv4State plan_dsv4_state(const Dsv4State& like, const std::vector<int32_t>& tok
   Dsv4State s;
   s.raw_tokens = tokens;
   s.tokens = tokens;
+  s.file_version = like.file_version;
   s.version = like.version;
   s.mode = 0;
   const uint32_t n = uint32_t(tokens.size()), w = std::min(n, window), w0 = n - w;

@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "formats/state_file.h"
+
 namespace pdb {
 
 constexpr uint32_t kDsv4Magic = 0x34565344;  // 'DSV4'
@@ -64,7 +66,8 @@ struct Dsv4State {
   std::vector<int32_t> raw_tokens;  // as stored (the server's packed form included)
   std::vector<int32_t> tokens;      // decoded
   bool packed_tokens = false;
-  uint32_t version = 0, mode = 0;
+  uint32_t file_version = kStateVersion;  // llama.cpp's state version (formats/state_file.h)
+  uint32_t version = 0, mode = 0;         // the DSV4 memory's own
   Dsv4RawPart base, swa;
   Dsv4Pool csa, hca, lid;
   Dsv4Ring csa_ring, hca_ring, lid_ring;

@@ -36,10 +36,11 @@ struct Reader {
 };
 
 // The wrapper every llama.cpp state file starts with: magic, version, the token list (as stored).
-inline std::vector<int32_t> read_state_header(Reader& r) {
+inline std::vector<int32_t> read_state_header(Reader& r, uint32_t* version_out) {
   const uint32_t magic = r.get<uint32_t>("magic"), version = r.get<uint32_t>("version");
   if (magic != kStateMagic) fail(r.name, fmt::format("bad magic 0x{:08x}", magic));
-  if (version != kStateVersion) fail(r.name, fmt::format("version {} (expected {})", version, kStateVersion));
+  if (!state_version_known(version)) fail(r.name, state_version_note(version));
+  *version_out = version;
   const uint32_t n_tok = r.get<uint32_t>("token count");
   const auto* tp = r.take(uint64_t(n_tok) * 4, "tokens");
   std::vector<int32_t> raw(n_tok);

@@ -197,3 +197,46 @@ TEST(StateFile, KOnlyCaptureCommitsWhenEveryKSectionIsCovered) {
 }
 
 }  // namespace pdb
+
+namespace pdb {
+
+// llama.cpp's state version 2 (releases before August 2026, node-llama-cpp 3.19.1) differs from 3 only in the
+// version word and the server's token encoding: a layout learned from a version-2 file writes version 2, which
+// parses back with its rows; a version pdbridge does not know is refused by name, never read as another.
+TEST(StateFile, WritesTheVersionItLearnedAndRefusesUnknownOnesByName) {
+  for (uint32_t version : {2u, 3u}) {
+    StateLayout lay = mla_layout(2, 1);
+    lay.file_version = version;
+    std::vector<int32_t> tokens(9);
+    std::iota(tokens.begin(), tokens.end(), 500);
+    const std::string path = scratch("v" + std::to_string(version) + ".bin");
+    {
+      StateFileWriter w(path, lay, tokens, 9);
+      const auto rows = pattern(9 * 576 * 2, uint8_t(version));
+      for (uint32_t l = 0; l < 2; ++l) w.write_k_rows(l, 0, 9, rows.data());
+      w.commit();
+    }
+    const ParsedState s = parse_state_file(path);
+    EXPECT_EQ(s.layout.file_version, version);
+    EXPECT_EQ(s.tokens, tokens);
+    EXPECT_FALSE(s.packed_tokens);
+    EXPECT_EQ(std::memcmp(s.k_data[1], pattern(9 * 576 * 2, uint8_t(version)).data(), 9 * 576 * 2), 0);
+  }
+  for (uint32_t version : {1u, 4u}) {
+    std::vector<uint8_t> b;
+    std::ifstream f(scratch("v3.bin"), std::ios::binary);
+    b.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    std::memcpy(b.data() + 4, &version, 4);
+    try {
+      parse_state_bytes(b, "x.bin");
+      FAIL() << "version " << version << " was read";
+    } catch (const std::runtime_error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("state version " + std::to_string(version)), std::string::npos) << m;
+      EXPECT_NE(m.find("versions 2"), std::string::npos) << m;
+      EXPECT_NE(m.find(version > 3 ? "newer" : "older"), std::string::npos) << m;
+    }
+  }
+}
+
+}  // namespace pdb

@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <httplib.h>
 
+#include "front/decoder_setup.h"
+
 namespace pdb {
 using json = nlohmann::json;
 
@@ -83,11 +85,30 @@ json DecoderClient::slot_action(int slot, const std::string& action, const std::
   return post_json(t_, fmt::format("/slots/{}?action={}", slot, action), body, 600);
 }
 
+std::optional<int64_t> DecoderClient::slot_tokens(int slot) {
+  httplib::Client c(t_.host, t_.port);
+  c.set_read_timeout(30, 0);
+  c.set_connection_timeout(5, 0);
+  auto r = c.Get("/slots");
+  if (!r || r->status != 200) return std::nullopt;
+  try {
+    const json j = json::parse(r->body);
+    for (const auto& s : j)
+      if (s.value("id", -1) == slot && s.contains("n_prompt_tokens")) return s["n_prompt_tokens"].get<int64_t>();
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
 std::vector<uint8_t> DecoderClient::probe_state(int slot, const std::string& slot_dir, const std::vector<int32_t>& tokens) {
   post_json(t_, "/completion", {{"prompt", tokens}, {"n_predict", 0}, {"id_slot", slot}, {"cache_prompt", true}}, 300);
   std::mt19937_64 rng(std::random_device{}());
   const std::string name = fmt::format("pdbridge-probe-{:016x}.bin", rng());
-  slot_action(slot, "save", name);
+  try {
+    slot_action(slot, "save", name);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(explain_slot_error(e.what(), slot_dir));
+  }
   const std::string path = slot_dir + "/" + name;
   std::vector<uint8_t> bytes;
   {

@@ -26,6 +26,9 @@ class DecoderClient {
   std::vector<int32_t> tokenize(const std::string& text);       // POST /tokenize, as the server tokenizes prompts
   // POST /slots/{id}?action=...; returns the JSON reply or throws with the server's message
   nlohmann::json slot_action(int slot, const std::string& action, const std::string& filename = "");
+  // The tokens GET /slots says `slot` holds (n_prompt_tokens), where the server says it (--slots on, and the slot
+  // has run a task since start); nullopt otherwise.
+  std::optional<int64_t> slot_tokens(int slot);
   // Completes `tokens` on `slot` natively (n_predict 0), saves it under `filename`, parses and returns
   // the state; erases the slot afterwards. The file is removed from slot_dir.
   ParsedState probe_layout(int slot, const std::string& slot_dir, const std::vector<int32_t>& tokens);

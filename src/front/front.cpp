@@ -25,7 +25,9 @@
 #include "front/assembler.h"
 #include "front/calibration.h"
 #include "front/decoder_client.h"
+#include "front/decoder_setup.h"
 #include "front/state_store.h"
+#include "front/verdict.h"
 #include "recipes/recipe.h"
 #include "wire/protocol.h"
 
@@ -91,46 +93,6 @@ struct SlotTable {
   }
 };
 
-struct Verdict {
-  std::string verdict;
-  int64_t tokens = 0, bridged_tokens = 0;
-  std::optional<int64_t> cached_tokens;
-  bool complete = false;  // every token the decoder's state needs was mounted (DeepSeek-V4: T-1 of T)
-  uint64_t bytes = 0;
-  // t_probe: learning the decoder's state layout (a probe prefill + calibration; once per decoder, again
-  // after a failed restore); t_wire: from the capture request to its last byte (the engine runs inside it).
-  // t_hold: saving and mapping the slot's own state (a tail bridge); t_copy: copying its prefix into the new
-  // file (beside the capture).
-  double t_tokenize = 0, t_probe = 0, t_engine = 0, t_wire = 0, t_restore = 0, t_bridge = 0, t_hold = 0, t_copy = 0;
-  std::string held_from;  // a tail bridge's prefix: "kept" (the front door's own file of an earlier turn) or "slot" (the slot saved)
-  json fidelity;  // the decoder's fidelity class and numbers, for bridged and declined requests
-  // A tail bridge: the decoder's slot gave the first tail_from tokens, the capture the rest (bridged_tokens).
-  std::optional<int64_t> tail_from;
-  int64_t prefix_reused = 0, computed_tokens = -1;  // the prefill server's: resumed after / computed
-  std::string prefill_server;                      // the one whose capture was mounted
-  std::vector<std::string> prefill_skipped;        // "url: why" of each server tried before it
-  json to_json() const {
-    json j = {{"verdict", verdict}, {"tokens", tokens}, {"bridged_tokens", bridged_tokens}, {"bytes", bytes},
-              {"t_tokenize_s", t_tokenize}, {"t_probe_s", t_probe}, {"t_engine_s", t_engine}, {"t_wire_s", t_wire},
-              {"t_restore_s", t_restore}, {"t_bridge_s", t_bridge}};
-    j["cached_tokens"] = cached_tokens ? json(*cached_tokens) : json(nullptr);
-    if (tail_from) {
-      j["tail_from"] = *tail_from;
-      j["t_hold_s"] = t_hold;
-      j["held_from"] = held_from;
-      j["t_copy_s"] = t_copy;
-    }
-    if (!prefill_server.empty()) {
-      j["prefill_server"] = prefill_server;
-      j["prefill_reused_tokens"] = prefix_reused;
-      j["prefill_computed_tokens"] = computed_tokens;
-    }
-    if (!prefill_skipped.empty()) j["prefill_skipped"] = prefill_skipped;
-    if (!fidelity.is_null()) j["fidelity"] = fidelity;
-    return j;
-  }
-};
-
 class Front {
  public:
   explicit Front(const FrontOptions& o) : o_(o), dec_(o.decoder_url), kept_(uint64_t(std::max(0.0, o.keep_states_gb) * double(1ull << 30)), remover_) {
@@ -157,6 +119,11 @@ class Front {
     // model's training context. A longer prompt fits neither a restored cache nor a native prefill.
     const json& gen = props.contains("default_generation_settings") ? props["default_generation_settings"] : json::object();
     slot_ctx_ = gen.is_object() ? gen.value("n_ctx", int64_t(0)) : 0;
+    {
+      std::lock_guard<std::mutex> l(layout_m_);
+      props_ = props;
+      setup_ = assess_decoder(props, 0, 0, o_.min_tokens);
+    }
     std::lock_guard<std::mutex> l(slots_.m);
     slots_.slots.assign(size_t(n), {});
     spdlog::info("front: decoder has {} slots of {} tokens; recipe {} fingerprint {}", n, slot_ctx_.load(), info_.arch, fingerprint_);
@@ -206,6 +173,7 @@ class Front {
         throw std::runtime_error(fmt::format("decoder state rows ({} K / {} V elements) do not match the GGUF's ({} / {})", L.n_embd_k,
                                              L.n_embd_v, info_.n_embd_kv(), info_.n_embd_v()));
     spdlog::info("front: decoder state layout: {}", s.layout.describe());
+    note_setup(int(s.layout.n_stream), s.layout.file_version);
     layout_ = s.layout;
     calibration_error_.clear();
     fidelity_.reset();
@@ -233,6 +201,7 @@ class Front {
     if (int64_t(window_layers) != info_.n_layer)
       throw std::runtime_error(fmt::format("decoder state has {} layers, its GGUF {}", window_layers, info_.n_layer));
     spdlog::info("front: decoder state layout: {}", s.describe());
+    note_setup(int(s.swa.streams.size()), s.file_version);
     calibration_error_.clear();
     fidelity_.reset();
     if (o_.calibrate) {
@@ -251,6 +220,15 @@ class Front {
     layout_ = StateLayout{};  // learned: the DSV4 layout lives in dsv4_like_
     if (!calibration_error_.empty()) throw std::runtime_error(calibration_error_);
     return *layout_;
+  }
+  // What the running server's flags mean for the bridge, now that a state it saved shows its streams. Caller holds
+  // layout_m_.
+  void note_setup(int streams, uint32_t state_version) {
+    setup_ = assess_decoder(props_, streams, state_version, o_.min_tokens);
+    spdlog::info("front: decoder build '{}' ({}), state version {}, {} slots of {} tokens", setup_.build,
+                 setup_.release.empty() ? "not a release pdbridge was measured against" : setup_.release, state_version, setup_.slots,
+                 setup_.slot_ctx);
+    for (const auto& p : setup_.problems) spdlog::warn("front: decoder setup: {}", p);
   }
   void forget_layout() {
     std::lock_guard<std::mutex> l(layout_m_);
@@ -334,6 +312,8 @@ class Front {
   std::optional<Dsv4State> dsv4_like_;  // its layout: a state the decoder saved
   std::string calibration_, calibration_error_;
   std::optional<CalibrationResult> fidelity_;
+  json props_ = json::object();  // the decoder's /props at connect
+  DecoderSetup setup_;
   int64_t info_vocab_ = 0;
   BackgroundRemover remover_;
   KeptStates kept_;  // after remover_: a kept file's removal goes through it
@@ -525,12 +505,16 @@ void Front::bridge(int slot, const std::vector<int32_t>& prompt, int64_t slot_ca
   }
   v.t_restore = secs(tr);
   if (r.value("n_restored", int64_t(-1)) != mounted) throw std::runtime_error("decoder restored " + r.dump());
+  // The restore's reply is the server's word; its slot table is a second one (the answer's timings, the last).
+  if (const auto held = dec_.slot_tokens(slot); held && *held != mounted)
+    throw std::runtime_error(fmt::format("the decoder's restore reported {} tokens, but its /slots says slot {} holds {}", mounted, slot, *held));
   {
     std::lock_guard<std::mutex> l(affinity_m_);
     affinity_[slot] = v.prefill_server;
   }
   if (P > 0) v.tail_from = P;
   v.bridged_tokens = mounted - P;
+  v.mounted_tokens = mounted;
   // Kept for the next turn (the decoder has its own copy now); the file of a pooled state is not extended.
   if (!pooled_ && o_.tail_bridge && kept_.enabled() && mounted > 0) {
     std::error_code ec;
@@ -607,32 +591,12 @@ std::vector<int32_t> Front::tokenize_request(const std::string& path, const json
   throw BadRequest("'prompt' must be a string, a one-string array or an array of token ids");
 }
 
-namespace {
-std::string verdict_class(const std::string& v) {
-  if (v == "complete") return "complete";
-  if (v.rfind("partial", 0) == 0) return "partial";
-  if (v == "native: short") return "native_short";
-  if (v == "native: warm") return "native_warm";
-  return "declined";
-}
-std::string decline_reason(const std::string& v) {
-  if (v.find("fingerprint") != std::string::npos) return "fingerprint";
-  if (v.find("calibration") != std::string::npos) return "calibration";
-  if (v.find("bad frame") != std::string::npos || v.find("trailer") != std::string::npos || v.find("incomplete") != std::string::npos) return "bad_capture";
-  if (v.find("busy") != std::string::npos || v.find("queue") != std::string::npos) return "prefill_busy";
-  if (v.find("Read") != std::string::npos || v.find("Timeout") != std::string::npos) return "timeout";
-  if (v.find("prefill server") != std::string::npos) return "prefill_unavailable";
-  if (v.find("restore") != std::string::npos || v.find("/slots") != std::string::npos) return "restore";
-  return "other";
-}
-}  // namespace
-
 // Prometheus convention: every series exists at 0 from the start, so rate() and alerts work on a
 // fresh front door. The label values are the ones record() uses.
 void Front::declare_metrics() {
-  for (const char* cls : {"complete", "partial", "native_short", "native_warm", "declined"})
+  for (const char* cls : {"complete", "partial", "unused", "native_short", "native_warm", "declined"})
     metrics_.counter("pdbridge_front_requests_total", "Generation requests by verdict", {{"verdict", cls}});
-  for (const char* r : {"fingerprint", "calibration", "bad_capture", "prefill_busy", "timeout", "prefill_unavailable", "restore", "other"})
+  for (const char* r : {"fingerprint", "calibration", "state_format", "bad_capture", "prefill_busy", "timeout", "prefill_unavailable", "restore", "other"})
     metrics_.counter("pdbridge_front_declines_total", "Bridges declined, by reason", {{"reason", r}});
   metrics_.counter("pdbridge_front_bridged_tokens_total", "Tokens mounted from bridged captures");
   metrics_.counter("pdbridge_front_tail_bridges_total", "Bridges of a tail only (the slot held the conversation's prefix)");
@@ -754,32 +718,39 @@ void Front::handle_generation(const std::string& path, const httplib::Request& r
     }
     if (!r) {
       release(std::vector<int32_t>{});
-      res.set_header("X-PD-Bridge", v.to_json().dump(-1, ' ', false, json::error_handler_t::replace));
+      res.set_header("X-PD-Bridge", v.header());
       return openai_error(res, 502, "decoder unreachable: " + httplib::to_string(r.error()), "upstream_error");
     }
+    std::optional<int64_t> cache_n;
     try {
       auto j = json::parse(r->body);
-      if (j.contains("timings") && j["timings"].contains("cache_n")) v.cached_tokens = j["timings"]["cache_n"].get<int64_t>();
+      if (j.contains("timings") && j["timings"].contains("cache_n")) cache_n = j["timings"]["cache_n"].get<int64_t>();
     } catch (...) {}
+    if (r->status == 200) settle_verdict(v, cache_n);
+    if (v.decoder_used == false) spdlog::warn("front: slot {}: {}", slot, v.verdict);
     release(r->status == 200 ? std::optional(tokens) : std::optional(std::vector<int32_t>{}));
     record(v, secs(t0), r->status);
     res.status = r->status;
-    res.set_header("X-PD-Bridge", v.to_json().dump(-1, ' ', false, json::error_handler_t::replace));
+    res.set_header("X-PD-Bridge", v.header());
     res.set_content(r->body, r->get_header_value("Content-Type").empty() ? "application/json" : r->get_header_value("Content-Type"));
     return;
   }
-  // Streaming: the verdict header goes out first, then the decoder's bytes as they arrive.
-  res.set_header("X-PD-Bridge", v.to_json().dump(-1, ' ', false, json::error_handler_t::replace));
-  record(v, secs(t0), 200);
+  // Streaming: the verdict header goes out first (as decided before the answer), then the decoder's bytes as they
+  // arrive, then the `pdbridge.verdict` event with the verdict settled from the answer's timings; the request is
+  // recorded in the metrics then.
+  res.set_header("X-PD-Bridge", v.header());
   auto shared_body = std::make_shared<std::string>(body.dump());
   auto done = std::make_shared<bool>(false);
-  auto self_release = std::make_shared<std::function<void(bool)>>([this, slot, tokens](bool ok) {
+  auto verdict = std::make_shared<Verdict>(std::move(v));
+  auto self_release = std::make_shared<std::function<void(bool)>>([this, slot, tokens, verdict, t0](bool ok) {
     slots_.release(slot, ok ? std::optional(tokens) : std::optional(std::vector<int32_t>{}));
+    record(*verdict, secs(t0), ok ? 200 : 499);
   });
   slot_released = true;  // the stream's releaser owns the slot now
+  const bool openai_stream = path.rfind("/v1/", 0) == 0;
   res.set_chunked_content_provider(
       "text/event-stream",
-      [upstream, path, shared_body, done, self_release](size_t, httplib::DataSink& sink) {
+      [upstream, path, shared_body, done, self_release, verdict, openai_stream, slot](size_t, httplib::DataSink& sink) {
         if (*done) { sink.done(); return true; }
         httplib::Client c(upstream.host, upstream.port);
         c.set_read_timeout(3600, 0);
@@ -788,10 +759,21 @@ void Front::handle_generation(const std::string& path, const httplib::Request& r
         ur.path = path;
         ur.body = *shared_body;
         ur.set_header("Content-Type", "application/json");
-        ur.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) { return sink.write(d, n); };
+        SseTimingsScanner scan;
+        ur.content_receiver = [&](const char* d, size_t n, uint64_t, uint64_t) {
+          scan.feed(d, n);
+          return sink.write(d, n);
+        };
         auto r = c.send(ur);
         *done = true;
-        (*self_release)(bool(r) && r->status == 200);
+        const bool ok = bool(r) && r->status == 200;
+        if (ok) {
+          settle_verdict(*verdict, scan.cache_n());
+          if (verdict->decoder_used == false) spdlog::warn("front: slot {}: {}", slot, verdict->verdict);
+          const std::string ev = verdict_event(*verdict, openai_stream);
+          sink.write(ev.data(), ev.size());
+        }
+        (*self_release)(ok);
         *self_release = [](bool) {};
         sink.done();
         return true;
@@ -855,6 +837,7 @@ void Front::serve(httplib::Server& srv) {
       j["calibration"] = calibration_.empty() ? json(nullptr) : json(calibration_);
       j["calibration_error"] = calibration_error_.empty() ? json(nullptr) : json(calibration_error_);
       j["fidelity"] = fidelity_ ? fidelity_->to_json() : fidelity_summary();
+      j["decoder_setup"] = setup_.to_json();
     } else {
       j["layout"] = "probing";
     }

@@ -1,6 +1,8 @@
 #include "recipes/recipe.h"
 
+#if !defined(PDBRIDGE_DECODE_SIDE_ONLY)
 #include <cblas.h>
+#endif
 
 #include <cmath>
 #include <cstring>
@@ -269,7 +271,21 @@ void Recipe::project(const RecipeWeight& w, const float* x, int64_t rows, int si
         for (int64_t o = 0; o < w.rows; ++o) y[r * w.rows + o] = dot_lanes(w.w.data() + o * K, xs + r * K, K, simd_width);
     });
   } else {
+#if defined(PDBRIDGE_DECODE_SIDE_ONLY)
+    // the decode side has no BLAS: the front door's calibration multiplies one probe's rows (its summation order is
+    // neither OpenBLAS's nor ggml's, as OpenBLAS's already differs between CPUs: quantized weights class by the probe)
+    parallel_for(rows, threads_, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r)
+        for (int64_t o = 0; o < w.rows; ++o) {
+          const float *a = w.w.data() + o * K, *x = xs + r * K;
+          float acc = 0;
+          for (int64_t i = 0; i < K; ++i) acc = std::fma(a[i], x[i], acc);
+          y[r * w.rows + o] = acc;
+        }
+    });
+#else
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(w.rows), int(K), 1.0f, xs, int(K), w.w.data(), int(K), 0.0f, y, int(w.rows));
+#endif
   }
   add_bias(w, rows, y);
 }

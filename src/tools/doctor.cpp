@@ -15,8 +15,12 @@
 #include "formats/gguf.h"
 #include "front/calibration.h"
 #include "tools/eval_parity.h"
+#include "decoder/launcher.h"
 #include "front/decoder_client.h"
+#include "front/decoder_setup.h"
+#if !defined(PDBRIDGE_DECODE_SIDE_ONLY)
 #include "prefill/server.h"
+#endif
 #include "recipes/recipe.h"
 
 namespace pdb {
@@ -105,15 +109,20 @@ int run_doctor(const DoctorOptions& in) {
   json fidelity;
   if (!props) {
     rep.fail("decoder", o.decoder_url + " unreachable: " + err, "start it with `pdbridge decoder --gguf ... --slot-dir ...`");
+    // Is it down, or does llama-server die loading this model on this host? Loading it once tells.
+    const LoadCheck lc = check_decoder_loads(o.decoder_gguf, o.server_bin, 300);
+    if (lc.loaded) rep.ok("decoder load check", lc.detail + " (so the decoder is just not running at " + o.decoder_url + ")");
+    else rep.fail("decoder load check", lc.detail, "see the cause above; `pdbridge decoder` prints the same when it starts llama-server");
   } else {
     rep.ok("decoder", o.decoder_url + " answers");
-    std::string pinned;
-    std::ifstream(self_dir() + "/llama/COMMIT") >> pinned;
     const std::string build = props->value("build_info", "");
-    if (!pinned.empty() && build.find(pinned.substr(0, 7)) == std::string::npos)
-      rep.fail("decoder build", fmt::format("llama-server reports '{}', pdbridge is pinned to {}", build, pinned.substr(0, 12)),
-               "run the llama-server built by scripts/setup.sh (build/llama/bin)");
-    else rep.ok("decoder build", build + (pinned.empty() ? " (pin unknown)" : " matches the pinned commit"));
+    if (const MeasuredRelease* m = find_measured_release(build))
+      rep.ok("decoder build", fmt::format("{}: node-llama-cpp {}'s llama.cpp{}, state version {}, measured (docs/RESULTS.md, \"Releases\")", build,
+                                          m->node_llama_cpp, m->pinned ? " (the pinned build)" : "", m->state_version));
+    else
+      rep.warn("decoder build", fmt::format("{}: not a llama.cpp release pdbridge was measured against; its state files are read only in a "
+                                            "format pdbridge knows (versions {}-{}), else bridges are declined with the reason",
+                                            build.empty() ? "(no build_info)" : build, kStateVersionMin, kStateVersion));
     const std::string model = props->value("model_path", "");
     if (canonical(model) != canonical(o.decoder_gguf))
       rep.fail("decoder model", fmt::format("llama-server runs {}, the bridge follows {}", model, o.decoder_gguf),
@@ -126,10 +135,15 @@ int run_doctor(const DoctorOptions& in) {
       DecoderClient dec(o.decoder_url);
       probe_tokens = calibration_tokens(int64_t(GgufFile::open(o.decoder_gguf)->get("tokenizer.ggml.tokens").arr.size()));
       probe = dec.probe_layout(slots - 1, o.slot_dir, probe_tokens);
-      rep.ok("slot save/restore", fmt::format("saved a probe into {}: {}", o.slot_dir, probe->layout.describe()));
+      rep.ok("slot save/restore", fmt::format("saved a probe into {}: {}, state version {}", o.slot_dir, probe->layout.describe(),
+                                              probe->layout.file_version));
     } catch (const std::exception& e) {
       rep.fail("slot save/restore", e.what(), "start llama-server with --slot-save-path <the front's --slot-dir> (pdbridge decoder does)");
     }
+    const DecoderSetup setup = assess_decoder(*props, probe ? int(probe->layout.n_stream) : 0, probe ? probe->layout.file_version : 0,
+                                              front_min_tokens > 0 ? front_min_tokens : 4096);
+    if (setup.problems.empty()) rep.ok("decoder flags", fmt::format("{} slots of {} tokens, {} KV streams", setup.slots, setup.slot_ctx, setup.streams));
+    for (const auto& p : setup.problems) rep.warn("decoder flags", p);
     if (probe) {
       CacheSpec spec = CacheSpec::decoder_default(probe->layout.layers[0].k_type, probe->layout.layers[0].v_type, info.head_dim);
       auto c = calibrate_layer0(o.decoder_gguf, *probe, probe_tokens, spec);
@@ -201,7 +215,11 @@ int run_doctor(const DoctorOptions& in) {
       rep.fail("bridge probe", e.what(), "the front door or the decoder did not answer a completion");
     }
   }
-  // 4. the HF config the engine runs vs the decoder's GGUF (the "four places" of RoPE/window settings)
+  // 4. the HF config the engine runs vs the decoder's GGUF (the "four places" of RoPE/window settings); the prefill
+  // server also reports its own check on /health (step 2)
+#if defined(PDBRIDGE_DECODE_SIDE_ONLY)
+  if (!o.model_dir.empty()) rep.warn("HF config vs GGUF", "not checked here: the decode-side build has no checkpoint reader (the prefill server's /health has it)");
+#else
   if (!o.model_dir.empty() && fs::exists(o.model_dir + "/config.json")) {
     try {
       auto mism = config_mismatches(o.model_dir, o.decoder_gguf);
@@ -213,6 +231,7 @@ int run_doctor(const DoctorOptions& in) {
   } else {
     rep.warn("HF config vs GGUF", "no HF checkpoint to compare (pass --model)");
   }
+#endif
   if (!o.fidelity_json.empty()) {
     std::ofstream out(o.fidelity_json);
     out << fidelity.dump(2) << "\n";

@@ -1,6 +1,7 @@
 #include "support/stack.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <stdexcept>
@@ -34,11 +35,18 @@ Stack::Stack(const StackOptions& o) {
   decoder_gguf = o.model_dir + "/decoder-" + o.decoder_type + ".gguf";
   const std::string recipe = o.recipe_gguf.empty() ? decoder_gguf : o.recipe_gguf;
   decoder_port = free_port();
-  std::vector<std::string> da = {pdbridge_bin(), "decoder", "--gguf", decoder_gguf, "--port", std::to_string(decoder_port), "--slot-dir",
+  std::vector<std::string> da = {decode_side_bin(), "decoder", "--gguf", decoder_gguf, "--port", std::to_string(decoder_port), "--slot-dir",
                                  slot_dir, "--ctx", std::to_string(o.ctx), "--parallel", std::to_string(o.parallel), "--cache-type",
                                  o.cache_type, "--threads", "2"};
   if (!o.decoder_bin.empty()) { da.push_back("--server-bin"); da.push_back(o.decoder_bin); }
   if (!o.decoder_extra.empty()) { da.push_back("--"); da.insert(da.end(), o.decoder_extra.begin(), o.decoder_extra.end()); }
+  if (o.decoder_by_hand) {
+    const char* env_bin = std::getenv("PDBRIDGE_LLAMA_SERVER");
+    const std::string bin = !o.decoder_bin.empty() ? o.decoder_bin : env_bin && *env_bin ? env_bin : build_dir() + "/llama/bin/llama-server";
+    da = {bin, "--model", decoder_gguf, "--port",
+          std::to_string(decoder_port), "--slot-save-path", slot_dir, "--threads", "2"};
+    da.insert(da.end(), o.decoder_extra.begin(), o.decoder_extra.end());
+  }
   decoder_argv_ = da;
   decoder_ = std::make_unique<Child>(da, dir + "/decoder.log");
   prefill_port = free_port();
@@ -56,19 +64,20 @@ Stack::Stack(const StackOptions& o) {
     extra_prefill_ports.push_back(port);
     prefill_urls += ",http://127.0.0.1:" + std::to_string(port);
   }
-  if (!wait_http_ok("127.0.0.1", decoder_port, "/health", 120)) throw std::runtime_error("decoder did not start:\n" + decoder_->log());
-  if (prefill_ && !wait_http_ok("127.0.0.1", prefill_port, "/health", 120)) throw std::runtime_error("prefill did not start:\n" + prefill_->log());
+  if (!wait_http_ok("127.0.0.1", decoder_port, "/health", 120, decoder_.get())) throw std::runtime_error("decoder did not start:\n" + decoder_->log());
+  if (prefill_ && !wait_http_ok("127.0.0.1", prefill_port, "/health", 120, prefill_.get())) throw std::runtime_error("prefill did not start:\n" + prefill_->log());
   for (size_t i = 0; i < extra_prefill_.size(); ++i)
     if (!wait_http_ok("127.0.0.1", extra_prefill_ports[i], "/health", 120)) throw std::runtime_error("prefill did not start:\n" + extra_prefill_[i]->log());
   if (!o.start_front) return;
   front_port = free_port();
-  std::vector<std::string> fa = {pdbridge_bin(), "front", "--decoder", "http://127.0.0.1:" + std::to_string(decoder_port),
+  const std::string front_decoder = o.front_decoder_url ? o.front_decoder_url(decoder_port, slot_dir) : "http://127.0.0.1:" + std::to_string(decoder_port);
+  std::vector<std::string> fa = {decode_side_bin(), "front", "--decoder", front_decoder,
                                  "--decoder-gguf", decoder_gguf, "--slot-dir", slot_dir, "--prefill",
                                  prefill_urls, "--port", std::to_string(front_port),
                                  "--min-tokens", std::to_string(o.min_tokens), "--min-tail", std::to_string(o.min_tail)};
   fa.insert(fa.end(), o.front_extra.begin(), o.front_extra.end());
   front_ = std::make_unique<Child>(fa, dir + "/front.log");
-  if (!wait_http_ok("127.0.0.1", front_port, "/health", 60)) throw std::runtime_error("front did not start:\n" + front_->log());
+  if (!wait_http_ok("127.0.0.1", front_port, "/health", 60, front_.get())) throw std::runtime_error("front did not start:\n" + front_->log());
   // The front door probes a decoder slot as it starts: tests that then use the decoder's slots
   // directly must not race that probe, so the stack is ready once the probe has ended (either way).
   for (int i = 0; i < 600; ++i) {
@@ -146,7 +155,7 @@ size_t Stack::stray_state_files() {
 }
 
 int Stack::run_doctor(std::string* output) {
-  Child d({pdbridge_bin(), "doctor", "--front", "http://127.0.0.1:" + std::to_string(front_port)}, dir + "/doctor.log");
+  Child d({decode_side_bin(), "doctor", "--front", "http://127.0.0.1:" + std::to_string(front_port)}, dir + "/doctor.log");
   const int rc = d.stop(0, 120);
   if (output) *output = d.log();
   return rc;
@@ -164,6 +173,13 @@ std::string blas_llama_server() {
   const std::string p = build_dir() + "/llama/bin-blas/llama-server";
   if (!fs::exists(p))
     throw std::runtime_error(p + " is missing: scripts/setup.sh builds it (unless PDBRIDGE_BLAS_DECODER=0); run `make build`");
+  return p;
+}
+
+std::string release_llama_server(const std::string& version) {
+  const std::string p = build_dir() + "/llama/releases/" + version + "/llama-server";
+  if (!fs::exists(p))
+    throw std::runtime_error(p + " is missing: scripts/setup.sh builds it (PDBRIDGE_RELEASES, default 3.19.1); run `make build`");
   return p;
 }
 

@@ -2,6 +2,7 @@
 // prefill server and the front door, each on a free port, stopped on destruction.
 #pragma once
 #include "front/calibration.h"
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,6 +30,12 @@ struct StackOptions {
   std::vector<std::string> front_extra, prefill_extra, decoder_extra;
   std::string hf_dir;  // default: <model_dir>/hf
   std::string decoder_bin;  // llama-server to run (default: the pinned build's); see blas_llama_server()
+  // llama-server started as a user would, not by `pdbridge decoder`: its own defaults plus --slot-save-path and
+  // decoder_extra (no --parallel, --ctx-size, cache types or cache flags of ours).
+  bool decoder_by_hand = false;
+  // Called once the decoder answers, with its port and the slot dir: the URL the front door is given as --decoder
+  // (a test's proxy).
+  std::function<std::string(int, const std::string&)> front_decoder_url;
 };
 
 struct HttpReply {
@@ -89,6 +96,8 @@ StatePair native_and_bridged_states(Stack& st, PrefillBackend& backend, const st
 // The OpenBLAS-backend llama-server that scripts/setup.sh builds beside the pinned one: a CPU decoder
 // whose prompt matmuls the recipe does not mirror (fidelity class: tolerance). Throws if missing.
 std::string blas_llama_server();
+// llama-server of node-llama-cpp `version`'s own llama.cpp bundle (scripts/setup.sh, PDBRIDGE_RELEASES).
+std::string release_llama_server(const std::string& version);
 
 // Deterministic pseudo-random text the tokenizers split into many tokens.
 std::string random_text(uint64_t seed, int words);

@@ -26,6 +26,10 @@ std::string llama_bin() { return build_dir() + "/llama/bin"; }
 std::string llama_src() { return build_dir() + "/llama/src"; }
 std::string models_dir() { return build_dir() + "/test-models"; }
 std::string pdbridge_bin() { return build_dir() + "/pdbridge"; }
+std::string decode_side_bin() {
+  const char* b = std::getenv("PDBRIDGE_DECODE_BIN");
+  return b && *b ? std::string(b) : pdbridge_bin();
+}
 
 namespace {
 // Test directories hold models, slot files and states of hundreds of MB: thousands of test processes
@@ -139,7 +143,7 @@ std::string Child::log() const {
   return ss.str();
 }
 
-bool wait_http_ok(const std::string& host, int port, const std::string& path, double timeout_s) {
+bool wait_http_ok(const std::string& host, int port, const std::string& path, double timeout_s, Child* watch) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   httplib::Client cli(host, port);
   cli.set_connection_timeout(1, 0);
@@ -147,6 +151,7 @@ bool wait_http_ok(const std::string& host, int port, const std::string& path, do
   while (std::chrono::steady_clock::now() < deadline) {
     auto r = cli.Get(path.c_str());
     if (r && r->status == 200) return true;
+    if (watch && !watch->running()) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return false;

@@ -19,6 +19,9 @@ std::string llama_bin();    // build/llama/bin
 std::string llama_src();    // build/llama/src (llama.cpp tree: models/ggml-vocab-*.gguf)
 std::string models_dir();   // build/test-models (made by the make_test_models fixture)
 std::string pdbridge_bin();
+// The pdbridge that runs the decode side's processes (front, decoder, doctor): PDBRIDGE_DECODE_BIN where set (the
+// aarch64 decode-side build under qemu-user, scripts/decode_side.sh), else pdbridge_bin().
+std::string decode_side_bin();
 std::string temp_dir(const std::string& tag);  // fresh, unique; removed when the test process exits
 
 int free_port();
@@ -42,7 +45,8 @@ class Child {
   int status_ = -1;
 };
 
-// Polls GET url+path until HTTP 200 or timeout; false on timeout.
-bool wait_http_ok(const std::string& host, int port, const std::string& path, double timeout_s);
+// Polls GET url+path until HTTP 200 or timeout; false on timeout, or at once when `watch` (the server's process)
+// has exited: a server that died while loading fails its test in seconds, not after the whole wait.
+bool wait_http_ok(const std::string& host, int port, const std::string& path, double timeout_s, Child* watch = nullptr);
 
 }  // namespace pdb::test
