@@ -230,6 +230,16 @@ Dsv4State parse_dsv4_state_bytes(std::vector<uint8_t> bytes, const std::string& 
   return s;
 }
 
+std::string dsv4_unwritable_reason(const Dsv4State& like) {
+  for (const auto& [p, name] : {std::pair{&like.csa, "CSA"}, {&like.hca, "HCA"}, {&like.lid, "LID"}})
+    if (p->version == 1 && !p->layers.empty())
+      return fmt::format("the decoder's DeepSeek-V4 {} pool state version 1 (llama.cpp before August 2026) holds the pool's whole "
+                         "capacity ({} rows) and restores nothing shorter; pdbridge writes pool state version 2 (the used rows): "
+                         "this decoder's release is not bridged for DeepSeek-V4",
+                         name, p->n_rows);
+  return "";
+}
+
 Dsv4State parse_dsv4_state_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw std::runtime_error("cannot open state file " + path);

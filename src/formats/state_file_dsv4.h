@@ -79,6 +79,11 @@ struct Dsv4State {
   std::string describe() const;
 };
 
+// Why pdbridge cannot write a state of this layout for the decoder that saved `like` ("" when it can): llama.cpp
+// releases before August 2026 (node-llama-cpp 3.19.1) store a pool's whole capacity (pool state version 1) and
+// read back nothing shorter; pdbridge writes the used rows (version 2).
+std::string dsv4_unwritable_reason(const Dsv4State& like);
+
 // True when the bytes after a state file's token list start a DSV4 memory.
 bool is_dsv4_state(const std::vector<uint8_t>& bytes);
 Dsv4State parse_dsv4_state_bytes(std::vector<uint8_t> bytes, const std::string& name);

@@ -204,7 +204,10 @@ class Front {
     note_setup(int(s.swa.streams.size()), s.file_version);
     calibration_error_.clear();
     fidelity_.reset();
-    if (o_.calibrate) {
+    if (const std::string why = dsv4_unwritable_reason(s); !why.empty()) {
+      calibration_error_ = why;  // kept like a calibration's verdict: every request is declined with it at once
+      spdlog::warn("front: {}", why);
+    } else if (o_.calibrate) {
       auto c = calibrate_dsv4_layer0(o_.decoder_gguf, s, probe);
       calibration_ = c.note;
       fidelity_ = c;

@@ -54,9 +54,9 @@ std::string verdict_class(const std::string& v) {
 }
 
 std::string decline_reason(const std::string& v) {
+  if (v.find("state version") != std::string::npos) return "state_format";
   if (v.find("fingerprint") != std::string::npos) return "fingerprint";
   if (v.find("calibration") != std::string::npos) return "calibration";
-  if (v.find("state version") != std::string::npos) return "state_format";
   if (v.find("bad frame") != std::string::npos || v.find("trailer") != std::string::npos || v.find("incomplete") != std::string::npos) return "bad_capture";
   if (v.find("busy") != std::string::npos || v.find("queue") != std::string::npos) return "prefill_busy";
   if (v.find("Read") != std::string::npos || v.find("Timeout") != std::string::npos) return "timeout";
