@@ -52,7 +52,7 @@ libcxx() {
   apt_install clang libc++-14-dev libc++abi-14-dev googletest dpkg-dev cmake pkg-config
   local key; key=$(dpkg-query -W -f='${Version}' clang-14 libc++-14-dev prometheus-cpp-dev libcpp-httplib-dev googletest | sha256sum | cut -c1-10)
   local deps="$CACHE/decode-libcxx-$key" cc=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS=-stdlib=libc++
-    -DCMAKE_EXE_LINKER_FLAGS=-stdlib=libc++ -DCMAKE_SHARED_LINKER_FLAGS=-stdlib=libc++ -DCMAKE_BUILD_TYPE=Release)
+    "-DCMAKE_EXE_LINKER_FLAGS=-stdlib=libc++ -Wl,--as-needed" -DCMAKE_SHARED_LINKER_FLAGS=-stdlib=libc++ -DCMAKE_BUILD_TYPE=Release)
   if [[ ! -f $deps/.complete ]]; then
     rm -rf "$deps"; mkdir -p "$deps/src"
     debian_source prometheus-cpp "$deps/src/prometheus-cpp"
@@ -68,7 +68,7 @@ libcxx() {
   local b="$ROOT/build/decode-libcxx"
   log "building the decode side with clang + libc++ into $b"
   cmake -S "$ROOT" -B "$b" "${cc[@]}" -DPDBRIDGE_DECODE_SIDE=ON -DPDBRIDGE_HEADER_ONLY_LOGGING=ON \
-    -DPDBRIDGE_HTTPLIB_INCLUDE="$deps/src/cpp-httplib" -DCMAKE_PREFIX_PATH="$deps" >"$b.cmake.log" 2>&1 || { tail -30 "$b.cmake.log"; die "cmake failed"; }
+    -DPDBRIDGE_HTTPLIB_INCLUDE="$deps/src/cpp-httplib" -DCMAKE_PREFIX_PATH="$deps" -DPDBRIDGE_TEST_BUILD_DIR="$ROOT/build" >"$b.cmake.log" 2>&1 || { tail -30 "$b.cmake.log"; die "cmake failed"; }
   cmake --build "$b" -j "$JOBS" || die "the decode side does not build with clang + libc++"
   if ldd "$b/pdbridge" | grep -q 'libstdc++'; then die "$b/pdbridge links libstdc++: a dependency was not built against libc++"; fi
   ldd "$b/pdbridge" | grep -q 'libc++' || die "$b/pdbridge does not link libc++"
@@ -88,7 +88,7 @@ arm64() {
   PKG_CONFIG_LIBDIR=/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig \
     cmake -S "$ROOT" -B "$b" -DCMAKE_BUILD_TYPE=Release -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 \
       -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++ -DCMAKE_LIBRARY_ARCHITECTURE=aarch64-linux-gnu \
-      -DPDBRIDGE_DECODE_SIDE=ON >"$b.cmake.log" 2>&1 || { tail -30 "$b.cmake.log"; die "cmake failed"; }
+      -DPDBRIDGE_DECODE_SIDE=ON -DPDBRIDGE_TEST_BUILD_DIR="$ROOT/build" >"$b.cmake.log" 2>&1 || { tail -30 "$b.cmake.log"; die "cmake failed"; }
   cmake --build "$b" -j "$JOBS" || die "the aarch64 decode side does not build"
   file "$b/pdbridge" | grep -q aarch64 || die "$b/pdbridge is not an aarch64 binary"
   # run under qemu-user: a wrapper is what the test stacks start as the decode side's pdbridge

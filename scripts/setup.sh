@@ -70,29 +70,46 @@ fetch_bundle() {
   echo "$bundle"
 }
 
-build_llama() {
-  local bundle="$1"
-  local commit; commit="$(git bundle list-heads "$bundle" | awk '$2=="HEAD"{print $1}')"
-  [[ -n $commit ]] || die "cannot read HEAD from $bundle"
-  local src="$CACHE/llama-src-${commit:0:12}" out="$CACHE/llama-${commit:0:12}-$LLAMA_FLAGS_KEY"
-  if [[ ! -x $out/bin/llama-server || ! -f $out/.complete ]]; then
-    if [[ ! -d $src/.git ]]; then
-      log "cloning llama.cpp $commit from the bundle"
-      rm -rf "$src"; git -c advice.detachedHead=false clone -q "$bundle" "$src" || die "git clone of bundle failed"
-      git -C "$src" -c advice.detachedHead=false checkout -q "$commit"
-    fi
-    log "building llama.cpp ${commit:0:12} (first time: ~10 min on 2 cores) into $out"
-    cmake -S "$src" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
-      -DGGML_CUDA=OFF -DBUILD_SHARED_LIBS=OFF -DCMAKE_C_FLAGS="$LLAMA_ARCH_FLAGS" -DCMAKE_CXX_FLAGS="$LLAMA_ARCH_FLAGS" \
-      >"$out.cmake.log" 2>&1 || { tail -30 "$out.cmake.log"; die "llama.cpp cmake failed"; }
-    cmake --build "$out/build" -j "$JOBS" --target "${LLAMA_TOOLS[@]}" >"$out.build.log" 2>&1 \
-      || { tail -40 "$out.build.log"; die "llama.cpp build failed (log: $out.build.log)"; }
-    mkdir -p "$out/bin"
-    for t in "${LLAMA_TOOLS[@]}"; do cp "$out/build/bin/$t" "$out/bin/$t"; done
-    check_no_amx "$out/bin/llama-server"
-    echo "$commit" >"$out/.complete"
+bundle_commit() {
+  local commit; commit="$(git bundle list-heads "$1" | awk '$2=="HEAD"{print $1}')"
+  [[ -n $commit ]] || die "cannot read HEAD from $1"
+  echo "$commit"
+}
+
+# The llama.cpp tree of a bundle's commit, cloned once into $CACHE/llama-src-<commit12>.
+clone_bundle() {
+  local bundle="$1" commit="$2" src="$CACHE/llama-src-${2:0:12}"
+  if [[ ! -d $src/.git ]]; then
+    log "cloning llama.cpp $commit from the bundle"
+    rm -rf "$src"; git -c advice.detachedHead=false clone -q "$bundle" "$src" || die "git clone of $bundle failed"
+    git -C "$src" -c advice.detachedHead=false checkout -q "$commit"
   fi
+}
+
+# build_tools SRC OUT WHAT "EXTRA CMAKE FLAGS" TARGET...: a CPU build of llama.cpp's TARGETs into OUT/bin, once
+# (OUT/.complete holds the commit), with the set-up's flags (no AMX).
+build_tools() {
+  local src="$1" out="$2" what="$3" extra="$4"; shift 4
+  [[ -x $out/bin/llama-server && -f $out/.complete ]] && return 0
+  log "building $what into $out (first time: ~8-10 min on 2 cores)"
+  # shellcheck disable=SC2086
+  cmake -S "$src" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
+    -DGGML_CUDA=OFF -DBUILD_SHARED_LIBS=OFF -DCMAKE_C_FLAGS="$LLAMA_ARCH_FLAGS" -DCMAKE_CXX_FLAGS="$LLAMA_ARCH_FLAGS" $extra \
+    >"$out.cmake.log" 2>&1 || { tail -30 "$out.cmake.log"; die "$what: cmake failed"; }
+  cmake --build "$out/build" -j "$JOBS" --target "$@" >"$out.build.log" 2>&1 \
+    || { tail -40 "$out.build.log"; die "$what: build failed (log: $out.build.log)"; }
+  mkdir -p "$out/bin"
+  for t in "$@"; do cp "$out/build/bin/$t" "$out/bin/$t"; done
+  check_no_amx "$out/bin/llama-server"
+  git -C "$src" rev-parse HEAD >"$out/.complete"
+}
+
+build_llama() {
+  local bundle="$1" commit; commit="$(bundle_commit "$bundle")"
+  local src="$CACHE/llama-src-${commit:0:12}" out="$CACHE/llama-${commit:0:12}-$LLAMA_FLAGS_KEY"
+  clone_bundle "$bundle" "$commit"
+  build_tools "$src" "$out" "llama.cpp ${commit:0:12}" "" "${LLAMA_TOOLS[@]}"
   mkdir -p "$ROOT/build/llama"
   ln -sfn "$out/bin" "$ROOT/build/llama/bin"
   ln -sfn "$src" "$ROOT/build/llama/src"
@@ -109,55 +126,25 @@ build_llama_blas() {
   [[ ${PDBRIDGE_BLAS_DECODER:-1} == 0 ]] && { log "skipping the OpenBLAS llama-server (PDBRIDGE_BLAS_DECODER=0)"; return; }
   local commit; commit="$(cat "$ROOT/build/llama/COMMIT")"
   local src="$CACHE/llama-src-${commit:0:12}" out="$CACHE/llama-blas-${commit:0:12}-$LLAMA_FLAGS_KEY"
-  if [[ ! -x $out/bin/llama-server || ! -f $out/.complete ]]; then
-    log "building llama-server ${commit:0:12} with GGML_BLAS=ON (OpenBLAS; first time: ~8 min on 2 cores) into $out"
-    cmake -S "$src" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
-      -DGGML_CUDA=OFF -DGGML_BLAS=ON -DGGML_BLAS_VENDOR=OpenBLAS -DBUILD_SHARED_LIBS=OFF \
-      -DCMAKE_C_FLAGS="$LLAMA_ARCH_FLAGS" -DCMAKE_CXX_FLAGS="$LLAMA_ARCH_FLAGS" >"$out.cmake.log" 2>&1 \
-      || { tail -30 "$out.cmake.log"; die "llama.cpp (BLAS) cmake failed"; }
-    cmake --build "$out/build" -j "$JOBS" --target llama-server >"$out.build.log" 2>&1 \
-      || { tail -40 "$out.build.log"; die "llama.cpp (BLAS) build failed (log: $out.build.log)"; }
-    mkdir -p "$out/bin"
-    cp "$out/build/bin/llama-server" "$out/bin/llama-server"
-    check_no_amx "$out/bin/llama-server"
-    echo "$commit" >"$out/.complete"
-  fi
+  build_tools "$src" "$out" "llama-server ${commit:0:12} with GGML_BLAS=ON (OpenBLAS)" "-DGGML_BLAS=ON -DGGML_BLAS_VENDOR=OpenBLAS" llama-server
   ln -sfn "$out/bin" "$ROOT/build/llama/bin-blas"
   "$ROOT/build/llama/bin-blas/llama-server" --version >/dev/null 2>&1 || die "built OpenBLAS llama-server does not run"
   log "OpenBLAS llama-server ready in build/llama/bin-blas"
 }
 
 # Other llama.cpp releases, as users run them: the llama-server of node-llama-cpp VERSION's own bundle, for the
-# release tests (tests/releases_test.cpp) and the release matrix (docs/RESULTS.md). Cached like the pinned
+# release tests (tests/decode_side_test.cpp) and the release matrix (docs/RESULTS.md). Cached like the pinned
 # build, keyed by the bundle's commit and the flags; linked at build/llama/releases/VERSION/llama-server.
 # PDBRIDGE_RELEASES lists them (default: 3.19.1, the last release with state version 2; "" builds none).
 build_llama_release() {
   local version="$1" bundle commit
   bundle="$(NODE_LLAMA_CPP_VERSION="$version" fetch_bundle)"
-  commit="$(git bundle list-heads "$bundle" | awk '$2=="HEAD"{print $1}')"
-  [[ -n $commit ]] || die "cannot read HEAD from $bundle"
+  commit="$(bundle_commit "$bundle")"
   local src="$CACHE/llama-src-${commit:0:12}" out="$CACHE/llama-release-$version-${commit:0:12}-$LLAMA_FLAGS_KEY"
-  if [[ ! -x $out/bin/llama-server || ! -f $out/.complete ]]; then
-    if [[ ! -d $src/.git ]]; then
-      rm -rf "$src"; git -c advice.detachedHead=false clone -q "$bundle" "$src" || die "git clone of the $version bundle failed"
-      git -C "$src" -c advice.detachedHead=false checkout -q "$commit"
-    fi
-    log "building llama-server of node-llama-cpp $version (llama.cpp ${commit:0:12}; first time: ~8 min on 2 cores) into $out"
-    cmake -S "$src" -B "$out/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
-      -DGGML_CUDA=OFF -DBUILD_SHARED_LIBS=OFF -DCMAKE_C_FLAGS="$LLAMA_ARCH_FLAGS" -DCMAKE_CXX_FLAGS="$LLAMA_ARCH_FLAGS" \
-      >"$out.cmake.log" 2>&1 || { tail -30 "$out.cmake.log"; die "llama.cpp $version cmake failed"; }
-    cmake --build "$out/build" -j "$JOBS" --target llama-server >"$out.build.log" 2>&1 \
-      || { tail -40 "$out.build.log"; die "llama.cpp $version build failed (log: $out.build.log)"; }
-    mkdir -p "$out/bin"
-    cp "$out/build/bin/llama-server" "$out/bin/llama-server"
-    check_no_amx "$out/bin/llama-server"
-    echo "$commit" >"$out/.complete"
-  fi
+  clone_bundle "$bundle" "$commit"
+  build_tools "$src" "$out" "llama-server of node-llama-cpp $version (llama.cpp ${commit:0:12})" "" llama-server
   mkdir -p "$ROOT/build/llama/releases"
   ln -sfn "$out/bin" "$ROOT/build/llama/releases/$version"
-  echo "$commit" >"$out/bin/COMMIT"
   "$ROOT/build/llama/releases/$version/llama-server" --version >/dev/null 2>&1 || die "llama-server of node-llama-cpp $version does not run"
   log "llama-server of node-llama-cpp $version ready in build/llama/releases/$version"
 }
