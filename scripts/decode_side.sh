@@ -80,14 +80,28 @@ libcxx() {
 arm64() {
   [[ -x $ROOT/build/pdbridge ]] || die "build the full pdbridge first (make build): its prefill server and test models serve the test run"
   dpkg --print-foreign-architectures | grep -qx arm64 || { $SUDO dpkg --add-architecture arm64; $SUDO apt-get update -qq; }
+  # prometheus-cpp-dev:arm64 cannot sit beside the amd64 one the full build needs (installing it removes the
+  # other): its core is cross-built from Debian's source package instead
   apt_install g++-aarch64-linux-gnu qemu-user libcurl4-openssl-dev:arm64 libspdlog-dev:arm64 libfmt-dev:arm64 \
-    libcpp-httplib-dev:arm64 prometheus-cpp-dev:arm64 libxxhash-dev:arm64 libzstd-dev:arm64 libgtest-dev:arm64 libssl-dev:arm64 \
-    zlib1g-dev:arm64 libbrotli-dev:arm64 nlohmann-json3-dev libcli11-dev
+    libcpp-httplib-dev:arm64 libxxhash-dev:arm64 libzstd-dev:arm64 libgtest-dev:arm64 libssl-dev:arm64 \
+    zlib1g-dev:arm64 libbrotli-dev:arm64 nlohmann-json3-dev libcli11-dev dpkg-dev
+  local cross=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc
+    -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++ -DCMAKE_LIBRARY_ARCHITECTURE=aarch64-linux-gnu)
+  local key; key=$(dpkg-query -W -f='${Version}' g++-aarch64-linux-gnu prometheus-cpp-dev | sha256sum | cut -c1-10)
+  local deps="$CACHE/decode-arm64-$key"
+  if [[ ! -f $deps/.complete ]]; then
+    rm -rf "$deps"; mkdir -p "$deps/src"
+    debian_source prometheus-cpp "$deps/src/prometheus-cpp"
+    log "cross-building prometheus-cpp (core) for aarch64 into $deps"
+    cmake -S "$deps/src/prometheus-cpp" -B "$deps/build/prom" "${cross[@]}" -DCMAKE_INSTALL_PREFIX="$deps" -DENABLE_PULL=OFF -DENABLE_PUSH=OFF \
+      -DENABLE_COMPRESSION=OFF -DENABLE_TESTING=OFF -DUSE_THIRDPARTY_LIBRARIES=OFF -DBUILD_SHARED_LIBS=OFF >"$deps/prom.log" 2>&1 \
+      && cmake --build "$deps/build/prom" -j "$JOBS" --target install >>"$deps/prom.log" 2>&1 || { tail -30 "$deps/prom.log"; die "prometheus-cpp failed"; }
+    touch "$deps/.complete"
+  fi
   local b="$ROOT/build/decode-arm64"
   log "cross-building the decode side for aarch64 into $b"
   PKG_CONFIG_LIBDIR=/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig \
-    cmake -S "$ROOT" -B "$b" -DCMAKE_BUILD_TYPE=Release -DCMAKE_SYSTEM_NAME=Linux -DCMAKE_SYSTEM_PROCESSOR=aarch64 \
-      -DCMAKE_C_COMPILER=aarch64-linux-gnu-gcc -DCMAKE_CXX_COMPILER=aarch64-linux-gnu-g++ -DCMAKE_LIBRARY_ARCHITECTURE=aarch64-linux-gnu \
+    cmake -S "$ROOT" -B "$b" "${cross[@]}" -DCMAKE_PREFIX_PATH="$deps" \
       -DPDBRIDGE_DECODE_SIDE=ON -DPDBRIDGE_TEST_BUILD_DIR="$ROOT/build" >"$b.cmake.log" 2>&1 || { tail -30 "$b.cmake.log"; die "cmake failed"; }
   cmake --build "$b" -j "$JOBS" || die "the aarch64 decode side does not build"
   file "$b/pdbridge" | grep -q aarch64 || die "$b/pdbridge is not an aarch64 binary"
