@@ -146,6 +146,8 @@ class Front {
       // request probes again (and a real mismatch, a wrong --rope-* say, is found again there).
       spdlog::warn("front: startup layout probe: {} (the first request probes again)", e.what());
       std::lock_guard<std::mutex> l(layout_m_);
+      // a flag the bridge cannot work without is said where the operator looks (/health, doctor), not only in the log
+      if (std::string(e.what()).find("--slot-save-path") != std::string::npos) setup_.problems.push_back(e.what());
       layout_.reset();
       calibration_.clear();
       calibration_error_.clear();  // fidelity_ keeps the numbers measured, for /health and doctor

@@ -43,8 +43,8 @@ Stack::Stack(const StackOptions& o) {
   if (o.decoder_by_hand) {
     const char* env_bin = std::getenv("PDBRIDGE_LLAMA_SERVER");
     const std::string bin = !o.decoder_bin.empty() ? o.decoder_bin : env_bin && *env_bin ? env_bin : build_dir() + "/llama/bin/llama-server";
-    da = {bin, "--model", decoder_gguf, "--port",
-          std::to_string(decoder_port), "--slot-save-path", slot_dir, "--threads", "2"};
+    da = {bin, "--model", decoder_gguf, "--port", std::to_string(decoder_port), "--threads", "2"};
+    if (o.by_hand_slot_save_path) da.insert(da.end(), {"--slot-save-path", slot_dir});
     da.insert(da.end(), o.decoder_extra.begin(), o.decoder_extra.end());
   }
   decoder_argv_ = da;

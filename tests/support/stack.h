@@ -33,6 +33,7 @@ struct StackOptions {
   // llama-server started as a user would, not by `pdbridge decoder`: its own defaults plus --slot-save-path and
   // decoder_extra (no --parallel, --ctx-size, cache types or cache flags of ours).
   bool decoder_by_hand = false;
+  bool by_hand_slot_save_path = true;  // false: started without --slot-save-path (no slot can be saved or restored)
   // Called once the decoder answers, with its port and the slot dir: the URL the front door is given as --decoder
   // (a test's proxy).
   std::function<std::string(int, const std::string&)> front_decoder_url;
