@@ -60,7 +60,10 @@ std::vector<int32_t> decode_state_tokens(const std::vector<int32_t>& raw, bool* 
   if (packed) *packed = false;
   if (raw.empty() || raw[0] != -1) return raw;
   if (packed) *packed = true;
-  if (raw.size() < 3 || raw[1] != 1) throw std::runtime_error("unsupported packed token state version");
+  if (raw.size() < 3 || raw[1] != 1)
+    throw std::runtime_error(fmt::format("token encoding: the server's packed token list is version {} (pdbridge reads version 1): "
+                                         "a llama.cpp release pdbridge does not know",
+                                         raw.size() < 2 ? -1 : raw[1]));
   const uint32_t n = uint32_t(raw[2]);
   if (size_t(n) + 3 > raw.size()) throw std::runtime_error("packed token list is truncated");
   std::vector<int32_t> t(raw.begin() + 3, raw.begin() + 3 + n);

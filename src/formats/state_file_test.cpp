@@ -237,6 +237,16 @@ TEST(StateFile, WritesTheVersionItLearnedAndRefusesUnknownOnesByName) {
       EXPECT_NE(m.find(version > 3 ? "newer" : "older"), std::string::npos) << m;
     }
   }
+  try {
+    decode_state_tokens({-1, 2, 1, 7, 0}, nullptr);
+    FAIL() << "a packed token list of version 2 was read";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("token encoding"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("version 2"), std::string::npos) << e.what();
+  }
+  bool packed = false;
+  EXPECT_EQ(decode_state_tokens({-1, 1, 2, 7, 8, 0}, &packed), (std::vector<int32_t>{7, 8}));
+  EXPECT_TRUE(packed);
 }
 
 }  // namespace pdb
