@@ -19,7 +19,7 @@
 #include "prefill/backend.h"
 #include "recipes/recipe.h"
 #include "support/stack.h"
-#include "tools/verify_state.h"
+#include "formats/state_diff.h"
 
 namespace pdb {
 using json = nlohmann::json;

@@ -9,7 +9,7 @@
 #include "prefill/capture.h"
 #include "support/stack.h"
 #include "tools/bench_cold.h"
-#include "tools/verify_state.h"
+#include "formats/state_diff.h"
 
 namespace pdb {
 namespace {

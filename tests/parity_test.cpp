@@ -10,7 +10,7 @@
 #include "front/assembler.h"
 #include "prefill/capture.h"
 #include "support/stack.h"
-#include "tools/verify_state.h"
+#include "formats/state_diff.h"
 
 namespace pdb {
 namespace fs = std::filesystem;

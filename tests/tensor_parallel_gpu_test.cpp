@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "cuda/device.h"
-#include "model/reference_ops.h"
+#include "numerics/reference_ops.h"
 #include "prefill/backend.h"
 #include "support/stack.h"
 #ifdef PDBRIDGE_HAVE_CUDA

@@ -16,7 +16,7 @@
 #include "tools/bench_cold.h"
 #include "tools/doctor.h"
 #include "tools/eval_parity.h"
-#include "tools/verify_state.h"
+#include "formats/state_diff.h"
 
 namespace pdb {
 namespace {

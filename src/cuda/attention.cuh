@@ -1,7 +1,7 @@
 // Causal flash attention for prefill (FlashAttention-2 style) on sm_80+ tensor cores, bf16 in/out,
 // f32 scores and softmax statistics, GQA, head_dim 64 or 128. Keys are tiled (64 at a time) with an
 // online softmax, so memory is O(tile) whatever the context: no T x T scores anywhere.
-// CPU twin: model/reference_ops.h causal_attention_ref.
+// CPU twin: numerics/reference_ops.h causal_attention_ref.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -40,7 +40,7 @@ __device__ __forceinline__ void mma_bf16(float* d, const uint32_t* a, uint32_t b
 
 // The FP8 block quantizer's two steps (fp8.cu's activation blocks, the engine's fp8 K/V rows in
 // rope.cu): scale = amax / 448 (1 for an all-zero block), code = e4m3(x / scale), round-to-nearest-even,
-// saturating. CPU twin: model/reference_ops.h quantize_rows_fp8.
+// saturating. CPU twin: numerics/reference_ops.h quantize_rows_fp8.
 __device__ __forceinline__ float fp8_scale_for(float amax) { return amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f; }
 __device__ __forceinline__ uint8_t fp8_code(float x, float scale) {
   return uint8_t(__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3));

@@ -2,7 +2,7 @@
 // compressors' pooling, the Hadamard rotation, the routing (sqrt-softplus scores, selection bias or the hash
 // layers' table), the clamped SwiGLU, MXFP4 experts back to bf16, and the pieces of the sparse attention (the
 // keys each query sees gathered into one batch, the softmax with per-head sinks, the de-RoPE of the output).
-// CPU twins: model/deepseek4_blocks.h (hc, indexer), recipes/deepseek4.cpp (pool, rings), recipes/recipe.h
+// CPU twins: numerics/deepseek4_blocks.h (hc, indexer), recipes/deepseek4.cpp (pool, rings), recipes/recipe.h
 // (hadamard_rows), model/cpu_engine_dsv4.cpp (routing, SwiGLU, attention), formats/ggml_types.h (MXFP4).
 #pragma once
 #include <cuda_bf16.h>

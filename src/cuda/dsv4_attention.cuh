@@ -1,4 +1,4 @@
-// DeepSeek-V4's sparse attention on the tensor cores (the CPU twin: model/deepseek4_blocks.h, dsv4_attend): each
+// DeepSeek-V4's sparse attention on the tensor cores (the CPU twin: numerics/deepseek4_blocks.h, dsv4_attend): each
 // query's 64 heads against its own keys, read in place: the window rows of the positions t - W + 1 .. t, then the
 // compressed rows it sees (ratio 128: every finished block; ratio 4: the indexer's top-k, -1 for none). The rows
 // are the keys and the values (one latent head of D), the softmax has a per-head sink logit whose weight is

@@ -1,4 +1,4 @@
-// DeepSeek-V4's lightning indexer on the GPU (the CPU twin: model/deepseek4_blocks.h, dsv4_indexer_select): for
+// DeepSeek-V4's lightning indexer on the GPU (the CPU twin: numerics/deepseek4_blocks.h, dsv4_indexer_select): for
 // each query t of a ratio-4 layer, the score of every finished 4-block b visible to it (b < (t+1)/4) is
 //   sum_h w[t][h] * max(0, q[t][h] . k[b])
 // and the top_k blocks by score are the compressed rows its attention reads. The scores in one fused kernel

@@ -1,4 +1,4 @@
-// DeepSeek-V4's kernels against their CPU twins (model/deepseek4_blocks.h) on fresh random inputs: the lightning
+// DeepSeek-V4's kernels against their CPU twins (numerics/deepseek4_blocks.h) on fresh random inputs: the lightning
 // indexer (cuda/dsv4_indexer.cuh against dsv4_indexer_select: the weighted ReLU scores of every visible block, and
 // the top-k set, where a block may differ only where its score ties the k-th within the products' rounding), the
 // sparse attention (cuda/dsv4_attention.cuh against dsv4_attend), the mixes, the rotation and MXFP4. Skips without
@@ -15,7 +15,7 @@
 #include "cuda/device.h"
 #include "formats/ggml_types.h"
 #include "formats/numeric.h"
-#include "model/deepseek4_blocks.h"
+#include "numerics/deepseek4_blocks.h"
 #include "recipes/recipe.h"
 #ifdef PDBRIDGE_HAVE_CUDA
 #include "cuda/common.cuh"

@@ -1,5 +1,5 @@
 // The engine's small fused kernels: embedding gather, SwiGLU, precision conversions, and the
-// decoder's Q8_0 activation round trip. CPU twins: model/reference_ops.h.
+// decoder's Q8_0 activation round trip. CPU twins: numerics/reference_ops.h.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

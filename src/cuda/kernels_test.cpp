@@ -1,4 +1,4 @@
-// Every CUDA kernel against its CPU twin (model/reference_ops.h, model/rmsnorm.h, the codecs) on
+// Every CUDA kernel against its CPU twin (numerics/reference_ops.h, numerics/rmsnorm.h, the codecs) on
 // fresh random inputs, outputs poisoned before each run. Error budgets follow the device tool's
 // METHOD.md: bf16 operands 1e-3..1e-2 relative, f32 far under 1e-3, exact where the math is exact.
 // Runs where a GPU is present; skips (saying why) elsewhere.
@@ -11,11 +11,11 @@
 #include "cuda/device.h"
 #include "formats/ggml_types.h"
 #include "formats/numeric.h"
-#include "model/reference_ops.h"
-#include "model/rmsnorm.h"
-#include "recipes/q8_dot.h"
+#include "numerics/reference_ops.h"
+#include "numerics/rmsnorm.h"
+#include "numerics/q8_dot.h"
 #include "recipes/recipe.h"
-#include "recipes/rope_ggml.h"
+#include "numerics/rope_ggml.h"
 #ifdef PDBRIDGE_HAVE_CUDA
 #include <cuda_bf16.h>
 
@@ -83,7 +83,7 @@ TEST(CudaKernels, FlashAttentionMatchesTheF64TwinForEveryShapeAndChunk) {
 #endif
 }
 
-// The recipe's Q8_0/Q4_0 products on int8 tensor cores against the host twin (recipes/q8_dot.cpp):
+// The recipe's Q8_0/Q4_0 products on int8 tensor cores against the host twin (numerics/q8_dot.cpp):
 // the same integer block sums and the same f32 operations in the same order, so every element is
 // bit-identical; ragged rows and outputs exercise the tile edges.
 TEST(CudaKernels, Q8BlockProductIsBitIdenticalToTheRecipesHostProduct) {

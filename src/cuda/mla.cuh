@@ -4,7 +4,7 @@
 // attention.cuh's causal kernel (absorbing kv_b into the queries instead would score 576-wide rows:
 // three times the attention's products for a prompt). Kernels here: a strided bf16 RMSNorm (c_kv and
 // the q LoRA sit inside one fused product's output), the RoPE of q_pe / k_pe in ggml's NORM pair layout
-// with host-made cos/sin (the YaRN angles as llama.cpp computes them: recipes/rope_ggml.h), and the
+// with host-made cos/sin (the YaRN angles as llama.cpp computes them: numerics/rope_ggml.h), and the
 // scatter of k_nope / v into the caches. CPU twin: model/cpu_engine_mla.cpp (the same forward, absorbed).
 #pragma once
 #include <cuda_bf16.h>

@@ -12,7 +12,7 @@
 #include "cuda/device.h"
 #include "formats/numeric.h"
 #include "model/moe_ffn.h"
-#include "model/reference_ops.h"
+#include "numerics/reference_ops.h"
 #ifdef PDBRIDGE_HAVE_CUDA
 #include <cuda_bf16.h>
 

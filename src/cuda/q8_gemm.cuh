@@ -1,7 +1,7 @@
 // The recipe's products with block-quantized decoder weights (Q8_0, Q4_0), as ggml-cpu computes them:
 // the activation quantized to Q8_0, 32-element blocks multiplied in integers (int8 tensor cores,
 // mma.sync m16n8k32), each block's sum scaled by d_x * d_w and added in f32 in block order. The same
-// operations in the same order as the host's recipes/q8_dot.cpp (its twin): results are bit-identical.
+// operations in the same order as the host's numerics/q8_dot.cpp (its twin): results are bit-identical.
 #pragma once
 #include <cuda_runtime.h>
 

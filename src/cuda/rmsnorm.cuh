@@ -1,4 +1,4 @@
-// RMSNorm on the GPU: one block per row, f32 statistics. CPU twin: model/rmsnorm.h.
+// RMSNorm on the GPU: one block per row, f32 statistics. CPU twin: numerics/rmsnorm.h.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -5,7 +5,7 @@
 #include <random>
 
 #include "cuda/device.h"
-#include "model/rmsnorm.h"
+#include "numerics/rmsnorm.h"
 #ifdef PDBRIDGE_HAVE_CUDA
 #include "cuda/rmsnorm.cuh"
 #endif

@@ -3,8 +3,8 @@
 //    scaling, incl. linear/yarn/llama3), fused with the QKV split, qwen3's per-head Q/K norms and
 //    the write of K/V into the engine's cache;
 //  - the recipe's (the decoder's: ggml's pair layout and its cos/sin values, computed on the host by
-//    recipes/rope_ggml.cpp so that every angle is the decoder's to the bit).
-// CPU twins: model/reference_ops.h.
+//    numerics/rope_ggml.cpp so that every angle is the decoder's to the bit).
+// CPU twins: numerics/reference_ops.h.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

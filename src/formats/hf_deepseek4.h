@@ -16,7 +16,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "model/deepseek4_config.h"
+#include "formats/deepseek4_config.h"
 
 namespace pdb {
 

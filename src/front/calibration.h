@@ -17,7 +17,7 @@
 #include "formats/state_file.h"
 #include "formats/state_file_dsv4.h"
 #include "recipes/recipe.h"
-#include "tools/verify_state.h"
+#include "formats/state_diff.h"
 
 namespace pdb {
 

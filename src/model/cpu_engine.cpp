@@ -13,12 +13,12 @@
 #include "formats/numeric.h"
 #include "formats/safetensors.h"
 #include "formats/hf_to_gguf.h"
-#include "model/decoder_numerics.h"
+#include "numerics/decoder_numerics.h"
 #include "recipes/recipe.h"
-#include "model/gemm_lanes.h"
+#include "numerics/gemm_lanes.h"
 #include "model/cpu_engine_mla.h"
 #include "model/moe_ffn.h"
-#include "model/rmsnorm.h"
+#include "numerics/rmsnorm.h"
 
 namespace pdb {
 

@@ -12,7 +12,7 @@
 
 #include "formats/hf_config.h"
 #include "model/engine_state.h"
-#include "recipes/rope_ggml.h"
+#include "numerics/rope_ggml.h"
 
 namespace pdb {
 

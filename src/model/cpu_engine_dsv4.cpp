@@ -11,10 +11,10 @@
 #include "formats/gguf.h"
 #include "formats/hf_deepseek4.h"
 #include "formats/numeric.h"
-#include "model/deepseek4_blocks.h"
-#include "model/rmsnorm.h"
+#include "numerics/deepseek4_blocks.h"
+#include "numerics/rmsnorm.h"
 #include "recipes/recipe.h"
-#include "recipes/rope_ggml.h"
+#include "numerics/rope_ggml.h"
 
 namespace pdb {
 

@@ -19,11 +19,11 @@
 #include "common/parallel.h"
 #include "formats/safetensors.h"
 #include "model/cpu_engine_mla.h"
-#include "model/decoder_numerics.h"
-#include "model/gemm_lanes.h"
-#include "model/mla_rope.h"
-#include "model/rmsnorm.h"
-#include "recipes/rope_ggml.h"
+#include "numerics/decoder_numerics.h"
+#include "numerics/gemm_lanes.h"
+#include "numerics/mla_rope.h"
+#include "numerics/rmsnorm.h"
+#include "numerics/rope_ggml.h"
 
 namespace pdb {
 namespace {

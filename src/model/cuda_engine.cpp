@@ -258,7 +258,7 @@ CudaEngine::CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8, cuda
     }
     w_->layers.push_back(std::move(L));
   }
-  if (!c.mla()) {  // MLA's RoPE angles come from model/mla_rope.h per chunk
+  if (!c.mla()) {  // MLA's RoPE angles come from numerics/mla_rope.h per chunk
     std::vector<float> inv;
     for (double f : c.inv_freq()) inv.push_back(float(f));
     w_->inv_freq = upload_f32(inv);

@@ -27,11 +27,11 @@
 #include "formats/gguf.h"
 #include "formats/numeric.h"
 #include "model/cuda_engine_load.h"
-#include "model/deepseek4_blocks.h"
+#include "numerics/deepseek4_blocks.h"
 #include "recipes/deepseek4.h"
-#include "recipes/q8_dot.h"
+#include "numerics/q8_dot.h"
 #include "recipes/recipe.h"
-#include "recipes/rope_ggml.h"
+#include "numerics/rope_ggml.h"
 
 namespace pdb {
 

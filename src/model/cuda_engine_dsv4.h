@@ -17,7 +17,7 @@
 
 #include "formats/ggml_types.h"
 #include "model/cpu_engine_dsv4.h"
-#include "model/deepseek4_config.h"
+#include "formats/deepseek4_config.h"
 
 namespace pdb {
 

@@ -6,7 +6,7 @@
 //   c_kv = rms_norm(c_kv) * kv_a_norm;  [k_nope | v] per head = c_kv W_kv_b^T
 //   keys [k_nope_h | RoPE(k_pe)] (192), values v_h (128), queries [q_nope_h | RoPE(q_pe_h)]; scores x mscale^2/sqrt(192)
 //   h += attention W_o^T;  x = rms_norm(h) * post_norm;  h += FFN(x) (dense, or shared experts + routed experts)
-// RoPE: ggml's NORM pairs with llama.cpp's YaRN angles (model/mla_rope.h), the same as the CPU engine.
+// RoPE: ggml's NORM pairs with llama.cpp's YaRN angles (numerics/mla_rope.h), the same as the CPU engine.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -22,7 +22,7 @@
 #include "cuda/rmsnorm.cuh"
 #include "model/cuda_engine.h"
 #include "model/cuda_engine_load.h"
-#include "model/mla_rope.h"
+#include "numerics/mla_rope.h"
 
 namespace pdb {
 

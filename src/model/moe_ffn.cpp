@@ -8,8 +8,8 @@
 
 #include "common/parallel.h"
 #include "formats/numeric.h"
-#include "model/decoder_numerics.h"
-#include "model/gemm_lanes.h"
+#include "numerics/decoder_numerics.h"
+#include "numerics/gemm_lanes.h"
 
 namespace pdb {
 namespace {

@@ -1,5 +1,5 @@
 // The sharded forward's math equals the unsharded one, before any GPU runs it: one layer's attention block,
-// dense FFN and MoE FFN computed whole (the engines' CPU twins, model/reference_ops.h and model/moe_ffn.h) and
+// dense FFN and MoE FFN computed whole (the engines' CPU twins, numerics/reference_ops.h and model/moe_ffn.h) and
 // as `world` ranks would compute them with the slices tp_shard gives them, the ranks' parts summed as the
 // all-reduce sums them (rank 0 adding into the residual, the others into zeros).
 #include "model/tensor_parallel.h"
@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "model/moe_ffn.h"
-#include "model/reference_ops.h"
+#include "numerics/reference_ops.h"
 
 namespace pdb {
 namespace {

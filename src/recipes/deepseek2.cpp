@@ -9,7 +9,7 @@
 
 #include "common/parallel.h"
 #include "formats/gguf.h"
-#include "model/rmsnorm.h"
+#include "numerics/rmsnorm.h"
 #include "recipes/recipe.h"
 
 namespace pdb {

@@ -7,19 +7,19 @@
 #include <fmt/format.h>
 
 #include "formats/gguf.h"
-#include "model/deepseek4_blocks.h"
-#include "model/rmsnorm.h"
+#include "numerics/deepseek4_blocks.h"
+#include "numerics/rmsnorm.h"
 #include "formats/numeric.h"
-#include "recipes/q8_dot.h"
+#include "numerics/q8_dot.h"
 #include "recipes/recipe.h"
-#include "recipes/rope_ggml.h"
+#include "numerics/rope_ggml.h"
 
 namespace pdb {
 
 namespace {
 
 // A projection as the decoder multiplies it: a Q8_0 weight (the converter's type for DeepSeek's block-FP8
-// matrices) against the activation rounded to Q8_0, in integers per block (recipes/q8_dot.h: exact, whatever
+// matrices) against the activation rounded to Q8_0, in integers per block (numerics/q8_dot.h: exact, whatever
 // the ISA); a BF16 / F16 one against the activation rounded to that type; F32 as is.
 struct Projection {
   GgmlType type = GgmlType::F32;
@@ -193,7 +193,7 @@ Deepseek4LayerSections Deepseek4Recipe::sections_chunk(int layer, const float* x
     ggml_rope_cache(rp, pos, cs.data());
     ggml_rope_apply(rp, cs.data(), row + (width - r));
   };
-  // cur = rms_norm(sum_h pre[h] x_h) * attn_norm (the hyper-connection pre-mix, model/deepseek4_blocks.h)
+  // cur = rms_norm(sum_h pre[h] x_h) * attn_norm (the hyper-connection pre-mix, numerics/deepseek4_blocks.h)
   std::vector<float> cur(static_cast<size_t>(rows * E));
   {
     std::vector<float> pre_mix(static_cast<size_t>(E));

@@ -15,7 +15,7 @@
 
 #include "formats/ggml_types.h"
 #include "formats/state_file_dsv4.h"
-#include "model/deepseek4_config.h"
+#include "formats/deepseek4_config.h"
 
 namespace pdb {
 

@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 
 #include "formats/gguf.h"
-#include "model/rmsnorm.h"
+#include "numerics/rmsnorm.h"
 #include "recipes/recipe.h"
 
 namespace pdb {

@@ -14,8 +14,8 @@
 #include "common/parallel.h"
 #include "formats/gguf.h"
 #include "formats/numeric.h"
-#include "model/gemm_lanes.h"
-#include "model/rmsnorm.h"
+#include "numerics/gemm_lanes.h"
+#include "numerics/rmsnorm.h"
 
 namespace pdb {
 

@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "formats/ggml_types.h"
-#include "recipes/q8_dot.h"
-#include "recipes/rope_ggml.h"
+#include "numerics/q8_dot.h"
+#include "numerics/rope_ggml.h"
 
 namespace pdb {
 

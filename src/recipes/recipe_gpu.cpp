@@ -14,7 +14,7 @@
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
 #include "formats/numeric.h"
-#include "recipes/q8_dot.h"
+#include "numerics/q8_dot.h"
 
 namespace pdb {
 

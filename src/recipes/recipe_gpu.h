@@ -3,7 +3,7 @@
 // f16 x f16 products, f32 sums; BF16 likewise; F32: true f32; block-quantized weights: dequantized
 // once at load, activation through Q8_0 like ggml-cpu's vec_dot; Q8_0 and Q4_0 as ggml-cpu computes
 // them: integer block sums on int8 tensor cores, cuda/q8_gemm.cu), qwen3's K norm, and the decoder's
-// RoPE with cos/sin from recipes/rope_ggml.cpp. Weights come from the CPU recipe (one loader).
+// RoPE with cos/sin from numerics/rope_ggml.cpp. Weights come from the CPU recipe (one loader).
 // Float sums run in cuBLASLt's order, not the decoder's: rows can differ from the CPU recipe's in the
 // last bit; tests/kernels report how many elements are identical.
 #pragma once

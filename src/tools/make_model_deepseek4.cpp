@@ -18,7 +18,7 @@
 #include "formats/hf_to_gguf.h"
 #include "formats/numeric.h"
 #include "formats/safetensors.h"
-#include "model/deepseek4_config.h"
+#include "formats/deepseek4_config.h"
 #include "tools/make_model.h"
 
 namespace pdb {

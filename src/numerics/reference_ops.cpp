@@ -1,4 +1,4 @@
-#include "model/reference_ops.h"
+#include "numerics/reference_ops.h"
 
 #include <algorithm>
 #include <cmath>

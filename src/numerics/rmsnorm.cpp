@@ -1,4 +1,4 @@
-#include "model/rmsnorm.h"
+#include "numerics/rmsnorm.h"
 
 #include <cmath>
 

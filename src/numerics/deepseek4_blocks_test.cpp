@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "formats/numeric.h"
-#include "model/deepseek4_blocks.h"
+#include "numerics/deepseek4_blocks.h"
 
 namespace pdb {
 

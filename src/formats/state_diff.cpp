@@ -1,4 +1,4 @@
-#include "tools/verify_state.h"
+#include "formats/state_diff.h"
 
 #include <cmath>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "model/gemm_lanes.h"
+#include "numerics/gemm_lanes.h"
 
 #include <cmath>
 #include <stdexcept>

@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
-#include "model/decoder_numerics.h"
-#include "model/gemm_lanes.h"
+#include "numerics/decoder_numerics.h"
+#include "numerics/gemm_lanes.h"
 #include "recipes/recipe.h"
 
 namespace pdb {

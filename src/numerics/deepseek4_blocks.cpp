@@ -1,11 +1,11 @@
-#include "model/deepseek4_blocks.h"
+#include "numerics/deepseek4_blocks.h"
 
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
 #include "formats/numeric.h"
-#include "model/rmsnorm.h"
+#include "numerics/rmsnorm.h"
 
 namespace pdb {
 

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/deepseek4_config.h"
-#include "recipes/rope_ggml.h"
+#include "formats/deepseek4_config.h"
+#include "numerics/rope_ggml.h"
 
 namespace pdb {
 

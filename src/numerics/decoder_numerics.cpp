@@ -1,7 +1,7 @@
-#include "model/decoder_numerics.h"
+#include "numerics/decoder_numerics.h"
 
 #include "formats/numeric.h"
-#include "model/gemm_lanes.h"
+#include "numerics/gemm_lanes.h"
 
 #include <cmath>
 #include <cstring>

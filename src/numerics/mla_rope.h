@@ -4,7 +4,7 @@
 // engines' forwards use it (the CPU's cpu_engine_mla.cpp, the GPU's cuda_engine_mla.cpp).
 #pragma once
 #include "formats/hf_config.h"
-#include "recipes/rope_ggml.h"
+#include "numerics/rope_ggml.h"
 
 namespace pdb {
 

@@ -1,4 +1,4 @@
-// `pdbridge verify-state A B`: compares two llama.cpp sequence-state files tensor by tensor.
+// Two llama.cpp sequence-state files compared tensor by tensor: the fidelity guard's layer-0 numbers, `pdbridge verify-state`, the parity tests.
 #pragma once
 #include <cmath>
 #include <string>

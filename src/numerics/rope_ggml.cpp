@@ -1,4 +1,4 @@
-#include "recipes/rope_ggml.h"
+#include "numerics/rope_ggml.h"
 
 #include <algorithm>
 #include <cmath>

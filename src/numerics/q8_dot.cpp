@@ -1,4 +1,4 @@
-#include "recipes/q8_dot.h"
+#include "numerics/q8_dot.h"
 
 #include <cmath>
 #include <cstring>

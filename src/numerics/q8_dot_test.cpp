@@ -1,7 +1,7 @@
 // The recipe's integer path for Q8_0/Q4_0 weights: codes and scales reproduce the GGUF's values
 // exactly, the activation quantizer is ggml-cpu's, and the block product equals the f64 product of
 // the dequantized operands to f32 accuracy.
-#include "recipes/q8_dot.h"
+#include "numerics/q8_dot.h"
 
 #include <gtest/gtest.h>
 
