@@ -1,4 +1,4 @@
-// libFuzzer: the DeepSeek-V4 capture assembler (front/assembler.h, Dsv4CaptureAssembler) must reject any byte
+// libFuzzer: the DeepSeek-V4 capture assembler (cache/assembler.h, Dsv4CaptureAssembler) must reject any byte
 // stream with an error, never crash, and never commit a file that is not a DSV4 state of the capture's tokens
 // (or, after a SEAL, of their prefix).
 #include <cstdio>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "dsv4_fuzz_state.h"
-#include "front/assembler.h"
+#include "cache/assembler.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string dir = [] {

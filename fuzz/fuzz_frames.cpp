@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "front/assembler.h"
+#include "cache/assembler.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string dir = [] {

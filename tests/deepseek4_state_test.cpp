@@ -24,7 +24,7 @@
 #include "formats/hf_deepseek4.h"
 #include "formats/state_file_dsv4.h"
 #include "prefill/server.h"
-#include "front/assembler.h"
+#include "cache/assembler.h"
 #include "prefill/backend.h"
 #include "prefill/capture.h"
 #include "model/cpu_engine_dsv4.h"

@@ -10,7 +10,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "front/calibration.h"
+#include "cache/calibration.h"
 #include "recipes/recipe.h"
 #include "support/stack.h"
 

@@ -22,7 +22,7 @@
 
 #include "formats/state_file.h"
 #include "formats/state_file_dsv4.h"
-#include "front/assembler.h"
+#include "cache/assembler.h"
 #include "model/cpu_engine.h"
 #include "prefill/backend.h"
 #include "prefill/capture.h"

@@ -9,7 +9,7 @@
 
 #include "cuda/device.h"
 #include "formats/numeric.h"
-#include "front/assembler.h"
+#include "cache/assembler.h"
 #include "model/cpu_engine.h"
 #include "numerics/reference_ops.h"
 #include "prefill/backend.h"

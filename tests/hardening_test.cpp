@@ -17,7 +17,7 @@
 #include <httplib.h>
 
 #include "common/process.h"
-#include "front/assembler.h"
+#include "cache/assembler.h"
 #include "prefill/capture.h"
 #include "support/stack.h"
 

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "formats/state_file.h"
-#include "front/calibration.h"
+#include "cache/calibration.h"
 #include "model/cpu_engine.h"
 #include "prefill/backend.h"
 #include "recipes/recipe.h"

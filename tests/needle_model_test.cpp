@@ -5,7 +5,7 @@
 
 #include <random>
 
-#include "front/assembler.h"
+#include "cache/assembler.h"
 #include "prefill/capture.h"
 #include "support/stack.h"
 #include "tools/bench_cold.h"

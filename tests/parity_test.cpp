@@ -7,7 +7,7 @@
 #include <iterator>
 #include <random>
 
-#include "front/assembler.h"
+#include "cache/assembler.h"
 #include "prefill/capture.h"
 #include "support/stack.h"
 #include "formats/state_diff.h"

@@ -13,7 +13,7 @@
 #include <numeric>
 #include <thread>
 
-#include "front/assembler.h"
+#include "cache/assembler.h"
 #include "support/test_env.h"
 #include "wire/protocol.h"
 

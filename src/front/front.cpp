@@ -18,12 +18,10 @@
 
 #include "formats/gguf.h"
 #include "formats/state_file.h"
-#include "formats/state_file_dsv4.h"
 #include "common/http_stream.h"
 #include "common/http_util.h"
 #include "common/metrics.h"
-#include "front/assembler.h"
-#include "front/calibration.h"
+#include "cache/decoder_cache.h"
 #include "front/decoder_client.h"
 #include "front/decoder_setup.h"
 #include "front/state_store.h"
@@ -104,7 +102,6 @@ class Front {
     if (prefills_.empty()) throw std::invalid_argument("--prefill needs at least one URL");
     auto g = GgufFile::open(o.decoder_gguf);
     info_ = read_recipe_info(*g);
-    pooled_ = info_.arch == "deepseek4";
     fingerprint_ = recipe_fingerprint(info_);
     info_vocab_ = int64_t(g->get("tokenizer.ggml.tokens").arr.size());
     if (!fs::is_directory(o.slot_dir)) throw std::runtime_error("--slot-dir " + o.slot_dir + " is not a directory");
@@ -139,7 +136,7 @@ class Front {
     const int slot = slots_.acquire({}, &cached);
     try {
       const auto t0 = Clock::now();
-      layout(slot);
+      decoder_cache(slot);
       spdlog::info("front: decoder layout learned at startup in {:.2f}s", secs(t0));
     } catch (const std::exception& e) {
       // Not sticky: traffic sent straight to the decoder's slots can disturb a probe; the first
@@ -148,7 +145,7 @@ class Front {
       std::lock_guard<std::mutex> l(layout_m_);
       // a flag the bridge cannot work without is said where the operator looks (/health, doctor), not only in the log
       if (std::string(e.what()).find("--slot-save-path") != std::string::npos) setup_.problems.push_back(e.what());
-      layout_.reset();
+      cache_.reset();
       calibration_.clear();
       calibration_error_.clear();  // fidelity_ keeps the numbers measured, for /health and doctor
     }
@@ -156,75 +153,34 @@ class Front {
   }
 
  private:
-  // Learns the decoder's state layout with a probe on a slot we hold, and (unless disabled) checks
+  // Learns the decoder's cache (its kind's layout) with a probe on a slot we hold, and (unless disabled) checks
   // that the running decoder computes layer 0 exactly as its GGUF says.
-  StateLayout layout(int slot) {
+  std::shared_ptr<const DecoderCache> decoder_cache(int slot) {
     std::lock_guard<std::mutex> l(layout_m_);
-    if (layout_) {
+    if (cache_) {
       if (!calibration_error_.empty()) throw std::runtime_error(calibration_error_);
-      return *layout_;
+      return cache_;
     }
-    const int64_t vocab = info_vocab_;
-    std::vector<int32_t> probe = o_.calibrate ? calibration_tokens(vocab) : calibration_tokens(vocab, 4);
-    if (pooled_) return learn_dsv4_layout(slot, probe);
-    ParsedState s = dec_.probe_layout(slot, o_.slot_dir, probe);
-    if (int64_t(s.layout.n_layer()) != info_.n_layer)
-      throw std::runtime_error(fmt::format("decoder state has {} layers, its GGUF {}", s.layout.n_layer(), info_.n_layer));
-    for (const auto& L : s.layout.layers)
-      if (L.n_embd_k != info_.n_embd_kv() || L.n_embd_v != info_.n_embd_v())
-        throw std::runtime_error(fmt::format("decoder state rows ({} K / {} V elements) do not match the GGUF's ({} / {})", L.n_embd_k,
-                                             L.n_embd_v, info_.n_embd_kv(), info_.n_embd_v()));
-    spdlog::info("front: decoder state layout: {}", s.layout.describe());
-    note_setup(int(s.layout.n_stream), s.layout.file_version);
-    layout_ = s.layout;
-    calibration_error_.clear();
-    fidelity_.reset();
-    if (o_.calibrate) {
-      CalibrationOptions co;
-      if (o_.decoder_simd >= 0) { co.widths = {o_.decoder_simd}; co.width_from_operator = true; }
-      auto c = calibrate_layer0(o_.decoder_gguf, s, probe, cache_spec_for(s.layout, 0), co);
-      calibration_ = c.note;
-      fidelity_ = c;
-      spdlog::info("front: calibration {}; decoder ISA {} ({})", c.note, c.isa, c.isa_source);
-      if (c.cls == FidelityClass::mismatch)
-        calibration_error_ = "decoder calibration failed (" + c.note + "): the running llama-server does not compute what " +
-                             o_.decoder_gguf + " says (RoPE or model override?)";
+    CacheProbe probe;
+    probe.decoder_gguf = o_.decoder_gguf;
+    probe.info = info_;
+    probe.tokens = o_.calibrate ? calibration_tokens(info_vocab_) : calibration_tokens(info_vocab_, 4);
+    probe.calibrate = o_.calibrate;
+    if (o_.decoder_simd >= 0) { probe.calibration.widths = {o_.decoder_simd}; probe.calibration.width_from_operator = true; }
+    probe.attn_rot = o_.attn_rot;
+    LearnedCache learned = learn_decoder_cache(dec_.probe_state(slot, o_.slot_dir, probe.tokens), probe);
+    spdlog::info("front: decoder state layout: {}", learned.cache->describe());
+    note_setup(learned.streams, learned.state_version);
+    calibration_error_ = learned.refusal;
+    fidelity_ = learned.fidelity;
+    if (fidelity_) {
+      calibration_ = fidelity_->note;
+      spdlog::info("front: calibration {}; decoder ISA {} ({})", fidelity_->note, fidelity_->isa, fidelity_->isa_source);
     }
+    if (!learned.refusal.empty()) spdlog::warn("front: {}", learned.refusal);
+    cache_ = std::move(learned.cache);
     if (!calibration_error_.empty()) throw std::runtime_error(calibration_error_);
-    return *layout_;
-  }
-  // DeepSeek-V4: the probe's own file is the layout (formats/state_file_dsv4: its streams, types, layer lists
-  // and ring sizes), kept to plan each bridged file after it. Caller holds layout_m_.
-  StateLayout learn_dsv4_layout(int slot, const std::vector<int32_t>& probe) {
-    Dsv4State s = parse_dsv4_state_bytes(dec_.probe_state(slot, o_.slot_dir, probe), "the decoder's probe state");
-    uint32_t window_layers = 0;
-    for (const auto& st : s.swa.streams)
-      if (st.cell_count) window_layers = uint32_t(st.layers.size());
-    if (int64_t(window_layers) != info_.n_layer)
-      throw std::runtime_error(fmt::format("decoder state has {} layers, its GGUF {}", window_layers, info_.n_layer));
-    spdlog::info("front: decoder state layout: {}", s.describe());
-    note_setup(int(s.swa.streams.size()), s.file_version);
-    calibration_error_.clear();
-    fidelity_.reset();
-    if (const std::string why = dsv4_unwritable_reason(s); !why.empty()) {
-      calibration_error_ = why;  // kept like a calibration's verdict: every request is declined with it at once
-      spdlog::warn("front: {}", why);
-    } else if (o_.calibrate) {
-      auto c = calibrate_dsv4_layer0(o_.decoder_gguf, s, probe);
-      calibration_ = c.note;
-      fidelity_ = c;
-      spdlog::info("front: calibration {}", c.note);
-      if (c.cls == FidelityClass::mismatch)
-        calibration_error_ = "decoder calibration failed (" + c.note + "): the running llama-server does not compute what " +
-                             o_.decoder_gguf + " says (RoPE or model override?)";
-    }
-    // plans need the layout only: drop the probe's row bytes (each bridge copies this)
-    s.storage.clear();
-    s.storage.shrink_to_fit();
-    dsv4_like_ = std::move(s);
-    layout_ = StateLayout{};  // learned: the DSV4 layout lives in dsv4_like_
-    if (!calibration_error_.empty()) throw std::runtime_error(calibration_error_);
-    return *layout_;
+    return cache_;
   }
   // What the running server's flags mean for the bridge, now that a state it saved shows its streams. Caller holds
   // layout_m_.
@@ -237,8 +193,7 @@ class Front {
   }
   void forget_layout() {
     std::lock_guard<std::mutex> l(layout_m_);
-    layout_.reset();
-    dsv4_like_.reset();
+    cache_.reset();
     kept_.clear();  // computed for the decoder before its restart: its arithmetic may have changed with it
   }
   // A front door that was killed leaves its kept files (GBs each) in the slot dir; this one never reads them.
@@ -255,18 +210,11 @@ class Front {
     if (n) spdlog::info("front: removing {} state files an earlier front door left in {}", n, o_.slot_dir);
   }
 
-  CacheSpec cache_spec_for(const StateLayout& L, int simd_width) const {
-    CacheSpec s = CacheSpec::decoder_default(L.layers[0].k_type, L.layers[0].v_type, info_.head_dim);
-    if (o_.attn_rot == "off") s.rot_k = s.rot_v = false;
-    else if (o_.attn_rot == "on") { s.rot_k = s.rot_v = true; }
-    s.simd_width = simd_width;
-    return s;
-  }
   // The width the prefill engine mirrors: the operator's, else the one calibration found, else this host's.
-  CacheSpec cache_spec(const StateLayout& L) const {
+  int decoder_simd_width() const {
     int w = o_.decoder_simd >= 0 ? o_.decoder_simd : host_simd_width();
     if (o_.decoder_simd < 0 && fidelity_ && fidelity_->simd_width) w = fidelity_->simd_width;
-    return cache_spec_for(L, w);
+    return w;
   }
   // What the verdict header and /health say of the decoder's arithmetic (caller holds layout_m_ or a copy).
   json fidelity_summary() const {
@@ -312,9 +260,7 @@ class Front {
   std::string fingerprint_;
   SlotTable slots_;
   std::mutex layout_m_;
-  std::optional<StateLayout> layout_;
-  bool pooled_ = false;                 // DeepSeek-V4: a pooled state, bridged for T-1 tokens
-  std::optional<Dsv4State> dsv4_like_;  // its layout: a state the decoder saved
+  std::shared_ptr<const DecoderCache> cache_;  // learned from the decoder's probe state
   std::string calibration_, calibration_error_;
   std::optional<CalibrationResult> fidelity_;
   json props_ = json::object();  // the decoder's /props at connect
@@ -332,30 +278,16 @@ class Front {
 
 void Front::bridge(int slot, const std::vector<int32_t>& prompt, int64_t slot_cached, Verdict& v) {
   const auto t0 = Clock::now();
-  const StateLayout L = layout(slot);
+  const auto cache = decoder_cache(slot);
   v.t_probe = secs(t0);
   CacheSpec spec;
-  std::optional<Dsv4State> like;
   {
     std::lock_guard<std::mutex> l(layout_m_);
-    if (pooled_) {
-      if (!dsv4_like_) throw std::runtime_error("the decoder's DeepSeek-V4 layout was forgotten meanwhile (decoder restart?)");
-      like = dsv4_like_;
-      // the cache type is the window's; quantized rows are Hadamard-rotated (the recipe knows the rule)
-      uint32_t kt = 0;
-      for (const auto& st : like->swa.streams)
-        if (st.cell_count && !st.layers.empty()) kt = uint32_t(st.layers[0].type);
-      spec.k_type = spec.v_type = GgmlType(kt);
-      spec.rot_k = spec.rot_v = spec.k_type != GgmlType::F32 && spec.k_type != GgmlType::F16 && spec.k_type != GgmlType::BF16;
-      spec.simd_width = 0;
-    } else {
-      spec = cache_spec(L);
-    }
+    spec = cache->spec(decoder_simd_width());
     v.fidelity = fidelity_summary();
   }
-  // A DeepSeek-V4 decoder given a state of all T tokens prefills everything again; with T-1 it computes the
-  // last token only (tests/deepseek4_state_test.cpp): the capture and the file are of the first T-1.
-  const std::vector<int32_t> tokens(prompt.begin(), prompt.end() - (pooled_ ? 1 : 0));
+  // the capture and the file are of the tokens the decoder's cache kind mounts (the rest it computes itself)
+  const std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + cache->file_tokens(int64_t(prompt.size())));
   const int64_t T = int64_t(tokens.size());
   std::string name, held_name;
   {
@@ -374,14 +306,14 @@ void Front::bridge(int slot, const std::vector<int32_t>& prompt, int64_t slot_ca
   std::shared_ptr<const KeptStates::File> kept;
   int64_t P = 0;
   const auto th = Clock::now();
-  if (!pooled_ && o_.tail_bridge && kept_.enabled()) {
+  if (cache->carries_turns() && o_.tail_bridge && kept_.enabled()) {
     int64_t common = 0;
     kept = kept_.best(tokens, &common);
     // worth it while it covers at least half of what the slot holds (the rest is computed with the tail)
     if (kept && 2 * common >= slot_cached) {
       try {
         held = parse_state_file_mapped(kept->path);
-        P = usable_held_prefix(*held, L, tokens);
+        P = cache->usable_prefix(*held, tokens);
       } catch (const std::exception& e) {
         spdlog::warn("front: kept state {} gives no tail ({}): dropped", kept->path, e.what());
         kept_.drop(kept->path);
@@ -395,11 +327,11 @@ void Front::bridge(int slot, const std::vector<int32_t>& prompt, int64_t slot_ca
       kept.reset();
     }
   }
-  if (P == 0 && !pooled_ && o_.tail_bridge && slot_cached > 0) {
+  if (P == 0 && cache->carries_turns() && o_.tail_bridge && slot_cached > 0) {
     try {
       dec_.slot_action(slot, "save", held_name);
       held = parse_state_file_mapped(held_path);
-      P = usable_held_prefix(*held, L, tokens);
+      P = cache->usable_prefix(*held, tokens);
     } catch (const std::exception& e) {
       spdlog::warn("front: slot {}: its saved state gives no tail ({}): bridging the whole prompt", slot, e.what());
       held.reset();
@@ -431,8 +363,7 @@ void Front::bridge(int slot, const std::vector<int32_t>& prompt, int64_t slot_ca
     const PrefillServer& server = prefills_[order[attempt]];
     assembler.reset();  // removes the previous attempt's partial file before the next one takes its name
     try {
-      if (pooled_) assembler = std::make_unique<Dsv4CaptureAssembler>(path, *like, tokens, uint32_t(info_.window), fingerprint_);
-      else assembler = std::make_unique<CaptureAssembler>(path, L, tokens, fingerprint_, P);
+      assembler = cache->assembler(path, tokens, fingerprint_, P);
       // the held prefix is copied into the new file while the prefill server computes the tail
       std::string copy_error;
       std::thread copier;
@@ -440,7 +371,7 @@ void Front::bridge(int slot, const std::vector<int32_t>& prompt, int64_t slot_ca
         copier = std::thread([&] {
           try {
             const auto tc = Clock::now();
-            static_cast<CaptureAssembler&>(*assembler).copy_prefix(*held);
+            assembler->copy_prefix(*held);
             v.t_copy = secs(tc);
           } catch (const std::exception& e) { copy_error = e.what(); }
         });
@@ -520,8 +451,8 @@ void Front::bridge(int slot, const std::vector<int32_t>& prompt, int64_t slot_ca
   if (P > 0) v.tail_from = P;
   v.bridged_tokens = mounted - P;
   v.mounted_tokens = mounted;
-  // Kept for the next turn (the decoder has its own copy now); the file of a pooled state is not extended.
-  if (!pooled_ && o_.tail_bridge && kept_.enabled() && mounted > 0) {
+  // Kept for the next turn (the decoder has its own copy now), where the cache kind carries turns.
+  if (cache->carries_turns() && o_.tail_bridge && kept_.enabled() && mounted > 0) {
     std::error_code ec;
     const uint64_t bytes = fs::file_size(path, ec);
     // the next turn writes a file about this large beside it: a kept file that leaves no room for it would only
@@ -690,7 +621,7 @@ void Front::handle_generation(const std::string& path, const httplib::Request& r
   auto release = [&](std::optional<std::vector<int32_t>> holds) {
     if (!slot_released) { slots_.release(slot, std::move(holds)); slot_released = true; }
   };
-  if (v.tokens < o_.min_tokens || (pooled_ && v.tokens < 2)) v.verdict = "native: short";
+  if (v.tokens < o_.min_tokens || v.tokens < min_bridge_prompt(info_)) v.verdict = "native: short";
   else if (cached > 0 && int64_t(tokens.size() - cached) < o_.min_tail) v.verdict = "native: warm";
   else {
     try {
@@ -838,7 +769,7 @@ void Front::serve(httplib::Server& srv) {
               {"slot_dir", o_.slot_dir}, {"min_tokens", o_.min_tokens}, {"min_tail", o_.min_tail}};
     // A probe holds the layout lock for seconds on a large CPU decoder: health answers meanwhile.
     if (std::unique_lock<std::mutex> l(layout_m_, std::try_to_lock); l.owns_lock()) {
-      j["layout"] = dsv4_like_ ? json(dsv4_like_->describe()) : layout_ ? json(layout_->describe()) : json(nullptr);
+      j["layout"] = cache_ ? json(cache_->describe()) : json(nullptr);
       j["calibration"] = calibration_.empty() ? json(nullptr) : json(calibration_);
       j["calibration_error"] = calibration_error_.empty() ? json(nullptr) : json(calibration_error_);
       j["fidelity"] = fidelity_ ? fidelity_->to_json() : fidelity_summary();

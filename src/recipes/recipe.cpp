@@ -100,6 +100,7 @@ RecipeInfo read_recipe_info(const GgufFile& g) {
     if (info.n_head_kv != 1 || g.get_int_opt(a + ".attention.value_length").value_or(0) != info.kv_lora_rank)
       throw std::runtime_error("deepseek2 GGUF: an MLA cache has one KV head and value_length == kv_lora_rank");
   } else if (a == "deepseek4") {
+    info.cache_kind = CacheKind::pooled_sections;
     for (const auto& v : g.get(a + ".attention.compress_ratios").arr) info.compress_ratios.push_back(int32_t(v.u));
     info.window = g.get_int(a + ".attention.sliding_window");
     info.index_dim = g.get_int(a + ".attention.indexer.key_length");

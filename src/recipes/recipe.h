@@ -39,8 +39,12 @@ struct RecipeWeight {
   Q8Matrix q8;                    // Q8_0/Q4_0: the GGUF's codes and scales (the integer path), else empty
 };
 
+// How the decoder caches a prompt (src/cache/decoder_cache.h): a row per token and layer, or pooled sections.
+enum class CacheKind { token_rows, pooled_sections };
+
 struct RecipeInfo {
   std::string arch;
+  CacheKind cache_kind = CacheKind::token_rows;
   int64_t n_layer = 0, n_embd = 0, n_head_kv = 0, head_dim = 0;
   float norm_eps = 1e-5f;
   GgmlRopeParams rope;

@@ -13,7 +13,7 @@
 
 #include "common/process.h"
 #include "formats/gguf.h"
-#include "front/calibration.h"
+#include "cache/calibration.h"
 #include "tools/eval_parity.h"
 #include "decoder/launcher.h"
 #include "front/decoder_client.h"

@@ -9,7 +9,7 @@
 
 #include <httplib.h>
 
-#include "front/assembler.h"
+#include "cache/assembler.h"
 #include "prefill/capture.h"
 #include "tools/make_model.h"
 

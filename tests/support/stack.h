@@ -1,7 +1,7 @@
 // The whole bridge as real processes on loopback: llama-server (via `pdbridge decoder`), the
 // prefill server and the front door, each on a free port, stopped on destruction.
 #pragma once
-#include "front/calibration.h"
+#include "cache/calibration.h"
 #include <functional>
 #include <memory>
 #include <optional>

@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,8 @@ class StateAssembler {
  public:
   virtual ~StateAssembler() = default;
   virtual void feed(const uint8_t* data, size_t n) = 0;  // throws wire::Error on any bad frame
+  // A tail capture's first tokens from `held`, the decoder's own state of them (a kind without tails throws).
+  virtual void copy_prefix(const ParsedState& held) { throw std::logic_error("this cache kind takes no held prefix"); }
   // Checks the trailer and every section's coverage and puts the state file in place (a sealed capture: the
   // valid prefix). Returns the tokens the file holds. Throws with the reason; then no file is left.
   virtual int64_t commit() = 0;
@@ -43,7 +46,7 @@ class CaptureAssembler final : public StateAssembler {
   // Writes the rows of positions [0, tail_from) from `held` (the slot's state as the decoder saved it, whose
   // tokens agree with the prompt's there): may run on another thread while frames arrive (other offsets of the
   // same file). Throws if `held` has another layout or lacks one of those positions.
-  void copy_prefix(const ParsedState& held);
+  void copy_prefix(const ParsedState& held) override;
   void feed(const uint8_t* data, size_t n) override;  // throws wire::Error on any bad frame
   int64_t commit() override { return partial() ? finish_partial(path_) : (finish(), T_); }
   // Checks the trailer and coverage, then renames the file into place. Throws with the reason.

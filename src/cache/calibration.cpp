@@ -1,4 +1,4 @@
-#include "front/calibration.h"
+#include "cache/calibration.h"
 
 #include <cstring>
 #include <thread>

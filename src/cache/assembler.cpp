@@ -1,4 +1,4 @@
-#include "front/assembler.h"
+#include "cache/assembler.h"
 
 #include <algorithm>
 #include <cstring>
