@@ -1,4 +1,5 @@
 #include "cuda/attention.cuh"
+#include "common/tuning.h"
 
 #include <cstdlib>
 #include <stdexcept>
@@ -216,10 +217,11 @@ AttentionTuning AttentionTuning::from_env() {
   static const AttentionTuning t = [] {
     AttentionTuning r;
     // Naming a shape of the mma.sync kernel selects that kernel.
-    if (const char* e = std::getenv("PDBRIDGE_ATTN_WARPS"); e && std::string(e) == "4") r.warps = 4, r.wgmma = false;
-    if (const char* e = std::getenv("PDBRIDGE_ATTN_KTILE"); e && std::string(e) == "128") r.key_tile = 128, r.wgmma = false;
-    if (const char* e = std::getenv("PDBRIDGE_ATTN_WGMMA"); e && std::string(e) == "0") r.wgmma = false;
-    if (const char* e = std::getenv("PDBRIDGE_ATTN_WGMMA"); e && std::string(e) == "1") r.schedule = WgmmaSchedule::kLockstep;
+    const Tuning t = Tuning::from_env();
+    if (t.attn_warps == "4") r.warps = 4, r.wgmma = false;
+    if (t.attn_ktile == "128") r.key_tile = 128, r.wgmma = false;
+    if (t.attn_wgmma == "0") r.wgmma = false;
+    if (t.attn_wgmma == "1") r.schedule = WgmmaSchedule::kLockstep;
     return r;
   }();
   return t;

@@ -1,4 +1,5 @@
 #include "cuda/grouped_gemm.cuh"
+#include "common/tuning.h"
 
 #include <cublas_v2.h>
 
@@ -24,8 +25,9 @@ GroupedGemm::GroupedGemm(bool per_expert) : loop_(per_expert) {
   check(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "math mode");  // f32 accumulation, no TF32 (bf16 operands anyway)
   PDB_CUDA_CHECK(cudaEventCreateWithFlags(&ptrs_copied_, cudaEventDisableTiming));
   PDB_CUDA_CHECK(cudaEventRecord(ptrs_copied_, nullptr));
-  if (const char* e = std::getenv("PDBRIDGE_MOE_GEMM"); e && std::string(e) == "loop") loop_ = true;
-  if (const char* e = std::getenv("PDBRIDGE_MOE_GEMM"); e && std::string(e) == "grouped") loop_ = false;
+  const std::string choice = Tuning::from_env().moe_gemm;
+  if (choice == "loop") loop_ = true;
+  if (choice == "grouped") loop_ = false;
 }
 
 GroupedGemm::~GroupedGemm() {

@@ -1,4 +1,5 @@
 #include "formats/state_file.h"
+#include "common/tuning.h"
 #include "formats/state_file_dsv4.h"
 #include "formats/state_file_reader.h"
 
@@ -231,9 +232,8 @@ StateFileWriter::StateFileWriter(const std::string& path, const StateLayout& lay
     abandon();
     throw std::runtime_error(fmt::format("cannot size {} to {} bytes: {}", partial_, geo_.total_bytes(), std::strerror(e)));
   }
-  const char* force = std::getenv("PDBRIDGE_STATE_PWRITE");  // the A/B switch
   struct statvfs sv{};
-  if (mode == WriteMode::Auto && !(force && std::string(force) == "1") && geo_.total_bytes() > 0 && fstatvfs(fd_, &sv) == 0 &&
+  if (mode == WriteMode::Auto && Tuning::from_env().state_pwrite != "1" && geo_.total_bytes() > 0 && fstatvfs(fd_, &sv) == 0 &&
       uint64_t(sv.f_bavail) * uint64_t(sv.f_frsize) >= 2 * geo_.total_bytes()) {
     void* m = mmap(nullptr, size_t(geo_.total_bytes()), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
     if (m != MAP_FAILED) map_ = static_cast<uint8_t*>(m);

@@ -1,4 +1,5 @@
 #include "model/cuda_engine.h"
+#include "common/tuning.h"
 
 #include <cuda_bf16.h>
 
@@ -166,7 +167,7 @@ std::string fp8_unsupported(const HfConfig& c, const SafetensorsCheckpoint& ck) 
     if (d % 128) return fmt::format("a dimension of {} is not a multiple of 128", d);
   for (const char* n : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
     if (ck.get(fmt::format("model.layers.0.{}.weight", n)).dtype != StDtype::F8_E4M3) return fmt::format("{} is not F8_E4M3", n);
-  if (const char* e = std::getenv("PDBRIDGE_FP8"); e && std::string(e) == "0") return "PDBRIDGE_FP8=0";
+  if (Tuning::from_env().fp8 == "0") return "PDBRIDGE_FP8=0";
   return "";
 }
 
@@ -191,7 +192,7 @@ CudaEngine::CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8, cuda
   if (cuda::device_count() == 0) throw std::runtime_error("CUDA engine: no CUDA device");
   if (kv_fp8 && c.mla()) throw std::runtime_error("CUDA engine: fp8 K/V is not implemented for MLA (deepseek2)");
   if (kv_fp8) {
-    if (const char* e = std::getenv("PDBRIDGE_FP8KV_FUSED"); e && std::string(e) == "1") fp8kv_fused_ = true;
+    if (Tuning::from_env().fp8kv_fused == "1") fp8kv_fused_ = true;
     cuda::AttentionShape probe;
     probe.head_dim = int(c.head_dim);
     if (!cuda::wgmma_attention_supported(probe))

@@ -1,4 +1,5 @@
 #include "model/cuda_engine_dsv4.h"
+#include "common/tuning.h"
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -391,8 +392,7 @@ std::unique_ptr<Deepseek4CudaEngine> Deepseek4CudaEngine::random(const Deepseek4
   };
   I.embed = f32(c.vocab * E, 1.0f, 0.0f);
   std::mt19937 rng{static_cast<uint32_t>(seed)};
-  const char* ex = std::getenv("PDBRIDGE_DSV4_EXPERTS");
-  const bool bf16_experts = ex && std::string(ex) == "bf16";
+  const bool bf16_experts = Tuning::from_env().dsv4_experts == "bf16";
   for (int64_t l = 0; l < c.layers; ++l) {
     Impl::Layer L;
     L.ratio = c.compress_ratios.at(size_t(l));
@@ -511,13 +511,10 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
   // PDBRIDGE_DSV4_EXPAND=inline select the paths before them (the same-run A/B of the benchmark). The indexer
   // in FP8 by default, as DeepSeek runs it: at V4-Flash's shapes it keeps 95-98% of the bf16 top-512 and what it
   // swaps sits within 0.2 score SDs of the k-th (docs/RESULTS.md, on random operands: the hard case of many ties).
-  auto env_is = [](const char* name, const char* value) {
-    const char* e = std::getenv(name);
-    return e && std::string(e) == value;
-  };
-  const bool fp8_idx = cuda::indexer_scores_fp8_supported(int(Hi), int(Id)) && !env_is("PDBRIDGE_DSV4_INDEXER", "bf16") &&
-                       !env_is("PDBRIDGE_DSV4_INDEXER", "gemm");
-  const bool fused_idx = fp8_idx || (cuda::indexer_scores_supported(int(Hi), int(Id)) && !env_is("PDBRIDGE_DSV4_INDEXER", "gemm"));
+  const Tuning tuning = Tuning::from_env();
+  const bool fp8_idx = cuda::indexer_scores_fp8_supported(int(Hi), int(Id)) && tuning.dsv4_indexer != "bf16" &&
+                       tuning.dsv4_indexer != "gemm";
+  const bool fused_idx = fp8_idx || (cuda::indexer_scores_supported(int(Hi), int(Id)) && tuning.dsv4_indexer != "gemm");
   // per-prompt state
   for (auto& L : I.layers) {
     Impl::grow(L.win, size_t(W + chunk) * D * 2);
@@ -593,14 +590,14 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
   }
   I.counts_host.resize(size_t(NE) * 4);
   const GgmlRopeParams rp_plain = dsv4_rope(c, 0), rp_comp = dsv4_rope(c, 4);
-  const bool fused_attn = cuda::dsv4_sparse_attention_supported(int(H), int(D)) && !env_is("PDBRIDGE_DSV4_ATTN", "gather");
-  const bool side_expansion = !env_is("PDBRIDGE_DSV4_EXPAND", "inline");  // =inline: in the MoE, as before
+  const bool fused_attn = cuda::dsv4_sparse_attention_supported(int(H), int(D)) && tuning.dsv4_attn != "gather";
+  const bool side_expansion = tuning.dsv4_expand != "inline";  // =inline: in the MoE, as before
   // PDBRIDGE_DSV4_EXPERTS_FP8=1: the routed experts as FP8 products where the library has the block-scaled
   // product, the widths are multiples of 128 and a layer's FP4 values fit its e4m3 tiles exactly (looked at once
   // per layer). Not the default: at V4-Flash's shapes cuBLASLt's block-scaled products per expert took 17.2 ms per
   // 32K-token layer against the bf16 products' 15.9 (docs/RESULTS.md), and the activations lose bits.
   bool fp8_experts = false;
-  if (I.fp4 && E % 128 == 0 && F % 128 == 0 && env_is("PDBRIDGE_DSV4_EXPERTS_FP8", "1")) {
+  if (I.fp4 && E % 128 == 0 && F % 128 == 0 && tuning.dsv4_experts_fp8 == "1") {
     if (!I.fp8_probed) {
       I.fp8_probed = true;
       I.fp8 = cuda::probe_fp8_layout(I.gemm, &I.fp8_note);

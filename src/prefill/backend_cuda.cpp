@@ -7,6 +7,7 @@
 // and Q4_0 caches are rotated and encoded on the GPU and leave in their final bytes; other cache
 // types leave as f32 and are rotated and quantized on the host by the CPU recipe's code.
 #include <condition_variable>
+#include "common/tuning.h"
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -40,7 +41,7 @@ class CudaBackend final : public PrefillBackend {
       : recipe_(std::move(recipe)), engine_(hf_dir, threads, kv_fp8, tp, tp_shared_device), gpu_recipe_(*recipe_, recipe_gemm_, max_chunk), max_chunk_(max_chunk),
         threads_(threads) {
     PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
-    if (const char* e = std::getenv("PDBRIDGE_RECIPE_STREAM"); e && std::string(e) == "1")
+    if (Tuning::from_env().recipe_stream == "1")
       PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&recipe_stream_, cudaStreamNonBlocking));
     for (int i = 0; i < kNormBuffers; ++i) {
       normed_[i].resize(size_t(max_chunk * recipe_->info().n_embd) * 4);

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "cache/cache_kind.h"
+
 namespace pdb {
 
 CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::PrefillRequest& req, int64_t chunk,
@@ -23,11 +25,12 @@ CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& r
                           PrefixCache* cache) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto& info = backend.info();
-  const bool pooled = info.arch == "deepseek4";  // sections (docs/WIRE.md), not one K/V row per token
+  const CacheKindTraits& kind = cache_kind_traits(info.cache_kind);
   CacheSpec spec{req.k_type, req.v_type, req.rot_k, req.rot_v, req.simd_width};
   const int64_t T = int64_t(req.tokens.size());
   CaptureResult res;
-  if (pooled && req.tail_from > 0) throw std::invalid_argument("a pooled cache (DeepSeek-V4) is captured whole: tail_from must be 0");
+  if (!kind.per_token_rows && req.tail_from > 0)
+    throw std::invalid_argument(fmt::format("a pooled cache ({}) is captured whole: tail_from must be 0", info.arch));
   // Rows before send_from are the decoder's already; the engine may resume after a cached prefix of them.
   const int64_t send_from = req.tail_from;
   CaptureReuse reuse;
@@ -59,10 +62,10 @@ CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& r
                         {"n_layer", info.n_layer}, {"n_embd_kv", info.n_embd_kv()},
                         {"k_type", ggml_type_name(spec.k_type)}, {"v_type", ggml_type_name(spec.v_type)},
                         {"k_row_bytes", ggml_row_bytes(spec.k_type, info.n_embd_kv())},
-                        {"v_row_bytes", info.n_embd_v() && !pooled ? ggml_row_bytes(spec.v_type, info.n_embd_v()) : 0},
-                        {"rot_k", spec.rot_k}, {"rot_v", spec.rot_v}, {"chunk", chunk}, {"cache", pooled ? "dsv4" : "kv"},
+                        {"v_row_bytes", info.n_embd_v() && kind.per_token_rows ? ggml_row_bytes(spec.v_type, info.n_embd_v()) : 0},
+                        {"rot_k", spec.rot_k}, {"rot_v", spec.rot_v}, {"chunk", chunk}, {"cache", kind.wire_name},
                         {"tail_from", send_from}, {"prefix_reused", reuse.resume_tokens}};
-    if (pooled) h["window"] = info.window;
+    if (!kind.per_token_rows) h["window"] = info.window;
     wire::encode_json_frame(wire::FrameKind::Hello, h, hello);
     if (emit(std::move(hello), true) == Emit::Gone) aborted = true;
   }
@@ -78,7 +81,7 @@ CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& r
           [&](const KvBlock& whole) {
             // K/V rows the decoder holds (a backend that computed them anyway) are not sent
             KvBlock b = whole;
-            if (!pooled && b.seal_tokens == 0 && b.pos0 < send_from) {
+            if (b.k && b.seal_tokens == 0 && b.pos0 < send_from) {
               if (b.pos0 + b.rows <= send_from) {
                 if (b.layer == info.n_layer - 1) done = std::max(done, b.pos0 + b.rows);
                 return true;
@@ -114,7 +117,7 @@ CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& r
               if (emit(std::move(frame), true) == Emit::Gone) { aborted = true; return false; }
               return true;
             }
-            if (pooled) {
+            if (!b.k) {  // a pooled cache's sections
               encode_sections(b, frame);
             } else {
               fh.pos0 = uint32_t(b.pos0);

@@ -17,14 +17,14 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "arch/architectures.h"
+#include "cache/cache_kind.h"
 #include "common/http_util.h"
 #include "common/metrics.h"
 #include "common/parallel.h"
 #include "cuda/device.h"
 #include "formats/gguf.h"
 #include "formats/hf_config.h"
-#include "formats/hf_deepseek4.h"
-#include "recipes/deepseek4.h"
 #include "prefill/capture.h"
 #include "prefill/prefix_cache.h"
 
@@ -138,74 +138,18 @@ int64_t mem_available_mb() {
 std::vector<std::string> config_mismatches(const std::string& hf_dir, const std::string& gguf) {
   auto g = GgufFile::open(gguf);
   const RecipeInfo ri = read_recipe_info(*g);
-  std::vector<std::string> out;
-  if (ri.arch == "deepseek4") {
-    // every field of the model (config.json's, or another GGUF's keys) against the decoder GGUF's
-    const Deepseek4Config dec = deepseek4_config_from_gguf(*g);
-    const Deepseek4Config eng = std::filesystem::is_directory(hf_dir) ? Deepseek4Checkpoint::open(hf_dir)->config()
-                                                                      : deepseek4_config_from_gguf(*GgufFile::open(hf_dir));
-    for (const auto& d : deepseek4_config_differences(eng, dec)) out.push_back(fmt::format("{} (model vs GGUF)", d));
-    return out;
-  }
-  const HfConfig hc = HfConfig::load(hf_dir);
-  auto differ = [&](const std::string& what, double hf, double dec, double tol) {
-    if (std::fabs(hf - dec) > tol * std::max(1.0, std::fabs(hf))) out.push_back(fmt::format("{}: config.json {} vs GGUF {}", what, hf, dec));
-  };
-  if (hc.arch != ri.arch) out.push_back(fmt::format("architecture: config.json {} vs GGUF {}", hc.arch, ri.arch));
-  differ("layers", double(hc.num_layers), double(ri.n_layer), 0);
-  differ("hidden size", double(hc.hidden_size), double(ri.n_embd), 0);
-  if (hc.mla()) {  // the decoder caches one latent row: kv_lora_rank + rope dims, one "head"
-    differ("kv_lora_rank", double(hc.kv_lora_rank), double(ri.kv_lora_rank), 0);
-    differ("qk_rope_head_dim", double(hc.qk_rope_head_dim), double(ri.rope.n_dims), 0);
-    differ("cache row width", double(hc.kv_lora_rank + hc.qk_rope_head_dim), double(ri.head_dim), 0);
-  } else {
-    differ("kv heads", double(hc.num_kv_heads), double(ri.n_head_kv), 0);
-    differ("head dim", double(hc.head_dim), double(ri.head_dim), 0);
-  }
-  differ("rms_norm_eps", hc.rms_norm_eps, ri.norm_eps, 1e-6);
-  differ("rope_theta", hc.rope_theta, ri.rope.freq_base, 1e-6);
-  if (hc.moe()) {  // the experts never reach the cache, but an engine routing differently computes another model
-    const std::string a = ri.arch;
-    differ("num_experts", double(hc.num_experts), double(g->get_int_opt(a + ".expert_count").value_or(0)), 0);
-    differ("num_experts_per_tok", double(hc.num_experts_per_tok), double(g->get_int_opt(a + ".expert_used_count").value_or(0)), 0);
-    differ("moe_intermediate_size", double(hc.moe_intermediate_size), double(g->get_int_opt(a + ".expert_feed_forward_length").value_or(0)), 0);
-  }
-  const auto& rs = hc.rope_scaling;
-  const auto& r = ri.rope;
-  const bool gguf_linear_or_yarn = r.freq_scale != 1.0f;
-  if (rs.type == RopeScalingType::Linear || rs.type == RopeScalingType::Yarn) {
-    differ("rope_scaling.factor", rs.factor, 1.0 / r.freq_scale, 1e-5);
-    if ((rs.type == RopeScalingType::Yarn) != (r.ext_factor != 0.0f)) out.push_back("rope_scaling type: yarn on one side only");
-    if (rs.type == RopeScalingType::Yarn) differ("rope_scaling.original_max_position_embeddings", double(rs.original_max_position_embeddings), double(r.n_ctx_orig), 0);
-  } else if (gguf_linear_or_yarn) {
-    out.push_back(fmt::format("rope scaling: config.json has {} but the GGUF scales frequencies by {}", rope_scaling_name(rs.type), r.freq_scale));
-  }
-  if (rs.type == RopeScalingType::Llama3) {
-    if (r.freq_factors.empty()) out.push_back("rope_scaling llama3 in config.json but the GGUF has no rope_freqs");
-    else {
-      // the GGUF's factors are the divisors of theta; HF's inv_freq = base^(-2i/d) / factor_i
-      const auto inv = hc.inv_freq();
-      for (size_t i = 0; i < inv.size() && i < r.freq_factors.size(); ++i) {
-        const double base_f = 1.0 / std::pow(hc.rope_theta, double(2 * i) / double(hc.head_dim));
-        if (std::fabs(base_f / inv[i] - r.freq_factors[i]) > 1e-3 * r.freq_factors[i]) {
-          out.push_back(fmt::format("rope_freqs[{}]: config.json implies {} vs GGUF {}", i, base_f / inv[i], r.freq_factors[i]));
-          break;
-        }
-      }
-    }
-  } else if (!r.freq_factors.empty()) {
-    out.push_back("the GGUF has rope_freqs (llama3 scaling) but config.json does not scale");
-  }
-  return out;
+  return architecture(ri.arch).config_mismatches(hf_dir, *g, ri);
 }
 
 int run_prefill_server(const PrefillServerOptions& o) {
   if (o.device != "cpu" && o.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda");
   check_kv_dtype(o.device, o.kv_dtype);
-  const bool dsv4 = read_recipe_info(*GgufFile::open(o.recipe)).arch == "deepseek4";
+  const RecipeInfo decoder_info = read_recipe_info(*GgufFile::open(o.recipe));
+  const Architecture& arch = architecture(decoder_info.arch);
   if (o.tp < 1) throw std::invalid_argument("--tp must be at least 1");
-  if (o.tp > 1 && (o.device != "cuda" || dsv4))
-    throw std::invalid_argument("--tp > 1 needs --device cuda and a llama, qwen3 or qwen3moe model (DeepSeek-V4 and MLA are not split yet)");
+  if (o.tp > 1 && (o.device != "cuda" || !arch.tensor_parallel))
+    throw std::invalid_argument(fmt::format("--tp > 1 needs --device cuda and a model the CUDA engine splits ({}); {} is not split yet",
+                                            tensor_parallel_architectures(), arch.name));
   const auto mism = config_mismatches(o.model, o.recipe);
   for (const auto& m : mism) spdlog::error("prefill: config mismatch: {}", m);
   if (!mism.empty() && !o.allow_config_mismatch)
@@ -213,16 +157,18 @@ int run_prefill_server(const PrefillServerOptions& o) {
                                          mism.size(), o.model, o.recipe, mism[0]));
   const int threads = o.threads > 0 ? o.threads : default_threads();
   spdlog::info("prefill: loading model {} and recipe {}", o.model, o.recipe);
-  std::shared_ptr<const Recipe> recipe;
-  std::shared_ptr<PrefillBackend> engine;
   const int64_t default_chunk = o.chunk > 0 ? o.chunk : o.device == "cuda" ? 4096 : 512;
-  if (dsv4) {
-    engine = o.device == "cuda" ? make_cuda_dsv4_backend(o.recipe, o.model) : make_cpu_dsv4_backend(o.recipe, o.model);
-  } else {
-    recipe = Recipe::load(o.recipe, threads);
-    if (o.device == "cuda") engine = make_cuda_backend(o.model, recipe, threads, default_chunk, o.kv_dtype == "fp8", o.tp, o.tp_one_gpu);
-    else engine = make_cpu_backend(std::make_shared<CpuEngine>(o.model, threads), recipe, !o.cpu_fast);
-  }
+  BackendOptions bo;
+  bo.model = o.model;
+  bo.recipe = o.recipe;
+  bo.device = o.device;
+  bo.kv_dtype = o.kv_dtype;
+  bo.threads = threads;
+  bo.chunk = default_chunk;
+  bo.tp = o.tp;
+  bo.tp_one_gpu = o.tp_one_gpu;
+  bo.faithful = !o.cpu_fast;
+  std::shared_ptr<PrefillBackend> engine = arch.make_backend(bo);
   spdlog::info("prefill: engine on {} ({})", engine->device(), engine->weights().empty() ? "weights as loaded" : engine->weights());
   const auto& ri = engine->info();
   const auto& hc = engine->config();
@@ -318,9 +264,9 @@ int run_prefill_server(const PrefillServerOptions& o) {
       reject_counter("too_long").Increment();
       return json_error(res, 413, fmt::format("{} tokens exceed this server's limit of {}", pr.tokens.size(), o.max_tokens), "invalid_request_error");
     }
-    if (pr.tail_from > 0 && dsv4) {
+    if (pr.tail_from > 0 && !cache_kind_traits(ri.cache_kind).per_token_rows) {
       reject_counter("bad_request").Increment();
-      return json_error(res, 400, "tail_from: a DeepSeek-V4 (pooled) state is captured whole; send tail_from 0", "invalid_request_error");
+      return json_error(res, 400, fmt::format("tail_from: a pooled cache ({}) is captured whole; send tail_from 0", ri.arch), "invalid_request_error");
     }
     for (int32_t t : pr.tokens)
       if (t >= hc.vocab_size) {

@@ -1,5 +1,7 @@
 #include "tools/bench_prefill.h"
 
+#include "arch/architectures.h"
+
 #include <algorithm>
 #include <chrono>
 #include <fstream>
@@ -36,12 +38,18 @@ double seconds(F&& f) {
 
 int run_bench_prefill(const BenchPrefillOptions& o) {
   const int threads = o.threads > 0 ? o.threads : default_threads();
-  std::shared_ptr<const Recipe> recipe = Recipe::load(o.recipe, threads);
-  std::unique_ptr<PrefillBackend> be;
   check_kv_dtype(o.device, o.kv_dtype);
-  if (o.device == "cuda") be = make_cuda_backend(o.model, recipe, threads, o.chunk, o.kv_dtype == "fp8", o.tp, o.tp_one_gpu);
-  else if (o.device == "cpu") be = make_cpu_backend(std::make_shared<CpuEngine>(o.model, threads), recipe);
-  else throw std::invalid_argument("--device must be cuda or cpu");
+  if (o.device != "cuda" && o.device != "cpu") throw std::invalid_argument("--device must be cuda or cpu");
+  BackendOptions bo;
+  bo.model = o.model;
+  bo.recipe = o.recipe;
+  bo.device = o.device;
+  bo.kv_dtype = o.kv_dtype;
+  bo.threads = threads;
+  bo.chunk = o.chunk;
+  bo.tp = o.tp;
+  bo.tp_one_gpu = o.tp_one_gpu;
+  std::unique_ptr<PrefillBackend> be = architecture(read_recipe_info(*GgufFile::open(o.recipe)).arch).make_backend(bo);
   const auto& c = be->config();
   const double H = double(c.hidden_size), F = double(c.intermediate_size), D = double(c.head_dim), NH = double(c.num_heads),
                KV = double(c.num_kv_heads), L = double(c.num_layers);
@@ -68,7 +76,7 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
   const auto ctype = ggml_type_from_name(o.cache_type);
   if (!ctype) throw std::invalid_argument("--cache-type: unknown type " + o.cache_type);
   const GgmlType ct = *ctype;
-  const CacheSpec spec = CacheSpec::decoder_default(ct, ct, recipe->info().head_dim);
+  const CacheSpec spec = CacheSpec::decoder_default(ct, ct, be->info().head_dim);
   uint64_t seed = o.seed ? o.seed : uint64_t(std::chrono::system_clock::now().time_since_epoch().count());
   std::ofstream out(o.out, std::ios::app);
   std::printf("# pdbridge bench prefill: %s, %s, %s; chunk %lld; cache %s; bf16 GEMM rate measured now: %.0f TFLOP/s\n", be->device().c_str(),
@@ -110,7 +118,7 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
         } else if (m.name == "engine+recipe+frames") {
           wire::PrefillRequest req;
           req.tokens = std::move(toks);
-          req.fingerprint = recipe_fingerprint(recipe->info());
+          req.fingerprint = recipe_fingerprint(be->info());
           req.k_type = spec.k_type; req.v_type = spec.v_type; req.rot_k = spec.rot_k; req.rot_v = spec.rot_v;
           req.simd_width = host_simd_width() ? host_simd_width() : 8;
           CaptureResult cr;

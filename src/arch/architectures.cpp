@@ -1,0 +1,127 @@
+// The architecture table: every architecture the prefill side runs, its engine (the prefill backend it makes on each
+// device), whether the CUDA engine splits it over GPUs, and how its model's config is checked against the decoder's
+// GGUF. The prefill server and the benchmarks make their backend here and never ask which architecture runs.
+#include "arch/architectures.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "formats/deepseek4_config.h"
+#include "formats/hf_config.h"
+#include "formats/hf_deepseek4.h"
+#include "model/cpu_engine.h"
+#include "recipes/deepseek4.h"
+
+namespace pdb {
+namespace {
+
+// An HF checkpoint's config.json against the decoder GGUF: layers, heads, head size, norm eps, every RoPE parameter;
+// MoE: the experts; MLA: the latent row.
+std::vector<std::string> hf_config_mismatches(const std::string& hf_dir, const GgufFile& gguf, const RecipeInfo& ri) {
+  const GgufFile* g = &gguf;
+  std::vector<std::string> out;
+  const HfConfig hc = HfConfig::load(hf_dir);
+  auto differ = [&](const std::string& what, double hf, double dec, double tol) {
+    if (std::fabs(hf - dec) > tol * std::max(1.0, std::fabs(hf))) out.push_back(fmt::format("{}: config.json {} vs GGUF {}", what, hf, dec));
+  };
+  if (hc.arch != ri.arch) out.push_back(fmt::format("architecture: config.json {} vs GGUF {}", hc.arch, ri.arch));
+  differ("layers", double(hc.num_layers), double(ri.n_layer), 0);
+  differ("hidden size", double(hc.hidden_size), double(ri.n_embd), 0);
+  if (hc.mla()) {  // the decoder caches one latent row: kv_lora_rank + rope dims, one "head"
+    differ("kv_lora_rank", double(hc.kv_lora_rank), double(ri.kv_lora_rank), 0);
+    differ("qk_rope_head_dim", double(hc.qk_rope_head_dim), double(ri.rope.n_dims), 0);
+    differ("cache row width", double(hc.kv_lora_rank + hc.qk_rope_head_dim), double(ri.head_dim), 0);
+  } else {
+    differ("kv heads", double(hc.num_kv_heads), double(ri.n_head_kv), 0);
+    differ("head dim", double(hc.head_dim), double(ri.head_dim), 0);
+  }
+  differ("rms_norm_eps", hc.rms_norm_eps, ri.norm_eps, 1e-6);
+  differ("rope_theta", hc.rope_theta, ri.rope.freq_base, 1e-6);
+  if (hc.moe()) {  // the experts never reach the cache, but an engine routing differently computes another model
+    const std::string a = ri.arch;
+    differ("num_experts", double(hc.num_experts), double(g->get_int_opt(a + ".expert_count").value_or(0)), 0);
+    differ("num_experts_per_tok", double(hc.num_experts_per_tok), double(g->get_int_opt(a + ".expert_used_count").value_or(0)), 0);
+    differ("moe_intermediate_size", double(hc.moe_intermediate_size), double(g->get_int_opt(a + ".expert_feed_forward_length").value_or(0)), 0);
+  }
+  const auto& rs = hc.rope_scaling;
+  const auto& r = ri.rope;
+  const bool gguf_linear_or_yarn = r.freq_scale != 1.0f;
+  if (rs.type == RopeScalingType::Linear || rs.type == RopeScalingType::Yarn) {
+    differ("rope_scaling.factor", rs.factor, 1.0 / r.freq_scale, 1e-5);
+    if ((rs.type == RopeScalingType::Yarn) != (r.ext_factor != 0.0f)) out.push_back("rope_scaling type: yarn on one side only");
+    if (rs.type == RopeScalingType::Yarn) differ("rope_scaling.original_max_position_embeddings", double(rs.original_max_position_embeddings), double(r.n_ctx_orig), 0);
+  } else if (gguf_linear_or_yarn) {
+    out.push_back(fmt::format("rope scaling: config.json has {} but the GGUF scales frequencies by {}", rope_scaling_name(rs.type), r.freq_scale));
+  }
+  if (rs.type == RopeScalingType::Llama3) {
+    if (r.freq_factors.empty()) out.push_back("rope_scaling llama3 in config.json but the GGUF has no rope_freqs");
+    else {
+      // the GGUF's factors are the divisors of theta; HF's inv_freq = base^(-2i/d) / factor_i
+      const auto inv = hc.inv_freq();
+      for (size_t i = 0; i < inv.size() && i < r.freq_factors.size(); ++i) {
+        const double base_f = 1.0 / std::pow(hc.rope_theta, double(2 * i) / double(hc.head_dim));
+        if (std::fabs(base_f / inv[i] - r.freq_factors[i]) > 1e-3 * r.freq_factors[i]) {
+          out.push_back(fmt::format("rope_freqs[{}]: config.json implies {} vs GGUF {}", i, base_f / inv[i], r.freq_factors[i]));
+          break;
+        }
+      }
+    }
+  } else if (!r.freq_factors.empty()) {
+    out.push_back("the GGUF has rope_freqs (llama3 scaling) but config.json does not scale");
+  }
+  return out;
+}
+
+// DeepSeek-V4: every field of the model (config.json's, or another GGUF's keys) against the decoder GGUF's.
+std::vector<std::string> deepseek4_config_mismatches(const std::string& model, const GgufFile& g, const RecipeInfo&) {
+  const Deepseek4Config dec = deepseek4_config_from_gguf(g);
+  const Deepseek4Config eng = std::filesystem::is_directory(model) ? Deepseek4Checkpoint::open(model)->config()
+                                                                   : deepseek4_config_from_gguf(*GgufFile::open(model));
+  std::vector<std::string> out;
+  for (const auto& d : deepseek4_config_differences(eng, dec)) out.push_back(fmt::format("{} (model vs GGUF)", d));
+  return out;
+}
+
+// llama, qwen3, qwen3moe, deepseek2: the HF checkpoint's forward (model/cpu_engine, model/cuda_engine) with the
+// decoder's K/V recipe on its per-layer hook.
+std::unique_ptr<PrefillBackend> checkpoint_backend(const BackendOptions& o) {
+  std::shared_ptr<const Recipe> recipe = Recipe::load(o.recipe, o.threads);
+  if (o.device == "cuda") return make_cuda_backend(o.model, recipe, o.threads, o.chunk, o.kv_dtype == "fp8", o.tp, o.tp_one_gpu);
+  return make_cpu_backend(std::make_shared<CpuEngine>(o.model, o.threads), recipe, o.faithful);
+}
+
+// DeepSeek-V4: its own engines, the recipe's pooled sections inside them.
+std::unique_ptr<PrefillBackend> deepseek4_backend(const BackendOptions& o) {
+  return o.device == "cuda" ? make_cuda_dsv4_backend(o.recipe, o.model) : make_cpu_dsv4_backend(o.recipe, o.model);
+}
+
+const Architecture kArchitectures[] = {
+    {"llama", true, checkpoint_backend, hf_config_mismatches},
+    {"qwen3", true, checkpoint_backend, hf_config_mismatches},
+    {"qwen3moe", true, checkpoint_backend, hf_config_mismatches},
+    {"deepseek2", false, checkpoint_backend, hf_config_mismatches},
+    {"deepseek4", false, deepseek4_backend, deepseek4_config_mismatches},
+};
+
+}  // namespace
+
+const Architecture& architecture(const std::string& name) {
+  for (const auto& a : kArchitectures)
+    if (name == a.name) return a;
+  std::string known;
+  for (const auto& a : kArchitectures) known += std::string(known.empty() ? "" : ", ") + a.name;
+  throw std::invalid_argument(fmt::format("architecture {} is not one pdbridge prefills ({})", name, known));
+}
+
+std::string tensor_parallel_architectures() {
+  std::string s;
+  for (const auto& a : kArchitectures)
+    if (a.tensor_parallel) s += std::string(s.empty() ? "" : ", ") + a.name;
+  return s;
+}
+
+}  // namespace pdb

@@ -1,0 +1,36 @@
+// The architecture table (architectures.cpp): what the prefill side knows of each architecture, as one entry.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "formats/gguf.h"
+#include "prefill/backend.h"
+#include "recipes/recipe.h"
+
+namespace pdb {
+
+// What a prefill backend is made of: the model the engine runs (an HF checkpoint, or a GGUF where the architecture's
+// engine reads one), the decoder's GGUF (the recipe), the device and the engine's options.
+struct BackendOptions {
+  std::string model, recipe, device = "cpu", kv_dtype = "bf16";
+  int threads = 1;
+  int64_t chunk = 4096;  // the CUDA engine's largest chunk (its buffers)
+  int tp = 1;
+  bool tp_one_gpu = false;
+  bool faithful = true;  // CPU engine: the decoder's arithmetic (false: OpenBLAS, --cpu-fast)
+};
+
+struct Architecture {
+  const char* name;        // general.architecture
+  bool tensor_parallel;    // the CUDA engine splits it over GPUs (--tp)
+  std::unique_ptr<PrefillBackend> (*make_backend)(const BackendOptions&);
+  // Differences between the model the engine runs and the decoder's GGUF (empty: they agree).
+  std::vector<std::string> (*config_mismatches)(const std::string& model, const GgufFile& decoder_gguf, const RecipeInfo& info);
+};
+
+// Throws std::invalid_argument naming the known ones.
+const Architecture& architecture(const std::string& name);
+std::string tensor_parallel_architectures();  // "llama, qwen3, qwen3moe"
+
+}  // namespace pdb

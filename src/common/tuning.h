@@ -1,0 +1,54 @@
+// Every PDBRIDGE_* tuning switch in one place: the A/B paths the benchmarks compare in the same run (README and
+// docs/RESULTS.md say which one is the default and why). Parsed from the environment into one struct by
+// Tuning::from_env(); each engine takes it when it is made (a test may set a switch between two engines).
+#pragma once
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace pdb {
+
+struct Tuning {
+  // causal attention (cuda/attention.cu): PDBRIDGE_ATTN_WARPS=4 / PDBRIDGE_ATTN_KTILE=128 pick an mma.sync shape;
+  // PDBRIDGE_ATTN_WGMMA=0 the mma.sync kernel, =1 the wgmma kernel's lockstep schedule
+  std::string attn_warps, attn_ktile, attn_wgmma;
+  std::string moe_gemm;          // PDBRIDGE_MOE_GEMM=loop|grouped: one product per expert, or one grouped call
+  std::string state_pwrite;      // PDBRIDGE_STATE_PWRITE=1: the state writer's pwrite path instead of mmap
+  std::string fp8;               // PDBRIDGE_FP8=0: block-FP8 checkpoints as bf16 products
+  std::string fp8kv_fused;       // PDBRIDGE_FP8KV_FUSED=1: the lockstep attention reads fp8 K/V itself
+  std::string recipe_stream;     // PDBRIDGE_RECIPE_STREAM=1: the GPU recipe on its own stream
+  std::string dsv4_experts;      // PDBRIDGE_DSV4_EXPERTS=bf16: DeepSeek-V4's random-weight bench with bf16 experts
+  std::string dsv4_experts_fp8;  // PDBRIDGE_DSV4_EXPERTS_FP8=1: FP8 expert products from e4m3 tiles
+  std::string dsv4_indexer;      // PDBRIDGE_DSV4_INDEXER=bf16|gemm: the indexer's scores in bf16, or GEMM + sum
+  std::string dsv4_attn;         // PDBRIDGE_DSV4_ATTN=gather: the gathered sparse attention
+  std::string dsv4_expand;       // PDBRIDGE_DSV4_EXPAND=inline: FP4 experts expanded in the MoE, not on a side stream
+
+  static Tuning from_env();
+};
+
+struct TuningSwitch {
+  const char* env;
+  std::string Tuning::*field;
+};
+// The switches, in the order above. Header-only: the CUDA kernels' library reads them too.
+inline const std::vector<TuningSwitch>& tuning_switches() {
+  static const std::vector<TuningSwitch> s = {
+      {"PDBRIDGE_ATTN_WARPS", &Tuning::attn_warps},         {"PDBRIDGE_ATTN_KTILE", &Tuning::attn_ktile},
+      {"PDBRIDGE_ATTN_WGMMA", &Tuning::attn_wgmma},         {"PDBRIDGE_MOE_GEMM", &Tuning::moe_gemm},
+      {"PDBRIDGE_STATE_PWRITE", &Tuning::state_pwrite},     {"PDBRIDGE_FP8", &Tuning::fp8},
+      {"PDBRIDGE_FP8KV_FUSED", &Tuning::fp8kv_fused},       {"PDBRIDGE_RECIPE_STREAM", &Tuning::recipe_stream},
+      {"PDBRIDGE_DSV4_EXPERTS", &Tuning::dsv4_experts},     {"PDBRIDGE_DSV4_EXPERTS_FP8", &Tuning::dsv4_experts_fp8},
+      {"PDBRIDGE_DSV4_INDEXER", &Tuning::dsv4_indexer},     {"PDBRIDGE_DSV4_ATTN", &Tuning::dsv4_attn},
+      {"PDBRIDGE_DSV4_EXPAND", &Tuning::dsv4_expand},
+  };
+  return s;
+}
+
+inline Tuning Tuning::from_env() {
+  Tuning t;
+  for (const auto& s : tuning_switches())
+    if (const char* v = std::getenv(s.env)) t.*s.field = v;
+  return t;
+}
+
+}  // namespace pdb
