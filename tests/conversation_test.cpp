@@ -12,6 +12,7 @@
 
 #include <httplib.h>
 
+#include "arch/backends.h"
 #include "formats/hf_config.h"
 #include "model/cpu_engine.h"
 #include "prefill/capture.h"

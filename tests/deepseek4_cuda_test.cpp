@@ -19,7 +19,7 @@
 #include "formats/gguf.h"
 #include "formats/hf_deepseek4.h"
 #include "model/cpu_engine_dsv4.h"
-#include "prefill/backend_dsv4.h"
+#include "arch/deepseek4_backend.h"
 #include "recipes/deepseek4.h"
 #include "support/stack.h"
 #include "support/test_env.h"

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "arch/backends.h"
 #include "formats/ggml_types.h"
 #include "formats/gguf.h"
 #include "formats/hf_deepseek4.h"

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
+#include "arch/backends.h"
 #include "formats/state_file.h"
 #include "formats/state_file_dsv4.h"
 #include "cache/assembler.h"

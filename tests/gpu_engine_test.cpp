@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "arch/backends.h"
 #include "cuda/device.h"
 #include "formats/numeric.h"
 #include "cache/assembler.h"

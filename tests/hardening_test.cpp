@@ -16,6 +16,7 @@
 
 #include <httplib.h>
 
+#include "arch/backends.h"
 #include "common/process.h"
 #include "cache/assembler.h"
 #include "prefill/capture.h"

@@ -13,6 +13,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "arch/backends.h"
 #include "formats/state_file.h"
 #include "cache/calibration.h"
 #include "model/cpu_engine.h"

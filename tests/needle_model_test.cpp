@@ -5,6 +5,7 @@
 
 #include <random>
 
+#include "arch/backends.h"
 #include "cache/assembler.h"
 #include "prefill/capture.h"
 #include "support/stack.h"

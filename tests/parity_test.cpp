@@ -7,6 +7,7 @@
 #include <iterator>
 #include <random>
 
+#include "arch/backends.h"
 #include "cache/assembler.h"
 #include "prefill/capture.h"
 #include "support/stack.h"

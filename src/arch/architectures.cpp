@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "arch/backends.h"
 #include "formats/deepseek4_config.h"
 #include "formats/hf_config.h"
 #include "formats/hf_deepseek4.h"

@@ -1,6 +1,6 @@
-// A prefill backend: an engine and a recipe that together turn a prompt into the decoder's K/V rows,
-// layer by layer, chunk by chunk. CPU (model/cpu_engine + the CPU recipe) and CUDA
-// (model/cuda_engine + recipes/recipe_gpu) implement it; capture.cpp turns its rows into wire frames.
+// A prefill backend: an engine and a recipe that together turn a prompt into the decoder's cache rows, layer by
+// layer, chunk by chunk (K/V rows, or a pooled cache's sections). The implementations are the architectures'
+// (src/arch/backends.h, made from the architecture table); capture.cpp turns any backend's rows into wire frames.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -17,8 +17,6 @@
 #include "wire/protocol.h"
 
 namespace pdb {
-
-class CpuEngine;
 
 // Rows of one section of a pooled cache (DeepSeek-V4's window, pools, rings) in the decoder's bytes: `first`
 // is the section's first row (a position, a block index, 0 for a ring).
@@ -63,8 +61,7 @@ class PrefillBackend {
  public:
   virtual ~PrefillBackend() = default;
   virtual const HfConfig& config() const = 0;
-  virtual const Recipe& recipe() const = 0;  // the K/V recipe (a pooled-cache backend has none: throws)
-  virtual const RecipeInfo& info() const { return recipe().info(); }  // the decoder's geometry (fingerprint, HELLO)
+  virtual const RecipeInfo& info() const = 0;  // the decoder's geometry (fingerprint, HELLO, the cache kind)
   virtual std::string device() const = 0;  // "cpu" or "cuda: <GPU>"
   virtual std::string weights() const { return ""; }  // how the engine holds its weights (e.g. FP8 products or bf16)
   // Throws (with a message for the user) when a prompt of `tokens` cannot be served at all.
@@ -87,25 +84,6 @@ class PrefillBackend {
   virtual int64_t forward_only(const std::vector<int32_t>& tokens, int64_t chunk, bool full_last_layer = false, bool skip_attention = false) = 0;
 };
 
-// Non-owning views work too (tests keep their engine and recipe on the stack).
-// `faithful` (default): the engine's matmuls and attention follow the decoder's CPU arithmetic
-// (bit-identical caches, slow); false: OpenBLAS GEMMs and attention (several times faster, caches
-// equal up to rounding). The recipe itself is always faithful.
-std::unique_ptr<PrefillBackend> make_cpu_backend(std::shared_ptr<CpuEngine> engine, std::shared_ptr<const Recipe> recipe,
-                                                 bool faithful = true);
-// Loads the HF checkpoint onto the GPU; `recipe` supplies the decoder's weights. kv_fp8: the engine's
-// own K/V in fp8 (cuda_engine.h). tp: tensor parallel over GPUs 0..tp-1 (model/cuda_engine_tp.h), or with
-// tp_shared_device every rank on the current GPU (the sharded forward checked on one GPU). Throws where CUDA
-// is not built in or no GPU is present.
-std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads,
-                                                  int64_t max_chunk, bool kv_fp8 = false, int tp = 1, bool tp_shared_device = false);
-bool cuda_backend_available();
-// DeepSeek-V4 on the CPU (model/cpu_engine_dsv4 + recipes/deepseek4): the decoder GGUF gives the recipe's
-// weights; the engine's come from `weights`: an HF checkpoint directory (DeepSeek's FP8 / FP4 layout or f32),
-// or a GGUF.
-std::unique_ptr<PrefillBackend> make_cpu_dsv4_backend(const std::string& decoder_gguf, const std::string& weights);
-// The same with the GPU engine (model/cuda_engine_dsv4.h); throws where CUDA is not built in or no GPU is present.
-std::unique_ptr<PrefillBackend> make_cuda_dsv4_backend(const std::string& decoder_gguf, const std::string& weights);
 // --kv-dtype of `prefill` and `bench prefill`: bf16, or fp8 with --device cuda; throws std::invalid_argument.
 inline void check_kv_dtype(const std::string& device, const std::string& kv_dtype) {
   if (kv_dtype != "bf16" && kv_dtype != "fp8") throw std::invalid_argument("--kv-dtype must be bf16 or fp8");

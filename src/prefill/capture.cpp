@@ -10,17 +10,6 @@
 
 namespace pdb {
 
-CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::PrefillRequest& req, int64_t chunk,
-                          const std::function<bool(std::vector<uint8_t>&&)>& emit) {
-  return run_capture(engine, recipe, req, chunk, EmitFn([&](std::vector<uint8_t>&& f, bool) { return emit(std::move(f)) ? Emit::Ok : Emit::Gone; }));
-}
-
-CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit) {
-  // Non-owning views of the caller's engine and recipe.
-  auto backend = make_cpu_backend(std::shared_ptr<CpuEngine>(&engine, [](CpuEngine*) {}), std::shared_ptr<const Recipe>(&recipe, [](const Recipe*) {}));
-  return run_capture(*backend, req, chunk, emit);
-}
-
 CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit,
                           PrefixCache* cache) {
   const auto t0 = std::chrono::steady_clock::now();

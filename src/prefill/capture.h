@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "model/cpu_engine.h"
 #include "prefill/backend.h"
 #include "prefill/prefix_cache.h"
 #include "recipes/recipe.h"
@@ -35,10 +34,4 @@ using EmitFn = std::function<Emit(std::vector<uint8_t>&& frame, bool force)>;
 // longest prefix it holds (at most tail_from), and every resumable capture leaves its engine state there.
 CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit,
                           PrefixCache* cache = nullptr);
-CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit);
-
-// Convenience for in-process use: every frame accepted.
-CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::PrefillRequest& req, int64_t chunk,
-                          const std::function<bool(std::vector<uint8_t>&&)>& emit);
-
 }  // namespace pdb

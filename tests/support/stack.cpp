@@ -213,12 +213,12 @@ StatePair native_and_bridged_states(Stack& st, PrefillBackend& backend, const st
   if (r.status != 200) throw std::runtime_error("slot save failed: " + r.body);
   StatePair out;
   out.native = parse_state_file(st.slot_dir + "/native.bin");
-  const Recipe& recipe = backend.recipe();
+  const RecipeInfo& info = backend.info();
   const auto& L0 = out.native.layout.layers.at(0);
   wire::PrefillRequest req;
   req.tokens = tokens;
-  req.fingerprint = recipe_fingerprint(recipe.info());
-  const CacheSpec spec = CacheSpec::decoder_default(L0.k_type, L0.v_type, recipe.info().head_dim);
+  req.fingerprint = recipe_fingerprint(info);
+  const CacheSpec spec = CacheSpec::decoder_default(L0.k_type, L0.v_type, info.head_dim);
   req.k_type = spec.k_type; req.v_type = spec.v_type; req.rot_k = spec.rot_k; req.rot_v = spec.rot_v;
   // The width the front door would send: the one the decoder's own layer 0 shows (its ISA).
   out.fidelity = calibrate_layer0(st.decoder_gguf, out.native, tokens, spec);

@@ -26,7 +26,7 @@
 #include "cuda/gemm.cuh"
 #include "model/cuda_engine.h"
 #include "model/cuda_engine_tp.h"
-#include "prefill/backend.h"
+#include "arch/backends.h"
 #include "recipes/recipe_gpu.h"
 
 namespace pdb {
@@ -80,7 +80,7 @@ class CudaBackend final : public PrefillBackend {
   }
 
   const HfConfig& config() const override { return engine_.config(); }
-  const Recipe& recipe() const override { return *recipe_; }
+  const RecipeInfo& info() const override { return recipe_->info(); }
   std::string device() const override { return "cuda: " + cuda::device_summary(); }
   std::string weights() const override { return engine_.weights_note(); }
   void check_fits(int64_t tokens, int64_t chunk) const override { engine_.check_fits(tokens, std::min(chunk, max_chunk_)); }

@@ -1,12 +1,13 @@
 // DeepSeek-V4 prefilled by the GPU engine (model/cuda_engine_dsv4.h) behind the shared DSV4 backend
-// (prefill/backend_dsv4.h: the same wire frames and seals as the CPU engine's).
+// (arch/deepseek4_backend.h: the same wire frames and seals as the CPU engine's).
 #include <stdexcept>
 
 #include <fmt/format.h>
 
+#include "arch/backends.h"
 #include "cuda/device.h"
 #include "model/cuda_engine_dsv4.h"
-#include "prefill/backend_dsv4.h"
+#include "arch/deepseek4_backend.h"
 #include "recipes/deepseek4.h"
 
 namespace pdb {

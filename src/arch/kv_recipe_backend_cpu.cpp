@@ -2,7 +2,7 @@
 #include <vector>
 
 #include "model/cpu_engine.h"
-#include "prefill/backend.h"
+#include "arch/backends.h"
 
 namespace pdb {
 namespace {
@@ -24,7 +24,7 @@ class CpuBackend final : public PrefillBackend {
     }
   }
   const HfConfig& config() const override { return engine_->config(); }
-  const Recipe& recipe() const override { return *recipe_; }
+  const RecipeInfo& info() const override { return recipe_->info(); }
   std::string device() const override { return faithful_ ? "cpu" : "cpu (fast numerics)"; }
 
   bool resumable() const override { return engine_->resumable(); }
@@ -91,6 +91,17 @@ class CpuBackend final : public PrefillBackend {
 
 std::unique_ptr<PrefillBackend> make_cpu_backend(std::shared_ptr<CpuEngine> engine, std::shared_ptr<const Recipe> recipe, bool faithful) {
   return std::make_unique<CpuBackend>(std::move(engine), std::move(recipe), faithful);
+}
+
+CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::PrefillRequest& req, int64_t chunk,
+                          const std::function<bool(std::vector<uint8_t>&&)>& emit) {
+  return run_capture(engine, recipe, req, chunk, EmitFn([&](std::vector<uint8_t>&& f, bool) { return emit(std::move(f)) ? Emit::Ok : Emit::Gone; }));
+}
+
+CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit) {
+  // Non-owning views of the caller's engine and recipe.
+  auto backend = make_cpu_backend(std::shared_ptr<CpuEngine>(&engine, [](CpuEngine*) {}), std::shared_ptr<const Recipe>(&recipe, [](const Recipe*) {}));
+  return run_capture(*backend, req, chunk, emit);
 }
 
 }  // namespace pdb

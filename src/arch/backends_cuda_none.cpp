@@ -1,7 +1,7 @@
 // Builds without CUDA: the CUDA backend is absent and says so.
 #include <stdexcept>
 
-#include "prefill/backend.h"
+#include "arch/backends.h"
 
 namespace pdb {
 

@@ -2,7 +2,7 @@
 // engine's chunks, each layer's sections from the recipe turned into the decoder's bytes for the wire
 // (docs/WIRE.md, "Sections"): the window rows among the prompt's last W positions, the CSA / HCA / LID blocks
 // finished in the chunk, and with the prompt's last chunk the compressors' f32 rings; and a capture's seal.
-#include "prefill/backend_dsv4.h"
+#include "arch/deepseek4_backend.h"
 
 #include <filesystem>
 #include <stdexcept>
@@ -10,7 +10,7 @@
 #include "formats/gguf.h"
 #include "formats/hf_deepseek4.h"
 #include "model/cpu_engine_dsv4.h"
-#include "prefill/backend.h"
+#include "arch/backends.h"
 #include "recipes/deepseek4.h"
 
 namespace pdb {
@@ -31,7 +31,6 @@ class Dsv4Backend final : public PrefillBackend {
     config_.vocab_size = c.vocab;
   }
   const HfConfig& config() const override { return config_; }
-  const Recipe& recipe() const override { throw std::logic_error("DeepSeek-V4's cache is pooled: no K/V recipe (recipes/deepseek4.h)"); }
   const RecipeInfo& info() const override { return info_; }
   std::string device() const override { return device_; }
   std::string weights() const override { return weights_; }
