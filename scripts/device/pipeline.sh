@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -180,6 +180,17 @@ stage_m1() { stage_models; run m1 bash $DEV/million8b.sh; }
 # Issue 6 on the GPU: the demo with CUDA prefill (the bundle's prebuilt binaries stand in for `make`,
 # which needs apt and cannot run there), on a 24K-character haystack.
 stage_demo() { run demo env PDBRIDGE_DEMO_CHARS=24000 bash $REPO/scripts/demo.sh; }
+# Issue 34's structure checks on the device: the golden hashes on this host's CPU (another ISA than the build
+# machine's: the mirrored arithmetic is compiled with fixed instructions), and the GPU suites the tests stage leaves out.
+stage_golden() {
+  TM=$P/build/test-models
+  [ -d /work/main/tests ] || ln -sfn $REPO/tests /work/main/tests
+  run test_models_more bash -c "set -e; $PDB make-model --arch deepseek4 --preset tiny --seed 5 --out $TM/deepseek4-tiny; \
+    $PDB make-model --arch deepseek4 --preset tiny-hca --seed 6 --out $TM/deepseek4-tiny-hca; \
+    $PDB make-model --arch deepseek4 --preset tiny --seed 5 --hf-dtype fp8 --out $TM/deepseek4-tiny-fp8"
+  run golden timeout 400 $P/build/tests/integration_tests --gtest_filter='Golden.*'
+  run integration_cuda_more timeout 400 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*:CudaTensorParallel.RanksOnOneGpu*:CudaTpComm.RanksSharing*:CudaEngine.Fp8Kv*'
+}
 # Issue 5's scale runs and the million-token prompt: scripts/device/scale.sh (one call of their own).
 # Issue 5's link emulation on the device (needs ip/tc and CAP_NET_ADMIN there): 10 and 1 Gbit.
 stage_link() {
@@ -190,7 +201,7 @@ stage_link() {
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac
