@@ -24,6 +24,8 @@
 #include "cache/decoder_cache.h"
 #include "front/decoder_client.h"
 #include "front/decoder_setup.h"
+#include "front/prefill_router.h"
+#include "front/slot_table.h"
 #include "front/state_store.h"
 #include "front/verdict.h"
 #include "recipes/recipe.h"
@@ -46,60 +48,10 @@ void openai_error(httplib::Response& res, int status, const std::string& msg, co
 
 struct BadRequest : std::runtime_error { using std::runtime_error::runtime_error; };
 
-// What the front knows each decoder slot holds (a lower bound: the last prompt it processed there).
-struct SlotTable {
-  struct Slot { bool busy = false; std::vector<int32_t> tokens; uint64_t last_used = 0; };
-  std::mutex m;
-  std::condition_variable cv;
-  std::vector<Slot> slots;
-  uint64_t tick = 0;
-
-  static size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-    size_t n = std::min(a.size(), b.size()), i = 0;
-    while (i < n && a[i] == b[i]) ++i;
-    return i;
-  }
-  // Takes the idle slot sharing the longest prefix with `tokens` (else the least recently used).
-  int acquire(const std::vector<int32_t>& tokens, size_t* cached) {
-    std::unique_lock<std::mutex> l(m);
-    for (;;) {
-      int best = -1;
-      size_t best_prefix = 0;
-      uint64_t best_age = UINT64_MAX;
-      for (size_t s = 0; s < slots.size(); ++s) {
-        if (slots[s].busy) continue;
-        const size_t p = common_prefix(slots[s].tokens, tokens);
-        if (best < 0 || p > best_prefix || (p == best_prefix && slots[s].last_used < best_age)) {
-          best = int(s); best_prefix = p; best_age = slots[s].last_used;
-        }
-      }
-      if (best >= 0) {
-        slots[size_t(best)].busy = true;
-        *cached = best_prefix;
-        return best;
-      }
-      cv.wait(l);
-    }
-  }
-  void release(int s, std::optional<std::vector<int32_t>> holds) {
-    std::lock_guard<std::mutex> l(m);
-    auto& sl = slots[size_t(s)];
-    sl.busy = false;
-    sl.last_used = ++tick;
-    if (holds) sl.tokens = std::move(*holds);
-    cv.notify_all();
-  }
-};
-
 class Front {
  public:
-  explicit Front(const FrontOptions& o) : o_(o), dec_(o.decoder_url), kept_(uint64_t(std::max(0.0, o.keep_states_gb) * double(1ull << 30)), remover_) {
-    for (const std::string& url : split_url_list(o.prefill_url)) {
-      for (const auto& p : prefills_)
-        if (p.url == url) throw std::invalid_argument("--prefill names " + url + " twice");
-      prefills_.push_back({url, parse_http_url(url)});
-    }
-    if (prefills_.empty()) throw std::invalid_argument("--prefill needs at least one URL");
+  explicit Front(const FrontOptions& o)
+      : o_(o), dec_(o.decoder_url), router_(o.prefill_url, metrics_), kept_(uint64_t(std::max(0.0, o.keep_states_gb) * double(1ull << 30)), remover_) {
     auto g = GgufFile::open(o.decoder_gguf);
     info_ = read_recipe_info(*g);
     fingerprint_ = recipe_fingerprint(info_);
@@ -229,9 +181,18 @@ class Front {
   // in kept_, or goes to remover_).
   // slot_cached: the tokens the front knows the slot holds of this prompt (> 0: try a tail bridge).
   void bridge(int slot, const std::vector<int32_t>& tokens, int64_t slot_cached, Verdict& v);
-  std::vector<size_t> prefill_order(int slot, bool tail);
-  void server_outcome(size_t server, const char* outcome);
-  json prefill_health();
+  // What an earlier turn gives a tail capture: a state of it (mapped), the kept file it came from, its tokens P.
+  struct HeldPrefix {
+    std::optional<ParsedState> held;
+    std::shared_ptr<const KeptStates::File> kept;
+    int64_t tokens = 0;
+  };
+  HeldPrefix held_prefix(int slot, const DecoderCache& cache, const std::vector<int32_t>& tokens, int64_t slot_cached,
+                         const std::string& held_name, Verdict& v);
+  std::unique_ptr<StateAssembler> fetch_capture(int slot, const DecoderCache& cache, const wire::PrefillRequest& pr, const HeldPrefix& held,
+                                                const std::string& path, Verdict& v, int64_t* mounted);
+  void mount(int slot, const std::string& name, int64_t mounted, Verdict& v);
+  bool keep_for_next_turn(const std::string& path, const std::vector<int32_t>& tokens, int64_t mounted);
 
   std::vector<int32_t> tokenize_request(const std::string& path, const json& body);
   void handle_generation(const std::string& path, const httplib::Request& req, httplib::Response& res);
@@ -252,10 +213,7 @@ class Front {
 
   FrontOptions o_;
   DecoderClient dec_;
-  struct PrefillServer { std::string url; HttpTarget target; };
-  std::vector<PrefillServer> prefills_;
-  std::mutex affinity_m_;
-  std::unordered_map<int, std::string> affinity_;  // slot -> the prefill server that bridged its last turn
+  PrefillRouter router_;
   RecipeInfo info_;
   std::string fingerprint_;
   SlotTable slots_;
@@ -299,9 +257,41 @@ void Front::bridge(int slot, const std::vector<int32_t>& prompt, int64_t slot_ca
   const std::string path = o_.slot_dir + "/" + name, held_path = o_.slot_dir + "/" + held_name;
   struct Cleanup { BackgroundRemover& r; std::string p; ~Cleanup() { r.remove(p); } } cleanup{remover_, path}, held_cleanup{remover_, held_path};
 
-  // An earlier turn of this conversation gives the first P tokens, the capture only [P, T): best the front
-  // door's own file of it (ready at once), else the slot's own state (llama-server saves the whole slot first:
-  // seconds at long context), which also holds the decoder's rows of the answer it generated.
+  HeldPrefix held = held_prefix(slot, *cache, tokens, slot_cached, held_name, v);
+  const int64_t P = held.tokens;
+  wire::PrefillRequest pr;
+  pr.tokens = tokens;
+  pr.fingerprint = fingerprint_;
+  pr.k_type = spec.k_type;
+  pr.v_type = spec.v_type;
+  pr.rot_k = spec.rot_k;
+  pr.rot_v = spec.rot_v;
+  pr.simd_width = spec.simd_width;
+  pr.tail_from = P;
+  int64_t mounted = 0;
+  const auto assembler = fetch_capture(slot, *cache, pr, held, path, v, &mounted);
+  if (const auto& tr = assembler->trailer()) {
+    v.prefix_reused = tr->value("prefix_reused", int64_t(0));
+    v.computed_tokens = tr->value("computed_tokens", int64_t(-1));
+  }
+  held = {};  // unmapped before the decoder's restore (a kept source file goes once its reference goes)
+  mount(slot, name, mounted, v);
+  router_.served(slot, v.prefill_server);
+  if (P > 0) v.tail_from = P;
+  v.bridged_tokens = mounted - P;
+  v.mounted_tokens = mounted;
+  if (cache->carries_turns() && keep_for_next_turn(path, tokens, mounted)) cleanup.p.clear();
+  v.complete = mounted == T;
+  v.t_bridge = secs(t0);
+}
+
+// An earlier turn of this conversation gives the first P tokens, the capture only [P, T): best the front door's own
+// file of it (ready at once), else the slot's own state (llama-server saves the whole slot first: seconds at long
+// context), which also holds the decoder's rows of the answer it generated.
+Front::HeldPrefix Front::held_prefix(int slot, const DecoderCache& dc, const std::vector<int32_t>& tokens, int64_t slot_cached,
+                                     const std::string& held_name, Verdict& v) {
+  const DecoderCache* cache = &dc;
+  const std::string held_path = o_.slot_dir + "/" + held_name;
   std::optional<ParsedState> held;
   std::shared_ptr<const KeptStates::File> kept;
   int64_t P = 0;
@@ -341,26 +331,27 @@ void Front::bridge(int slot, const std::vector<int32_t>& prompt, int64_t slot_ca
     else v.held_from = "slot";
   }
   if (P > 0 || slot_cached > 0) v.t_hold = secs(th);
+  return {std::move(held), std::move(kept), P};
 
-  wire::PrefillRequest pr;
-  pr.tokens = tokens;
-  pr.fingerprint = fingerprint_;
-  pr.k_type = spec.k_type;
-  pr.v_type = spec.v_type;
-  pr.rot_k = spec.rot_k;
-  pr.rot_v = spec.rot_v;
-  pr.simd_width = spec.simd_width;
-  pr.tail_from = P;
+}
+
+// One attempt per prefill server, in routing order, until one delivers a capture the assembler accepts; the
+// held prefix is copied into the new file while the prefill server computes the tail. Returns the assembler of
+// the committed file; throws with the last server's reason.
+std::unique_ptr<StateAssembler> Front::fetch_capture(int slot, const DecoderCache& dc, const wire::PrefillRequest& pr, const HeldPrefix& hp,
+                                                     const std::string& path, Verdict& v, int64_t* mounted_out) {
+  const DecoderCache* cache = &dc;
+  const int64_t P = pr.tail_from;
+  const std::vector<int32_t>& tokens = pr.tokens;
+  const std::optional<ParsedState>& held = hp.held;
   const std::string body = pr.to_json().dump();
   const std::string pkey = o_.prefill_api_key.empty() ? o_.api_key : o_.prefill_api_key;
-
-  // One attempt per prefill server, in routing order, until one delivers a capture the assembler accepts.
   std::unique_ptr<StateAssembler> assembler;
   int64_t mounted = 0;
   std::string last_error;
-  const std::vector<size_t> order = prefill_order(slot, P > 0);
+  const std::vector<size_t> order = router_.order(slot, P > 0);
   for (size_t attempt = 0; attempt < order.size(); ++attempt) {
-    const PrefillServer& server = prefills_[order[attempt]];
+    const PrefillRouter::Server& server = router_.server(order[attempt]);
     assembler.reset();  // removes the previous attempt's partial file before the next one takes its name
     try {
       assembler = cache->assembler(path, tokens, fingerprint_, P);
@@ -411,26 +402,26 @@ void Front::bridge(int slot, const std::vector<int32_t>& prompt, int64_t slot_ca
       v.t_engine = assembler->engine_s();
       mounted = assembler->commit();  // a sealed capture: its valid prefix
       v.prefill_server = server.url;
-      server_outcome(order[attempt], "ok");
+      router_.outcome(order[attempt], "ok");
       break;
     } catch (const std::exception& e) {
       last_error = e.what();
-      server_outcome(order[attempt], "failed");
+      router_.outcome(order[attempt], "failed");
       if (attempt + 1 < order.size()) {
         v.prefill_skipped.push_back(server.url + ": " + last_error);
-        spdlog::warn("front: prefill server {} failed ({}); trying {}", server.url, last_error, prefills_[order[attempt + 1]].url);
+        spdlog::warn("front: prefill server {} failed ({}); trying {}", server.url, last_error, router_.server(order[attempt + 1]).url);
         continue;
       }
       if (!v.prefill_skipped.empty()) last_error += fmt::format(" (and {} other prefill servers failed)", v.prefill_skipped.size());
       throw std::runtime_error(last_error);
     }
   }
-  if (const auto& tr = assembler->trailer()) {
-    v.prefix_reused = tr->value("prefix_reused", int64_t(0));
-    v.computed_tokens = tr->value("computed_tokens", int64_t(-1));
-  }
-  held.reset();  // unmapped before the decoder's restore (a kept source file goes once `kept` lets go of it)
-  kept.reset();
+  *mounted_out = mounted;
+  return assembler;
+}
+
+// Restores the committed file into the slot and checks the decoder's word twice: the restore's reply, its /slots.
+void Front::mount(int slot, const std::string& name, int64_t mounted, Verdict& v) {
   const auto tr = Clock::now();
   json r;
   try {
@@ -444,64 +435,26 @@ void Front::bridge(int slot, const std::vector<int32_t>& prompt, int64_t slot_ca
   // The restore's reply is the server's word; its slot table is a second one (the answer's timings, the last).
   if (const auto held = dec_.slot_tokens(slot); held && *held != mounted)
     throw std::runtime_error(fmt::format("the decoder's restore reported {} tokens, but its /slots says slot {} holds {}", mounted, slot, *held));
-  {
-    std::lock_guard<std::mutex> l(affinity_m_);
-    affinity_[slot] = v.prefill_server;
-  }
-  if (P > 0) v.tail_from = P;
-  v.bridged_tokens = mounted - P;
-  v.mounted_tokens = mounted;
-  // Kept for the next turn (the decoder has its own copy now), where the cache kind carries turns.
-  if (cache->carries_turns() && o_.tail_bridge && kept_.enabled() && mounted > 0) {
-    std::error_code ec;
-    const uint64_t bytes = fs::file_size(path, ec);
-    // the next turn writes a file about this large beside it: a kept file that leaves no room for it would only
-    // turn that bridge into a decline
-    std::error_code sec;
-    const auto space = fs::space(o_.slot_dir, sec);
-    if (ec) {
-      // not kept: the file goes with the request (cleanup)
-    } else if (!sec && space.available < bytes + bytes / 8) {
-      spdlog::warn("front: {} has {:.1f} GB free: not keeping a {:.1f} GB state for the next turn", o_.slot_dir, double(space.available) / 1e9,
-                   double(bytes) / 1e9);
-    } else {
-      kept_.keep(path, std::vector<int32_t>(tokens.begin(), tokens.begin() + mounted), bytes);
-      cleanup.p.clear();
-    }
-  }
-  v.complete = mounted == T;
-  v.t_bridge = secs(t0);
 }
 
-// Which prefill server to ask first: for a tail, the one that served this slot's earlier turn (it holds the
-// conversation's prefix); then the others by load (running + waiting captures, from their /health); the ones
-// that do not answer last (they are still tried: a refused connection fails at once).
-std::vector<size_t> Front::prefill_order(int slot, bool tail) {
-  std::vector<size_t> order(prefills_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  if (prefills_.size() == 1) return order;
-  std::vector<double> load(prefills_.size(), 1e18);
-  const json health = prefill_health();
-  for (size_t i = 0; i < prefills_.size(); ++i)
-    if (health[i].value("ok", false)) load[i] = health[i].value("active", 0.0) + health[i].value("queue", 0.0);
-  std::string affine;
-  if (tail) {
-    std::lock_guard<std::mutex> l(affinity_m_);
-    if (auto it = affinity_.find(slot); it != affinity_.end()) affine = it->second;
+// Keeps a mounted file for the conversation's next turn (the decoder has its own copy now). False: not kept (it
+// goes with the request).
+bool Front::keep_for_next_turn(const std::string& path, const std::vector<int32_t>& tokens, int64_t mounted) {
+  if (!o_.tail_bridge || !kept_.enabled() || mounted <= 0) return false;
+  std::error_code ec;
+  const uint64_t bytes = fs::file_size(path, ec);
+  if (ec) return false;
+  // the next turn writes a file about this large beside it: a kept file that leaves no room for it would only
+  // turn that bridge into a decline
+  std::error_code sec;
+  const auto space = fs::space(o_.slot_dir, sec);
+  if (!sec && space.available < bytes + bytes / 8) {
+    spdlog::warn("front: {} has {:.1f} GB free: not keeping a {:.1f} GB state for the next turn", o_.slot_dir, double(space.available) / 1e9,
+                 double(bytes) / 1e9);
+    return false;
   }
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const bool ua = load[a] < 1e18, ub = load[b] < 1e18;
-    if (ua != ub) return ua;
-    const bool fa = !affine.empty() && prefills_[a].url == affine, fb = !affine.empty() && prefills_[b].url == affine;
-    if (fa != fb) return fa;
-    return load[a] < load[b];
-  });
-  return order;
-}
-
-void Front::server_outcome(size_t server, const char* outcome) {
-  metrics_.counter("pdbridge_front_prefill_attempts_total", "Capture attempts per prefill server", {{"server", prefills_[server].url}, {"outcome", outcome}})
-      .Increment();
+  kept_.keep(path, std::vector<int32_t>(tokens.begin(), tokens.begin() + mounted), bytes);
+  return true;
 }
 
 std::vector<int32_t> Front::tokenize_request(const std::string& path, const json& body) {
@@ -541,11 +494,7 @@ void Front::declare_metrics() {
     metrics_.counter("pdbridge_front_tail_prefix_source_total", "Tail bridges by where their prefix came from (kept: the front door's own file; slot: the slot saved)", {{"source", src}});
   metrics_.gauge("pdbridge_front_kept_state_bytes", "Bytes of state files kept for conversations' next turns");
   metrics_.gauge("pdbridge_front_kept_state_files", "State files kept for conversations' next turns");
-  for (const auto& p : prefills_) {
-    for (const char* oc : {"ok", "failed"})
-      metrics_.counter("pdbridge_front_prefill_attempts_total", "Capture attempts per prefill server", {{"server", p.url}, {"outcome", oc}});
-    metrics_.gauge("pdbridge_front_prefill_up", "Whether the prefill server answered /health at the last scrape", {{"server", p.url}});
-  }
+  router_.declare_metrics();
   metrics_.counter("pdbridge_front_wire_bytes_total", "Capture bytes received from the prefill server");
   metrics_.gauge("pdbridge_front_active_requests", "Generation requests in flight");
   for (const char* st : {"probe", "engine", "wire", "restore", "bridge", "total"})
@@ -733,35 +682,6 @@ void Front::proxy(const httplib::Request& req, httplib::Response& res) {
 }
 
 // Every prefill server's /health (up, device, load, prefix cache), asked in parallel with short timeouts.
-json Front::prefill_health() {
-  std::vector<json> out(prefills_.size());
-  std::vector<std::thread> ts;
-  for (size_t i = 0; i < prefills_.size(); ++i)
-    ts.emplace_back([&, i] {
-      json e = {{"url", prefills_[i].url}, {"ok", false}};
-      httplib::Client c(prefills_[i].target.host, prefills_[i].target.port);
-      c.set_connection_timeout(1, 0);
-      c.set_read_timeout(2, 0);
-      auto r = c.Get("/health");
-      if (r && r->status == 200) {
-        try {
-          const json h = json::parse(r->body);
-          e["ok"] = true;
-          for (const char* k : {"device", "arch", "fingerprint", "active", "queue", "prefix_cache"})
-            if (h.contains(k)) e[k] = h[k];
-        } catch (...) { e["error"] = "health is not JSON"; }
-      } else {
-        e["error"] = r ? fmt::format("HTTP {}", r->status) : httplib::to_string(r.error());
-      }
-      out[i] = std::move(e);
-    });
-  for (auto& t : ts) t.join();
-  for (size_t i = 0; i < prefills_.size(); ++i)
-    metrics_.gauge("pdbridge_front_prefill_up", "Whether the prefill server answered /health at the last scrape", {{"server", prefills_[i].url}})
-        .Set(out[i].value("ok", false) ? 1 : 0);
-  return json(out);
-}
-
 void Front::serve(httplib::Server& srv) {
   srv.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     json j = {{"ok", true}, {"front", "pdbridge"}, {"fingerprint", fingerprint_}, {"geometry", recipe_geometry(info_)},
@@ -781,7 +701,7 @@ void Front::serve(httplib::Server& srv) {
     c.set_connection_timeout(2, 0);
     auto r = c.Get("/health");
     j["decoder"] = r && r->status == 200;
-    j["prefill"] = prefill_health();
+    j["prefill"] = router_.health();
     const auto ks = kept_.stats();
     j["kept_states"] = {{"files", ks.files}, {"bytes", ks.bytes}, {"max_bytes", ks.max_bytes}, {"kept", ks.kept},
                         {"evictions", ks.evictions}, {"superseded", ks.superseded}, {"refused", ks.refused}};
@@ -792,7 +712,7 @@ void Front::serve(httplib::Server& srv) {
     srv.Post(p, [this, path](const httplib::Request& req, httplib::Response& res) { handle_generation(path, req, res); });
   }
   srv.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    prefill_health();  // refreshes pdbridge_front_prefill_up
+    router_.health();  // refreshes pdbridge_front_prefill_up
     const auto ks = kept_.stats();
     metrics_.gauge("pdbridge_front_kept_state_bytes", "Bytes of state files kept for conversations' next turns").Set(double(ks.bytes));
     metrics_.gauge("pdbridge_front_kept_state_files", "State files kept for conversations' next turns").Set(double(ks.files));
