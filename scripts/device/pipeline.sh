@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -191,6 +191,21 @@ stage_golden() {
   run golden timeout 400 $P/build/tests/integration_tests --gtest_filter='Golden.*'
   run integration_cuda_more timeout 400 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*:CudaTensorParallel.RanksOnOneGpu*:CudaTpComm.RanksSharing*:CudaEngine.Fp8Kv*'
 }
+# Issue 34's same-run A/B of DeepSeek-V4's GPU forward before and after its split into phases: the real-shape layer
+# bench of a test binary linked with the earlier cuda_engine_dsv4.cpp (.dev/old/integration_tests_presplit.xz)
+# against this build's, alternating, twice each.
+stage_dsv4ab() {
+  [ -f $DEV/old/integration_tests_presplit.xz ] || { ts "no presplit binary"; return; }
+  xz -dc $DEV/old/integration_tests_presplit.xz > $P/it-presplit && chmod +x $P/it-presplit
+  for i in 1 2; do
+    for which in presplit current; do
+      local bin=$P/build/tests/integration_tests
+      [ $which = presplit ] && bin=$P/it-presplit
+      PDBRIDGE_BENCH=1 PDBRIDGE_DSV4_BENCH_TOKENS=${DSV4_AB_TOKENS:-32768} PDBRIDGE_BENCH_OUT=$R/dsv4_ab_${which}_$i.jsonl \
+        run dsv4_ab_${which}_$i timeout 300 $bin --gtest_filter='Deepseek4CudaBench.*'
+    done
+  done
+}
 # Issue 5's scale runs and the million-token prompt: scripts/device/scale.sh (one call of their own).
 # Issue 5's link emulation on the device (needs ip/tc and CAP_NET_ADMIN there): 10 and 1 Gbit.
 stage_link() {
@@ -201,7 +216,7 @@ stage_link() {
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -94,7 +94,7 @@ class CudaBackend final : public PrefillBackend {
     const auto& info = recipe_->info();
     const int64_t C = info.n_embd_kv();
     const bool has_v = info.n_embd_v() > 0;  // MLA: one K row per token, no V section
-    const bool rot_k = spec.rot_k && !info.mla();  // llama.cpp never rotates the MLA row (recipes/deepseek2.cpp)
+    const bool rot_k = spec.rot_k && recipe_->rotates_k();
     for (auto& s : slots_) s.state = Slot::Free;
     std::atomic<bool> stopped{false};
     bool finished = false;

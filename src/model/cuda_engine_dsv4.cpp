@@ -472,20 +472,78 @@ std::unique_ptr<Deepseek4CudaEngine> Deepseek4CudaEngine::random(const Deepseek4
   return eng;
 }
 
-int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, GgmlType kt, const ChunkHook& hook,
-                                     const std::function<bool()>& stop, bool compute_last, Profile* profile) {
-  Impl& I = *impl_;
-  const auto& c = c_;
-  cudaStream_t s = I.s;
-  const int64_t T = int64_t(tokens.size()), E = c.hidden, D = c.head_dim, H = c.heads, r = c.rope_dims, W = c.window;
-  const int64_t Id = c.index_dim, Hi = c.index_heads, Lq = c.q_lora, G = c.out_groups, R = c.out_lora, ogd = H * D / G;
-  const int64_t NE = c.experts, K = c.experts_used, F = c.expert_ff, FS = c.expert_ff * c.shared_experts, topk = c.index_top_k;
-  const float eps = c.rms_eps;
-  if (T == 0) return 0;
-  if (chunk <= 0) chunk = T;
-  chunk = std::min(chunk, T);
+// One prompt's run through the GPU engine, per phase: the sizes and flags it fixes once, then per chunk and layer
+// the sections (with the decoder's weights) handed to the hook, and the layer with the engine's: the q path, the
+// indexer, the sparse attention, the output LoRA and the MoE. The buffers are the engine's (Impl), grown on demand.
+struct Deepseek4CudaEngine::PromptRun {
+  using bf16 = __nv_bfloat16;
+  PromptRun(Impl& impl, const Deepseek4Config& config, const std::vector<int32_t>& tokens, int64_t chunk_tokens, GgmlType kt, Profile* prof);
+  ~PromptRun() {
+    for (auto& e : ev) cudaEventDestroy(e);
+  }
+  int64_t run(const ChunkHook& hook, const std::function<bool()>& stop, bool compute_last);
+
+  void size_prompt_state();
+  void size_scratch();
+  void prepare_fp8_experts();
+  void size_batches();
+  void begin_layer(int64_t layer);
+  void sections(Deepseek4LayerSections& S);
+  void compress(const SectionProjection& wa, const SectionProjection& wg, const DeviceBuffer& ape, const DeviceBuffer& norm, int64_t width,
+                int ratio, bool hadamard, Impl::Layer::History& h, DeviceBuffer& rows_out, int64_t& n_out, std::vector<float>& pooled,
+                int64_t& first_block, std::vector<float>& ring_kv, std::vector<float>& ring_score);
+  void q_path();
+  void indexer();
+  void attention();
+  void output();
+  void moe();
+  void route_and_gather();
+  void routed_experts();
+  void shared_expert_and_combine();
+  void record_profile();
+  // rows as the decoder stores and the engine reads them: the cache type's values (quantized rows un-rotated:
+  // a rotated query against rotated rows is the same dot product), then bf16
+  void as_stored(float* rows_, int64_t count, int64_t width, bool rotated, bf16* out);
+  void mark(int phase) {
+    if (profile) PDB_CUDA_CHECK(cudaEventRecord(ev[phase], s));
+  }
+
+  Impl& I;
+  const Deepseek4Config& c;
+  Profile* profile;
+  cudaStream_t s;
+  int64_t T, E, D, H, r, W, Id, Hi, Lq, G, R, ogd, NE, K, F, FS, topk, chunk, n;
+  float eps, scale;
   int round_kind = 0;
   bool quantized = false;
+  Tuning tuning;
+  bool fp8_idx = false, fused_idx = false, fused_attn = false, side_expansion = true, fp8_experts = false, any_q8 = false;
+  GgmlRopeParams rp_plain, rp_comp;
+  int64_t max_nk = 0, attn_batch = 1, max_blocks = 0, idx_batch = 1;
+  cudaEvent_t ev[13];  // 0-6 phase bounds, 8 after the hook, 9-10 around the FP4 expansion, 11-12 the routed experts' products
+  // the chunk and the layer in progress
+  int64_t p0 = 0, rows = 0, l = 0;
+  const int32_t* tok = nullptr;
+  Impl::Layer* layer_ = nullptr;
+  const float* cs = nullptr;
+  const GgmlRopeParams* rope_ = nullptr;
+  bool fp4 = false, experts_fp8 = false, expand_ahead = false;
+  float* x = nullptr;
+  const float* inv_x = nullptr;
+  float* cur = nullptr;
+  const int8_t* qx = nullptr;
+  const float* dx = nullptr;
+};
+
+Deepseek4CudaEngine::PromptRun::PromptRun(Impl& impl, const Deepseek4Config& config, const std::vector<int32_t>& tokens, int64_t chunk_tokens,
+                                          GgmlType kt, Profile* prof)
+    : I(impl), c(config), profile(prof), s(impl.s) {
+  T = int64_t(tokens.size()), E = c.hidden, D = c.head_dim, H = c.heads, r = c.rope_dims, W = c.window;
+  Id = c.index_dim, Hi = c.index_heads, Lq = c.q_lora, G = c.out_groups, R = c.out_lora, ogd = H * D / G;
+  NE = c.experts, K = c.experts_used, F = c.expert_ff, FS = c.expert_ff * c.shared_experts, topk = c.index_top_k;
+  eps = c.rms_eps;
+  chunk = chunk_tokens <= 0 ? T : std::min(chunk_tokens, T);
+  n = chunk;
   switch (kt) {
     case GgmlType::F32: break;
     case GgmlType::F16: round_kind = 1; break;
@@ -495,27 +553,35 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
   }
   for (int32_t t : tokens)
     if (t < 0 || t >= c.vocab) throw std::invalid_argument(fmt::format("token {} outside the vocabulary", t));
-  // rows as the decoder stores and the engine reads them: the cache type's values (quantized rows un-rotated:
-  // a rotated query against rotated rows is the same dot product), then bf16
-  auto as_stored = [&](float* rows, int64_t count, int64_t width, bool rotated, bf16* out) {
-    if (count <= 0) return;
-    if (quantized) {
-      cuda::q8_0_round_trip(rows, count * width, s);
-      if (rotated) rotate_rows(rows, count, width, s);
-    } else {
-      cuda::round_as_cached(rows, count * width, round_kind, s);
-    }
-    cuda::f32_to_bf16(rows, out, count * width, s);
-  };
   // The fused kernels where they take the shapes; PDBRIDGE_DSV4_ATTN=gather, PDBRIDGE_DSV4_INDEXER=bf16|gemm,
   // PDBRIDGE_DSV4_EXPAND=inline select the paths before them (the same-run A/B of the benchmark). The indexer
   // in FP8 by default, as DeepSeek runs it: at V4-Flash's shapes it keeps 95-98% of the bf16 top-512 and what it
   // swaps sits within 0.2 score SDs of the k-th (docs/RESULTS.md, on random operands: the hard case of many ties).
-  const Tuning tuning = Tuning::from_env();
-  const bool fp8_idx = cuda::indexer_scores_fp8_supported(int(Hi), int(Id)) && tuning.dsv4_indexer != "bf16" &&
+  tuning = Tuning::from_env();
+  fp8_idx = cuda::indexer_scores_fp8_supported(int(Hi), int(Id)) && tuning.dsv4_indexer != "bf16" &&
                        tuning.dsv4_indexer != "gemm";
-  const bool fused_idx = fp8_idx || (cuda::indexer_scores_supported(int(Hi), int(Id)) && tuning.dsv4_indexer != "gemm");
-  // per-prompt state
+  fused_idx = fp8_idx || (cuda::indexer_scores_supported(int(Hi), int(Id)) && tuning.dsv4_indexer != "gemm");
+  size_prompt_state();
+  Impl::grow(I.tokens, size_t(T) * 4);
+  I.tokens.upload(tokens.data(), size_t(T) * 4);
+  size_scratch();
+  rp_plain = dsv4_rope(c, 0), rp_comp = dsv4_rope(c, 4);
+  fused_attn = cuda::dsv4_sparse_attention_supported(int(H), int(D)) && tuning.dsv4_attn != "gather";
+  side_expansion = tuning.dsv4_expand != "inline";  // =inline: in the MoE, as before
+  prepare_fp8_experts();
+  size_batches();
+  if (profile) {
+    profile->ms.resize(size_t(c.layers));
+    profile->ratio.resize(size_t(c.layers));
+    for (int64_t l = 0; l < c.layers; ++l) profile->ratio[size_t(l)] = c.compress_ratios[size_t(l)];
+  }
+  for (auto& e : ev) PDB_CUDA_CHECK(cudaEventCreate(&e));
+  any_q8 = !I.layers.empty() && I.layers[0].wkv.q8;
+  scale = 1.0f / std::sqrt(float(D));
+}
+
+// per-prompt state
+void Deepseek4CudaEngine::PromptRun::size_prompt_state() {
   for (auto& L : I.layers) {
     Impl::grow(L.win, size_t(W + chunk) * D * 2);
     L.win_first = L.win_rows = 0;
@@ -537,9 +603,9 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
       Impl::grow(L.hl.g, size_t(8 + chunk) * 2 * Id * 4);
     }
   }
-  const int64_t n = chunk;
-  Impl::grow(I.tokens, size_t(T) * 4);
-  I.tokens.upload(tokens.data(), size_t(T) * 4);
+}
+
+void Deepseek4CudaEngine::PromptRun::size_scratch() {
   for (auto* b : {&I.x, &I.xa}) Impl::grow(*b, size_t(n * 4 * E) * 4);
   Impl::grow(I.inv_x, size_t(n) * 4);
   Impl::grow(I.m, size_t(n * 2 * cuda::kDsv4MixFloats) * 4);
@@ -589,14 +655,13 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
     Impl::grow(I.exp_down_scratch, size_t(NE * E * F) * 2);
   }
   I.counts_host.resize(size_t(NE) * 4);
-  const GgmlRopeParams rp_plain = dsv4_rope(c, 0), rp_comp = dsv4_rope(c, 4);
-  const bool fused_attn = cuda::dsv4_sparse_attention_supported(int(H), int(D)) && tuning.dsv4_attn != "gather";
-  const bool side_expansion = tuning.dsv4_expand != "inline";  // =inline: in the MoE, as before
-  // PDBRIDGE_DSV4_EXPERTS_FP8=1: the routed experts as FP8 products where the library has the block-scaled
-  // product, the widths are multiples of 128 and a layer's FP4 values fit its e4m3 tiles exactly (looked at once
-  // per layer). Not the default: at V4-Flash's shapes cuBLASLt's block-scaled products per expert took 17.2 ms per
-  // 32K-token layer against the bf16 products' 15.9 (docs/RESULTS.md), and the activations lose bits.
-  bool fp8_experts = false;
+}
+
+// PDBRIDGE_DSV4_EXPERTS_FP8=1: the routed experts as FP8 products where the library has the block-scaled
+// product, the widths are multiples of 128 and a layer's FP4 values fit its e4m3 tiles exactly (looked at once
+// per layer). Not the default: at V4-Flash's shapes cuBLASLt's block-scaled products per expert took 17.2 ms per
+// 32K-token layer against the bf16 products' 15.9 (docs/RESULTS.md), and the activations lose bits.
+void Deepseek4CudaEngine::PromptRun::prepare_fp8_experts() {
   if (I.fp4 && E % 128 == 0 && F % 128 == 0 && tuning.dsv4_experts_fp8 == "1") {
     if (!I.fp8_probed) {
       I.fp8_probed = true;
@@ -627,43 +692,42 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
       fp8_experts = true;
     }
   }
-  // the gathered attention's key batches: sized so that one batch's keys and scores stay near 512 MB each
-  const int64_t max_nk = W + std::max<int64_t>(topk, T / 128);
-  const int64_t attn_batch = std::max<int64_t>(1, std::min<int64_t>(n, (int64_t(512) << 20) / std::max<int64_t>(max_nk * std::max(D * 2, H * 4), 1)));
+}
+
+// the gathered attention's key batches: sized so that one batch's keys and scores stay near 512 MB each; the
+// indexer's query batches: S [batch*Hi x blocks] f32 near 1 GB (the GEMM path), or the scores alone
+void Deepseek4CudaEngine::PromptRun::size_batches() {
+  max_nk = W + std::max<int64_t>(topk, T / 128);
+  attn_batch = std::max<int64_t>(1, std::min<int64_t>(n, (int64_t(512) << 20) / std::max<int64_t>(max_nk * std::max(D * 2, H * 4), 1)));
   if (!fused_attn) {
     Impl::grow(I.kg, size_t(attn_batch * max_nk * D) * 2);
     Impl::grow(I.valid, size_t(attn_batch * max_nk));
     Impl::grow(I.sc, size_t(attn_batch * H * max_nk) * 4);
     Impl::grow(I.p, size_t(attn_batch * H * max_nk) * 2);
   }
-  // the indexer's query batches: S [batch*Hi x blocks] f32 near 1 GB (the GEMM path), or the scores alone
-  const int64_t max_blocks = T / 4 + 1;
+  max_blocks = T / 4 + 1;
   const int64_t idx_row_bytes = (fused_idx ? 1 : Hi) * max_blocks * 4;
-  const int64_t idx_batch = std::max<int64_t>(1, std::min<int64_t>(n, (int64_t(1) << 30) / std::max<int64_t>(idx_row_bytes, 1)));
+  idx_batch = std::max<int64_t>(1, std::min<int64_t>(n, (int64_t(1) << 30) / std::max<int64_t>(idx_row_bytes, 1)));
   if (!fused_idx) Impl::grow(I.isc, size_t(idx_batch * Hi * max_blocks) * 4);
   Impl::grow(I.iscores, size_t(idx_batch * max_blocks) * 4);
-  if (profile) {
-    profile->ms.resize(size_t(c.layers));
-    profile->ratio.resize(size_t(c.layers));
-    for (int64_t l = 0; l < c.layers; ++l) profile->ratio[size_t(l)] = c.compress_ratios[size_t(l)];
+}
+
+void Deepseek4CudaEngine::PromptRun::as_stored(float* rows_, int64_t count, int64_t width, bool rotated, bf16* out) {
+  if (count <= 0) return;
+  if (quantized) {
+    cuda::q8_0_round_trip(rows_, count * width, s);
+    if (rotated) rotate_rows(rows_, count, width, s);
+  } else {
+    cuda::round_as_cached(rows_, count * width, round_kind, s);
   }
-  cudaEvent_t ev[13];  // 0-6 phase bounds, 8 after the hook, 9-10 around the FP4 expansion, 11-12 the routed experts' products
-  for (auto& e : ev) PDB_CUDA_CHECK(cudaEventCreate(&e));
-  struct EventGuard {
-    cudaEvent_t* e;
-    ~EventGuard() {
-      for (int i = 0; i < 13; ++i) cudaEventDestroy(e[i]);
-    }
-  } guard{ev};
-  auto mark = [&](int phase) {
-    if (profile) PDB_CUDA_CHECK(cudaEventRecord(ev[phase], s));
-  };
-  const bool any_q8 = !I.layers.empty() && I.layers[0].wkv.q8;
-  const float scale = 1.0f / std::sqrt(float(D));
+  cuda::f32_to_bf16(rows_, out, count * width, s);
+}
+
+int64_t Deepseek4CudaEngine::PromptRun::run(const ChunkHook& hook, const std::function<bool()>& stop, bool compute_last) {
   int64_t done = 0;
-  for (int64_t p0 = 0; p0 < T; p0 += chunk) {
-    const int64_t rows = std::min(chunk, T - p0);
-    const int32_t* tok = I.tokens.as<int32_t>() + p0;
+  for (p0 = 0; p0 < T; p0 += chunk) {
+    rows = std::min(chunk, T - p0);
+    tok = I.tokens.as<int32_t>() + p0;
     cuda::dsv4_embed_streams(I.embed.as<float>(), tok, rows, E, I.x.as<float>(), s);
     cuda::dsv4_row_inv_rms(I.x.as<float>(), rows, 4 * E, eps, I.inv_x.as<float>(), s);  // each later layer's: its hc_post's
     {
@@ -672,127 +736,11 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
       I.cs_plain.upload(a.data(), a.size() * 4);
       I.cs_comp.upload(b.data(), b.size() * 4);
     }
-    for (int64_t l = 0; l < c.layers; ++l) {
+    for (l = 0; l < c.layers; ++l) {
       if (stop && stop()) return done;
-      Impl::Layer& L = I.layers[size_t(l)];
-      const float* cs = L.ratio ? I.cs_comp.as<float>() : I.cs_plain.as<float>();
-      const GgmlRopeParams& rp = L.ratio ? rp_comp : rp_plain;
-      mark(0);
-      const bool fp4 = L.exp_gu.bytes() == 0;
-      // A chunk of rows * K >= 8 * NE token choices uses (nearly) every expert: all of them are expanded (to FP8
-      // tiles where the layer's fit) on the side stream from the layer's start, once the last layer's products are
-      // done with the scratch.
-      const bool long_chunk = rows * K >= 8 * NE;
-      const bool experts_fp8 = fp8_experts && fp4 && long_chunk && L.fp8_fit == 1;
-      const bool expand_ahead = side_expansion && fp4 && long_chunk;
-      if (expand_ahead) {
-        PDB_CUDA_CHECK(cudaStreamWaitEvent(I.side, I.scratch_free, 0));
-        if (profile) PDB_CUDA_CHECK(cudaEventRecord(ev[9], I.side));
-        if (experts_fp8) expand_all_experts_fp8(I, L, I.side);
-        else expand_all_experts(I, L, I.side);
-        if (profile) PDB_CUDA_CHECK(cudaEventRecord(ev[10], I.side));
-        PDB_CUDA_CHECK(cudaEventRecord(I.expanded, I.side));
-      }
-      // ---- the sections, with the decoder's weights
-      // the pre-mixes: the decoder's (its pre feeds the sections and the layer) and the engine's (its post and comb
-      // make the residual), from one f32 product of the raw streams scaled by their inv-rms
-      float* x = I.x.as<float>();
-      const float* inv_x = I.inv_x.as<float>();
-      constexpr int64_t kMix = cuda::kDsv4MixFloats;
-      I.gemm.xwt(cuda::DType::F32, x, L.hc_attn_fns.get(), cuda::DType::F32, I.m.get(), rows, 4 * E, 2 * kMix, 0.0f, s);
-      cuda::dsv4_hc_coefs(I.m.as<float>(), 2 * kMix, inv_x, L.r_hc_base.as<float>(), L.r_hc_scale.as<float>(), rows, c.hc_eps,
-                          int(c.hc_iterations), I.mix_r.as<float>(), s);
-      cuda::dsv4_hc_coefs(I.m.as<float>() + kMix, 2 * kMix, inv_x, L.hc_attn_base.as<float>(), L.hc_attn_scale.as<float>(), rows, c.hc_eps,
-                          int(c.hc_iterations), I.mix_e.as<float>(), s);
-      cuda::dsv4_hc_pre_sum(x, I.mix_r.as<float>(), rows, E, I.pre.as<float>(), s);
-      float* cur = I.cur.as<float>();
-      cuda::rmsnorm_rows(I.pre.as<float>(), L.attn_norm.as<float>(), cur, rows, E, eps, s);
-      if (any_q8) cuda::quantize_rows_q8(cur, rows, E, I.qx.as<int8_t>(), I.dx.as<float>(), s);
-      const int8_t* qx = I.qx.as<int8_t>();
-      const float* dx = I.dx.as<float>();
+      begin_layer(l);
       Deepseek4LayerSections S;
-      S.ratio = L.ratio;
-      const int64_t handed = std::min(rows, W);  // the window rows handed over: the chunk's last W (all a seal and the wire use)
-      S.window_first = p0 + rows - handed;
-      float* kv = I.kvrow.as<float>();
-      I.project(L.wkv, cur, qx, dx, rows, kv);
-      cuda::rmsnorm_rows(kv, L.kv_norm.as<float>(), kv, rows, D, eps, s);
-      cuda::rope_tail(kv, cs, rows, 1, int(D), int(r), D, s);
-      if (quantized) rotate_rows(kv, rows, D, s);
-      I.download(S.window, kv + (rows - handed) * D, handed * D);
-      PDB_CUDA_CHECK(cudaMemcpyAsync(I.kvtmp.get(), kv, size_t(rows * D) * 4, cudaMemcpyDeviceToDevice, s));
-      I.keep_last(L.win, L.win_rows, std::min(W, L.win_rows), size_t(D) * 2);  // what this chunk's queries reach back to
-      L.win_first = p0 - L.win_rows;
-      as_stored(I.kvtmp.as<float>(), rows, D, true, L.win.as<bf16>() + L.win_rows * D);
-      L.win_rows += rows;
-      // the compressors: their projections after the carried tokens, the blocks finishing in this chunk, the rings
-      auto compress = [&](const SectionProjection& wa, const SectionProjection& wg, const DeviceBuffer& ape, const DeviceBuffer& norm,
-                          int64_t width, int ratio, bool hadamard, Impl::Layer::History& h, DeviceBuffer& rows_out, int64_t& n_out,
-                          std::vector<float>& pooled, int64_t& first_block, std::vector<float>& ring_kv, std::vector<float>& ring_score) {
-        const int64_t cw = (ratio == 4 ? 2 : 1) * width, ring = ratio == 4 ? 8 : 128;
-        const int64_t keep = std::min(ring, h.rows);
-        if (h.rows > keep) {
-          int64_t ra = h.rows, rg = h.rows;
-          I.keep_last(h.a, ra, keep, size_t(cw) * 4);
-          I.keep_last(h.g, rg, keep, size_t(cw) * 4);
-          h.first += h.rows - keep;
-          h.rows = keep;
-        }
-        if (h.rows == 0) h.first = p0;
-        if (h.first + h.rows != p0) throw std::logic_error("DSV4 GPU compressor: chunks out of order");
-        float* a = h.a.as<float>() + h.rows * cw;
-        float* g = h.g.as<float>() + h.rows * cw;
-        I.project(wa, cur, qx, dx, rows, a);
-        I.project(wg, cur, qx, dx, rows, g);
-        cuda::dsv4_add_ape(g, ape.as<float>(), rows, cw, p0, ratio, s);
-        h.rows += rows;
-        const int64_t b0 = p0 / ratio, nb = (p0 + rows) / ratio - b0;
-        first_block = b0;
-        float* out = I.pooled.as<float>();
-        if (nb > 0) {
-          cuda::dsv4_pool(h.a.as<float>(), h.g.as<float>(), h.first, b0, nb, ratio, width, out, s);
-          cuda::rmsnorm_rows(out, norm.as<float>(), out, nb, width, eps, s);
-          // each block is roped at its first position: a row of the chunk's table (every ratio-th), except a block
-          // that began in the previous chunk
-          const int64_t lead = ratio * b0 < p0 ? 1 : 0;
-          if (lead) {
-            const auto csb = rope_table(rp, 1, [&](int64_t) { return ratio * b0; });
-            PDB_CUDA_CHECK(cudaMemcpyAsync(I.csb.get(), csb.data(), csb.size() * 4, cudaMemcpyHostToDevice, s));
-            cuda::rope_tail(out, I.csb.as<float>(), 1, 1, int(width), int(r), width, s);
-          }
-          cuda::rope_tail(out + lead * width, I.cs_comp.as<float>() + (ratio * (b0 + lead) - p0) * r, nb - lead, 1, int(width), int(r), width, s,
-                          ratio * r);
-          if (hadamard) rotate_rows(out, nb, width, s);
-          I.download(pooled, out, nb * width);  // to pageable memory: complete when it returns
-          // the LID rows stay rotated (the indexer's query is rotated to match); pool rows as the window's
-          as_stored(out, nb, width, hadamard && &rows_out != &L.lid, rows_out.as<bf16>() + n_out * width);
-          n_out += nb;
-        } else {
-          pooled.clear();
-        }
-        // the rings after this chunk's last token
-        const int64_t end = p0 + rows, from = std::max(h.first, end - ring);
-        std::vector<float> ta, tg;
-        I.download(ta, h.a.as<float>() + (from - h.first) * cw, (end - from) * cw);
-        I.download(tg, h.g.as<float>() + (from - h.first) * cw, (end - from) * cw);
-        PDB_CUDA_CHECK(cudaStreamSynchronize(s));
-        ring_kv.assign(size_t(ring * cw), 0.0f);
-        ring_score.assign(size_t(ring * cw), 0.0f);
-        for (int64_t t = from; t < end; ++t) {
-          std::copy_n(ta.data() + (t - from) * cw, cw, ring_kv.data() + (t % ring) * cw);
-          std::copy_n(tg.data() + (t - from) * cw, cw, ring_score.data() + (t % ring) * cw);
-        }
-      };
-      if (L.ratio)
-        compress(L.ckv, L.cgate, L.cape, L.cnorm, D, int(L.ratio), quantized, L.hp, L.pool, L.n_pool, S.pool, S.pool_first, S.ring_kv, S.ring_score);
-      if (L.ratio == 4) {
-        const int64_t had = L.n_lid;
-        compress(L.ikv, L.igate, L.iape, L.inorm, Id, 4, true, L.hl, L.lid, L.n_lid, S.lid, S.lid_first, S.lid_kv, S.lid_score);
-        if (fp8_idx)  // the FP8 operand of the rows the decoder caches (as stored, then e4m3)
-          cuda::indexer_fp8_rows(L.lid.as<bf16>() + had * Id, L.n_lid - had, int(Id), L.lid8.as<uint8_t>() + had * Id, L.lid8_s.as<float>() + had, s);
-      }
-      PDB_CUDA_CHECK(cudaStreamSynchronize(s));
-      mark(1);
+      sections(S);
       const auto h0 = std::chrono::steady_clock::now();
       const bool go_on = hook(int(l), nullptr, p0, rows, S);
       const double hook_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - h0).count();
@@ -807,219 +755,409 @@ int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t
         }
         break;
       }
-      // ---- the layer, with the engine's weights: the q path
-      cuda::f32_to_bf16(cur, I.cur_b.as<bf16>(), rows * E, s);
-      I.gemm.xwt(cuda::DType::BF16, I.cur_b.get(), L.wq_a.get(), cuda::DType::F32, I.qr.get(), rows, E, Lq, 0.0f, s);
-      cuda::rmsnorm_rows(I.qr.as<float>(), L.q_a_norm.as<float>(), I.qr.as<float>(), rows, Lq, eps, s);
-      cuda::f32_to_bf16(I.qr.as<float>(), I.qr_b.as<bf16>(), rows * Lq, s);
-      // q in bf16 straight from its product: the head norm sees bf16-rounded values (the engine's products' class)
-      I.gemm.xwt(cuda::DType::BF16, I.qr_b.get(), L.wq_b.get(), cuda::DType::BF16, I.q.get(), rows, Lq, H * D, 0.0f, s);
-      cuda::dsv4_head_norm_rope_bf16(I.q.as<bf16>(), cs, rows, int(H), int(D), int(r), eps, I.q_b.as<bf16>(), s);
-      mark(2);
-      // ---- the lightning indexer (ratio 4): each query's top-k of the finished blocks
-      if (L.ratio == 4) {
-        I.gemm.xwt(cuda::DType::BF16, I.qr_b.get(), L.idx_q_b.get(), cuda::DType::F32, I.iq.get(), rows, Lq, Hi * Id, 0.0f, s);
-        cuda::rope_tail(I.iq.as<float>(), cs, rows, int(Hi), int(Id), int(r), Hi * Id, s);
-        rotate_rows(I.iq.as<float>(), rows * Hi, Id, s);
-        if (fp8_idx)
-          cuda::indexer_fp8_rows(I.iq.as<float>(), rows * Hi, int(Id), I.iq8.as<uint8_t>(), I.iq8_s.as<float>(), s);
-        else
-          cuda::f32_to_bf16(I.iq.as<float>(), I.iq_b.as<bf16>(), rows * Hi * Id, s);
-        I.gemm.xwt(cuda::DType::BF16, I.cur_b.get(), L.idx_proj.get(), cuda::DType::F32, I.iw.get(), rows, E, Hi, 0.0f, s);
-        cuda::scale_f32(I.iw.as<float>(), rows * Hi, 1.0f / std::sqrt(float(Id * Hi)), s);
-        const int64_t nblocks = L.n_lid;
-        if (nblocks == 0) {
-          PDB_CUDA_CHECK(cudaMemsetAsync(I.idx.get(), 0xff, size_t(rows * topk) * 4, s));
-        } else {
-          for (int64_t q0 = 0; q0 < rows; q0 += idx_batch) {
-            const int64_t nq = std::min(idx_batch, rows - q0);
-            const cuda::IndexerShape sh{nq, p0 + q0, int(Hi), nblocks, 4, int(topk)};
-            if (fp8_idx) {
-              cuda::indexer_scores_fp8(I.iq8.as<uint8_t>() + q0 * Hi * Id, I.iq8_s.as<float>() + q0 * Hi, L.lid8.as<uint8_t>(), L.lid8_s.as<float>(),
-                                       I.iw.as<float>() + q0 * Hi, I.iscores.as<float>(), sh, int(Id), s);
-            } else if (fused_idx) {
-              cuda::indexer_scores(I.iq_b.as<bf16>() + q0 * Hi * Id, L.lid.as<bf16>(), I.iw.as<float>() + q0 * Hi, I.iscores.as<float>(), sh, int(Id), s);
-            } else {
-              I.gemm.xwt(cuda::DType::BF16, I.iq_b.as<bf16>() + q0 * Hi * Id, L.lid.get(), cuda::DType::F32, I.isc.get(), nq * Hi, Id, nblocks, 0.0f, s);
-              cuda::indexer_weighted_relu(I.isc.as<float>(), I.iw.as<float>() + q0 * Hi, I.iscores.as<float>(), sh, s);
-            }
-            cuda::indexer_topk(I.iscores.as<float>(), I.idx.as<int32_t>() + q0 * topk, sh, s);
-          }
-        }
-      }
-      mark(3);
-      // ---- the sparse attention: per query its window rows and its compressed rows, softmax with the sink
-      {
-        const int64_t NK = W + (L.ratio == 4 ? topk : L.ratio == 128 ? (p0 + rows) / 128 : 0);
-        if (fused_attn) {
-          cuda::Dsv4SparseAttention a;
-          a.q = I.q_b.as<bf16>();
-          a.win = L.win.as<bf16>();
-          a.win_first = L.win_first;
-          a.pool = L.ratio ? L.pool.as<bf16>() : nullptr;
-          a.n_pool = L.ratio ? L.n_pool : 0;
-          a.idx = L.ratio == 4 ? I.idx.as<int32_t>() : nullptr;
-          a.sinks = L.sinks.as<float>();
-          a.top_k = int(topk);
-          a.ratio = int(L.ratio);
-          a.W = int(W);
-          a.H = int(H);
-          a.D = int(D);
-          a.t0 = p0;
-          a.nq = rows;
-          a.scale = scale;
-          cuda::dsv4_sparse_attention(a, I.att.as<bf16>(), s);
-        }
-        const int64_t batch = std::max<int64_t>(1, std::min<int64_t>(rows, attn_batch * max_nk / NK));
-        const float one = 1.0f, zero = 0.0f;
-        for (int64_t q0 = 0; q0 < rows && !fused_attn; q0 += batch) {
-          const int64_t nq = std::min(batch, rows - q0);
-          cuda::Dsv4KeyGather kg;
-          kg.win = L.win.as<bf16>();
-          kg.win_first = L.win_first;
-          kg.pool = L.ratio ? L.pool.as<bf16>() : nullptr;
-          kg.idx = L.ratio == 4 ? I.idx.as<int32_t>() + q0 * topk : nullptr;
-          kg.top_k = int(topk);
-          kg.ratio = int(L.ratio);
-          kg.W = int(W);
-          kg.NK = int(NK);
-          kg.D = int(D);
-          kg.t0 = p0 + q0;
-          kg.nq = nq;
-          cuda::dsv4_gather_keys(kg, I.kg.as<bf16>(), I.valid.as<uint8_t>(), s);
-          // S^T [NK x H] = Kg [NK x D] . Q^T per query (column-major views of the row-major buffers)
-          check_cublas(cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(NK), int(H), int(D), &one, I.kg.get(), CUDA_R_16BF, int(D),
-                                                  NK * D, I.q_b.as<bf16>() + q0 * H * D, CUDA_R_16BF, int(D), H * D, &zero, I.sc.get(), CUDA_R_32F,
-                                                  int(NK), H * NK, int(nq), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                       "attention scores");
-          cuda::dsv4_sink_softmax(I.sc.as<float>(), I.valid.as<uint8_t>(), L.sinks.as<float>(), nq, int(H), int(NK), scale, I.p.as<bf16>(), s);
-          // O^T [D x H] = Kg^T [D x NK] . P^T [NK x H]
-          check_cublas(cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_N, CUBLAS_OP_N, int(D), int(H), int(NK), &one, I.kg.get(), CUDA_R_16BF, int(D),
-                                                  NK * D, I.p.get(), CUDA_R_16BF, int(NK), H * NK, &zero, I.att.as<bf16>() + q0 * H * D, CUDA_R_16BF,
-                                                  int(D), H * D, int(nq), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                       "attention output");
-        }
-        cuda::dsv4_derope(I.att.as<bf16>(), cs, rows, int(H), int(D), int(r), s);
-      }
-      mark(4);
-      // ---- the grouped output LoRA: per group g, oa[:, gR..] = att[:, g ogd..] . wo_a_g^T; then wo_b; the post-mix
-      {
-        const float one = 1.0f, zero = 0.0f;
-        check_cublas(cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(R), int(rows), int(ogd), &one, L.wo_a.get(), CUDA_R_16BF,
-                                                int(ogd), R * ogd, I.att.get(), CUDA_R_16BF, int(H * D), ogd, &zero, I.oa.get(), CUDA_R_16BF,
-                                                int(G * R), R, int(G), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                     "grouped output LoRA");
-        I.gemm.xwt(cuda::DType::BF16, I.oa.get(), L.wo_b.get(), cuda::DType::F32, I.ao.get(), rows, G * R, E, 0.0f, s);
-        cuda::dsv4_hc_post(I.ao.as<float>(), I.mix_e.as<float>(), x, rows, E, I.xa.as<float>(), s, I.inv_x.as<float>(), eps);
-      }
-      mark(5);
-      // ---- the MoE: pre-mix, ffn_norm, routing, routed experts (one grouped product each for gate|up and down), shared expert
-      {
-        float* xa = I.xa.as<float>();
-        I.gemm.xwt(cuda::DType::F32, xa, L.hc_ffn_fn.get(), cuda::DType::F32, I.m.get(), rows, 4 * E, 24, 0.0f, s);
-        cuda::dsv4_hc_coefs(I.m.as<float>(), 24, I.inv_x.as<float>(), L.hc_ffn_base.as<float>(), L.hc_ffn_scale.as<float>(), rows, c.hc_eps,
-                            int(c.hc_iterations), I.mix_r.as<float>(), s);
-        cuda::dsv4_hc_pre_sum(xa, I.mix_r.as<float>(), rows, E, I.hpre.as<float>(), s);
-        cuda::rmsnorm_rows(I.hpre.as<float>(), L.ffn_norm.as<float>(), I.hn.as<float>(), rows, E, eps, s);
-        cuda::f32_to_bf16(I.hn.as<float>(), I.hn_b.as<bf16>(), rows * E, s);
-        I.gemm.xwt(cuda::DType::F32, I.hn.get(), L.router.get(), cuda::DType::F32, I.logits.get(), rows, E, NE, 0.0f, s);
-        cuda::dsv4_route(I.logits.as<float>(), L.hash ? nullptr : L.probs_bias.as<float>(), L.hash ? L.tid2eid.as<int32_t>() : nullptr, tok, rows,
-                         int(NE), int(K), c.expert_scale, I.experts.as<int32_t>(), I.weights.as<float>(), s);
-        const int64_t g = rows * K;
-        cuda::moe_group(I.experts.as<int32_t>(), rows, int(K), int(NE), I.counts.as<int32_t>(), I.offsets.as<int32_t>(), I.slot_of.as<int32_t>(),
-                        I.token_of.as<int32_t>(), s);
-        cuda::gather_rows(I.hn_b.as<bf16>(), I.token_of.as<int32_t>(), g, E, I.xg.as<bf16>(), s);
-        PDB_CUDA_CHECK(cudaMemcpyAsync(I.counts_host.as<int32_t>(), I.counts.get(), size_t(NE) * 4, cudaMemcpyDeviceToHost, s));
-        PDB_CUDA_CHECK(cudaStreamSynchronize(s));
-        const int32_t* cnt = I.counts_host.as<int32_t>();
-        const bf16* wgu = fp4 ? I.exp_gu_scratch.as<bf16>() : L.exp_gu.as<bf16>();
-        const bf16* wd = fp4 ? I.exp_down_scratch.as<bf16>() : L.exp_down.as<bf16>();
-        std::vector<cuda::GroupedProduct> up(static_cast<size_t>(NE)), down(static_cast<size_t>(NE));
-        int64_t off = 0;
-        const int64_t blocks_fe = F * E / 32;
-        if (fp4 && !expand_ahead) mark(9);
-        int64_t used = 0;
-        for (int64_t e = 0; e < NE; ++e) used += cnt[e] > 0;
-        const bool expand_all = fp4 && !expand_ahead && (used == NE || experts_fp8);
-        if (expand_all && experts_fp8) expand_all_experts_fp8(I, L, s);
-        else if (expand_all) expand_all_experts(I, L, s);
-        for (int64_t e = 0; e < NE; ++e) {
-          const int64_t ne_rows = cnt[e];
-          if (fp4 && ne_rows > 0 && !expand_ahead && !expand_all) {  // this layer's used experts, FP4 -> bf16, just before their products
-            cuda::mxfp4_to_bf16(L.gate_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_gu_scratch.as<bf16>() + e * 2 * F * E, s);
-            cuda::mxfp4_to_bf16(L.up_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_gu_scratch.as<bf16>() + e * 2 * F * E + F * E, s);
-            cuda::mxfp4_to_bf16(L.down_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_down_scratch.as<bf16>() + e * E * F, s);
-          }
-          up[size_t(e)] = {I.xg.as<bf16>() + off * E, wgu + e * 2 * F * E, I.gu.as<bf16>() + off * 2 * F, ne_rows};
-          down[size_t(e)] = {I.act.as<bf16>() + off * F, wd + e * E * F, I.yexp.as<bf16>() + off * E, ne_rows};
-          off += ne_rows;
-        }
-        if (fp4 && !expand_ahead) mark(10);
-        if (expand_ahead) PDB_CUDA_CHECK(cudaStreamWaitEvent(s, I.expanded, 0));
-        if (off != g) throw std::runtime_error(fmt::format("DSV4 MoE grouping placed {} of {} token choices", off, g));
-        mark(11);
-        if (experts_fp8) {
-          // One FP8 product per expert, its rows padded to 64 (few shapes, few plans) and quantized with their own
-          // scale grid; the padding rows are the next expert's, whose own product overwrites them after (one
-          // stream, in order), or the slack past the last.
-          const cuda::Fp8ScaleLayout& fl = *I.fp8;
-          auto products = [&](const bf16* in, int64_t width, uint8_t* q, float* qs, const uint8_t* w8, const float* w8s, int64_t w_stride,
-                              int64_t s_stride, int64_t out_width, bf16* out) {
-            int64_t at = 0, scale_at = 0;
-            for (int64_t e = 0; e < NE; ++e) {
-              const int64_t ne_rows = cnt[e];
-              if (ne_rows == 0) continue;
-              const int64_t padded = (ne_rows + 63) / 64 * 64;
-              cuda::quantize_rows_fp8(in + at * width, padded, width, q + at * width, qs + scale_at, fl, s);
-              I.gemm.xwt_fp8(fl, q + at * width, qs + scale_at, w8 + e * w_stride, w8s + e * s_stride, cuda::DType::BF16, out + at * out_width,
-                             padded, width, out_width, 0.0f, s);
-              at += ne_rows;
-              scale_at += int64_t(cuda::fp8_scale_bytes(padded, width, fl) / 4);
-            }
-          };
-          products(I.xg.as<bf16>(), E, I.xq.as<uint8_t>(), I.xq_s.as<float>(), I.gu8.as<uint8_t>(), I.gu8_s.as<float>(), 2 * F * E,
-                   fl.weight_scale_count(2 * F / 128, E / 128), 2 * F, I.gu.as<bf16>());
-          cuda::swiglu_clamp_rows(I.gu.as<bf16>(), I.act.as<bf16>(), g, F, c.swiglu_clamp, s);
-          products(I.act.as<bf16>(), F, I.aq.as<uint8_t>(), I.aq_s.as<float>(), I.down8.as<uint8_t>(), I.down8_s.as<float>(), E * F,
-                   fl.weight_scale_count(E / 128, F / 128), E, I.yexp.as<bf16>());
-        } else {
-          I.grouped.xwt(up, E, 2 * F, cuda::DType::BF16, s);
-          cuda::swiglu_clamp_rows(I.gu.as<bf16>(), I.act.as<bf16>(), g, F, c.swiglu_clamp, s);
-          I.grouped.xwt(down, F, E, cuda::DType::BF16, s);
-        }
-        if (fp4) PDB_CUDA_CHECK(cudaEventRecord(I.scratch_free, s));
-        mark(12);
-        I.gemm.xwt(cuda::DType::BF16, I.hn_b.get(), L.sh_gu.get(), cuda::DType::BF16, I.shgu.get(), rows, E, 2 * FS, 0.0f, s);
-        cuda::swiglu_clamp_rows(I.shgu.as<bf16>(), I.shact.as<bf16>(), rows, FS, c.swiglu_clamp, s);
-        I.gemm.xwt(cuda::DType::BF16, I.shact.get(), L.sh_down.get(), cuda::DType::F32, I.y.get(), rows, FS, E, 0.0f, s);
-        cuda::moe_combine(I.yexp.as<bf16>(), I.slot_of.as<int32_t>(), I.weights.as<float>(), rows, int(K), E, I.y.as<float>(), s);
-        cuda::dsv4_hc_post(I.y.as<float>(), I.mix_r.as<float>(), xa, rows, E, x, s, I.inv_x.as<float>(), eps);
-      }
-      mark(6);
-      if (profile) {
-        PDB_CUDA_CHECK(cudaEventSynchronize(ev[6]));
-        // sections 0 -> 1 | (hook) | query 8 -> 2 | indexer 2 -> 3 | attention 3 -> 4 | output 4 -> 5 | moe 5 -> 6
-        const int from[6] = {0, 8, 2, 3, 4, 5}, to[6] = {1, 2, 3, 4, 5, 6};
-        const int phase[6] = {kSections, kQuery, kIndexer, kAttention, kOutput, kMoe};
-        for (int i = 0; i < 6; ++i) {
-          float ms = 0;
-          PDB_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[from[i]], ev[to[i]]));
-          profile->ms[size_t(l)][phase[i]] += ms;
-        }
-        if (L.exp_gu.bytes() == 0) {
-          float ms = 0;
-          PDB_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[9], ev[10]));
-          profile->ms[size_t(l)][kExpand] += ms;
-        }
-        float routed = 0;
-        PDB_CUDA_CHECK(cudaEventElapsedTime(&routed, ev[11], ev[12]));
-        profile->ms[size_t(l)][kRouted] += routed;
-      }
+      q_path();
+      indexer();
+      attention();
+      output();
+      moe();
+      record_profile();
     }
     PDB_CUDA_CHECK(cudaStreamSynchronize(s));
     done = p0 + rows;
   }
   return done;
+}
+
+// The layer's rope table and, for FP4 experts, their expansion on the side stream from the layer's start.
+void Deepseek4CudaEngine::PromptRun::begin_layer(int64_t layer) {
+  layer_ = &I.layers[size_t(layer)];
+  Impl::Layer& L = *layer_;
+  cs = L.ratio ? I.cs_comp.as<float>() : I.cs_plain.as<float>();
+  rope_ = L.ratio ? &rp_comp : &rp_plain;
+  mark(0);
+  fp4 = L.exp_gu.bytes() == 0;
+  // A chunk of rows * K >= 8 * NE token choices uses (nearly) every expert: all of them are expanded (to FP8
+  // tiles where the layer's fit) on the side stream from the layer's start, once the last layer's products are
+  // done with the scratch.
+  const bool long_chunk = rows * K >= 8 * NE;
+  experts_fp8 = fp8_experts && fp4 && long_chunk && L.fp8_fit == 1;
+  expand_ahead = side_expansion && fp4 && long_chunk;
+  if (expand_ahead) {
+    PDB_CUDA_CHECK(cudaStreamWaitEvent(I.side, I.scratch_free, 0));
+    if (profile) PDB_CUDA_CHECK(cudaEventRecord(ev[9], I.side));
+    if (experts_fp8) expand_all_experts_fp8(I, L, I.side);
+    else expand_all_experts(I, L, I.side);
+    if (profile) PDB_CUDA_CHECK(cudaEventRecord(ev[10], I.side));
+    PDB_CUDA_CHECK(cudaEventRecord(I.expanded, I.side));
+  }
+}
+
+// ---- the sections, with the decoder's weights (to the hook)
+void Deepseek4CudaEngine::PromptRun::sections(Deepseek4LayerSections& S) {
+  Impl::Layer& L = *layer_;
+  // the pre-mixes: the decoder's (its pre feeds the sections and the layer) and the engine's (its post and comb
+  // make the residual), from one f32 product of the raw streams scaled by their inv-rms
+  x = I.x.as<float>();
+  inv_x = I.inv_x.as<float>();
+  constexpr int64_t kMix = cuda::kDsv4MixFloats;
+  I.gemm.xwt(cuda::DType::F32, x, L.hc_attn_fns.get(), cuda::DType::F32, I.m.get(), rows, 4 * E, 2 * kMix, 0.0f, s);
+  cuda::dsv4_hc_coefs(I.m.as<float>(), 2 * kMix, inv_x, L.r_hc_base.as<float>(), L.r_hc_scale.as<float>(), rows, c.hc_eps,
+                      int(c.hc_iterations), I.mix_r.as<float>(), s);
+  cuda::dsv4_hc_coefs(I.m.as<float>() + kMix, 2 * kMix, inv_x, L.hc_attn_base.as<float>(), L.hc_attn_scale.as<float>(), rows, c.hc_eps,
+                      int(c.hc_iterations), I.mix_e.as<float>(), s);
+  cuda::dsv4_hc_pre_sum(x, I.mix_r.as<float>(), rows, E, I.pre.as<float>(), s);
+  cur = I.cur.as<float>();
+  cuda::rmsnorm_rows(I.pre.as<float>(), L.attn_norm.as<float>(), cur, rows, E, eps, s);
+  if (any_q8) cuda::quantize_rows_q8(cur, rows, E, I.qx.as<int8_t>(), I.dx.as<float>(), s);
+  qx = I.qx.as<int8_t>();
+  dx = I.dx.as<float>();
+  S.ratio = L.ratio;
+  const int64_t handed = std::min(rows, W);  // the window rows handed over: the chunk's last W (all a seal and the wire use)
+  S.window_first = p0 + rows - handed;
+  float* kv = I.kvrow.as<float>();
+  I.project(L.wkv, cur, qx, dx, rows, kv);
+  cuda::rmsnorm_rows(kv, L.kv_norm.as<float>(), kv, rows, D, eps, s);
+  cuda::rope_tail(kv, cs, rows, 1, int(D), int(r), D, s);
+  if (quantized) rotate_rows(kv, rows, D, s);
+  I.download(S.window, kv + (rows - handed) * D, handed * D);
+  PDB_CUDA_CHECK(cudaMemcpyAsync(I.kvtmp.get(), kv, size_t(rows * D) * 4, cudaMemcpyDeviceToDevice, s));
+  I.keep_last(L.win, L.win_rows, std::min(W, L.win_rows), size_t(D) * 2);  // what this chunk's queries reach back to
+  L.win_first = p0 - L.win_rows;
+  as_stored(I.kvtmp.as<float>(), rows, D, true, L.win.as<bf16>() + L.win_rows * D);
+  L.win_rows += rows;
+  if (L.ratio)
+    compress(L.ckv, L.cgate, L.cape, L.cnorm, D, int(L.ratio), quantized, L.hp, L.pool, L.n_pool, S.pool, S.pool_first, S.ring_kv, S.ring_score);
+  if (L.ratio == 4) {
+    const int64_t had = L.n_lid;
+    compress(L.ikv, L.igate, L.iape, L.inorm, Id, 4, true, L.hl, L.lid, L.n_lid, S.lid, S.lid_first, S.lid_kv, S.lid_score);
+    if (fp8_idx)  // the FP8 operand of the rows the decoder caches (as stored, then e4m3)
+      cuda::indexer_fp8_rows(L.lid.as<bf16>() + had * Id, L.n_lid - had, int(Id), L.lid8.as<uint8_t>() + had * Id, L.lid8_s.as<float>() + had, s);
+  }
+  PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+  mark(1);
+}
+
+// the compressors: their projections after the carried tokens, the blocks finishing in this chunk, the rings
+void Deepseek4CudaEngine::PromptRun::compress(const SectionProjection& wa, const SectionProjection& wg, const DeviceBuffer& ape,
+                                              const DeviceBuffer& norm, int64_t width, int ratio, bool hadamard, Impl::Layer::History& h,
+                                              DeviceBuffer& rows_out, int64_t& n_out, std::vector<float>& pooled, int64_t& first_block,
+                                              std::vector<float>& ring_kv, std::vector<float>& ring_score) {
+  Impl::Layer& L = *layer_;
+  const GgmlRopeParams& rp = *rope_;
+  const int64_t cw = (ratio == 4 ? 2 : 1) * width, ring = ratio == 4 ? 8 : 128;
+  const int64_t keep = std::min(ring, h.rows);
+  if (h.rows > keep) {
+    int64_t ra = h.rows, rg = h.rows;
+    I.keep_last(h.a, ra, keep, size_t(cw) * 4);
+    I.keep_last(h.g, rg, keep, size_t(cw) * 4);
+    h.first += h.rows - keep;
+    h.rows = keep;
+  }
+  if (h.rows == 0) h.first = p0;
+  if (h.first + h.rows != p0) throw std::logic_error("DSV4 GPU compressor: chunks out of order");
+  float* a = h.a.as<float>() + h.rows * cw;
+  float* g = h.g.as<float>() + h.rows * cw;
+  I.project(wa, cur, qx, dx, rows, a);
+  I.project(wg, cur, qx, dx, rows, g);
+  cuda::dsv4_add_ape(g, ape.as<float>(), rows, cw, p0, ratio, s);
+  h.rows += rows;
+  const int64_t b0 = p0 / ratio, nb = (p0 + rows) / ratio - b0;
+  first_block = b0;
+  float* out = I.pooled.as<float>();
+  if (nb > 0) {
+    cuda::dsv4_pool(h.a.as<float>(), h.g.as<float>(), h.first, b0, nb, ratio, width, out, s);
+    cuda::rmsnorm_rows(out, norm.as<float>(), out, nb, width, eps, s);
+    // each block is roped at its first position: a row of the chunk's table (every ratio-th), except a block
+    // that began in the previous chunk
+    const int64_t lead = ratio * b0 < p0 ? 1 : 0;
+    if (lead) {
+      const auto csb = rope_table(rp, 1, [&](int64_t) { return ratio * b0; });
+      PDB_CUDA_CHECK(cudaMemcpyAsync(I.csb.get(), csb.data(), csb.size() * 4, cudaMemcpyHostToDevice, s));
+      cuda::rope_tail(out, I.csb.as<float>(), 1, 1, int(width), int(r), width, s);
+    }
+    cuda::rope_tail(out + lead * width, I.cs_comp.as<float>() + (ratio * (b0 + lead) - p0) * r, nb - lead, 1, int(width), int(r), width, s,
+                    ratio * r);
+    if (hadamard) rotate_rows(out, nb, width, s);
+    I.download(pooled, out, nb * width);  // to pageable memory: complete when it returns
+    // the LID rows stay rotated (the indexer's query is rotated to match); pool rows as the window's
+    as_stored(out, nb, width, hadamard && &rows_out != &L.lid, rows_out.as<bf16>() + n_out * width);
+    n_out += nb;
+  } else {
+    pooled.clear();
+  }
+  // the rings after this chunk's last token
+  const int64_t end = p0 + rows, from = std::max(h.first, end - ring);
+  std::vector<float> ta, tg;
+  I.download(ta, h.a.as<float>() + (from - h.first) * cw, (end - from) * cw);
+  I.download(tg, h.g.as<float>() + (from - h.first) * cw, (end - from) * cw);
+  PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+  ring_kv.assign(size_t(ring * cw), 0.0f);
+  ring_score.assign(size_t(ring * cw), 0.0f);
+  for (int64_t t = from; t < end; ++t) {
+    std::copy_n(ta.data() + (t - from) * cw, cw, ring_kv.data() + (t % ring) * cw);
+    std::copy_n(tg.data() + (t - from) * cw, cw, ring_score.data() + (t % ring) * cw);
+  }
+}
+
+// ---- the layer, with the engine's weights: the q path
+void Deepseek4CudaEngine::PromptRun::q_path() {
+  Impl::Layer& L = *layer_;
+  cuda::f32_to_bf16(cur, I.cur_b.as<bf16>(), rows * E, s);
+  I.gemm.xwt(cuda::DType::BF16, I.cur_b.get(), L.wq_a.get(), cuda::DType::F32, I.qr.get(), rows, E, Lq, 0.0f, s);
+  cuda::rmsnorm_rows(I.qr.as<float>(), L.q_a_norm.as<float>(), I.qr.as<float>(), rows, Lq, eps, s);
+  cuda::f32_to_bf16(I.qr.as<float>(), I.qr_b.as<bf16>(), rows * Lq, s);
+  // q in bf16 straight from its product: the head norm sees bf16-rounded values (the engine's products' class)
+  I.gemm.xwt(cuda::DType::BF16, I.qr_b.get(), L.wq_b.get(), cuda::DType::BF16, I.q.get(), rows, Lq, H * D, 0.0f, s);
+  cuda::dsv4_head_norm_rope_bf16(I.q.as<bf16>(), cs, rows, int(H), int(D), int(r), eps, I.q_b.as<bf16>(), s);
+  mark(2);
+}
+
+// ---- the lightning indexer (ratio 4): each query's top-k of the finished blocks
+void Deepseek4CudaEngine::PromptRun::indexer() {
+  Impl::Layer& L = *layer_;
+  if (L.ratio == 4) {
+    I.gemm.xwt(cuda::DType::BF16, I.qr_b.get(), L.idx_q_b.get(), cuda::DType::F32, I.iq.get(), rows, Lq, Hi * Id, 0.0f, s);
+    cuda::rope_tail(I.iq.as<float>(), cs, rows, int(Hi), int(Id), int(r), Hi * Id, s);
+    rotate_rows(I.iq.as<float>(), rows * Hi, Id, s);
+    if (fp8_idx)
+      cuda::indexer_fp8_rows(I.iq.as<float>(), rows * Hi, int(Id), I.iq8.as<uint8_t>(), I.iq8_s.as<float>(), s);
+    else
+      cuda::f32_to_bf16(I.iq.as<float>(), I.iq_b.as<bf16>(), rows * Hi * Id, s);
+    I.gemm.xwt(cuda::DType::BF16, I.cur_b.get(), L.idx_proj.get(), cuda::DType::F32, I.iw.get(), rows, E, Hi, 0.0f, s);
+    cuda::scale_f32(I.iw.as<float>(), rows * Hi, 1.0f / std::sqrt(float(Id * Hi)), s);
+    const int64_t nblocks = L.n_lid;
+    if (nblocks == 0) {
+      PDB_CUDA_CHECK(cudaMemsetAsync(I.idx.get(), 0xff, size_t(rows * topk) * 4, s));
+    } else {
+      for (int64_t q0 = 0; q0 < rows; q0 += idx_batch) {
+        const int64_t nq = std::min(idx_batch, rows - q0);
+        const cuda::IndexerShape sh{nq, p0 + q0, int(Hi), nblocks, 4, int(topk)};
+        if (fp8_idx) {
+          cuda::indexer_scores_fp8(I.iq8.as<uint8_t>() + q0 * Hi * Id, I.iq8_s.as<float>() + q0 * Hi, L.lid8.as<uint8_t>(), L.lid8_s.as<float>(),
+                                   I.iw.as<float>() + q0 * Hi, I.iscores.as<float>(), sh, int(Id), s);
+        } else if (fused_idx) {
+          cuda::indexer_scores(I.iq_b.as<bf16>() + q0 * Hi * Id, L.lid.as<bf16>(), I.iw.as<float>() + q0 * Hi, I.iscores.as<float>(), sh, int(Id), s);
+        } else {
+          I.gemm.xwt(cuda::DType::BF16, I.iq_b.as<bf16>() + q0 * Hi * Id, L.lid.get(), cuda::DType::F32, I.isc.get(), nq * Hi, Id, nblocks, 0.0f, s);
+          cuda::indexer_weighted_relu(I.isc.as<float>(), I.iw.as<float>() + q0 * Hi, I.iscores.as<float>(), sh, s);
+        }
+        cuda::indexer_topk(I.iscores.as<float>(), I.idx.as<int32_t>() + q0 * topk, sh, s);
+      }
+    }
+  }
+  mark(3);
+}
+
+// ---- the sparse attention: per query its window rows and its compressed rows, softmax with the sink
+void Deepseek4CudaEngine::PromptRun::attention() {
+  Impl::Layer& L = *layer_;
+  {
+    const int64_t NK = W + (L.ratio == 4 ? topk : L.ratio == 128 ? (p0 + rows) / 128 : 0);
+    if (fused_attn) {
+      cuda::Dsv4SparseAttention a;
+      a.q = I.q_b.as<bf16>();
+      a.win = L.win.as<bf16>();
+      a.win_first = L.win_first;
+      a.pool = L.ratio ? L.pool.as<bf16>() : nullptr;
+      a.n_pool = L.ratio ? L.n_pool : 0;
+      a.idx = L.ratio == 4 ? I.idx.as<int32_t>() : nullptr;
+      a.sinks = L.sinks.as<float>();
+      a.top_k = int(topk);
+      a.ratio = int(L.ratio);
+      a.W = int(W);
+      a.H = int(H);
+      a.D = int(D);
+      a.t0 = p0;
+      a.nq = rows;
+      a.scale = scale;
+      cuda::dsv4_sparse_attention(a, I.att.as<bf16>(), s);
+    }
+    const int64_t batch = std::max<int64_t>(1, std::min<int64_t>(rows, attn_batch * max_nk / NK));
+    const float one = 1.0f, zero = 0.0f;
+    for (int64_t q0 = 0; q0 < rows && !fused_attn; q0 += batch) {
+      const int64_t nq = std::min(batch, rows - q0);
+      cuda::Dsv4KeyGather kg;
+      kg.win = L.win.as<bf16>();
+      kg.win_first = L.win_first;
+      kg.pool = L.ratio ? L.pool.as<bf16>() : nullptr;
+      kg.idx = L.ratio == 4 ? I.idx.as<int32_t>() + q0 * topk : nullptr;
+      kg.top_k = int(topk);
+      kg.ratio = int(L.ratio);
+      kg.W = int(W);
+      kg.NK = int(NK);
+      kg.D = int(D);
+      kg.t0 = p0 + q0;
+      kg.nq = nq;
+      cuda::dsv4_gather_keys(kg, I.kg.as<bf16>(), I.valid.as<uint8_t>(), s);
+      // S^T [NK x H] = Kg [NK x D] . Q^T per query (column-major views of the row-major buffers)
+      check_cublas(cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(NK), int(H), int(D), &one, I.kg.get(), CUDA_R_16BF, int(D),
+                                              NK * D, I.q_b.as<bf16>() + q0 * H * D, CUDA_R_16BF, int(D), H * D, &zero, I.sc.get(), CUDA_R_32F,
+                                              int(NK), H * NK, int(nq), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "attention scores");
+      cuda::dsv4_sink_softmax(I.sc.as<float>(), I.valid.as<uint8_t>(), L.sinks.as<float>(), nq, int(H), int(NK), scale, I.p.as<bf16>(), s);
+      // O^T [D x H] = Kg^T [D x NK] . P^T [NK x H]
+      check_cublas(cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_N, CUBLAS_OP_N, int(D), int(H), int(NK), &one, I.kg.get(), CUDA_R_16BF, int(D),
+                                              NK * D, I.p.get(), CUDA_R_16BF, int(NK), H * NK, &zero, I.att.as<bf16>() + q0 * H * D, CUDA_R_16BF,
+                                              int(D), H * D, int(nq), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   "attention output");
+    }
+    cuda::dsv4_derope(I.att.as<bf16>(), cs, rows, int(H), int(D), int(r), s);
+  }
+  mark(4);
+}
+
+// ---- the grouped output LoRA: per group g, oa[:, gR..] = att[:, g ogd..] . wo_a_g^T; then wo_b; the post-mix
+void Deepseek4CudaEngine::PromptRun::output() {
+  Impl::Layer& L = *layer_;
+  {
+    const float one = 1.0f, zero = 0.0f;
+    check_cublas(cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(R), int(rows), int(ogd), &one, L.wo_a.get(), CUDA_R_16BF,
+                                            int(ogd), R * ogd, I.att.get(), CUDA_R_16BF, int(H * D), ogd, &zero, I.oa.get(), CUDA_R_16BF,
+                                            int(G * R), R, int(G), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "grouped output LoRA");
+    I.gemm.xwt(cuda::DType::BF16, I.oa.get(), L.wo_b.get(), cuda::DType::F32, I.ao.get(), rows, G * R, E, 0.0f, s);
+    cuda::dsv4_hc_post(I.ao.as<float>(), I.mix_e.as<float>(), x, rows, E, I.xa.as<float>(), s, I.inv_x.as<float>(), eps);
+  }
+  mark(5);
+}
+
+// ---- the MoE: pre-mix, ffn_norm, routing, routed experts (one grouped product each for gate|up and down), shared expert
+void Deepseek4CudaEngine::PromptRun::moe() {
+  route_and_gather();
+  routed_experts();
+  shared_expert_and_combine();
+  mark(6);
+}
+
+// the FFN's pre-mix and norm, each token's experts, the (token, choice) pairs grouped by expert, their rows gathered
+void Deepseek4CudaEngine::PromptRun::route_and_gather() {
+  Impl::Layer& L = *layer_;
+  {
+    float* xa = I.xa.as<float>();
+    I.gemm.xwt(cuda::DType::F32, xa, L.hc_ffn_fn.get(), cuda::DType::F32, I.m.get(), rows, 4 * E, 24, 0.0f, s);
+    cuda::dsv4_hc_coefs(I.m.as<float>(), 24, I.inv_x.as<float>(), L.hc_ffn_base.as<float>(), L.hc_ffn_scale.as<float>(), rows, c.hc_eps,
+                        int(c.hc_iterations), I.mix_r.as<float>(), s);
+    cuda::dsv4_hc_pre_sum(xa, I.mix_r.as<float>(), rows, E, I.hpre.as<float>(), s);
+    cuda::rmsnorm_rows(I.hpre.as<float>(), L.ffn_norm.as<float>(), I.hn.as<float>(), rows, E, eps, s);
+    cuda::f32_to_bf16(I.hn.as<float>(), I.hn_b.as<bf16>(), rows * E, s);
+    I.gemm.xwt(cuda::DType::F32, I.hn.get(), L.router.get(), cuda::DType::F32, I.logits.get(), rows, E, NE, 0.0f, s);
+    cuda::dsv4_route(I.logits.as<float>(), L.hash ? nullptr : L.probs_bias.as<float>(), L.hash ? L.tid2eid.as<int32_t>() : nullptr, tok, rows,
+                     int(NE), int(K), c.expert_scale, I.experts.as<int32_t>(), I.weights.as<float>(), s);
+    const int64_t g = rows * K;
+    cuda::moe_group(I.experts.as<int32_t>(), rows, int(K), int(NE), I.counts.as<int32_t>(), I.offsets.as<int32_t>(), I.slot_of.as<int32_t>(),
+                    I.token_of.as<int32_t>(), s);
+    cuda::gather_rows(I.hn_b.as<bf16>(), I.token_of.as<int32_t>(), g, E, I.xg.as<bf16>(), s);
+    PDB_CUDA_CHECK(cudaMemcpyAsync(I.counts_host.as<int32_t>(), I.counts.get(), size_t(NE) * 4, cudaMemcpyDeviceToHost, s));
+    PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
+}
+
+// the routed experts' products (FP4 experts expanded first: ahead on the side stream, or here), SwiGLU between
+void Deepseek4CudaEngine::PromptRun::routed_experts() {
+  Impl::Layer& L = *layer_;
+  {
+    const int64_t g = rows * K;
+    const int32_t* cnt = I.counts_host.as<int32_t>();
+    const bf16* wgu = fp4 ? I.exp_gu_scratch.as<bf16>() : L.exp_gu.as<bf16>();
+    const bf16* wd = fp4 ? I.exp_down_scratch.as<bf16>() : L.exp_down.as<bf16>();
+    std::vector<cuda::GroupedProduct> up(static_cast<size_t>(NE)), down(static_cast<size_t>(NE));
+    int64_t off = 0;
+    const int64_t blocks_fe = F * E / 32;
+    if (fp4 && !expand_ahead) mark(9);
+    int64_t used = 0;
+    for (int64_t e = 0; e < NE; ++e) used += cnt[e] > 0;
+    const bool expand_all = fp4 && !expand_ahead && (used == NE || experts_fp8);
+    if (expand_all && experts_fp8) expand_all_experts_fp8(I, L, s);
+    else if (expand_all) expand_all_experts(I, L, s);
+    for (int64_t e = 0; e < NE; ++e) {
+      const int64_t ne_rows = cnt[e];
+      if (fp4 && ne_rows > 0 && !expand_ahead && !expand_all) {  // this layer's used experts, FP4 -> bf16, just before their products
+        cuda::mxfp4_to_bf16(L.gate_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_gu_scratch.as<bf16>() + e * 2 * F * E, s);
+        cuda::mxfp4_to_bf16(L.up_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_gu_scratch.as<bf16>() + e * 2 * F * E + F * E, s);
+        cuda::mxfp4_to_bf16(L.down_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_down_scratch.as<bf16>() + e * E * F, s);
+      }
+      up[size_t(e)] = {I.xg.as<bf16>() + off * E, wgu + e * 2 * F * E, I.gu.as<bf16>() + off * 2 * F, ne_rows};
+      down[size_t(e)] = {I.act.as<bf16>() + off * F, wd + e * E * F, I.yexp.as<bf16>() + off * E, ne_rows};
+      off += ne_rows;
+    }
+    if (fp4 && !expand_ahead) mark(10);
+    if (expand_ahead) PDB_CUDA_CHECK(cudaStreamWaitEvent(s, I.expanded, 0));
+    if (off != g) throw std::runtime_error(fmt::format("DSV4 MoE grouping placed {} of {} token choices", off, g));
+    mark(11);
+    if (experts_fp8) {
+      // One FP8 product per expert, its rows padded to 64 (few shapes, few plans) and quantized with their own
+      // scale grid; the padding rows are the next expert's, whose own product overwrites them after (one
+      // stream, in order), or the slack past the last.
+      const cuda::Fp8ScaleLayout& fl = *I.fp8;
+      auto products = [&](const bf16* in, int64_t width, uint8_t* q, float* qs, const uint8_t* w8, const float* w8s, int64_t w_stride,
+                          int64_t s_stride, int64_t out_width, bf16* out) {
+        int64_t at = 0, scale_at = 0;
+        for (int64_t e = 0; e < NE; ++e) {
+          const int64_t ne_rows = cnt[e];
+          if (ne_rows == 0) continue;
+          const int64_t padded = (ne_rows + 63) / 64 * 64;
+          cuda::quantize_rows_fp8(in + at * width, padded, width, q + at * width, qs + scale_at, fl, s);
+          I.gemm.xwt_fp8(fl, q + at * width, qs + scale_at, w8 + e * w_stride, w8s + e * s_stride, cuda::DType::BF16, out + at * out_width,
+                         padded, width, out_width, 0.0f, s);
+          at += ne_rows;
+          scale_at += int64_t(cuda::fp8_scale_bytes(padded, width, fl) / 4);
+        }
+      };
+      products(I.xg.as<bf16>(), E, I.xq.as<uint8_t>(), I.xq_s.as<float>(), I.gu8.as<uint8_t>(), I.gu8_s.as<float>(), 2 * F * E,
+               fl.weight_scale_count(2 * F / 128, E / 128), 2 * F, I.gu.as<bf16>());
+      cuda::swiglu_clamp_rows(I.gu.as<bf16>(), I.act.as<bf16>(), g, F, c.swiglu_clamp, s);
+      products(I.act.as<bf16>(), F, I.aq.as<uint8_t>(), I.aq_s.as<float>(), I.down8.as<uint8_t>(), I.down8_s.as<float>(), E * F,
+               fl.weight_scale_count(E / 128, F / 128), E, I.yexp.as<bf16>());
+    } else {
+      I.grouped.xwt(up, E, 2 * F, cuda::DType::BF16, s);
+      cuda::swiglu_clamp_rows(I.gu.as<bf16>(), I.act.as<bf16>(), g, F, c.swiglu_clamp, s);
+      I.grouped.xwt(down, F, E, cuda::DType::BF16, s);
+    }
+    if (fp4) PDB_CUDA_CHECK(cudaEventRecord(I.scratch_free, s));
+    mark(12);
+  }
+}
+
+void Deepseek4CudaEngine::PromptRun::shared_expert_and_combine() {
+  Impl::Layer& L = *layer_;
+  {
+    float* xa = I.xa.as<float>();
+    I.gemm.xwt(cuda::DType::BF16, I.hn_b.get(), L.sh_gu.get(), cuda::DType::BF16, I.shgu.get(), rows, E, 2 * FS, 0.0f, s);
+    cuda::swiglu_clamp_rows(I.shgu.as<bf16>(), I.shact.as<bf16>(), rows, FS, c.swiglu_clamp, s);
+    I.gemm.xwt(cuda::DType::BF16, I.shact.get(), L.sh_down.get(), cuda::DType::F32, I.y.get(), rows, FS, E, 0.0f, s);
+    cuda::moe_combine(I.yexp.as<bf16>(), I.slot_of.as<int32_t>(), I.weights.as<float>(), rows, int(K), E, I.y.as<float>(), s);
+    cuda::dsv4_hc_post(I.y.as<float>(), I.mix_r.as<float>(), xa, rows, E, x, s, I.inv_x.as<float>(), eps);
+  }
+}
+
+void Deepseek4CudaEngine::PromptRun::record_profile() {
+  const Impl::Layer& L = *layer_;
+  if (profile) {
+    PDB_CUDA_CHECK(cudaEventSynchronize(ev[6]));
+    // sections 0 -> 1 | (hook) | query 8 -> 2 | indexer 2 -> 3 | attention 3 -> 4 | output 4 -> 5 | moe 5 -> 6
+    const int from[6] = {0, 8, 2, 3, 4, 5}, to[6] = {1, 2, 3, 4, 5, 6};
+    const int phase[6] = {kSections, kQuery, kIndexer, kAttention, kOutput, kMoe};
+    for (int i = 0; i < 6; ++i) {
+      float ms = 0;
+      PDB_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[from[i]], ev[to[i]]));
+      profile->ms[size_t(l)][phase[i]] += ms;
+    }
+    if (L.exp_gu.bytes() == 0) {
+      float ms = 0;
+      PDB_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[9], ev[10]));
+      profile->ms[size_t(l)][kExpand] += ms;
+    }
+    float routed = 0;
+    PDB_CUDA_CHECK(cudaEventElapsedTime(&routed, ev[11], ev[12]));
+    profile->ms[size_t(l)][kRouted] += routed;
+  }
+}
+
+int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, GgmlType kt, const ChunkHook& hook,
+                                     const std::function<bool()>& stop, bool compute_last, Profile* profile) {
+  if (tokens.empty()) return 0;
+  PromptRun run(*impl_, c_, tokens, chunk, kt, profile);
+  return run.run(hook, stop, compute_last);
 }
 
 }  // namespace pdb

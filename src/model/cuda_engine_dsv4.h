@@ -61,6 +61,7 @@ class Deepseek4CudaEngine {
   struct Impl;
 
  private:
+  struct PromptRun;  // one prompt's run, per phase (cuda_engine_dsv4.cpp)
   explicit Deepseek4CudaEngine(const Deepseek4Config& c);
   Deepseek4Config c_;
   std::unique_ptr<Impl> impl_;

@@ -56,6 +56,7 @@ class Deepseek2Recipe final : public Recipe {
   }
 
   const float* k_latent_norm(int layer) const override { return kv_a_norm_.at(size_t(layer)).data(); }
+  bool rotates_k() const override { return false; }  // llama.cpp builds attn_rot_k for the K+V input only
 
  private:
   // wk_ holds attn_kv_a_mqa (the whole row's projection); no wv_.

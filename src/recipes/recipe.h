@@ -99,6 +99,8 @@ class Recipe {
   // MLA: k_weight is the whole cache row's projection (kv_a_mqa), v_weight absent, and this is the
   // RMSNorm weight of the row's first kv_lora_rank elements (the latent; the rest is RoPE'd k_pe).
   virtual const float* k_latent_norm(int layer) const { return nullptr; }
+  // Whether the decoder Hadamard-rotates this architecture's K rows in a quantized cache (where the spec says so).
+  virtual bool rotates_k() const { return true; }
 
   // The decoder's own layer-0 input for `rows` tokens: its token_embd rows, dequantized as ggml does
   // (llama and qwen3 do not scale embeddings). With it layer 0 is the decoder's exactly, whatever its

@@ -151,13 +151,7 @@ void GpuRecipe::kv_from_normed(int layer, const float* d_x, int64_t rows, cudaSt
   check(layer, rows);
   const Weight& wk = wk_[size_t(layer)];
   project(wk, d_x, rows, s, d_k);
-  if (in.mla()) {  // [rms_norm(latent) * kv_a_norm | RoPE_NORM(k_pe)] in one row of head_dim; no V, no head norm
-    const int64_t C = in.head_dim, kvl = in.kv_lora_rank;
-    cuda::rmsnorm_rows_strided(d_k, C, latent_norm_[size_t(layer)].as<float>(), d_k, C, rows, kvl, in.norm_eps, s);
-    cuda::rope_ggml_rows(d_k + kvl, cs_.as<float>(), rows, 1, int(C - kvl), in.rope.n_dims, in.rope.mode == RopeMode::Neox, nullptr, in.norm_eps,
-                         s, C);
-    return;
-  }
+  if (in.mla()) return deepseek2_row(layer, d_k, rows, s);  // recipes/deepseek2_gpu.cpp
   const Weight& wv = wv_[size_t(layer)];
   project(wv, d_x, rows, s, d_v, same_activations(wk, wv));
   const float* kn = k_norm_.empty() ? nullptr : k_norm_[size_t(layer)].as<float>();

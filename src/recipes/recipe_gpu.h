@@ -51,6 +51,8 @@ class GpuRecipe {
   void project(const Weight& w, const float* d_x, int64_t rows, cudaStream_t s, float* d_y, bool converted = false);
   static bool same_activations(const Weight& a, const Weight& b);
   void check(int layer, int64_t rows) const;  // a loaded layer, rows within the buffers
+  // deepseek2's row from its projection in d_k (recipes/deepseek2_gpu.cpp)
+  void deepseek2_row(int layer, float* d_k, int64_t rows, cudaStream_t s);
 
   const Recipe& cpu_;
   cuda::Gemm& gemm_;
