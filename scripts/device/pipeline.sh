@@ -119,6 +119,10 @@ stage_ab() {
     xz -dc $DEV/old/pdbridge.xz > $P/pdbridge-old && chmod +x $P/pdbridge-old && run ab_old $P/pdbridge-old bench $args --label llama8b-old-build
   fi
   run ab_default $PDB bench $args --label llama8b-default
+  if [ "${AB_TWICE:-0}" = 1 ] && [ -x $P/pdbridge-old ]; then  # the same pair again: the spread between runs of one binary
+    run ab_old_2 $P/pdbridge-old bench $args --label llama8b-old-build-2
+    run ab_default_2 $PDB bench $args --label llama8b-default-2
+  fi
   [ -n "${AB_ENV:-}" ] && run ab_variant env "$AB_ENV" $PDB bench $args --label "llama8b-$AB_ENV"
   run ab_default_16k $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 32768 --reps 3 --chunk 16384 --out $R/bench.jsonl --label llama8b-default-chunk16k
   [ "${PEERS:-1}" = 1 ] && [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
