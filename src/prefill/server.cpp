@@ -158,17 +158,9 @@ int run_prefill_server(const PrefillServerOptions& o) {
   const int threads = o.threads > 0 ? o.threads : default_threads();
   spdlog::info("prefill: loading model {} and recipe {}", o.model, o.recipe);
   const int64_t default_chunk = o.chunk > 0 ? o.chunk : o.device == "cuda" ? 4096 : 512;
-  BackendOptions bo;
-  bo.model = o.model;
-  bo.recipe = o.recipe;
-  bo.device = o.device;
-  bo.kv_dtype = o.kv_dtype;
-  bo.threads = threads;
-  bo.chunk = default_chunk;
-  bo.tp = o.tp;
-  bo.tp_one_gpu = o.tp_one_gpu;
-  bo.faithful = !o.cpu_fast;
-  std::shared_ptr<PrefillBackend> engine = arch.make_backend(bo);
+  std::shared_ptr<PrefillBackend> engine = arch.make_backend({.model = o.model, .recipe = o.recipe, .device = o.device, .kv_dtype = o.kv_dtype,
+                                                               .threads = threads, .chunk = default_chunk, .tp = o.tp, .tp_one_gpu = o.tp_one_gpu,
+                                                               .faithful = !o.cpu_fast});
   spdlog::info("prefill: engine on {} ({})", engine->device(), engine->weights().empty() ? "weights as loaded" : engine->weights());
   const auto& ri = engine->info();
   const auto& hc = engine->config();

@@ -40,16 +40,9 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
   const int threads = o.threads > 0 ? o.threads : default_threads();
   check_kv_dtype(o.device, o.kv_dtype);
   if (o.device != "cuda" && o.device != "cpu") throw std::invalid_argument("--device must be cuda or cpu");
-  BackendOptions bo;
-  bo.model = o.model;
-  bo.recipe = o.recipe;
-  bo.device = o.device;
-  bo.kv_dtype = o.kv_dtype;
-  bo.threads = threads;
-  bo.chunk = o.chunk;
-  bo.tp = o.tp;
-  bo.tp_one_gpu = o.tp_one_gpu;
-  std::unique_ptr<PrefillBackend> be = architecture(read_recipe_info(*GgufFile::open(o.recipe)).arch).make_backend(bo);
+  std::unique_ptr<PrefillBackend> be = architecture(read_recipe_info(*GgufFile::open(o.recipe)).arch)
+                                           .make_backend({.model = o.model, .recipe = o.recipe, .device = o.device, .kv_dtype = o.kv_dtype,
+                                                          .threads = threads, .chunk = o.chunk, .tp = o.tp, .tp_one_gpu = o.tp_one_gpu});
   const auto& c = be->config();
   const double H = double(c.hidden_size), F = double(c.intermediate_size), D = double(c.head_dim), NH = double(c.num_heads),
                KV = double(c.num_kv_heads), L = double(c.num_layers);
