@@ -141,6 +141,229 @@ std::vector<std::string> config_mismatches(const std::string& hf_dir, const std:
   return architecture(ri.arch).config_mismatches(hf_dir, *g, ri);
 }
 
+namespace {
+
+// The prefill server's state (its backend, admission gate, prefix cache, metrics), one method per endpoint.
+class PrefillService {
+ public:
+  PrefillService(const PrefillServerOptions& o, std::shared_ptr<PrefillBackend> engine, std::vector<std::string> mismatches, int64_t default_chunk);
+  void health(httplib::Response& res);
+  void render_metrics(httplib::Response& res);
+  void prefill(const httplib::Request& req, httplib::Response& res);
+
+ private:
+  bool refused(const wire::PrefillRequest& pr, httplib::Response& res);  // answered with the 4xx already
+  void stream(const wire::PrefillRequest& pr, httplib::Response& res);
+  PrefixCacheStats sync_prefix_metrics();  // counters mirror the cache's own totals (it counts under its lock)
+  prometheus::Counter& result(const std::string& status) {
+    return metrics_.counter("pdbridge_prefill_requests_total", "Capture requests by outcome", {{"status", status}});
+  }
+  prometheus::Counter& reject(const std::string& reason) {
+    return metrics_.counter("pdbridge_prefill_rejected_total", "Requests refused before capture", {{"reason", reason}});
+  }
+
+  const PrefillServerOptions& o_;
+  std::shared_ptr<PrefillBackend> engine_;
+  const RecipeInfo& ri_;
+  const HfConfig& hc_;
+  const std::string fingerprint_;
+  const std::vector<std::string> mismatches_;
+  const int64_t default_chunk_;
+  Metrics metrics_;
+  prometheus::Gauge& m_active_ = metrics_.gauge("pdbridge_prefill_active_requests", "Captures running");
+  prometheus::Gauge& m_queue_ = metrics_.gauge("pdbridge_prefill_queue_depth", "Captures waiting");
+  prometheus::Histogram& m_wait_ =
+      metrics_.histogram("pdbridge_prefill_queue_wait_seconds", "Time a capture waited for the engine", Metrics::seconds_buckets());
+  prometheus::Histogram& m_engine_ = metrics_.histogram("pdbridge_prefill_engine_seconds", "Engine time per capture", Metrics::seconds_buckets());
+  prometheus::Counter& m_tokens_ = metrics_.counter("pdbridge_prefill_tokens_total", "Tokens captured");
+  prometheus::Counter& m_bytes_ = metrics_.counter("pdbridge_prefill_wire_bytes_total", "Bytes sent on the wire");
+  prometheus::Gauge& m_tok_s_ = metrics_.gauge("pdbridge_prefill_tokens_per_second", "Prefill rate of the last capture");
+  FifoGate gate_;
+  PrefixCache prefix_cache_;
+  prometheus::Counter& m_pc_hits_ = metrics_.counter("pdbridge_prefill_prefix_cache_hits_total", "Tail captures that resumed from a cached prefix");
+  prometheus::Counter& m_pc_misses_ =
+      metrics_.counter("pdbridge_prefill_prefix_cache_misses_total", "Tail captures with no cached prefix to resume from");
+  prometheus::Counter& m_pc_evict_ = metrics_.counter("pdbridge_prefill_prefix_cache_evictions_total", "Cached prefixes evicted for room");
+  prometheus::Counter& m_pc_reused_ =
+      metrics_.counter("pdbridge_prefill_prefix_reused_tokens_total", "Positions the engine resumed after instead of computing");
+  prometheus::Gauge& m_pc_bytes_ = metrics_.gauge("pdbridge_prefill_prefix_cache_bytes", "Memory the cached prefixes occupy");
+  prometheus::Gauge& m_pc_entries_ = metrics_.gauge("pdbridge_prefill_prefix_cache_entries", "Cached prefixes");
+  prometheus::Counter& m_computed_ = metrics_.counter("pdbridge_prefill_computed_tokens_total", "Positions the engine computed");
+  prometheus::Counter& m_tail_ = metrics_.counter("pdbridge_prefill_tail_requests_total", "Captures of a tail (the decoder held a prefix)");
+  std::mutex prefix_metrics_mu_;
+  PrefixCacheStats last_prefix_;
+  size_t queue_limit_ = 0;
+  prometheus::Gauge& m_peak_ = metrics_.gauge("pdbridge_prefill_capture_peak_bytes", "Largest frame backlog of the last capture");
+  prometheus::Gauge& m_peak_conc_ = metrics_.gauge("pdbridge_prefill_peak_concurrent_captures", "Most captures that ran at once");
+};
+
+PrefillService::PrefillService(const PrefillServerOptions& o, std::shared_ptr<PrefillBackend> engine, std::vector<std::string> mismatches,
+                               int64_t default_chunk)
+    : o_(o), engine_(std::move(engine)), ri_(engine_->info()), hc_(engine_->config()), fingerprint_(recipe_fingerprint(ri_)),
+      mismatches_(std::move(mismatches)), default_chunk_(default_chunk), gate_(o.max_queue, o.max_queue_wait_s, o.max_concurrent),
+      prefix_cache_(engine_->resumable() ? size_t(o.prefix_cache_gb * double(1ull << 30)) : 0) {
+  spdlog::info("prefill: {} {} layers, recipe fingerprint {}", ri_.arch, ri_.n_layer, fingerprint_);
+  if (engine_->resumable())
+    spdlog::info("prefill: prefix cache {:.2f} GiB{}", o.prefix_cache_gb, prefix_cache_.enabled() ? "" : " (off)");
+  else
+    spdlog::info("prefill: no prefix cache: the {} engine for {} always computes every token (a tail capture sends only the tail)", engine_->device(),
+                 ri_.arch);
+  int64_t limit_mb = o.memory_limit_mb;
+  if (limit_mb <= 0) limit_mb = std::max<int64_t>(256, mem_available_mb() / 4);
+  queue_limit_ = size_t(limit_mb) << 20;
+  spdlog::info("prefill: capture memory limit {} MiB{}", limit_mb, o.link_gbps > 0 ? fmt::format(", sender paced to {} Gbit/s", o.link_gbps) : "");
+}
+
+PrefixCacheStats PrefillService::sync_prefix_metrics() {
+  const PrefixCacheStats s = prefix_cache_.stats();
+  std::lock_guard<std::mutex> l(prefix_metrics_mu_);
+  m_pc_hits_.Increment(double(s.hits - last_prefix_.hits));
+  m_pc_misses_.Increment(double(s.misses - last_prefix_.misses));
+  m_pc_evict_.Increment(double(s.evictions - last_prefix_.evictions));
+  m_pc_reused_.Increment(double(s.reused_tokens - last_prefix_.reused_tokens));
+  m_pc_bytes_.Set(double(s.bytes));
+  m_pc_entries_.Set(double(s.entries));
+  last_prefix_ = s;
+  return s;
+}
+
+void PrefillService::health(httplib::Response& res) {
+  res.set_content(json{{"ok", true}, {"role", "prefill"}, {"device", engine_->device()}, {"arch", ri_.arch}, {"fingerprint", fingerprint_},
+                       {"geometry", recipe_geometry(ri_)}, {"model", o_.model}, {"recipe", o_.recipe},
+                       {"active", m_active_.Value()}, {"queue", gate_.depth()}, {"mem_available_mb", mem_available_mb()},
+                       {"config_mismatches", mismatches_}, {"prefix_cache", [&] {
+                          const auto s = sync_prefix_metrics();
+                          return json{{"enabled", prefix_cache_.enabled()}, {"max_bytes", s.max_bytes}, {"bytes", s.bytes}, {"entries", s.entries},
+                                      {"hits", s.hits}, {"misses", s.misses}, {"evictions", s.evictions}, {"superseded", s.superseded},
+                                      {"reused_tokens", s.reused_tokens}};
+                        }()}}.dump(),
+                  "application/json");
+}
+
+void PrefillService::render_metrics(httplib::Response& res) {
+  m_queue_.Set(double(gate_.depth()));
+  m_peak_conc_.Set(double(gate_.peak()));
+  sync_prefix_metrics();
+  res.set_content(metrics_.render(), "text/plain; version=0.0.4");
+}
+
+void PrefillService::prefill(const httplib::Request& req, httplib::Response& res) {
+  if (!check_bearer(o_.api_key, req, res)) { reject("auth").Increment(); return; }
+  wire::PrefillRequest pr;
+  try {
+    pr = wire::PrefillRequest::parse(json::parse(req.body));
+  } catch (const json::exception& e) {
+    reject("bad_request").Increment();
+    return json_error(res, 400, json_body_error(e), "invalid_request_error");
+  } catch (const std::invalid_argument& e) {
+    reject("bad_request").Increment();
+    return json_error(res, 400, e.what(), "invalid_request_error");
+  }
+  if (refused(pr, res)) return;
+  double waited = 0;
+  m_queue_.Increment();
+  const std::string busy = gate_.enter(&waited);
+  m_queue_.Decrement();
+  m_wait_.Observe(waited);
+  if (!busy.empty()) {
+    reject("queue").Increment();
+    return json_error(res, 503, "prefill busy: " + busy, "queue_full");
+  }
+  stream(pr, res);
+}
+
+bool PrefillService::refused(const wire::PrefillRequest& pr, httplib::Response& res) {
+  if (pr.fingerprint != fingerprint_) {
+    reject("fingerprint").Increment();
+    json_error(res, 409, fmt::format("fingerprint mismatch: front expects {}, this server's recipe is {}", pr.fingerprint, fingerprint_),
+               "fingerprint_mismatch");
+    return true;
+  }
+  if (int64_t(pr.tokens.size()) > o_.max_tokens) {
+    reject("too_long").Increment();
+    json_error(res, 413, fmt::format("{} tokens exceed this server's limit of {}", pr.tokens.size(), o_.max_tokens), "invalid_request_error");
+    return true;
+  }
+  if (pr.tail_from > 0 && !cache_kind_traits(ri_.cache_kind).per_token_rows) {
+    reject("bad_request").Increment();
+    json_error(res, 400, fmt::format("tail_from: a pooled cache ({}) is captured whole; send tail_from 0", ri_.arch), "invalid_request_error");
+    return true;
+  }
+  for (int32_t t : pr.tokens)
+    if (t >= hc_.vocab_size) {
+      reject("bad_request").Increment();
+      json_error(res, 400, fmt::format("token id {} outside the vocabulary ({})", t, hc_.vocab_size), "invalid_request_error");
+      return true;
+    }
+  return false;
+}
+
+// The capture on a worker thread of its own, its frames through a bounded queue to the response (paced where
+// --link-gbps says); the gate is left when the capture ends or the receiver goes.
+void PrefillService::stream(const wire::PrefillRequest& pr, httplib::Response& res) {
+  const int64_t chunk = pr.chunk > 0 ? pr.chunk : default_chunk_;
+  auto queue = std::make_shared<FrameQueue>(queue_limit_);
+  auto pace_start = std::make_shared<Clock::time_point>();
+  auto paced_bytes = std::make_shared<double>(0);
+  auto worker = std::make_shared<std::thread>();
+  auto started = std::make_shared<bool>(false);
+  auto left = std::make_shared<std::atomic<bool>>(false);
+  auto leave_gate = [this, left] { if (!left->exchange(true)) gate_.leave(); };
+  res.set_header("X-PD-Wire-Version", std::to_string(wire::kWireVersion));
+  res.set_chunked_content_provider(
+      "application/x-pdbridge-frames",
+      [=, this](size_t, httplib::DataSink& sink) {
+        if (!*started) {
+          *started = true;
+          *pace_start = Clock::now();
+          *worker = std::thread([=, this] {
+            m_active_.Increment();
+            auto r = run_capture(*engine_, pr, chunk, EmitFn([&](std::vector<uint8_t>&& f, bool force) { return queue->push(std::move(f), force); }),
+                                 &prefix_cache_);
+            m_computed_.Increment(double(r.computed));
+            if (r.tail_from > 0) m_tail_.Increment();
+            m_peak_.Set(double(queue->peak));
+            m_active_.Decrement();
+            m_engine_.Observe(r.engine_s);
+            m_tokens_.Increment(double(r.tokens));
+            if (r.engine_s > 0) m_tok_s_.Set(double(r.tokens) / r.engine_s);
+            result(r.status).Increment();
+            spdlog::info("prefill: capture tokens={} tail_from={} reused={} computed={} status={} sent={} engine_s={:.3f} tok_s={:.0f} backlog_peak_mb={:.1f}{}",
+                         pr.tokens.size(), r.tail_from, r.prefix_reused, r.computed, r.status, r.tokens, r.engine_s, r.engine_s > 0 ? double(r.tokens) / r.engine_s : 0.0, double(queue->peak) / (1 << 20),
+                         r.reason.empty() ? "" : " reason=\"" + r.reason + "\"");
+            queue->close();
+            leave_gate();
+          });
+        }
+        std::vector<uint8_t> f;
+        if (!queue->pop(f)) {
+          sink.done();
+          return true;
+        }
+        if (o_.link_gbps > 0) {  // link emulation: hold the frame until the link would have carried it
+          *paced_bytes += double(f.size());
+          const auto due = *pace_start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*paced_bytes * 8 / (o_.link_gbps * 1e9)));
+          std::this_thread::sleep_until(due);
+        }
+        if (!sink.write(reinterpret_cast<const char*>(f.data()), f.size())) {
+          queue->gone();
+          return false;
+        }
+        m_bytes_.Increment(double(f.size()));
+        return true;
+      },
+      [=](bool) {
+        queue->gone();
+        if (worker->joinable()) worker->join();
+        leave_gate();
+        // Frames are megabytes each; glibc keeps freed ones in its heaps (its mmap threshold rises past
+        // their size), so without this the server's RSS stays at its largest backlog after a capture.
+        malloc_trim(0);
+      });
+}
+
+}  // namespace
+
 int run_prefill_server(const PrefillServerOptions& o) {
   if (o.device != "cpu" && o.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda");
   check_kv_dtype(o.device, o.kv_dtype);
@@ -162,180 +385,13 @@ int run_prefill_server(const PrefillServerOptions& o) {
                                                                .threads = threads, .chunk = default_chunk, .tp = o.tp, .tp_one_gpu = o.tp_one_gpu,
                                                                .faithful = !o.cpu_fast});
   spdlog::info("prefill: engine on {} ({})", engine->device(), engine->weights().empty() ? "weights as loaded" : engine->weights());
-  const auto& ri = engine->info();
-  const auto& hc = engine->config();
-  const std::string fingerprint = recipe_fingerprint(ri);
-  spdlog::info("prefill: {} {} layers, recipe fingerprint {}", ri.arch, ri.n_layer, fingerprint);
 
-  Metrics metrics;
-  auto& m_active = metrics.gauge("pdbridge_prefill_active_requests", "Captures running");
-  auto& m_queue = metrics.gauge("pdbridge_prefill_queue_depth", "Captures waiting");
-  auto& m_wait = metrics.histogram("pdbridge_prefill_queue_wait_seconds", "Time a capture waited for the engine", Metrics::seconds_buckets());
-  auto& m_engine = metrics.histogram("pdbridge_prefill_engine_seconds", "Engine time per capture", Metrics::seconds_buckets());
-  auto& m_tokens = metrics.counter("pdbridge_prefill_tokens_total", "Tokens captured");
-  auto& m_bytes = metrics.counter("pdbridge_prefill_wire_bytes_total", "Bytes sent on the wire");
-  auto& m_tok_s = metrics.gauge("pdbridge_prefill_tokens_per_second", "Prefill rate of the last capture");
-  auto result_counter = [&](const std::string& status) -> prometheus::Counter& {
-    return metrics.counter("pdbridge_prefill_requests_total", "Capture requests by outcome", {{"status", status}});
-  };
-  auto reject_counter = [&](const std::string& reason) -> prometheus::Counter& {
-    return metrics.counter("pdbridge_prefill_rejected_total", "Requests refused before capture", {{"reason", reason}});
-  };
-  FifoGate gate(o.max_queue, o.max_queue_wait_s, o.max_concurrent);
-  PrefixCache prefix_cache(engine->resumable() ? size_t(o.prefix_cache_gb * double(1ull << 30)) : 0);
-  if (engine->resumable())
-    spdlog::info("prefill: prefix cache {:.2f} GiB{}", o.prefix_cache_gb, prefix_cache.enabled() ? "" : " (off)");
-  else
-    spdlog::info("prefill: no prefix cache: the {} engine for {} always computes every token (a tail capture sends only the tail)", engine->device(), ri.arch);
-  auto& m_pc_hits = metrics.counter("pdbridge_prefill_prefix_cache_hits_total", "Tail captures that resumed from a cached prefix");
-  auto& m_pc_misses = metrics.counter("pdbridge_prefill_prefix_cache_misses_total", "Tail captures with no cached prefix to resume from");
-  auto& m_pc_evict = metrics.counter("pdbridge_prefill_prefix_cache_evictions_total", "Cached prefixes evicted for room");
-  auto& m_pc_reused = metrics.counter("pdbridge_prefill_prefix_reused_tokens_total", "Positions the engine resumed after instead of computing");
-  auto& m_pc_bytes = metrics.gauge("pdbridge_prefill_prefix_cache_bytes", "Memory the cached prefixes occupy");
-  auto& m_pc_entries = metrics.gauge("pdbridge_prefill_prefix_cache_entries", "Cached prefixes");
-  auto& m_computed = metrics.counter("pdbridge_prefill_computed_tokens_total", "Positions the engine computed");
-  auto& m_tail = metrics.counter("pdbridge_prefill_tail_requests_total", "Captures of a tail (the decoder held a prefix)");
-  // Counters mirror the cache's own totals (the cache counts under its lock; the metric follows at render).
-  std::mutex prefix_metrics_mu;
-  auto sync_prefix_metrics = [&, last = std::make_shared<PrefixCacheStats>()] {
-    const PrefixCacheStats s = prefix_cache.stats();
-    std::lock_guard<std::mutex> l(prefix_metrics_mu);
-    m_pc_hits.Increment(double(s.hits - last->hits));
-    m_pc_misses.Increment(double(s.misses - last->misses));
-    m_pc_evict.Increment(double(s.evictions - last->evictions));
-    m_pc_reused.Increment(double(s.reused_tokens - last->reused_tokens));
-    m_pc_bytes.Set(double(s.bytes));
-    m_pc_entries.Set(double(s.entries));
-    *last = s;
-    return s;
-  };
-  int64_t limit_mb = o.memory_limit_mb;
-  if (limit_mb <= 0) limit_mb = std::max<int64_t>(256, mem_available_mb() / 4);
-  const size_t queue_limit = size_t(limit_mb) << 20;
-  spdlog::info("prefill: capture memory limit {} MiB{}", limit_mb, o.link_gbps > 0 ? fmt::format(", sender paced to {} Gbit/s", o.link_gbps) : "");
-  auto& m_peak = metrics.gauge("pdbridge_prefill_capture_peak_bytes", "Largest frame backlog of the last capture");
-
+  PrefillService service(o, engine, mism, default_chunk);
   httplib::Server srv;
   install_json_error_handler(srv);
-  srv.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
-    res.set_content(json{{"ok", true}, {"role", "prefill"}, {"device", engine->device()}, {"arch", ri.arch}, {"fingerprint", fingerprint},
-                         {"geometry", recipe_geometry(ri)}, {"model", o.model}, {"recipe", o.recipe},
-                         {"active", m_active.Value()}, {"queue", gate.depth()}, {"mem_available_mb", mem_available_mb()},
-                         {"config_mismatches", mism}, {"prefix_cache", [&] {
-                            const auto s = sync_prefix_metrics();
-                            return json{{"enabled", prefix_cache.enabled()}, {"max_bytes", s.max_bytes}, {"bytes", s.bytes}, {"entries", s.entries},
-                                        {"hits", s.hits}, {"misses", s.misses}, {"evictions", s.evictions}, {"superseded", s.superseded},
-                                        {"reused_tokens", s.reused_tokens}};
-                          }()}}.dump(),
-                    "application/json");
-  });
-  auto& m_peak_conc = metrics.gauge("pdbridge_prefill_peak_concurrent_captures", "Most captures that ran at once");
-  srv.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
-    m_queue.Set(double(gate.depth()));
-    m_peak_conc.Set(double(gate.peak()));
-    sync_prefix_metrics();
-    res.set_content(metrics.render(), "text/plain; version=0.0.4");
-  });
-  srv.Post("/v1/bridge/prefill", [&](const httplib::Request& req, httplib::Response& res) {
-    if (!check_bearer(o.api_key, req, res)) { reject_counter("auth").Increment(); return; }
-    wire::PrefillRequest pr;
-    try {
-      pr = wire::PrefillRequest::parse(json::parse(req.body));
-    } catch (const json::exception& e) {
-      reject_counter("bad_request").Increment();
-      return json_error(res, 400, json_body_error(e), "invalid_request_error");
-    } catch (const std::invalid_argument& e) {
-      reject_counter("bad_request").Increment();
-      return json_error(res, 400, e.what(), "invalid_request_error");
-    }
-    if (pr.fingerprint != fingerprint) {
-      reject_counter("fingerprint").Increment();
-      return json_error(res, 409, fmt::format("fingerprint mismatch: front expects {}, this server's recipe is {}", pr.fingerprint, fingerprint), "fingerprint_mismatch");
-    }
-    if (int64_t(pr.tokens.size()) > o.max_tokens) {
-      reject_counter("too_long").Increment();
-      return json_error(res, 413, fmt::format("{} tokens exceed this server's limit of {}", pr.tokens.size(), o.max_tokens), "invalid_request_error");
-    }
-    if (pr.tail_from > 0 && !cache_kind_traits(ri.cache_kind).per_token_rows) {
-      reject_counter("bad_request").Increment();
-      return json_error(res, 400, fmt::format("tail_from: a pooled cache ({}) is captured whole; send tail_from 0", ri.arch), "invalid_request_error");
-    }
-    for (int32_t t : pr.tokens)
-      if (t >= hc.vocab_size) {
-        reject_counter("bad_request").Increment();
-        return json_error(res, 400, fmt::format("token id {} outside the vocabulary ({})", t, hc.vocab_size), "invalid_request_error");
-      }
-    double waited = 0;
-    m_queue.Increment();
-    const std::string refused = gate.enter(&waited);
-    m_queue.Decrement();
-    m_wait.Observe(waited);
-    if (!refused.empty()) {
-      reject_counter("queue").Increment();
-      return json_error(res, 503, "prefill busy: " + refused, "queue_full");
-    }
-    const int64_t chunk = pr.chunk > 0 ? pr.chunk : default_chunk;
-    auto queue = std::make_shared<FrameQueue>(queue_limit);
-    auto pace_start = std::make_shared<Clock::time_point>();
-    auto paced_bytes = std::make_shared<double>(0);
-    auto worker = std::make_shared<std::thread>();
-    auto started = std::make_shared<bool>(false);
-    auto left = std::make_shared<std::atomic<bool>>(false);
-    auto leave_gate = [&gate, left] { if (!left->exchange(true)) gate.leave(); };
-    res.set_header("X-PD-Wire-Version", std::to_string(wire::kWireVersion));
-    res.set_chunked_content_provider(
-        "application/x-pdbridge-frames",
-        [=, &m_active, &m_engine, &m_tokens, &m_bytes, &m_tok_s, &m_peak, &result_counter, &engine, &prefix_cache, &m_computed,
-         &m_tail](size_t, httplib::DataSink& sink) {
-          if (!*started) {
-            *started = true;
-            *pace_start = Clock::now();
-            *worker = std::thread([=, &m_active, &m_engine, &m_tokens, &m_tok_s, &m_peak, &result_counter, &engine, &prefix_cache, &m_computed,
-                                   &m_tail] {
-              m_active.Increment();
-              auto r = run_capture(*engine, pr, chunk, EmitFn([&](std::vector<uint8_t>&& f, bool force) { return queue->push(std::move(f), force); }),
-                                   &prefix_cache);
-              m_computed.Increment(double(r.computed));
-              if (r.tail_from > 0) m_tail.Increment();
-              m_peak.Set(double(queue->peak));
-              m_active.Decrement();
-              m_engine.Observe(r.engine_s);
-              m_tokens.Increment(double(r.tokens));
-              if (r.engine_s > 0) m_tok_s.Set(double(r.tokens) / r.engine_s);
-              result_counter(r.status).Increment();
-              spdlog::info("prefill: capture tokens={} tail_from={} reused={} computed={} status={} sent={} engine_s={:.3f} tok_s={:.0f} backlog_peak_mb={:.1f}{}",
-                           pr.tokens.size(), r.tail_from, r.prefix_reused, r.computed, r.status, r.tokens, r.engine_s, r.engine_s > 0 ? double(r.tokens) / r.engine_s : 0.0, double(queue->peak) / (1 << 20),
-                           r.reason.empty() ? "" : " reason=\"" + r.reason + "\"");
-              queue->close();
-              leave_gate();
-            });
-          }
-          std::vector<uint8_t> f;
-          if (!queue->pop(f)) {
-            sink.done();
-            return true;
-          }
-          if (o.link_gbps > 0) {  // link emulation: hold the frame until the link would have carried it
-            *paced_bytes += double(f.size());
-            const auto due = *pace_start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*paced_bytes * 8 / (o.link_gbps * 1e9)));
-            std::this_thread::sleep_until(due);
-          }
-          if (!sink.write(reinterpret_cast<const char*>(f.data()), f.size())) {
-            queue->gone();
-            return false;
-          }
-          m_bytes.Increment(double(f.size()));
-          return true;
-        },
-        [=](bool) {
-          queue->gone();
-          if (worker->joinable()) worker->join();
-          leave_gate();
-          // Frames are megabytes each; glibc keeps freed ones in its heaps (its mmap threshold rises past
-          // their size), so without this the server's RSS stays at its largest backlog after a capture.
-          malloc_trim(0);
-        });
-  });
+  srv.Get("/health", [&](const httplib::Request&, httplib::Response& res) { service.health(res); });
+  srv.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) { service.render_metrics(res); });
+  srv.Post("/v1/bridge/prefill", [&](const httplib::Request& req, httplib::Response& res) { service.prefill(req, res); });
   srv.set_payload_max_length(o.max_body_mb << 20);
   srv.new_task_queue = [] { return new httplib::ThreadPool(16); };
   spdlog::info("prefill: listening on {}:{}{}", o.host, o.port, o.api_key.empty() ? "" : " (api key required)");
