@@ -13,30 +13,28 @@
 namespace pdb::cuda {
 namespace {
 
-constexpr int kHadamardThreads = 256;  // one butterfly pair per thread per stage: 512 elements per block
-
-// Each block transforms 512 consecutive elements = 512/n chunks. Every stage pairs (i, i + len)
-// inside a chunk; the pairs of one stage are disjoint, so the order of threads cannot change a bit.
-__global__ void hadamard_kernel(float* __restrict__ x, int64_t n_total, int n, float scale) {
-  __shared__ float s[2 * kHadamardThreads];
-  const int64_t base = int64_t(blockIdx.x) * 2 * kHadamardThreads;
-  const int64_t whole = n_total / n * n;  // elements in whole chunks
-  for (int e = threadIdx.x; e < 2 * kHadamardThreads; e += blockDim.x)
-    s[e] = base + e < whole ? __fmul_rn(x[base + e], scale) : 0.0f;
+// One group of n floats per block (n a power of two <= 4096): scaled by 1/sqrt(n) first, then butterflies of
+// growing span, ggml-cpu's order. The pairs of one stage are disjoint, so the order of threads cannot change a bit.
+__global__ void hadamard_group_kernel(float* __restrict__ x, int n, float scale) {
+  extern __shared__ float r[];
+  float* g = x + int64_t(blockIdx.x) * n;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) r[j] = __fmul_rn(g[j], scale);
   __syncthreads();
-  const int half = n / 2, p = threadIdx.x;
-  const int chunk = p / half, t = p % half;
   for (int len = 1; len < n; len <<= 1) {
-    const int i = chunk * n + (t / len) * 2 * len + t % len;
-    const float u = s[i], v = s[i + len];
-    __syncthreads();
-    s[i] = __fadd_rn(u, v);
-    s[i + len] = __fsub_rn(u, v);
+    for (int p = threadIdx.x; p < n / 2; p += blockDim.x) {
+      const int i = (p / len) * 2 * len, j = p % len;
+      const float u = r[i + j], v = r[i + len + j];
+      r[i + j] = __fadd_rn(u, v);
+      r[i + len + j] = __fsub_rn(u, v);
+    }
     __syncthreads();
   }
-  for (int e = threadIdx.x; e < 2 * kHadamardThreads; e += blockDim.x)
-    if (base + e < whole) x[base + e] = s[e];
+  for (int j = threadIdx.x; j < n; j += blockDim.x) g[j] = r[j];
 }
+
+
+constexpr int kHadamardThreads = 256;  // one butterfly pair per thread per stage: 512 elements per block
+
 
 __device__ inline void store_half(uint8_t* p, float v) {
   const __half h = __float2half_rn(v);
@@ -86,13 +84,18 @@ __global__ void f16_encode_kernel(const float* __restrict__ x, int64_t n, uint8_
 
 }  // namespace
 
+void hadamard_groups(float* x, int64_t groups, int n, cudaStream_t s) {
+  if (groups <= 0) return;
+  if (n < 2 || n > 4096 || (n & (n - 1))) throw std::invalid_argument("hadamard_groups: n must be a power of two <= 4096");
+  if (groups > 0x7fffffff) throw std::invalid_argument("hadamard_groups: too many groups");
+  hadamard_group_kernel<<<unsigned(groups), std::min(n / 2, 256), size_t(n) * 4, s>>>(x, n, 1.0f / sqrtf(float(n)));
+  PDB_CUDA_LAUNCHED();
+}
+
 void hadamard_rows(float* x, int64_t n_total, int64_t n, cudaStream_t s) {
   if (n < 2 || n > 2 * kHadamardThreads || (n & (n - 1)))
     throw std::invalid_argument(fmt::format("hadamard_rows: chunk {} is not a power of two in 2..{}", n, 2 * kHadamardThreads));
-  if (n_total < n) return;
-  const int64_t blocks = (n_total + 2 * kHadamardThreads - 1) / (2 * kHadamardThreads);
-  hadamard_kernel<<<unsigned(blocks), kHadamardThreads, 0, s>>>(x, n_total, int(n), 1.0f / sqrtf(float(n)));
-  PDB_CUDA_LAUNCHED();
+  hadamard_groups(x, n_total / n, int(n), s);  // a partial last chunk stays as it is
 }
 
 bool encodes_on_gpu(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::Q8_0 || t == GgmlType::Q4_0; }

@@ -16,6 +16,8 @@ namespace pdb::cuda {
 // 2..512), in ggml-cpu's order: scale first, then butterflies of growing span. Only whole chunks are
 // transformed, as on the CPU. Bit-identical to the twin (each step is one rounded add or multiply).
 void hadamard_rows(float* x, int64_t n_total, int64_t n, cudaStream_t s);
+// The same over `groups` consecutive groups of `n` floats (n a power of two <= 4096): DeepSeek-V4's rotations.
+void hadamard_groups(float* x, int64_t groups, int n, cudaStream_t s);
 
 // Types encode_rows writes on the GPU.
 bool encodes_on_gpu(GgmlType t);

@@ -173,22 +173,6 @@ __global__ void embed_streams_kernel(const float* __restrict__ table, const int3
 }
 
 // One block per group, the group in shared memory.
-__global__ void hadamard_kernel(float* __restrict__ x, int n, float scale) {
-  extern __shared__ float r[];
-  float* g = x + int64_t(blockIdx.x) * n;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) r[j] = __fmul_rn(g[j], scale);
-  __syncthreads();
-  for (int len = 1; len < n; len <<= 1) {
-    for (int p = threadIdx.x; p < n / 2; p += blockDim.x) {
-      const int i = (p / len) * 2 * len, j = p % len;
-      const float u = r[i + j], v = r[i + len + j];
-      r[i + j] = __fadd_rn(u, v);
-      r[i + len + j] = __fsub_rn(u, v);
-    }
-    __syncthreads();
-  }
-  for (int j = threadIdx.x; j < n; j += blockDim.x) g[j] = r[j];
-}
 
 __global__ void add_ape_kernel(float* __restrict__ g, const float* __restrict__ ape, int64_t n, int64_t cw, int64_t pos0, int ratio) {
   const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -228,17 +212,7 @@ __global__ void pool_kernel(const float* __restrict__ a, const float* __restrict
   out[int64_t(blockIdx.x) * width + d] = acc;
 }
 
-__global__ void round_kernel(float* __restrict__ x, int64_t n, int type) {
-  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (k >= n) return;
-  if (type == 1) x[k] = __half2float(__float2half_rn(x[k]));
-  else if (type == 2) x[k] = __bfloat162float(__float2bfloat16_rn(x[k]));
-}
 
-__global__ void scale_kernel(float* __restrict__ x, int64_t n, float a) {
-  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (k < n) x[k] = __fmul_rn(x[k], a);
-}
 
 __global__ void route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, const int32_t* __restrict__ tid2eid,
                              const int32_t* __restrict__ tokens, int64_t n, int NE, int k, float scale, int32_t* __restrict__ experts,
@@ -417,19 +391,6 @@ __global__ void sink_softmax_kernel(const float* __restrict__ sc, const uint8_t*
   for (int j = threadIdx.x; j < NK; j += blockDim.x) p[row * NK + j] = __float2bfloat16_rn(v[j] ? expf(s[j] * scale - mx) / den : 0.0f);
 }
 
-__global__ void rope_tail_kernel(float* __restrict__ x, const float* __restrict__ cs, int64_t n, int H, int width, int r, int64_t stride,
-                                 int64_t cs_stride) {
-  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int pairs = r / 2;
-  if (k >= n * H * pairs) return;
-  const int64_t t = k / (int64_t(H) * pairs);
-  const int h = int((k / pairs) % H), i0 = int(k % pairs) * 2;
-  float* a = x + t * stride + int64_t(h) * width + (width - r) + i0;
-  const float c = cs[t * cs_stride + i0], s = cs[t * cs_stride + i0 + 1];
-  const float x0 = a[0], x1 = a[1];
-  a[0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-  a[1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
-}
 
 // one warp per head row; lane l holds the pairs l, l + 32, ... (coalesced float2 loads)
 __device__ __forceinline__ float2 load_pair(const float* q, int p) { return reinterpret_cast<const float2*>(q)[p]; }
@@ -558,13 +519,6 @@ void dsv4_embed_streams(const float* table, const int32_t* tokens, int64_t n, in
   PDB_CUDA_LAUNCHED();
 }
 
-void hadamard_groups(float* x, int64_t groups, int n, cudaStream_t s) {
-  if (groups <= 0) return;
-  if (n < 2 || n > 4096 || (n & (n - 1))) throw std::invalid_argument("hadamard_groups: n must be a power of two <= 4096");
-  if (groups > 0x7fffffff) throw std::invalid_argument("hadamard_groups: too many groups");
-  hadamard_kernel<<<unsigned(groups), std::min(n / 2, 256), size_t(n) * 4, s>>>(x, n, 1.0f / sqrtf(float(n)));
-  PDB_CUDA_LAUNCHED();
-}
 
 void dsv4_add_ape(float* g, const float* ape, int64_t n, int64_t cw, int64_t pos0, int ratio, cudaStream_t s) {
   if (n <= 0) return;
@@ -579,25 +533,8 @@ void dsv4_pool(const float* a, const float* g, int64_t h0, int64_t b0, int64_t n
   PDB_CUDA_LAUNCHED();
 }
 
-void rope_tail(float* x, const float* cs, int64_t n, int heads, int width, int r, int64_t row_stride, cudaStream_t s, int64_t cs_stride) {
-  if (n <= 0) return;
-  if (r % 2 || r > width) throw std::invalid_argument("rope_tail: r must be even and <= width");
-  rope_tail_kernel<<<blocks_for(n * heads * (r / 2), kT), kT, 0, s>>>(x, cs, n, heads, width, r, row_stride ? row_stride : int64_t(heads) * width,
-                                                                    cs_stride ? cs_stride : r);
-  PDB_CUDA_LAUNCHED();
-}
 
-void round_as_cached(float* x, int64_t n, int type, cudaStream_t s) {
-  if (n <= 0 || type == 0) return;
-  round_kernel<<<blocks_for(n, kT), kT, 0, s>>>(x, n, type);
-  PDB_CUDA_LAUNCHED();
-}
 
-void scale_f32(float* x, int64_t n, float a, cudaStream_t s) {
-  if (n <= 0) return;
-  scale_kernel<<<blocks_for(n, kT), kT, 0, s>>>(x, n, a);
-  PDB_CUDA_LAUNCHED();
-}
 
 void dsv4_route(const float* logits, const float* bias, const int32_t* tid2eid, const int32_t* tokens, int64_t n, int n_expert, int k, float scale,
                 int32_t* experts, float* weights, cudaStream_t s) {

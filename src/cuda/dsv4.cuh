@@ -10,6 +10,10 @@
 
 #include <cstdint>
 
+#include "cuda/cache_rows.cuh"
+#include "cuda/elementwise.cuh"
+#include "cuda/rope.cuh"
+
 namespace pdb::cuda {
 
 // One token's mix, as 24 floats: pre[4], post[4], comb[dst * 4 + src].
@@ -33,17 +37,11 @@ void dsv4_hc_post(const float* f, const float* mix, const float* x, int64_t n, i
 // x [n x 4 x E]: each token's embedding row in all four streams.
 void dsv4_embed_streams(const float* table, const int32_t* tokens, int64_t n, int64_t E, float* x, cudaStream_t s);
 
-// Each group of `n` floats (a power of two <= 1024) scaled by 1/sqrt(n), then the butterflies (hadamard_rows' order).
-void hadamard_groups(float* x, int64_t groups, int n, cudaStream_t s);
 // g[t] += ape[(pos0 + t) % ratio]  (rows of cw)
 void dsv4_add_ape(float* g, const float* ape, int64_t n, int64_t cw, int64_t pos0, int ratio, cudaStream_t s);
 // The compressor's pooled rows of blocks b0 .. b0 + nb - 1 from its history a, g [rows x cw] (row 0 = position h0;
 // cw = 2 width for ratio 4, width for 128): per channel the softmax of the scores over the block's entries.
 void dsv4_pool(const float* a, const float* g, int64_t h0, int64_t b0, int64_t nb, int ratio, int64_t width, float* out, cudaStream_t s);
-// ggml's NORM RoPE on the last r dims of each of `heads` groups of `width` per row (rows row_stride apart, 0:
-// heads * width): pair i0 of row t by cs[t * r + i0], cs[t * r + i0 + 1] (cos, sin).
-// cs_stride: floats from one row's cos/sin to the next (0: r; the pools read every ratio-th row of the chunk's table).
-void rope_tail(float* x, const float* cs, int64_t n, int heads, int width, int r, int64_t row_stride, cudaStream_t s, int64_t cs_stride = 0);
 // q [n x heads x D] f32 -> out bf16: each head's row RMS-normalized without a weight (rmsnorm_rows' arithmetic),
 // its last r dims roped by cs [n x r] (rope_tail's), then bf16: one pass where the three took five over q.
 // D a multiple of 64.
@@ -51,9 +49,6 @@ void dsv4_head_norm_rope_bf16(const float* q, const float* cs, int64_t n, int he
 // The same from a bf16 q (the q product's own output: half the bytes through the pass and the product's epilogue).
 void dsv4_head_norm_rope_bf16(const __nv_bfloat16* q, const float* cs, int64_t n, int heads, int D, int r, float eps, __nv_bfloat16* out,
                               cudaStream_t s);
-// x <- x as a cache of `type` holds it: 1 f16, 2 bf16 (0: f32, nothing to do).
-void round_as_cached(float* x, int64_t n, int type, cudaStream_t s);
-void scale_f32(float* x, int64_t n, float a, cudaStream_t s);
 
 // Routing: p = sqrt(softplus(logit)); the experts: tid2eid[token] (hash layers) or the top k of p + bias; the
 // weights p / max(sum, 2^-14) * scale (scale 0 or 1: none). n_expert <= 256, k <= 16.

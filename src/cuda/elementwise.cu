@@ -9,6 +9,19 @@
 namespace pdb::cuda {
 namespace {
 
+__global__ void round_kernel(float* __restrict__ x, int64_t n, int type) {
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= n) return;
+  if (type == 1) x[k] = __half2float(__float2half_rn(x[k]));
+  else if (type == 2) x[k] = __bfloat162float(__float2bfloat16_rn(x[k]));
+}
+
+__global__ void scale_kernel(float* __restrict__ x, int64_t n, float a) {
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k < n) x[k] = __fmul_rn(x[k], a);
+}
+
+
 constexpr int kThreads = 256;
 unsigned blocks_for(int64_t n, int per_thread = 1) {
   const int64_t b = (n + int64_t(kThreads) * per_thread - 1) / (int64_t(kThreads) * per_thread);
@@ -110,6 +123,18 @@ void q8_0_round_trip(float* x, int64_t n, cudaStream_t s) {
 void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t s) {
   if (rows * cols == 0) return;
   add_bias_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(y, bias, rows, cols);
+  PDB_CUDA_LAUNCHED();
+}
+
+void round_as_cached(float* x, int64_t n, int type, cudaStream_t s) {
+  if (n <= 0 || type == 0) return;
+  round_kernel<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, s>>>(x, n, type);
+  PDB_CUDA_LAUNCHED();
+}
+
+void scale_f32(float* x, int64_t n, float a, cudaStream_t s) {
+  if (n <= 0) return;
+  scale_kernel<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, s>>>(x, n, a);
   PDB_CUDA_LAUNCHED();
 }
 

@@ -23,4 +23,8 @@ void q8_0_round_trip(float* x, int64_t n, cudaStream_t s);
 // y[r][c] += bias[c]
 void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
 
+// x <- x as a cache of `type` holds it: 1 f16, 2 bf16 (0: f32, nothing to do).
+void round_as_cached(float* x, int64_t n, int type, cudaStream_t s);
+void scale_f32(float* x, int64_t n, float a, cudaStream_t s);
+
 }  // namespace pdb::cuda

@@ -8,6 +8,21 @@
 namespace pdb::cuda {
 namespace {
 
+__global__ void rope_tail_kernel(float* __restrict__ x, const float* __restrict__ cs, int64_t n, int H, int width, int r, int64_t stride,
+                                 int64_t cs_stride) {
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int pairs = r / 2;
+  if (k >= n * H * pairs) return;
+  const int64_t t = k / (int64_t(H) * pairs);
+  const int h = int((k / pairs) % H), i0 = int(k % pairs) * 2;
+  float* a = x + t * stride + int64_t(h) * width + (width - r) + i0;
+  const float c = cs[t * cs_stride + i0], s = cs[t * cs_stride + i0 + 1];
+  const float x0 = a[0], x1 = a[1];
+  a[0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+  a[1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+
 constexpr int kWarpsPerBlock = 8;
 constexpr int kMaxHeadDim = 256;
 
@@ -143,6 +158,14 @@ void rope_ggml_rows(float* k, const float* cs, int64_t rows, int n_heads, int he
   if (head_dim > kMaxHeadDim || n_dims > head_dim || n_dims % 2) throw std::invalid_argument("rope_ggml_rows: bad head_dim/n_dims");
   if (row_stride == 0) row_stride = int64_t(n_heads) * head_dim;
   rope_ggml_kernel<<<unsigned(rows * n_heads), unsigned(head_dim), 0, s>>>(k, row_stride, cs, n_heads, head_dim, n_dims, neox, k_norm, eps);
+  PDB_CUDA_LAUNCHED();
+}
+
+void rope_tail(float* x, const float* cs, int64_t n, int heads, int width, int r, int64_t row_stride, cudaStream_t s, int64_t cs_stride) {
+  if (n <= 0) return;
+  if (r % 2 || r > width) throw std::invalid_argument("rope_tail: r must be even and <= width");
+  rope_tail_kernel<<<unsigned((n * heads * (r / 2) + 255) / 256), 256, 0, s>>>(x, cs, n, heads, width, r, row_stride ? row_stride : int64_t(heads) * width,
+                                                                    cs_stride ? cs_stride : r);
   PDB_CUDA_LAUNCHED();
 }
 

@@ -45,4 +45,9 @@ void qkv_rope_to_cache(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, __nv_bflo
 void rope_ggml_rows(float* k, const float* cs, int64_t rows, int n_heads, int head_dim, int n_dims, bool neox,
                     const float* k_norm, float eps, cudaStream_t s, int64_t row_stride = 0);
 
+// ggml's NORM RoPE on the last r dims of each of `heads` groups of `width` per row (rows row_stride apart, 0:
+// heads * width): pair i0 of row t by cs[t * r + i0], cs[t * r + i0 + 1] (cos, sin).
+// cs_stride: floats from one row's cos/sin to the next (0: r; the pools read every ratio-th row of the chunk's table).
+void rope_tail(float* x, const float* cs, int64_t n, int heads, int width, int r, int64_t row_stride, cudaStream_t s, int64_t cs_stride = 0);
+
 }  // namespace pdb::cuda
