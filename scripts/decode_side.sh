@@ -70,8 +70,11 @@ libcxx() {
   cmake -S "$ROOT" -B "$b" "${cc[@]}" -DPDBRIDGE_DECODE_SIDE=ON -DPDBRIDGE_HEADER_ONLY_LOGGING=ON \
     -DPDBRIDGE_HTTPLIB_INCLUDE="$deps/src/cpp-httplib" -DCMAKE_PREFIX_PATH="$deps" -DPDBRIDGE_TEST_BUILD_DIR="$ROOT/build" >"$b.cmake.log" 2>&1 || { tail -30 "$b.cmake.log"; die "cmake failed"; }
   cmake --build "$b" -j "$JOBS" || die "the decode side does not build with clang + libc++"
-  if ldd "$b/pdbridge" | grep -q 'libstdc++'; then die "$b/pdbridge links libstdc++: a dependency was not built against libc++"; fi
-  ldd "$b/pdbridge" | grep -q 'libc++' || die "$b/pdbridge does not link libc++"
+  # ldd's output taken whole first: `ldd | grep -q` under pipefail fails when grep exits before ldd has written all
+  local libs
+  libs=$(ldd "$b/pdbridge") || die "ldd $b/pdbridge failed"
+  if grep -q 'libstdc++' <<<"$libs"; then die "$b/pdbridge links libstdc++: a dependency was not built against libc++"; fi
+  grep -q 'libc++' <<<"$libs" || die "$b/pdbridge does not link libc++"
   "$b/pdbridge" --help >/dev/null || die "$b/pdbridge --help failed"
   "$b/tests/decode_side/decode_side_tests" --gtest_brief=1
   log "clang + libc++: the decode side builds, links libc++ only, and its unit tests pass"

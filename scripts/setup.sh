@@ -23,7 +23,8 @@ LLAMA_FLAGS_KEY="$(printf '%s' "v2 $LLAMA_ARCH_FLAGS" | sha256sum | cut -c1-8)"
 
 # Fails the set-up when a llama.cpp binary still carries the AMX kernels (a compiler that ignored the flags).
 check_no_amx() {
-  if command -v nm >/dev/null 2>&1 && nm "$1" 2>/dev/null | grep -q ggml_backend_amx_buffer_type; then
+  # nm's output taken whole: under pipefail, `nm | grep -q` reads as "absent" when grep's early exit cuts nm off
+  if command -v nm >/dev/null 2>&1 && grep -q ggml_backend_amx_buffer_type <<<"$(nm "$1" 2>/dev/null)"; then
     die "$1 was built with llama.cpp's AMX kernels, which crash on AMX hosts; remove it and rebuild"
   fi
 }
