@@ -196,6 +196,11 @@ class Front {
 
   std::vector<int32_t> tokenize_request(const std::string& path, const json& body);
   void handle_generation(const std::string& path, const httplib::Request& req, httplib::Response& res);
+  void decide(int slot, const std::vector<int32_t>& tokens, size_t cached, Clock::time_point t0, Verdict& v);
+  void answer_plain(const std::string& path, const json& body, int slot, const std::vector<int32_t>& tokens, Clock::time_point t0, Verdict& v,
+                    httplib::Response& res);
+  void answer_streamed(const std::string& path, const json& body, int slot, const std::vector<int32_t>& tokens, Clock::time_point t0, Verdict v,
+                       httplib::Response& res);
   void proxy(const httplib::Request& req, httplib::Response& res);
   void record(const Verdict& v, double total_s, int status);
   void declare_metrics();
@@ -566,60 +571,75 @@ void Front::handle_generation(const std::string& path, const httplib::Request& r
                                               v.tokens, ctx));
   size_t cached = 0;
   const int slot = slots_.acquire(tokens, &cached);
-  bool slot_released = false;
-  auto release = [&](std::optional<std::vector<int32_t>> holds) {
-    if (!slot_released) { slots_.release(slot, std::move(holds)); slot_released = true; }
-  };
-  if (v.tokens < o_.min_tokens || v.tokens < min_bridge_prompt(info_)) v.verdict = "native: short";
-  else if (cached > 0 && int64_t(tokens.size() - cached) < o_.min_tail) v.verdict = "native: warm";
-  else {
-    try {
-      bridge(slot, tokens, int64_t(cached), v);
-      v.verdict = v.complete ? "complete" : fmt::format("partial {}/{}", v.bridged_tokens, v.tokens);
-    } catch (const std::exception& e) {
-      v.verdict = std::string("declined: ") + e.what();
-      v.bridged_tokens = 0;
-      if (v.fidelity.is_null()) {
-        std::lock_guard<std::mutex> l(layout_m_);
-        v.fidelity = fidelity_summary();
-      }
-      v.t_bridge = secs(t0) - v.t_tokenize;
-      spdlog::warn("front: bridge declined on slot {}: {}", slot, e.what());
-      try { dec_.slot_action(slot, "erase"); } catch (...) {}
-    }
-  }
+  decide(slot, tokens, cached, t0, v);
   body["id_slot"] = slot;
   body["cache_prompt"] = true;
-  const bool stream = body.value("stream", false);
-  const auto upstream = dec_.target();
   spdlog::info("front: {} tokens slot {} verdict '{}' bridge {:.2f}s", v.tokens, slot, v.verdict, v.t_bridge);
-  if (!stream) {
-    httplib::Client c(upstream.host, upstream.port);
-    c.set_read_timeout(3600, 0);
-    auto r = c.Post(path.c_str(), body.dump(), "application/json");
-    if (!r || r->status == 503) {
-      // The decoder is restarting: wait for it (bounded) and send the request once more.
-      if (wait_for_decoder(120)) r = c.Post(path.c_str(), body.dump(), "application/json");
-    }
-    if (!r) {
-      release(std::vector<int32_t>{});
-      res.set_header("X-PD-Bridge", v.header());
-      return openai_error(res, 502, "decoder unreachable: " + httplib::to_string(r.error()), "upstream_error");
-    }
-    std::optional<int64_t> cache_n;
-    try {
-      auto j = json::parse(r->body);
-      if (j.contains("timings") && j["timings"].contains("cache_n")) cache_n = j["timings"]["cache_n"].get<int64_t>();
-    } catch (...) {}
-    if (r->status == 200) settle_verdict(v, cache_n);
-    if (v.decoder_used == false) spdlog::warn("front: slot {}: {}", slot, v.verdict);
-    release(r->status == 200 ? std::optional(tokens) : std::optional(std::vector<int32_t>{}));
-    record(v, secs(t0), r->status);
-    res.status = r->status;
-    res.set_header("X-PD-Bridge", v.header());
-    res.set_content(r->body, r->get_header_value("Content-Type").empty() ? "application/json" : r->get_header_value("Content-Type"));
+  // each answer releases the slot (the stream's releaser once the stream ends)
+  if (!body.value("stream", false)) return answer_plain(path, body, slot, tokens, t0, v, res);
+  answer_streamed(path, body, slot, tokens, t0, std::move(v), res);
+}
+
+// Native (short, warm) or a bridge; a bridge that fails is declined, the slot erased, the request served natively.
+void Front::decide(int slot, const std::vector<int32_t>& tokens, size_t cached, Clock::time_point t0, Verdict& v) {
+  if (v.tokens < o_.min_tokens || v.tokens < min_bridge_prompt(info_)) {
+    v.verdict = "native: short";
     return;
   }
+  if (cached > 0 && int64_t(tokens.size() - cached) < o_.min_tail) {
+    v.verdict = "native: warm";
+    return;
+  }
+  try {
+    bridge(slot, tokens, int64_t(cached), v);
+    v.verdict = v.complete ? "complete" : fmt::format("partial {}/{}", v.bridged_tokens, v.tokens);
+  } catch (const std::exception& e) {
+    v.verdict = std::string("declined: ") + e.what();
+    v.bridged_tokens = 0;
+    if (v.fidelity.is_null()) {
+      std::lock_guard<std::mutex> l(layout_m_);
+      v.fidelity = fidelity_summary();
+    }
+    v.t_bridge = secs(t0) - v.t_tokenize;
+    spdlog::warn("front: bridge declined on slot {}: {}", slot, e.what());
+    try { dec_.slot_action(slot, "erase"); } catch (...) {}
+  }
+}
+
+// The decoder's whole answer, its verdict settled from the answer's timings.
+void Front::answer_plain(const std::string& path, const json& body, int slot, const std::vector<int32_t>& tokens, Clock::time_point t0, Verdict& v,
+                         httplib::Response& res) {
+  const auto upstream = dec_.target();
+  auto release = [&](std::optional<std::vector<int32_t>> holds) { slots_.release(slot, std::move(holds)); };
+  httplib::Client c(upstream.host, upstream.port);
+  c.set_read_timeout(3600, 0);
+  auto r = c.Post(path.c_str(), body.dump(), "application/json");
+  if (!r || r->status == 503) {
+    // The decoder is restarting: wait for it (bounded) and send the request once more.
+    if (wait_for_decoder(120)) r = c.Post(path.c_str(), body.dump(), "application/json");
+  }
+  if (!r) {
+    release(std::vector<int32_t>{});
+    res.set_header("X-PD-Bridge", v.header());
+    return openai_error(res, 502, "decoder unreachable: " + httplib::to_string(r.error()), "upstream_error");
+  }
+  std::optional<int64_t> cache_n;
+  try {
+    auto j = json::parse(r->body);
+    if (j.contains("timings") && j["timings"].contains("cache_n")) cache_n = j["timings"]["cache_n"].get<int64_t>();
+  } catch (...) {}
+  if (r->status == 200) settle_verdict(v, cache_n);
+  if (v.decoder_used == false) spdlog::warn("front: slot {}: {}", slot, v.verdict);
+  release(r->status == 200 ? std::optional(tokens) : std::optional(std::vector<int32_t>{}));
+  record(v, secs(t0), r->status);
+  res.status = r->status;
+  res.set_header("X-PD-Bridge", v.header());
+  res.set_content(r->body, r->get_header_value("Content-Type").empty() ? "application/json" : r->get_header_value("Content-Type"));
+}
+
+void Front::answer_streamed(const std::string& path, const json& body, int slot, const std::vector<int32_t>& tokens, Clock::time_point t0, Verdict v,
+                            httplib::Response& res) {
+  const auto upstream = dec_.target();
   // Streaming: the verdict header goes out first (as decided before the answer), then the decoder's bytes as they
   // arrive, then the `pdbridge.verdict` event with the verdict settled from the answer's timings; the request is
   // recorded in the metrics then.
@@ -631,7 +651,6 @@ void Front::handle_generation(const std::string& path, const httplib::Request& r
     slots_.release(slot, ok ? std::optional(tokens) : std::optional(std::vector<int32_t>{}));
     record(*verdict, secs(t0), ok ? 200 : 499);
   });
-  slot_released = true;  // the stream's releaser owns the slot now
   const bool openai_stream = path.rfind("/v1/", 0) == 0;
   res.set_chunked_content_provider(
       "text/event-stream",
