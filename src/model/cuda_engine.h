@@ -1,10 +1,11 @@
-// The prefill engine's CUDA backend: a chunked causal forward on the GPU for llama, qwen3, qwen3moe
-// (cuda_moe_ffn.h) and deepseek2 (cuda_engine_mla.cpp) HF checkpoints. bf16 weights and activations through cuBLASLt (f32 accumulation; block-FP8 checkpoints
-// through block-scaled FP8 products, activations quantized per 1x128 block), an f32 residual
-// stream (the o_proj and down_proj products accumulate into it, fused via beta = 1), our flash
-// attention over the engine's own bf16 (or fp8) K/V cache, and fused RMSNorm / RoPE / SwiGLU kernels.
-// Like the CPU backend it exposes only the per-layer hook: the residual stream entering each layer,
-// here on the device, for the GPU recipe to read on the same stream.
+// The prefill engine's CUDA backend: a chunked causal forward on the GPU, a driver over an architecture's blocks
+// (definitions/definition.h, model/cuda_blocks.h) for HF checkpoints. bf16 weights and activations through cuBLASLt
+// (f32 accumulation; block-FP8 checkpoints through block-scaled FP8 products, activations quantized per 1x128
+// block), an f32 residual stream (every block's last product accumulates into it, beta = 1), our flash attention
+// over the engine's own bf16 (or fp8) K/V cache, and fused RMSNorm / RoPE / SwiGLU kernels. The driver owns what
+// every architecture shares: chunks, embedding, norms, the hook, the memory check, tensor parallel's residual
+// all-reduce, resuming and keeping the K/V. Like the CPU backend it exposes only the per-layer hook: the residual
+// stream entering each layer, here on the device, for the GPU recipe to read on the same stream.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -16,7 +17,9 @@
 #include <vector>
 
 #include "cuda/gemm.cuh"
+#include "definitions/definition.h"
 #include "formats/hf_config.h"
+#include "model/cuda_blocks.h"
 #include "model/engine_state.h"
 #include "model/tensor_parallel.h"
 
@@ -59,31 +62,38 @@ class CudaEngine {
   // `resume`: start after the first resume.tokens positions of a state this engine kept (same full_last_layer
   // and K/V dtype): their K/V are copied back into the engine's cache, the hook sees positions from there on.
   // `keep`: receives the engine's K/V of every position processed, in device memory of its own (nothing kept
-  // when that memory is not available). Neither for deepseek2 (MLA).
+  // when that memory is not available). Neither for an architecture its definition says is not resumable.
   int64_t prefill(const std::vector<int32_t>& tokens, int64_t chunk, const DeviceHook& hook,
                   const std::function<bool()>& cancelled = {}, bool full_last_layer = false, bool skip_attention = false,
                   ResumePoint resume = {}, std::shared_ptr<EngineState>* keep = nullptr, size_t keep_max_bytes = SIZE_MAX);
-  bool resumable() const { return !cfg_.mla(); }
+  bool resumable() const { return def_.resumable; }
   const TpShard& shard() const { return shard_; }
   // A new group's comm for the same rank (the old group was aborted after a rank failed).
   void set_tp_comm(cuda::TpComm* tp) { tp_ = tp; }
 
  private:
-  // deepseek2 (cuda_engine_mla.cpp): MLA attention decompressed per head, dense lead layers, routed +
-  // shared experts.
-  void load_mla(const SafetensorsCheckpoint& ck, int threads, size_t& total);
-  size_t bytes_for_prompt_mla(int64_t tokens, int64_t chunk) const;
-  int64_t prefill_mla(const std::vector<int32_t>& tokens, int64_t chunk, const DeviceHook& hook, const std::function<bool()>& cancelled,
-                      bool full_last_layer, bool skip_attention);
+  void reserve(int64_t tokens, int64_t chunk, int64_t cache_layers);
+  int64_t widest_swiglu() const;
+  bool any_routed() const;
+  int64_t widest_product_input() const;  // the FP8 path's activation scratch
+  size_t buffer_bytes() const;
+  void keep_state(int64_t processed, std::shared_ptr<EngineState>* keep, size_t keep_max_bytes);
+  void resume_from(ResumePoint resume, int64_t tokens);
 
-  struct Weights;  // cuda_engine_load.h
   HfConfig cfg_;
-  std::unique_ptr<Weights> w_;
+  const ModelDefinition& def_;
   std::unique_ptr<cuda::Gemm> gemm_;
   cudaStream_t stream_ = nullptr;
   std::string weights_note_;
   size_t weight_bytes_ = 0;
   std::optional<cuda::Fp8ScaleLayout> fp8_;
+  std::unique_ptr<CudaMatmul> matmul_;
+  cuda::DeviceBuffer embed_;                          // [vocab x hidden] f32 (exact for every checkpoint dtype)
+  std::vector<cuda::DeviceBuffer> in_norm_, post_norm_;  // f32, per layer
+  std::unique_ptr<CudaAttention> attention_;
+  std::vector<std::unique_ptr<CudaFfn>> ffns_;
+  CudaFfnScratch ffn_scratch_;
+  cuda::DeviceBuffer tokens_, h_, x_;  // per prompt, grown on demand and kept for the next one
   bool kv_fp8_ = false;
   // kv_fp8: the attention converts each fp8 tile itself (PDBRIDGE_FP8KV_FUSED=1) instead of reading one
   // layer's rows expanded to bf16 beforehand (a buffer of one layer's bf16 K/V).

@@ -1,5 +1,4 @@
-// Internal to the CUDA engine (cuda_engine.cpp, cuda_engine_mla.cpp, cuda_moe_ffn.cpp): its weights and
-// per-prompt buffers, and the loaders from the HF checkpoint to device bf16.
+// Internal to the CUDA engines and their blocks: the loaders from the HF checkpoint to device bf16 (or e4m3).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -10,8 +9,7 @@
 #include "cuda/common.cuh"
 #include "formats/hf_config.h"
 #include "formats/safetensors.h"
-#include "model/cuda_engine.h"
-#include "model/cuda_moe_ffn.h"
+#include "cuda/gemm.cuh"
 
 namespace pdb {
 
@@ -29,37 +27,11 @@ cuda::DeviceBuffer upload_sliced(const SafetensorsCheckpoint& ck, const HfConfig
 // Tensors stacked along their output dimension into one bf16 buffer; adds its bytes to total.
 cuda::DeviceBuffer upload_stacked(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::vector<std::pair<std::string, int64_t>>& parts,
                                   int64_t cols, int threads, size_t& total);
+// Block-FP8 row slices stacked along their output dimension, each restricted to the input columns [col0, col0 + cols)
+// (a tensor-parallel rank's; slices on 128-blocks): e4m3 bytes as they are, and the checkpoint's [out/128 x in/128]
+// scale grids cut and concatenated the same way and written in the order the product reads them.
+void upload_sliced_fp8(const SafetensorsCheckpoint& ck, const std::vector<RowSlice>& parts, int64_t full_cols, int64_t col0, int64_t cols,
+                       const cuda::Fp8ScaleLayout& L, cuda::DeviceBuffer& w, cuda::DeviceBuffer& scales, size_t& total);
 }  // namespace cuda_load
-
-struct CudaEngine::Weights {
-  using DeviceBuffer = cuda::DeviceBuffer;
-  DeviceBuffer embed;  // [vocab x hidden] f32 (exact for every checkpoint dtype)
-  struct Layer {
-    DeviceBuffer in_norm, post_norm, q_norm, k_norm;  // f32
-    DeviceBuffer wqkv, wo, wgu, wd;                   // bf16 [out x in], or e4m3 on the FP8 path; qkv and gate|up fused along out
-    DeviceBuffer wqkv_s, wo_s, wgu_s, wd_s;           // FP8 path: f32 scale per 128x128 block, in the product's order
-    std::unique_ptr<CudaMoeWeights> moe;              // qwen3moe: the routed experts in place of wgu/wd
-    // deepseek2 (MLA): wqkv = [q_proj (or q_a_proj) ; kv_a_proj_with_mqa] fused along out; wgu/wd the dense
-    // FFN or the shared experts.
-    DeviceBuffer q_a_norm, kv_a_norm, wq_b, wkv_b;
-  };
-  std::vector<Layer> layers;
-  DeviceBuffer inv_freq;  // f32 [head_dim/2]
-  // Per-prompt state, grown on demand and kept for the next prompt.
-  DeviceBuffer kcache, vcache;  // [layers x kv_heads x capacity x head_dim] bf16, or e4m3 codes (kv_fp8); MLA: K 192 and V 128 wide per head
-  DeviceBuffer kscale, vscale;  // kv_fp8: [layers x kv_heads x capacity] f32
-  DeviceBuffer kx, vx;          // kv_fp8, expanded: one layer's rows as bf16 [kv_heads x capacity x head_dim]
-  int64_t capacity = 0;
-  DeviceBuffer tokens, h, x, qkv, q, att, gu, act;
-  DeviceBuffer xq, xs, ybf;  // FP8 path: quantized activations, their scales, bf16 product for the residual add
-  DeviceBuffer qa, qfull, ckv, kvb, cs;  // MLA: the normed q LoRA, q, the normed c_kv, kv_b's output, the chunk's RoPE cos/sin
-  CudaMoeFfn moe;            // the MoE block's scratch
-  size_t buffer_bytes() const {
-    return kcache.bytes() + vcache.bytes() + kscale.bytes() + vscale.bytes() + kx.bytes() + vx.bytes() + h.bytes() + x.bytes() + qkv.bytes() +
-           q.bytes() + att.bytes() + gu.bytes() + act.bytes() + xq.bytes() + xs.bytes() + ybf.bytes() + qa.bytes() + qfull.bytes() + ckv.bytes() +
-           kvb.bytes() + cs.bytes() +
-           moe.scratch_bytes();
-  }
-};
 
 }  // namespace pdb

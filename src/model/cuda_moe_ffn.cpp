@@ -15,8 +15,8 @@ namespace pdb {
 
 using bf16 = __nv_bfloat16;
 
-CudaMoeWeights load_cuda_moe(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& prefix, int threads, int64_t ff0,
-                             int64_t ff) {
+CudaMoeWeights load_cuda_moe(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& prefix, int threads, bool renormalize,
+                             int64_t ff0, int64_t ff) {
   CudaMoeWeights w;
   w.n_expert = c.num_experts;
   w.n_used = c.num_experts_per_tok;
@@ -24,8 +24,7 @@ CudaMoeWeights load_cuda_moe(const SafetensorsCheckpoint& ck, const HfConfig& c,
   const int64_t full_ff = c.moe_intermediate_size;
   w.ff = ff < 0 ? full_ff : ff;
   if (ff0 < 0 || ff0 + w.ff > full_ff) throw std::invalid_argument("load_cuda_moe: expert columns outside the expert");
-  // As the CPU engine (model/cpu_engine*.cpp) and llama.cpp: qwen3moe always renormalizes, deepseek2 as its config says.
-  w.renormalize = c.arch == "qwen3moe" ? true : c.norm_topk_prob;
+  w.renormalize = renormalize;
   w.scale = c.routed_scaling_factor > 0 ? float(c.routed_scaling_factor) : 1.0f;
   if (w.n_expert > 256 || w.n_used > 32) throw std::runtime_error(fmt::format("CUDA engine: {} of {} experts (at most 32 of 256)", w.n_used, w.n_expert));
   if (w.ff % 8 || w.hidden % 8) throw std::runtime_error("CUDA engine: expert widths must be multiples of 8");

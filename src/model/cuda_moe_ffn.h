@@ -30,9 +30,10 @@ struct CudaMoeWeights {
 };
 
 // Loads `prefix`mlp.gate and `prefix`mlp.experts.{e}.{gate,up,down}_proj (HF names, qwen3moe and deepseek2 alike);
-// of each expert only the columns [ff0, ff0 + ff) (a tensor-parallel rank's; ff < 0: all).
-CudaMoeWeights load_cuda_moe(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& prefix, int threads, int64_t ff0 = 0,
-                             int64_t ff = -1);
+// of each expert only the columns [ff0, ff0 + ff) (a tensor-parallel rank's; ff < 0: all). `renormalize`: the chosen
+// experts' weights are renormalized (the architecture's rule, definitions/).
+CudaMoeWeights load_cuda_moe(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& prefix, int threads, bool renormalize,
+                             int64_t ff0 = 0, int64_t ff = -1);
 
 class CudaMoeFfn {
  public:

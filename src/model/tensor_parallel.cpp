@@ -33,7 +33,7 @@ TpShard tp_shard(int64_t heads, int64_t kv_heads, int64_t ff, int64_t expert_ff,
 }
 
 TpShard tp_shard(const HfConfig& c, int rank, int world, int64_t align) {
-  if (c.mla()) throw std::invalid_argument("tensor parallel: MLA (deepseek2) is not split by heads yet");
+  if (c.mla() && world > 1) throw std::invalid_argument("tensor parallel: MLA (deepseek2) is not split by heads yet");
   return tp_shard(c.num_heads, c.num_kv_heads, c.moe() ? 0 : c.intermediate_size, c.moe() ? c.moe_intermediate_size : 0, rank, world, align);
 }
 

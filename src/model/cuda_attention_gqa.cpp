@@ -1,0 +1,191 @@
+// Grouped-query attention on the GPU (llama, qwen3, qwen3moe): one fused q|k|v product (a rank's heads), qwen3's
+// q/k norms and RoPE fused into the write of the K/V cache (bf16, or e4m3 rows with a scale each), our flash
+// attention over it, and o_proj added into the residual. FP8 checkpoints multiply through block-scaled FP8 products.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "cuda/attention.cuh"
+#include "cuda/device.h"
+#include "cuda/fp8.cuh"
+#include "cuda/rope.cuh"
+#include "formats/safetensors.h"
+#include "model/cuda_blocks.h"
+#include "model/cuda_engine_load.h"
+
+namespace pdb {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using cuda::DeviceBuffer;
+using cuda_load::RowSlice;
+
+class GqaAttentionCuda final : public CudaAttention {
+ public:
+  GqaAttentionCuda(const CudaLoad& ld, const CudaAttentionOptions& o, CudaMatmul& mm);
+  size_t prompt_bytes(int64_t T, int64_t chunk, int64_t cache_layers) const override;
+  void reserve(int64_t T, int64_t chunk, int64_t cache_layers) override;
+  void begin_chunk(const CudaChunk& c) override {
+    ra_.rows = as_.n_q = c.n;
+    ra_.pos0 = as_.pos0 = c.p0;
+  }
+  void forward(int64_t layer, const bf16* x, float* h, const CudaChunk& c) override;
+  CudaKvCache& kv() override { return kv_; }
+  size_t buffer_bytes() const override { return kv_.bytes() + kx_.bytes() + vx_.bytes() + qkv_.bytes() + q_.bytes() + att_.bytes(); }
+  size_t weight_bytes() const override { return weight_bytes_; }
+
+ private:
+  struct Layer {
+    DeviceBuffer q_norm, k_norm;  // f32 (qwen3), else empty
+    DeviceBuffer wqkv, wo;        // bf16 [out x in], or e4m3 on the FP8 path; q|k|v fused along out
+    DeviceBuffer wqkv_s, wo_s;    // FP8 path: f32 scale per 128x128 block, in the product's order
+  };
+  void attend(int64_t layer, const CudaChunk& c);
+  CudaMatmul& mm_;
+  int64_t H_, hd_, nh_, nkv_;
+  bool kv_fp8_, fp8kv_fused_;
+  std::vector<Layer> layers_;
+  DeviceBuffer inv_freq_;  // f32 [head_dim/2]
+  CudaKvCache kv_;
+  DeviceBuffer kx_, vx_;  // kv_fp8, expanded: one layer's rows as bf16 [kv_heads x capacity x head_dim]
+  DeviceBuffer qkv_, q_, att_;
+  cuda::QkvRopeArgs ra_;  // kernel arguments that change only per chunk (rows, positions) or per layer (qwen3's norms)
+  cuda::AttentionShape as_;
+  size_t weight_bytes_ = 0;
+};
+
+GqaAttentionCuda::GqaAttentionCuda(const CudaLoad& ld, const CudaAttentionOptions& o, CudaMatmul& mm)
+    : mm_(mm), H_(ld.c.hidden_size), hd_(ld.c.head_dim), nh_(ld.shard.q_heads), nkv_(ld.shard.kv_heads), kv_fp8_(o.kv_fp8),
+      fp8kv_fused_(o.fp8kv_fused) {
+  const auto& c = ld.c;
+  const auto& ck = ld.ck;
+  const TpShard& sh = ld.shard;
+  if (kv_fp8_) {
+    cuda::AttentionShape probe;
+    probe.head_dim = int(hd_);
+    if (!cuda::wgmma_attention_supported(probe))
+      throw std::runtime_error(fmt::format("CUDA engine: fp8 K/V needs head_dim 128 on an sm_90 GPU (this model: head_dim {}; {})", hd_,
+                                           cuda::device_summary()));
+  }
+  const int64_t H = H_, hd = hd_, nh = c.num_heads, nkv = c.num_kv_heads;
+  size_t& total = weight_bytes_;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.self_attn.", l);
+    Layer L;
+    if (ld.def.qk_norm) {
+      L.q_norm = cuda_load::upload_f32(ck.to_f32(p + "q_norm.weight"));
+      L.k_norm = cuda_load::upload_f32(ck.to_f32(p + "k_norm.weight"));
+    }
+    // this rank's heads (q, then k, then v): all of them without TP
+    const std::vector<RowSlice> qkv = {{p + "q_proj.weight", nh * hd, sh.q_head0 * hd, sh.q_heads * hd},
+                                       {p + "k_proj.weight", nkv * hd, sh.kv_head0 * hd, sh.kv_heads * hd},
+                                       {p + "v_proj.weight", nkv * hd, sh.kv_head0 * hd, sh.kv_heads * hd}};
+    const std::vector<RowSlice> out = {{p + "o_proj.weight", H, 0, H}};
+    if (ld.fp8) {
+      cuda_load::upload_sliced_fp8(ck, qkv, H, 0, H, *ld.fp8, L.wqkv, L.wqkv_s, total);
+      cuda_load::upload_sliced_fp8(ck, out, nh * hd, sh.q_head0 * hd, sh.q_heads * hd, *ld.fp8, L.wo, L.wo_s, total);
+    } else {
+      L.wqkv = cuda_load::upload_sliced(ck, c, qkv, H, 0, H, ld.threads, total);
+      L.wo = cuda_load::upload_sliced(ck, c, out, nh * hd, sh.q_head0 * hd, sh.q_heads * hd, ld.threads, total);
+    }
+    layers_.push_back(std::move(L));
+  }
+  std::vector<float> inv;
+  for (double f : c.inv_freq()) inv.push_back(float(f));
+  inv_freq_ = cuda_load::upload_f32(inv);
+  ra_.n_heads = as_.n_heads = int(nh_);
+  ra_.n_kv_heads = as_.n_kv_heads = int(nkv_);
+  ra_.head_dim = as_.head_dim = int(hd_);
+  ra_.inv_freq = inv_freq_.as<float>();
+  ra_.attn_scale = float(c.attention_scaling());
+  ra_.eps = float(c.rms_norm_eps);
+  as_.scale = 1.0f / std::sqrt(float(hd_));
+}
+
+size_t GqaAttentionCuda::prompt_bytes(int64_t T, int64_t chunk, int64_t cache_layers) const {
+  const int64_t hd = hd_, nh = nh_, nkv = nkv_;
+  const size_t per_row = kv_fp8_ ? size_t(hd) + 4 : size_t(hd) * 2;  // fp8: codes + one scale per head row
+  size_t kv = size_t(2) * size_t(cache_layers) * size_t(nkv * T) * per_row;
+  if (kv_fp8_ && !fp8kv_fused_) kv += size_t(2) * size_t(nkv * T * hd) * 2;  // one layer's rows expanded to bf16
+  const int64_t rows = mm_.padded_rows(chunk);
+  return kv + size_t(chunk) * size_t((nh + 2 * nkv) * hd * 2 + 2 * nh * hd * 2) + size_t(rows - chunk) * size_t((nh + 2 * nkv) * hd * 2 + nh * hd * 2);
+}
+
+void GqaAttentionCuda::reserve(int64_t T, int64_t chunk, int64_t cache_layers) {
+  const int64_t nkv = nkv_, hd = hd_, elem = kv_fp8_ ? 1 : 2;
+  if (kv_.capacity < T || kv_.k.bytes() < size_t(cache_layers * nkv * T * hd * elem)) {
+    for (auto* b : {&kv_.k, &kv_.v, &kv_.ks, &kv_.vs, &kx_, &vx_}) b->release();
+    kv_.k.resize(size_t(cache_layers * nkv * T * hd * elem));
+    kv_.v.resize(size_t(cache_layers * nkv * T * hd * elem));
+    if (kv_fp8_) {
+      kv_.ks.resize(size_t(cache_layers * nkv * T) * 4);
+      kv_.vs.resize(size_t(cache_layers * nkv * T) * 4);
+      if (!fp8kv_fused_) {
+        kx_.resize(size_t(nkv * T * hd) * 2);
+        vx_.resize(size_t(nkv * T * hd) * 2);
+      }
+    }
+    kv_.capacity = T;
+  }
+  kv_.heads = nkv;
+  kv_.layers = cache_layers;
+  kv_.k_row_bytes = kv_.v_row_bytes = hd * elem;
+  kv_.scales = kv_fp8_;
+  ra_.kv_capacity = as_.kv_capacity = kv_.capacity;
+  const int64_t rows_cap = mm_.padded_rows(chunk);
+  qkv_.resize(size_t(rows_cap * (nh_ + 2 * nkv) * hd) * 2);
+  q_.resize(size_t(chunk * nh_ * hd) * 2);
+  att_.resize(size_t(rows_cap * nh_ * hd) * 2);
+}
+
+void GqaAttentionCuda::forward(int64_t l, const bf16* x, float* h, const CudaChunk& c) {
+  const Layer& Lw = layers_[size_t(l)];
+  mm_(x, Lw.wqkv, Lw.wqkv_s, c.n, H_, (nh_ + 2 * nkv_) * hd_, cuda::DType::BF16, qkv_.get(), 0.0f, c.s);
+  ra_.q_norm = Lw.q_norm.bytes() ? Lw.q_norm.as<float>() : nullptr;
+  ra_.k_norm = Lw.k_norm.bytes() ? Lw.k_norm.as<float>() : nullptr;
+  attend(l, c);
+  mm_(att_.get(), Lw.wo, Lw.wo_s, c.n, nh_ * hd_, H_, cuda::DType::F32, h, 1.0f, c.s);
+}
+
+// RoPE into this layer's cache rows, then the attention of the chunk's queries over every key so far.
+void GqaAttentionCuda::attend(int64_t l, const CudaChunk& c) {
+  const int64_t nkv = nkv_, hd = hd_, cap = kv_.capacity;
+  cudaStream_t s = c.s;
+  if (!kv_fp8_) {
+    bf16* kc = kv_.k.as<bf16>() + l * nkv * cap * hd;
+    bf16* vc = kv_.v.as<bf16>() + l * nkv * cap * hd;
+    cuda::qkv_rope_to_cache(qkv_.as<bf16>(), q_.as<bf16>(), kc, vc, ra_, s);
+    if (!c.skip_attention) cuda::causal_attention(q_.as<bf16>(), kc, vc, att_.as<bf16>(), as_, s);
+    return;
+  }
+  ra_.k_fp8 = kv_.k.as<uint8_t>() + l * nkv * cap * hd;
+  ra_.v_fp8 = kv_.v.as<uint8_t>() + l * nkv * cap * hd;
+  ra_.k_scale = kv_.ks.as<float>() + l * nkv * cap;
+  ra_.v_scale = kv_.vs.as<float>() + l * nkv * cap;
+  cuda::qkv_rope_to_cache(qkv_.as<bf16>(), q_.as<bf16>(), nullptr, nullptr, ra_, s);
+  if (c.skip_attention) return;  // bench prefill's engine-no-attention: the expansion and the attention both left out
+  if (fp8kv_fused_) {
+    cuda::causal_attention_fp8kv(q_.as<bf16>(), ra_.k_fp8, ra_.v_fp8, ra_.k_scale, ra_.v_scale, att_.as<bf16>(), as_, s);
+    return;
+  }
+  // This layer's keys so far back to bf16, then the bf16 kernels unchanged. Converting inside the attention's tile
+  // loop instead (the fused kernel) adds a phase behind a block barrier per tile: measured 26% slower than bf16 K/V
+  // at 32K. Expanding moves ~7 bytes per fp8 element per layer and chunk (read 1 + scale, write 2 per K and V), small
+  // beside the attention over the same keys.
+  const int64_t keys = c.p0 + c.n;
+  cuda::expand_fp8_rows(ra_.k_fp8, ra_.k_scale, int(nkv), cap, keys, int(hd), kx_.as<bf16>(), s);
+  cuda::expand_fp8_rows(ra_.v_fp8, ra_.v_scale, int(nkv), cap, keys, int(hd), vx_.as<bf16>(), s);
+  cuda::causal_attention(q_.as<bf16>(), kx_.as<bf16>(), vx_.as<bf16>(), att_.as<bf16>(), as_, s);
+}
+
+}  // namespace
+
+std::unique_ptr<CudaAttention> make_gqa_attention_cuda(const CudaLoad& ld, const CudaAttentionOptions& o, CudaMatmul& mm) {
+  return std::make_unique<GqaAttentionCuda>(ld, o, mm);
+}
+
+}  // namespace pdb

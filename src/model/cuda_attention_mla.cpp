@@ -1,0 +1,166 @@
+// Multi-head latent attention on the GPU (deepseek2: DeepSeek-V2 / V2-Lite), decompressed per head (cuda/mla.cuh
+// says why). Per layer and chunk, all products bf16 with f32 accumulation:
+//   [q | c_kv | k_pe] = x [W_q ; W_kv_a]^T            (one product; with a q LoRA: [q_a | c_kv | k_pe], then q = rms_norm(q_a) W_q_b^T)
+//   c_kv = rms_norm(c_kv) * kv_a_norm;  [k_nope | v] per head = c_kv W_kv_b^T
+//   keys [k_nope_h | RoPE(k_pe)] (192), values v_h (128), queries [q_nope_h | RoPE(q_pe_h)]; scores x mscale^2/sqrt(192)
+//   h += attention W_o^T
+// RoPE: ggml's NORM pairs with llama.cpp's YaRN angles (numerics/mla_rope.h), the same as the CPU block.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "common/parallel.h"
+#include "cuda/attention.cuh"
+#include "cuda/mla.cuh"
+#include "cuda/rmsnorm.cuh"
+#include "formats/safetensors.h"
+#include "model/cuda_blocks.h"
+#include "model/cuda_engine_load.h"
+#include "numerics/mla_rope.h"
+
+namespace pdb {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using cuda::DeviceBuffer;
+
+class MlaAttentionCuda final : public CudaAttention {
+ public:
+  MlaAttentionCuda(const CudaLoad& ld, CudaMatmul& mm);
+  size_t prompt_bytes(int64_t T, int64_t chunk, int64_t cache_layers) const override;
+  void reserve(int64_t T, int64_t chunk, int64_t cache_layers) override;
+  void begin_chunk(const CudaChunk& c) override;
+  void forward(int64_t layer, const bf16* x, float* h, const CudaChunk& c) override;
+  CudaKvCache& kv() override { return kv_; }
+  size_t buffer_bytes() const override {
+    return kv_.bytes() + front_.bytes() + qa_.bytes() + qfull_.bytes() + q_.bytes() + ckv_.bytes() + kvb_.bytes() + att_.bytes() + cs_.bytes();
+  }
+  size_t weight_bytes() const override { return weight_bytes_; }
+
+ private:
+  struct Layer {
+    DeviceBuffer q_a_norm, kv_a_norm;  // f32
+    DeviceBuffer wfront;               // [q_proj (or q_a_proj) ; kv_a_proj_with_mqa] fused along out, bf16
+    DeviceBuffer wq_b, wkv_b, wo;      // bf16
+  };
+  int64_t front_width() const { return (ql_ ? ql_ : nh_ * qk_) + kvl_ + rope_; }  // q (or q_a) | c_kv | k_pe
+  cuda::Gemm& gemm_;
+  int64_t H_, nh_, nope_, rope_, qk_, vd_, kvl_, ql_;
+  float eps_;
+  MlaRope mr_;
+  std::vector<Layer> layers_;
+  CudaKvCache kv_;
+  DeviceBuffer front_, qa_, qfull_, q_, ckv_, kvb_, att_, cs_;  // cs_: the chunk's RoPE cos/sin
+  std::vector<float> cs_host_;
+  cuda::MlaShape ms_;
+  cuda::AttentionShape as_;
+  size_t weight_bytes_ = 0;
+};
+
+MlaAttentionCuda::MlaAttentionCuda(const CudaLoad& ld, CudaMatmul& mm)
+    : gemm_(mm.gemm()), H_(ld.c.hidden_size), nh_(ld.c.num_heads), nope_(ld.c.qk_nope_head_dim), rope_(ld.c.qk_rope_head_dim),
+      qk_(nope_ + rope_), vd_(ld.c.v_head_dim), kvl_(ld.c.kv_lora_rank), ql_(ld.c.q_lora_rank), eps_(float(ld.c.rms_norm_eps)),
+      mr_(mla_rope(ld.c)) {
+  const auto& c = ld.c;
+  const auto& ck = ld.ck;
+  size_t& total = weight_bytes_;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.self_attn.", l);
+    Layer L;
+    L.kv_a_norm = cuda_load::upload_f32(ck.to_f32(p + "kv_a_layernorm.weight"));
+    const std::pair<std::string, int64_t> kv_a{p + "kv_a_proj_with_mqa.weight", kvl_ + rope_};
+    if (ql_) {
+      L.wfront = cuda_load::upload_stacked(ck, c, {{p + "q_a_proj.weight", ql_}, kv_a}, H_, ld.threads, total);
+      L.q_a_norm = cuda_load::upload_f32(ck.to_f32(p + "q_a_layernorm.weight"));
+      L.wq_b = cuda_load::upload_stacked(ck, c, {{p + "q_b_proj.weight", nh_ * qk_}}, ql_, ld.threads, total);
+    } else {
+      L.wfront = cuda_load::upload_stacked(ck, c, {{p + "q_proj.weight", nh_ * qk_}, kv_a}, H_, ld.threads, total);
+    }
+    L.wkv_b = cuda_load::upload_stacked(ck, c, {{p + "kv_b_proj.weight", nh_ * (nope_ + vd_)}}, kvl_, ld.threads, total);
+    L.wo = cuda_load::upload_stacked(ck, c, {{p + "o_proj.weight", H_}}, nh_ * vd_, ld.threads, total);
+    layers_.push_back(std::move(L));
+  }
+  ms_.n_heads = int(nh_);
+  ms_.nope = int(nope_);
+  ms_.rope = int(rope_);
+  ms_.v_dim = int(vd_);
+  as_.n_heads = as_.n_kv_heads = int(nh_);
+  as_.head_dim = int(qk_);
+  as_.v_head_dim = int(vd_);
+  as_.scale = mr_.kq_scale;
+}
+
+size_t MlaAttentionCuda::prompt_bytes(int64_t T, int64_t chunk, int64_t cache_layers) const {
+  const size_t kv = size_t(cache_layers) * size_t(nh_ * T) * size_t(qk_ + vd_) * 2;
+  return kv + size_t(chunk) * size_t(front_width() * 2 + ql_ * 2 + 2 * nh_ * qk_ * 2 + kvl_ * 2 + nh_ * (nope_ + vd_) * 2 + nh_ * vd_ * 2 + rope_ * 4);
+}
+
+void MlaAttentionCuda::reserve(int64_t T, int64_t chunk, int64_t cache_layers) {
+  const size_t kbytes = size_t(cache_layers * nh_ * T * qk_) * 2, vbytes = size_t(cache_layers * nh_ * T * vd_) * 2;
+  if (kv_.capacity < T || kv_.k.bytes() < kbytes || kv_.v.bytes() < vbytes) {
+    kv_.k.release();
+    kv_.v.release();
+    kv_.k.resize(kbytes);
+    kv_.v.resize(vbytes);
+    kv_.capacity = T;
+  }
+  kv_.heads = nh_;
+  kv_.layers = cache_layers;
+  kv_.k_row_bytes = qk_ * 2;
+  kv_.v_row_bytes = vd_ * 2;
+  ms_.kv_capacity = as_.kv_capacity = kv_.capacity;
+  front_.resize(size_t(chunk * front_width()) * 2);
+  if (ql_) {
+    qa_.resize(size_t(chunk * ql_) * 2);
+    qfull_.resize(size_t(chunk * nh_ * qk_) * 2);
+  }
+  q_.resize(size_t(chunk * nh_ * qk_) * 2);
+  ckv_.resize(size_t(chunk * kvl_) * 2);
+  kvb_.resize(size_t(chunk * nh_ * (nope_ + vd_)) * 2);
+  att_.resize(size_t(chunk * nh_ * vd_) * 2);
+  cs_.resize(size_t(chunk * rope_) * 4);
+  cs_host_.resize(size_t(chunk * rope_));
+}
+
+void MlaAttentionCuda::begin_chunk(const CudaChunk& c) {
+  ms_.rows = as_.n_q = c.n;
+  ms_.pos0 = as_.pos0 = c.p0;
+  parallel_for(c.n, 4, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) ggml_rope_cache(mr_.rope, c.p0 + i, cs_host_.data() + i * rope_);
+  });
+  // Pageable source: the copy is staged before the call returns, so the next chunk may refill cs_host_.
+  PDB_CUDA_CHECK(cudaMemcpyAsync(cs_.get(), cs_host_.data(), size_t(c.n * rope_) * 4, cudaMemcpyHostToDevice, c.s));
+}
+
+void MlaAttentionCuda::forward(int64_t l, const bf16* x, float* h, const CudaChunk& c) {
+  const Layer& Lw = layers_[size_t(l)];
+  const int64_t n = c.n, A = front_width(), qpart = ql_ ? ql_ : nh_ * qk_, cap = kv_.capacity;
+  cudaStream_t s = c.s;
+  bf16* kc = kv_.k.as<bf16>() + l * nh_ * cap * qk_;
+  bf16* vc = kv_.v.as<bf16>() + l * nh_ * cap * vd_;
+  gemm_.xwt(cuda::DType::BF16, x, Lw.wfront.get(), cuda::DType::BF16, front_.get(), n, H_, A, 0.0f, s);
+  const bf16* front = front_.as<bf16>();
+  const bf16* q_src = front;
+  int64_t q_stride = A;
+  if (ql_) {
+    cuda::rmsnorm_rows_strided_bf16(front, A, Lw.q_a_norm.as<float>(), qa_.as<bf16>(), ql_, n, ql_, eps_, s);
+    gemm_.xwt(cuda::DType::BF16, qa_.get(), Lw.wq_b.get(), cuda::DType::BF16, qfull_.get(), n, ql_, nh_ * qk_, 0.0f, s);
+    q_src = qfull_.as<bf16>();
+    q_stride = nh_ * qk_;
+  }
+  cuda::rmsnorm_rows_strided_bf16(front + qpart, A, Lw.kv_a_norm.as<float>(), ckv_.as<bf16>(), kvl_, n, kvl_, eps_, s);
+  cuda::mla_rope_qk(q_src, q_stride, front + qpart + kvl_, A, cs_.as<float>(), q_.as<bf16>(), kc, ms_, s);
+  gemm_.xwt(cuda::DType::BF16, ckv_.get(), Lw.wkv_b.get(), cuda::DType::BF16, kvb_.get(), n, kvl_, nh_ * (nope_ + vd_), 0.0f, s);
+  cuda::mla_scatter_kv(kvb_.as<bf16>(), kc, vc, ms_, s);
+  if (!c.skip_attention) cuda::causal_attention(q_.as<bf16>(), kc, vc, att_.as<bf16>(), as_, s);
+  gemm_.xwt(cuda::DType::BF16, att_.get(), Lw.wo.get(), cuda::DType::F32, h, n, nh_ * vd_, H_, 1.0f, s);
+}
+
+}  // namespace
+
+std::unique_ptr<CudaAttention> make_mla_attention_cuda(const CudaLoad& ld, CudaMatmul& mm) { return std::make_unique<MlaAttentionCuda>(ld, mm); }
+
+}  // namespace pdb

@@ -1,0 +1,81 @@
+#include "model/cuda_blocks.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "common/tuning.h"
+#include "cuda/elementwise.cuh"
+#include "cuda/fp8.cuh"
+#include "formats/safetensors.h"
+
+namespace pdb {
+
+std::unique_ptr<CudaAttention> make_gqa_attention_cuda(const CudaLoad& ld, const CudaAttentionOptions& o, CudaMatmul& mm);
+std::unique_ptr<CudaAttention> make_mla_attention_cuda(const CudaLoad& ld, CudaMatmul& mm);
+
+std::unique_ptr<CudaAttention> load_cuda_attention(const CudaLoad& ld, const CudaAttentionOptions& o, CudaMatmul& mm) {
+  switch (ld.def.attention) {
+    case AttentionKind::gqa: return make_gqa_attention_cuda(ld, o, mm);
+    case AttentionKind::mla: return make_mla_attention_cuda(ld, mm);
+  }
+  throw std::logic_error("load_cuda_attention: unknown attention kind");
+}
+
+std::string cuda_blocks_unsupported(const ModelDefinition& d, const HfConfig& c, bool kv_fp8, int world) {
+  if (d.attention == AttentionKind::mla) {
+    if (world > 1) return "tensor parallel is not implemented for MLA attention yet";
+    if (kv_fp8) return "fp8 K/V is not implemented for MLA attention";
+    if (c.qk_nope_head_dim != 128 || c.qk_rope_head_dim != 64 || c.v_head_dim != 128)
+      return fmt::format("MLA head widths nope {} / rope {} / v {} not supported (128 / 64 / 128, DeepSeek-V2's)", c.qk_nope_head_dim,
+                         c.qk_rope_head_dim, c.v_head_dim);
+  } else if (c.head_dim != 64 && c.head_dim != 128) {
+    return fmt::format("head_dim {} not supported (64, 128)", c.head_dim);
+  }
+  if (c.hidden_size % 8 || c.intermediate_size % 8) return "hidden and intermediate sizes must be multiples of 8";
+  if (c.attention_bias) return "attention biases are not supported";
+  return "";
+}
+
+std::string cuda_fp8_unsupported(const ModelDefinition& d, const HfConfig& c, const SafetensorsCheckpoint& ck) {
+  if (!c.fp8) return "not an FP8 checkpoint";
+  if (d.attention != AttentionKind::gqa || d.ffn(c, 0).kind != FfnKind::swiglu) return "the MoE/MLA engine runs bf16 products";
+  if (c.fp8_block_rows != 128 || c.fp8_block_cols != 128)
+    return fmt::format("weight_block_size [{}, {}] (the products take [128, 128])", c.fp8_block_rows, c.fp8_block_cols);
+  for (int64_t dim : {c.hidden_size, c.intermediate_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim})
+    if (dim % 128) return fmt::format("a dimension of {} is not a multiple of 128", dim);
+  for (const char* n : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
+    if (ck.get(fmt::format("model.layers.0.{}.weight", n)).dtype != StDtype::F8_E4M3) return fmt::format("{} is not F8_E4M3", n);
+  if (Tuning::from_env().fp8 == "0") return "PDBRIDGE_FP8=0";
+  return "";
+}
+
+size_t CudaMatmul::scratch_bytes_for(int64_t chunk, int64_t max_in, int64_t hidden) const {
+  if (!fp8_) return 0;
+  const int64_t rows = fp8_->padded_rows(chunk);
+  return size_t(rows * max_in) + cuda::fp8_scale_bytes(rows, max_in, *fp8_) + size_t(rows * hidden) * 2;
+}
+
+void CudaMatmul::reserve(int64_t chunk, int64_t max_in, int64_t hidden) {
+  if (!fp8_) return;
+  const int64_t rows = fp8_->padded_rows(chunk);
+  xq_.resize(size_t(rows * max_in));
+  xs_.resize(cuda::fp8_scale_bytes(rows, max_in, *fp8_));
+  if (!fp8_->f32_accumulate) ybf_.resize(size_t(rows * hidden) * 2);
+}
+
+void CudaMatmul::operator()(const void* x, const cuda::DeviceBuffer& w, const cuda::DeviceBuffer& ws, int64_t n, int64_t in, int64_t out,
+                            cuda::DType yt, void* y, float beta, cudaStream_t s) {
+  using bf16 = __nv_bfloat16;
+  if (!fp8_) return gemm_.xwt(cuda::DType::BF16, x, w.get(), yt, y, n, in, out, beta, s);
+  n = fp8_->padded_rows(n);
+  cuda::quantize_rows_fp8(static_cast<const bf16*>(x), n, in, xq_.as<uint8_t>(), xs_.as<float>(), *fp8_, s);
+  if (beta != 0.0f && !fp8_->f32_accumulate) {
+    gemm_.xwt_fp8(*fp8_, xq_.as<uint8_t>(), xs_.as<float>(), w.as<uint8_t>(), ws.as<float>(), cuda::DType::BF16, ybf_.get(), n, in, out, 0.0f, s);
+    return cuda::add_bf16_into_f32(ybf_.as<bf16>(), static_cast<float*>(y), n * out, s);
+  }
+  gemm_.xwt_fp8(*fp8_, xq_.as<uint8_t>(), xs_.as<float>(), w.as<uint8_t>(), ws.as<float>(), yt, y, n, in, out, beta, s);
+}
+
+}  // namespace pdb

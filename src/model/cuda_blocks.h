@@ -1,0 +1,123 @@
+// The CUDA engine's shared blocks: what an architecture's layer is made of on the GPU (definitions/definition.h).
+// The engine (cuda_engine.cpp) drives them: the chunks, the f32 residual stream and its norms, the hook, the
+// memory check, tensor parallel's partial residuals and all-reduces, resuming and keeping the K/V. Every block
+// adds its output into the residual (the last product's beta = 1). Implementations:
+//   cuda_attention_gqa.cpp — grouped-query attention (llama, qwen3, qwen3moe): fused q/k/v product, RoPE into the
+//                            bf16 or fp8 K/V cache, our flash attention, o_proj; FP8 products; a rank's heads
+//   cuda_attention_mla.cpp — multi-head latent attention, decompressed per head (deepseek2)
+//   cuda_ffn.cpp           — SwiGLU (FP8 products; a rank's columns), routed experts (cuda_moe_ffn.h), both
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "cuda/common.cuh"
+#include "cuda/gemm.cuh"
+#include "definitions/definition.h"
+#include "formats/hf_config.h"
+#include "model/cuda_moe_ffn.h"
+#include "model/tensor_parallel.h"
+
+namespace pdb {
+
+class SafetensorsCheckpoint;
+
+// One chunk of a forward: its rows, first position and stream.
+struct CudaChunk {
+  int64_t n = 0, p0 = 0;
+  cudaStream_t s = nullptr;
+  bool skip_attention = false;  // bench prefill's engine-no-attention (the layers' outputs are then not the model's)
+};
+
+// Y = X W^T for a bf16 activation X [n x in]: a bf16 product, or on the FP8 path X quantized per 1x128 block and a
+// block-scaled FP8 product. beta = 1 adds into the f32 residual.
+class CudaMatmul {
+ public:
+  CudaMatmul(cuda::Gemm& gemm, std::optional<cuda::Fp8ScaleLayout> fp8) : gemm_(gemm), fp8_(std::move(fp8)) {}
+  const std::optional<cuda::Fp8ScaleLayout>& fp8() const { return fp8_; }
+  cuda::Gemm& gemm() { return gemm_; }
+  // FP8 products may need their rows padded: the buffers they read and write hold the padded rows (the extra rows
+  // carry stale values whose results are never read).
+  int64_t padded_rows(int64_t rows) const { return fp8_ ? fp8_->padded_rows(rows) : rows; }
+  size_t scratch_bytes_for(int64_t chunk, int64_t max_in, int64_t hidden) const;
+  void reserve(int64_t chunk, int64_t max_in, int64_t hidden);
+  void operator()(const void* x, const cuda::DeviceBuffer& w, const cuda::DeviceBuffer& ws, int64_t n, int64_t in, int64_t out, cuda::DType yt,
+                  void* y, float beta, cudaStream_t s);
+  size_t scratch_bytes() const { return xq_.bytes() + xs_.bytes() + ybf_.bytes(); }
+
+ private:
+  cuda::Gemm& gemm_;
+  std::optional<cuda::Fp8ScaleLayout> fp8_;
+  cuda::DeviceBuffer xq_, xs_, ybf_;  // quantized activations, their scales, bf16 product for the residual add
+};
+
+// The engine's own K/V for a prompt: [layer][head][capacity rows] of K and of V (fp8: e4m3 codes with one f32
+// scale per row). What a forward resumes from and keeps.
+struct CudaKvCache {
+  cuda::DeviceBuffer k, v, ks, vs;
+  int64_t capacity = 0, heads = 0, layers = 0;
+  int64_t k_row_bytes = 0, v_row_bytes = 0;
+  bool scales = false;
+  size_t bytes() const { return k.bytes() + v.bytes() + ks.bytes() + vs.bytes(); }
+};
+
+// A model's attention, every layer's weights.
+class CudaAttention {
+ public:
+  virtual ~CudaAttention() = default;
+  // Device bytes a prompt needs beyond the weights: the K/V of `cache_layers` layers and this block's scratch.
+  virtual size_t prompt_bytes(int64_t tokens, int64_t chunk, int64_t cache_layers) const = 0;
+  virtual void reserve(int64_t tokens, int64_t chunk, int64_t cache_layers) = 0;
+  virtual void begin_chunk(const CudaChunk& c) = 0;
+  // h[n x hidden] += attention(x) W_o^T, layer `layer` (this rank's heads); x the normed rows (bf16).
+  virtual void forward(int64_t layer, const __nv_bfloat16* x, float* h, const CudaChunk& c) = 0;
+  virtual CudaKvCache& kv() = 0;
+  virtual size_t buffer_bytes() const = 0;
+  virtual size_t weight_bytes() const = 0;
+};
+
+// Scratch every layer's FFN shares.
+struct CudaFfnScratch {
+  cuda::DeviceBuffer gu, act;
+  CudaMoeFfn moe;
+  size_t bytes() const { return gu.bytes() + act.bytes() + moe.scratch_bytes(); }
+};
+
+// One layer's FFN: h[n x hidden] += FFN(x). The scratch is shared: the widest SwiGLU's, and the experts' when any
+// layer routes.
+class CudaFfn {
+ public:
+  virtual ~CudaFfn() = default;
+  virtual int64_t swiglu_width() const = 0;  // this rank's SwiGLU columns (0: none)
+  virtual bool routed() const = 0;
+  virtual void forward(const __nv_bfloat16* x, float* h, CudaFfnScratch& scratch, CudaMatmul& mm, const CudaChunk& c) = 0;
+  virtual size_t weight_bytes() const = 0;
+};
+
+// What the blocks' loaders share.
+struct CudaLoad {
+  const SafetensorsCheckpoint& ck;
+  const HfConfig& c;
+  const ModelDefinition& def;
+  const TpShard& shard;
+  int world = 1;
+  int threads = 1;
+  const std::optional<cuda::Fp8ScaleLayout>& fp8;
+};
+struct CudaAttentionOptions {
+  bool kv_fp8 = false;
+  bool fp8kv_fused = false;
+};
+
+std::unique_ptr<CudaAttention> load_cuda_attention(const CudaLoad& ld, const CudaAttentionOptions& o, CudaMatmul& mm);
+std::unique_ptr<CudaFfn> load_cuda_ffn(const CudaLoad& ld, int64_t layer);
+// Why the engine cannot run this model's blocks ("" when it can): head widths, sizes, biases, fp8 K/V, ranks.
+std::string cuda_blocks_unsupported(const ModelDefinition& d, const HfConfig& c, bool kv_fp8, int world);
+// Why FP8 products cannot run for this checkpoint ("" when they can).
+std::string cuda_fp8_unsupported(const ModelDefinition& d, const HfConfig& c, const SafetensorsCheckpoint& ck);
+
+}  // namespace pdb

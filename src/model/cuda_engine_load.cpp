@@ -1,0 +1,133 @@
+// The loaders from an HF checkpoint to device memory (model/cuda_engine_load.h).
+#include "model/cuda_engine_load.h"
+
+#include <cuda_bf16.h>
+
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "common/parallel.h"
+#include "formats/ggml_types.h"
+#include "formats/numeric.h"
+#include "model/tensor_parallel.h"
+
+namespace pdb {
+
+using cuda::DeviceBuffer;
+
+namespace cuda_load {
+
+// HF tensor -> bf16 bytes (bf16 as is; f32/f16 rounded; block FP8 dequantized with its scales).
+std::vector<uint16_t> to_bf16(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& name, int64_t rows, int64_t cols,
+                              int threads) {
+  const StTensor& t = ck.get(name);
+  if (t.shape.size() != 2 || t.shape[0] != rows || t.shape[1] != cols)
+    throw std::runtime_error(fmt::format("{}: shape does not match config.json ({} x {})", name, rows, cols));
+  std::vector<uint16_t> out(size_t(rows * cols));
+  const int64_t n = rows * cols;
+  switch (t.dtype) {
+    case StDtype::BF16: std::memcpy(out.data(), t.data, size_t(n) * 2); break;
+    case StDtype::F16:
+      parallel_for(n, threads, [&](int64_t b, int64_t e) {
+        const auto* s = reinterpret_cast<const uint16_t*>(t.data);
+        for (int64_t i = b; i < e; ++i) out[size_t(i)] = f32_to_bf16(fp16_to_f32(s[i]));
+      });
+      break;
+    case StDtype::F32:
+      parallel_for(n, threads, [&](int64_t b, int64_t e) {
+        const auto* s = reinterpret_cast<const float*>(t.data);
+        for (int64_t i = b; i < e; ++i) out[size_t(i)] = f32_to_bf16(s[i]);
+      });
+      break;
+    case StDtype::F8_E4M3: {
+      const std::string sname = name.substr(0, name.size() - 6) + "weight_scale_inv";
+      if (!ck.find(sname)) throw std::runtime_error(name + " is FP8 but " + sname + " is missing");
+      auto s = ck.to_f32(sname);
+      std::vector<float> w(static_cast<size_t>(n));
+      dequantize_block_fp8(t.data, rows, cols, s.data(), c.fp8_block_rows, c.fp8_block_cols, w.data());
+      parallel_for(n, threads, [&](int64_t b, int64_t e) { for (int64_t i = b; i < e; ++i) out[size_t(i)] = f32_to_bf16(w[size_t(i)]); });
+      break;
+    }
+    default: throw std::runtime_error(fmt::format("{}: dtype {} not supported by the CUDA engine", name, st_dtype_name(t.dtype)));
+  }
+  return out;
+}
+
+DeviceBuffer upload_f32(const std::vector<float>& v) {
+  DeviceBuffer b(v.size() * 4);
+  b.upload(v.data(), v.size() * 4);
+  return b;
+}
+
+// Uploads tensors stacked along their output dimension into one bf16 buffer.
+DeviceBuffer upload_stacked(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::vector<std::pair<std::string, int64_t>>& parts,
+                            int64_t cols, int threads, size_t& total) {
+  int64_t rows = 0;
+  for (const auto& p : parts) rows += p.second;
+  DeviceBuffer b(size_t(rows * cols) * 2);
+  size_t off = 0;
+  for (const auto& [name, r] : parts) {
+    auto w = to_bf16(ck, c, name, r, cols, threads);
+    b.upload(w.data(), w.size() * 2, off);
+    off += w.size() * 2;
+  }
+  total += b.bytes();
+  return b;
+}
+
+DeviceBuffer upload_sliced(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::vector<RowSlice>& parts, int64_t full_cols,
+                           int64_t col0, int64_t cols, int threads, size_t& total) {
+  int64_t rows = 0;
+  for (const auto& p : parts) rows += p.rows;
+  DeviceBuffer b(size_t(rows * cols) * 2);
+  size_t off = 0;
+  for (const auto& p : parts) {
+    auto w = rows_of(to_bf16(ck, c, p.name, p.full_rows, full_cols, threads), full_cols, p.row0, p.rows);
+    if (cols != full_cols) w = cols_of(w, p.rows, full_cols, col0, cols);
+    b.upload(w.data(), w.size() * 2, off);
+    off += w.size() * 2;
+  }
+  total += b.bytes();
+  return b;
+}
+
+// weight_scale_inv: w = code * scale.
+void upload_sliced_fp8(const SafetensorsCheckpoint& ck, const std::vector<RowSlice>& parts, int64_t full_cols, int64_t col0, int64_t cols,
+                       const cuda::Fp8ScaleLayout& L, DeviceBuffer& w, DeviceBuffer& scales, size_t& total) {
+  if (col0 % 128 || cols % 128) throw std::invalid_argument("FP8 weights are sliced on 128-column blocks");
+  int64_t rows = 0;
+  for (const auto& p : parts) {
+    if (p.row0 % 128 || p.rows % 128) throw std::invalid_argument(p.name + ": FP8 weights are sliced on 128-row blocks");
+    rows += p.rows;
+  }
+  const int64_t FKB = full_cols / 128, KB = cols / 128, kb0 = col0 / 128, NB = rows / 128;
+  w.resize(size_t(rows * cols));
+  std::vector<float> grid(size_t(L.weight_scale_count(NB, KB)), 0.0f);
+  size_t off = 0;
+  int64_t nb0 = 0;
+  for (const auto& p : parts) {
+    const StTensor& t = ck.get(p.name);
+    if (t.dtype != StDtype::F8_E4M3 || t.shape.size() != 2 || t.shape[0] != p.full_rows || t.shape[1] != full_cols)
+      throw std::runtime_error(fmt::format("{}: expected F8_E4M3 [{} x {}]", p.name, p.full_rows, full_cols));
+    const auto* codes = static_cast<const uint8_t*>(t.data);
+    std::vector<uint8_t> slice(size_t(p.rows * cols));
+    for (int64_t r = 0; r < p.rows; ++r) std::memcpy(&slice[size_t(r * cols)], codes + (p.row0 + r) * full_cols + col0, size_t(cols));
+    w.upload(slice.data(), slice.size(), off);
+    off += slice.size();
+    const auto s = ck.to_f32(p.name.substr(0, p.name.size() - 6) + "weight_scale_inv");
+    if (int64_t(s.size()) != (p.full_rows / 128) * FKB) throw std::runtime_error(p.name + ": weight_scale_inv does not hold one scale per 128x128 block");
+    for (int64_t nb = 0; nb < p.rows / 128; ++nb)
+      for (int64_t kb = 0; kb < KB; ++kb)
+        grid[size_t(L.weight_index(nb0 + nb, kb, NB, KB))] = s[size_t((p.row0 / 128 + nb) * FKB + kb0 + kb)];
+    nb0 += p.rows / 128;
+  }
+  scales.resize(grid.size() * 4);
+  scales.upload(grid.data(), grid.size() * 4);
+  total += w.bytes() + scales.bytes();
+}
+
+}  // namespace cuda_load
+
+}  // namespace pdb
