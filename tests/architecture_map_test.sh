@@ -3,7 +3,7 @@
 # every backticked path under src/ (with or without the src/ prefix), tests/, scripts/, fuzz/, models/, docs/.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-src_dirs='common|formats|numerics|recipes|cache|wire|model|cuda|prefill|arch|front|decoder|tools|cli'
+src_dirs='common|formats|numerics|definitions|recipes|cache|wire|model|cuda|prefill|arch|front|decoder|tools|cli'
 missing=0 checked=0
 for doc in docs/ARCHITECTURE.md docs/WIRE.md README.md; do
   while IFS= read -r tok; do

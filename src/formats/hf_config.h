@@ -1,4 +1,4 @@
-// Hugging Face config.json for the architectures we prefill: llama, qwen3 (dense) and qwen3moe
+// Hugging Face config.json for the architectures we prefill: llama, qwen3 (dense), qwen3moe and deepseek2
 // (Qwen3MoeForCausalLM: qwen3's attention, a routed mixture-of-experts FFN in every layer).
 #pragma once
 #include <cstdint>
@@ -24,7 +24,7 @@ struct RopeScaling {
 };
 
 struct HfConfig {
-  std::string arch;  // "llama", "qwen3" or "qwen3moe" (llama.cpp's names; from model_type)
+  std::string arch;  // llama.cpp's name, from model_type: llama, qwen3, qwen3moe, deepseek2 (the engines' definitions/)
   int64_t hidden_size = 0, intermediate_size = 0, num_layers = 0, num_heads = 0, num_kv_heads = 0;
   int64_t head_dim = 0, vocab_size = 0, max_position_embeddings = 0;
   double rms_norm_eps = 1e-6, rope_theta = 10000.0;
@@ -36,7 +36,6 @@ struct HfConfig {
   int64_t num_experts = 0, num_experts_per_tok = 0, moe_intermediate_size = 0;
   bool norm_topk_prob = true;
   bool moe() const { return num_experts > 0; }
-  bool qk_norm() const { return arch == "qwen3" || arch == "qwen3moe"; }  // per-head RMSNorm of Q and K
   // deepseek2 (DeepseekV2ForCausalLM): multi-head latent attention and shared experts. head_dim is
   // then qk_nope + qk_rope (the score width); the cache row is kv_lora_rank + qk_rope wide.
   int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
