@@ -1,4 +1,5 @@
 #include "model/cuda_engine_dsv4.h"
+#include "model/cuda_engine_dsv4_run.h"
 #include "common/tuning.h"
 
 #include <cublas_v2.h>
@@ -36,14 +37,11 @@
 
 namespace pdb {
 
-using cuda::DeviceBuffer;
-using bf16 = __nv_bfloat16;
-
-namespace {
-
-void check_cublas(cublasStatus_t st, const char* what) {
+void check_dsv4_cublas(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(fmt::format("cuBLAS {} failed (status {})", what, int(st)));
 }
+
+namespace {
 
 using cuda_load::upload_f32;
 DeviceBuffer upload_bf16(const std::vector<float>& v) {
@@ -54,14 +52,6 @@ DeviceBuffer upload_bf16(const std::vector<float>& v) {
   return b;
 }
 
-// A section projection with the decoder's weight: Q8_0 in integers against the activation's Q8_0 codes (as
-// ggml-cpu), or f32.
-struct SectionProjection {
-  int64_t in = 0, out = 0;
-  bool q8 = false;
-  DeviceBuffer w, d;  // f32 [out x in], or int8 codes [out x in] and f32 scales [out x in/32]
-};
-
 }  // namespace
 
 const char* Deepseek4CudaEngine::Profile::phase_name(int p) {
@@ -69,125 +59,8 @@ const char* Deepseek4CudaEngine::Profile::phase_name(int p) {
   return p >= 0 && p < kPhases ? names[p] : "?";
 }
 
-struct Deepseek4CudaEngine::Impl {
-  struct Layer {
-    int64_t ratio = 0;
-    // the decoder's (the sections)
-    DeviceBuffer r_hc_fn, r_hc_base, r_hc_scale, attn_norm, kv_norm, cape, cnorm, iape, inorm;
-    SectionProjection wkv, ckv, cgate, ikv, igate;
-    // the engine's
-    DeviceBuffer hc_attn_fn, hc_attn_base, hc_attn_scale, hc_ffn_fn, hc_ffn_base, hc_ffn_scale;
-    // [r_hc_fn; hc_attn_fn] (48 x 4E): the recipe's and the engine's attention-side mixes in one pass over x
-    DeviceBuffer hc_attn_fns;
-    DeviceBuffer q_a_norm, sinks, ffn_norm, probs_bias, router;  // f32
-    DeviceBuffer wq_a, wq_b, wo_a, wo_b, idx_q_b, idx_proj, sh_gu, sh_down;  // bf16
-    DeviceBuffer exp_gu, exp_down;                 // bf16 [NE x 2F x E], [NE x E x F], or empty when FP4
-    DeviceBuffer gate_fp4, up_fp4, down_fp4;       // GGUF MXFP4 blocks
-    int fp8_fit = -1;  // its FP4 experts as FP8 tiles lose nothing (1), would (0), not yet looked (-1)
-    DeviceBuffer tid2eid;                          // int32 [vocab x K] (hash layers)
-    bool hash = false;
-    // per prompt: the raw rows (as stored, bf16) of the last W positions and the chunk's, the compressed rows,
-    // the compressors' last tokens
-    DeviceBuffer win, pool, lid;
-    DeviceBuffer lid8, lid8_s;  // the LID rows again as the FP8 indexer's operand: e4m3 codes, a scale per row
-    int64_t win_first = 0, win_rows = 0, n_pool = 0, n_lid = 0;
-    struct History {
-      DeviceBuffer a, g;
-      int64_t first = 0, rows = 0;
-    } hp, hl;
-  };
-  Deepseek4Config c;
-  std::vector<Layer> layers;
-  DeviceBuffer embed;  // f32 [vocab x E]
-  cuda::Gemm gemm;
-  cuda::GroupedGemm grouped{true};  // one product per expert: faster than the grouped call at these shapes
-  cublasHandle_t blas = nullptr;
-  cudaStream_t s = nullptr;
-  // The FP4 experts' expansion of a long chunk's layer runs here, beside the layer's attention (memory-bound work
-  // beside compute-bound): `expanded` tells the MoE it is done, `scratch_free` that the last layer's products have
-  // read the scratch it overwrites.
-  cudaStream_t side = nullptr;
-  cudaEvent_t expanded = nullptr, scratch_free = nullptr;
-  bool fp4 = false;
-  // scratch, grown on demand
-  DeviceBuffer tokens, x, xa, inv_x, m, mix_r, mix_e, pre, cur, cur_b, qx, dx, kvrow, kvtmp, pooled, csb, cs_plain, cs_comp;
-  DeviceBuffer qr, qr_b, q, q_b, iq, iq_b, iq8, iq8_s, iw, isc, iscores, idx, kg, valid, sc, p, att, oa, ao, shift_tmp;
-  DeviceBuffer hpre, hn, hn_b, logits, experts, weights, counts, offsets, slot_of, token_of, xg, gu, act, yexp, shgu, shact, y;
-  DeviceBuffer exp_gu_scratch, exp_down_scratch;
-  // The routed experts as FP8 products (long chunks): the layer's experts expanded FP4 -> e4m3 tiles (half the
-  // bf16 expansion's bytes, twice the tensor rate), the token rows quantized per expert (1 x 128 blocks).
-  bool fp8_probed = false;
-  std::optional<cuda::Fp8ScaleLayout> fp8;
-  std::string fp8_note;
-  DeviceBuffer gu8, gu8_s, down8, down8_s, xq, xq_s, aq, aq_s, inexact;
-  cuda::PinnedBuffer counts_host;
-
-  Impl() {
-    // the layer's stream first wherever an SM frees up, the expansion in the gaps (without priorities its blocks
-    // took the SMs from the sections and the layer gained nothing, docs/RESULTS.md)
-    int least = 0, greatest = 0;
-    PDB_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    PDB_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
-    PDB_CUDA_CHECK(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking, least));
-    PDB_CUDA_CHECK(cudaEventCreateWithFlags(&expanded, cudaEventDisableTiming));
-    PDB_CUDA_CHECK(cudaEventCreateWithFlags(&scratch_free, cudaEventDisableTiming));
-    PDB_CUDA_CHECK(cudaEventRecord(scratch_free, s));
-    check_cublas(cublasCreate(&blas), "create");
-    check_cublas(cublasSetStream(blas, s), "set stream");
-  }
-  ~Impl() {
-    if (blas) cublasDestroy(blas);
-    if (side) cudaStreamSynchronize(side);
-    if (expanded) cudaEventDestroy(expanded);
-    if (scratch_free) cudaEventDestroy(scratch_free);
-    if (side) cudaStreamDestroy(side);
-    if (s) cudaStreamDestroy(s);
-  }
-
-  static void grow(DeviceBuffer& b, size_t bytes) {
-    if (b.bytes() < bytes) b.resize(bytes);
-  }
-
-  // The recipe's and the engine's attention-side hc products stacked (48 x 4E); the two alone are dropped.
-  static void stack_attn_hc(Layer& L) {
-    const size_t a = L.r_hc_fn.bytes(), b = L.hc_attn_fn.bytes();
-    L.hc_attn_fns.resize(a + b);
-    PDB_CUDA_CHECK(cudaMemcpy(L.hc_attn_fns.get(), L.r_hc_fn.get(), a, cudaMemcpyDeviceToDevice));
-    PDB_CUDA_CHECK(cudaMemcpy(L.hc_attn_fns.as<uint8_t>() + a, L.hc_attn_fn.get(), b, cudaMemcpyDeviceToDevice));
-    L.r_hc_fn.release();
-    L.hc_attn_fn.release();
-  }
-
-  void project(const SectionProjection& P, const float* x_f32, const int8_t* x_q, const float* x_d, int64_t n, float* y) {
-    if (P.q8) cuda::q8_block_gemm(x_q, x_d, P.w.as<int8_t>(), P.d.as<float>(), y, n, P.in, P.out, s);
-    else gemm.xwt(cuda::DType::F32, x_f32, P.w.get(), cuda::DType::F32, y, n, P.in, P.out, 0.0f, s);
-  }
-
-  // Drops all but the last `keep` rows (of row_bytes) of a buffer holding `rows`.
-  void keep_last(DeviceBuffer& b, int64_t& rows, int64_t keep, size_t row_bytes) {
-    if (rows <= keep) return;
-    const size_t bytes = size_t(keep) * row_bytes;
-    if (bytes) {
-      grow(shift_tmp, bytes);
-      PDB_CUDA_CHECK(cudaMemcpyAsync(shift_tmp.get(), b.as<uint8_t>() + size_t(rows - keep) * row_bytes, bytes, cudaMemcpyDeviceToDevice, s));
-      PDB_CUDA_CHECK(cudaMemcpyAsync(b.get(), shift_tmp.get(), bytes, cudaMemcpyDeviceToDevice, s));
-    }
-    rows = keep;
-  }
-
-  void download(std::vector<float>& out, const void* src, int64_t count) {
-    out.resize(size_t(std::max<int64_t>(count, 0)));
-    if (count > 0) PDB_CUDA_CHECK(cudaMemcpyAsync(out.data(), src, size_t(count) * 4, cudaMemcpyDeviceToHost, s));
-  }
-};
 
 namespace {
-
-// The decoder's Hadamard rotation of `count` rows of `width` (its groups: recipes/recipe.h k_rotation_size).
-void rotate_rows(float* rows, int64_t count, int64_t width, cudaStream_t s) {
-  const int64_t g = k_rotation_size(width);
-  if (g) cuda::hadamard_groups(rows, count * width / g, int(g), s);
-}
 
 // Every routed expert of layer L, FP4 -> bf16 into the scratch, in three launches on `st` (gate and up into the
 // two halves of each expert's fused 2F rows).
@@ -211,13 +84,6 @@ void expand_all_experts_fp8(Deepseek4CudaEngine::Impl& I, const Deepseek4CudaEng
                             fl.weight_ld(dn_n, dn_k), fl.weight_kb_fastest, lost}, st);
 }
 
-// Host cos/sin of the layer's RoPE for each of `n` positions pos(i).
-template <class Pos>
-std::vector<float> rope_table(const GgmlRopeParams& rp, int64_t n, Pos pos) {
-  std::vector<float> cs(size_t(n * rp.n_dims));
-  for (int64_t i = 0; i < n; ++i) ggml_rope_cache(rp, pos(i), cs.data() + i * rp.n_dims);
-  return cs;
-}
 
 }  // namespace
 
@@ -475,65 +341,6 @@ std::unique_ptr<Deepseek4CudaEngine> Deepseek4CudaEngine::random(const Deepseek4
 // One prompt's run through the GPU engine, per phase: the sizes and flags it fixes once, then per chunk and layer
 // the sections (with the decoder's weights) handed to the hook, and the layer with the engine's: the q path, the
 // indexer, the sparse attention, the output LoRA and the MoE. The buffers are the engine's (Impl), grown on demand.
-struct Deepseek4CudaEngine::PromptRun {
-  using bf16 = __nv_bfloat16;
-  PromptRun(Impl& impl, const Deepseek4Config& config, const std::vector<int32_t>& tokens, int64_t chunk_tokens, GgmlType kt, Profile* prof);
-  ~PromptRun() {
-    for (auto& e : ev) cudaEventDestroy(e);
-  }
-  int64_t run(const ChunkHook& hook, const std::function<bool()>& stop, bool compute_last);
-
-  void size_prompt_state();
-  void size_scratch();
-  void prepare_fp8_experts();
-  void size_batches();
-  void begin_layer(int64_t layer);
-  void sections(Deepseek4LayerSections& S);
-  void compress(const SectionProjection& wa, const SectionProjection& wg, const DeviceBuffer& ape, const DeviceBuffer& norm, int64_t width,
-                int ratio, bool hadamard, Impl::Layer::History& h, DeviceBuffer& rows_out, int64_t& n_out, std::vector<float>& pooled,
-                int64_t& first_block, std::vector<float>& ring_kv, std::vector<float>& ring_score);
-  void q_path();
-  void indexer();
-  void attention();
-  void output();
-  void moe();
-  void route_and_gather();
-  void routed_experts();
-  void shared_expert_and_combine();
-  void record_profile();
-  // rows as the decoder stores and the engine reads them: the cache type's values (quantized rows un-rotated:
-  // a rotated query against rotated rows is the same dot product), then bf16
-  void as_stored(float* rows_, int64_t count, int64_t width, bool rotated, bf16* out);
-  void mark(int phase) {
-    if (profile) PDB_CUDA_CHECK(cudaEventRecord(ev[phase], s));
-  }
-
-  Impl& I;
-  const Deepseek4Config& c;
-  Profile* profile;
-  cudaStream_t s;
-  int64_t T, E, D, H, r, W, Id, Hi, Lq, G, R, ogd, NE, K, F, FS, topk, chunk, n;
-  float eps, scale;
-  int round_kind = 0;
-  bool quantized = false;
-  Tuning tuning;
-  bool fp8_idx = false, fused_idx = false, fused_attn = false, side_expansion = true, fp8_experts = false, any_q8 = false;
-  GgmlRopeParams rp_plain, rp_comp;
-  int64_t max_nk = 0, attn_batch = 1, max_blocks = 0, idx_batch = 1;
-  cudaEvent_t ev[13];  // 0-6 phase bounds, 8 after the hook, 9-10 around the FP4 expansion, 11-12 the routed experts' products
-  // the chunk and the layer in progress
-  int64_t p0 = 0, rows = 0, l = 0;
-  const int32_t* tok = nullptr;
-  Impl::Layer* layer_ = nullptr;
-  const float* cs = nullptr;
-  const GgmlRopeParams* rope_ = nullptr;
-  bool fp4 = false, experts_fp8 = false, expand_ahead = false;
-  float* x = nullptr;
-  const float* inv_x = nullptr;
-  float* cur = nullptr;
-  const int8_t* qx = nullptr;
-  const float* dx = nullptr;
-};
 
 Deepseek4CudaEngine::PromptRun::PromptRun(Impl& impl, const Deepseek4Config& config, const std::vector<int32_t>& tokens, int64_t chunk_tokens,
                                           GgmlType kt, Profile* prof)
@@ -712,16 +519,6 @@ void Deepseek4CudaEngine::PromptRun::size_batches() {
   Impl::grow(I.iscores, size_t(idx_batch * max_blocks) * 4);
 }
 
-void Deepseek4CudaEngine::PromptRun::as_stored(float* rows_, int64_t count, int64_t width, bool rotated, bf16* out) {
-  if (count <= 0) return;
-  if (quantized) {
-    cuda::q8_0_round_trip(rows_, count * width, s);
-    if (rotated) rotate_rows(rows_, count, width, s);
-  } else {
-    cuda::round_as_cached(rows_, count * width, round_kind, s);
-  }
-  cuda::f32_to_bf16(rows_, out, count * width, s);
-}
 
 int64_t Deepseek4CudaEngine::PromptRun::run(const ChunkHook& hook, const std::function<bool()>& stop, bool compute_last) {
   int64_t done = 0;
@@ -793,112 +590,6 @@ void Deepseek4CudaEngine::PromptRun::begin_layer(int64_t layer) {
 }
 
 // ---- the sections, with the decoder's weights (to the hook)
-void Deepseek4CudaEngine::PromptRun::sections(Deepseek4LayerSections& S) {
-  Impl::Layer& L = *layer_;
-  // the pre-mixes: the decoder's (its pre feeds the sections and the layer) and the engine's (its post and comb
-  // make the residual), from one f32 product of the raw streams scaled by their inv-rms
-  x = I.x.as<float>();
-  inv_x = I.inv_x.as<float>();
-  constexpr int64_t kMix = cuda::kDsv4MixFloats;
-  I.gemm.xwt(cuda::DType::F32, x, L.hc_attn_fns.get(), cuda::DType::F32, I.m.get(), rows, 4 * E, 2 * kMix, 0.0f, s);
-  cuda::dsv4_hc_coefs(I.m.as<float>(), 2 * kMix, inv_x, L.r_hc_base.as<float>(), L.r_hc_scale.as<float>(), rows, c.hc_eps,
-                      int(c.hc_iterations), I.mix_r.as<float>(), s);
-  cuda::dsv4_hc_coefs(I.m.as<float>() + kMix, 2 * kMix, inv_x, L.hc_attn_base.as<float>(), L.hc_attn_scale.as<float>(), rows, c.hc_eps,
-                      int(c.hc_iterations), I.mix_e.as<float>(), s);
-  cuda::dsv4_hc_pre_sum(x, I.mix_r.as<float>(), rows, E, I.pre.as<float>(), s);
-  cur = I.cur.as<float>();
-  cuda::rmsnorm_rows(I.pre.as<float>(), L.attn_norm.as<float>(), cur, rows, E, eps, s);
-  if (any_q8) cuda::quantize_rows_q8(cur, rows, E, I.qx.as<int8_t>(), I.dx.as<float>(), s);
-  qx = I.qx.as<int8_t>();
-  dx = I.dx.as<float>();
-  S.ratio = L.ratio;
-  const int64_t handed = std::min(rows, W);  // the window rows handed over: the chunk's last W (all a seal and the wire use)
-  S.window_first = p0 + rows - handed;
-  float* kv = I.kvrow.as<float>();
-  I.project(L.wkv, cur, qx, dx, rows, kv);
-  cuda::rmsnorm_rows(kv, L.kv_norm.as<float>(), kv, rows, D, eps, s);
-  cuda::rope_tail(kv, cs, rows, 1, int(D), int(r), D, s);
-  if (quantized) rotate_rows(kv, rows, D, s);
-  I.download(S.window, kv + (rows - handed) * D, handed * D);
-  PDB_CUDA_CHECK(cudaMemcpyAsync(I.kvtmp.get(), kv, size_t(rows * D) * 4, cudaMemcpyDeviceToDevice, s));
-  I.keep_last(L.win, L.win_rows, std::min(W, L.win_rows), size_t(D) * 2);  // what this chunk's queries reach back to
-  L.win_first = p0 - L.win_rows;
-  as_stored(I.kvtmp.as<float>(), rows, D, true, L.win.as<bf16>() + L.win_rows * D);
-  L.win_rows += rows;
-  if (L.ratio)
-    compress(L.ckv, L.cgate, L.cape, L.cnorm, D, int(L.ratio), quantized, L.hp, L.pool, L.n_pool, S.pool, S.pool_first, S.ring_kv, S.ring_score);
-  if (L.ratio == 4) {
-    const int64_t had = L.n_lid;
-    compress(L.ikv, L.igate, L.iape, L.inorm, Id, 4, true, L.hl, L.lid, L.n_lid, S.lid, S.lid_first, S.lid_kv, S.lid_score);
-    if (fp8_idx)  // the FP8 operand of the rows the decoder caches (as stored, then e4m3)
-      cuda::indexer_fp8_rows(L.lid.as<bf16>() + had * Id, L.n_lid - had, int(Id), L.lid8.as<uint8_t>() + had * Id, L.lid8_s.as<float>() + had, s);
-  }
-  PDB_CUDA_CHECK(cudaStreamSynchronize(s));
-  mark(1);
-}
-
-// the compressors: their projections after the carried tokens, the blocks finishing in this chunk, the rings
-void Deepseek4CudaEngine::PromptRun::compress(const SectionProjection& wa, const SectionProjection& wg, const DeviceBuffer& ape,
-                                              const DeviceBuffer& norm, int64_t width, int ratio, bool hadamard, Impl::Layer::History& h,
-                                              DeviceBuffer& rows_out, int64_t& n_out, std::vector<float>& pooled, int64_t& first_block,
-                                              std::vector<float>& ring_kv, std::vector<float>& ring_score) {
-  Impl::Layer& L = *layer_;
-  const GgmlRopeParams& rp = *rope_;
-  const int64_t cw = (ratio == 4 ? 2 : 1) * width, ring = ratio == 4 ? 8 : 128;
-  const int64_t keep = std::min(ring, h.rows);
-  if (h.rows > keep) {
-    int64_t ra = h.rows, rg = h.rows;
-    I.keep_last(h.a, ra, keep, size_t(cw) * 4);
-    I.keep_last(h.g, rg, keep, size_t(cw) * 4);
-    h.first += h.rows - keep;
-    h.rows = keep;
-  }
-  if (h.rows == 0) h.first = p0;
-  if (h.first + h.rows != p0) throw std::logic_error("DSV4 GPU compressor: chunks out of order");
-  float* a = h.a.as<float>() + h.rows * cw;
-  float* g = h.g.as<float>() + h.rows * cw;
-  I.project(wa, cur, qx, dx, rows, a);
-  I.project(wg, cur, qx, dx, rows, g);
-  cuda::dsv4_add_ape(g, ape.as<float>(), rows, cw, p0, ratio, s);
-  h.rows += rows;
-  const int64_t b0 = p0 / ratio, nb = (p0 + rows) / ratio - b0;
-  first_block = b0;
-  float* out = I.pooled.as<float>();
-  if (nb > 0) {
-    cuda::dsv4_pool(h.a.as<float>(), h.g.as<float>(), h.first, b0, nb, ratio, width, out, s);
-    cuda::rmsnorm_rows(out, norm.as<float>(), out, nb, width, eps, s);
-    // each block is roped at its first position: a row of the chunk's table (every ratio-th), except a block
-    // that began in the previous chunk
-    const int64_t lead = ratio * b0 < p0 ? 1 : 0;
-    if (lead) {
-      const auto csb = rope_table(rp, 1, [&](int64_t) { return ratio * b0; });
-      PDB_CUDA_CHECK(cudaMemcpyAsync(I.csb.get(), csb.data(), csb.size() * 4, cudaMemcpyHostToDevice, s));
-      cuda::rope_tail(out, I.csb.as<float>(), 1, 1, int(width), int(r), width, s);
-    }
-    cuda::rope_tail(out + lead * width, I.cs_comp.as<float>() + (ratio * (b0 + lead) - p0) * r, nb - lead, 1, int(width), int(r), width, s,
-                    ratio * r);
-    if (hadamard) rotate_rows(out, nb, width, s);
-    I.download(pooled, out, nb * width);  // to pageable memory: complete when it returns
-    // the LID rows stay rotated (the indexer's query is rotated to match); pool rows as the window's
-    as_stored(out, nb, width, hadamard && &rows_out != &L.lid, rows_out.as<bf16>() + n_out * width);
-    n_out += nb;
-  } else {
-    pooled.clear();
-  }
-  // the rings after this chunk's last token
-  const int64_t end = p0 + rows, from = std::max(h.first, end - ring);
-  std::vector<float> ta, tg;
-  I.download(ta, h.a.as<float>() + (from - h.first) * cw, (end - from) * cw);
-  I.download(tg, h.g.as<float>() + (from - h.first) * cw, (end - from) * cw);
-  PDB_CUDA_CHECK(cudaStreamSynchronize(s));
-  ring_kv.assign(size_t(ring * cw), 0.0f);
-  ring_score.assign(size_t(ring * cw), 0.0f);
-  for (int64_t t = from; t < end; ++t) {
-    std::copy_n(ta.data() + (t - from) * cw, cw, ring_kv.data() + (t % ring) * cw);
-    std::copy_n(tg.data() + (t - from) * cw, cw, ring_score.data() + (t % ring) * cw);
-  }
-}
-
 // ---- the layer, with the engine's weights: the q path
 void Deepseek4CudaEngine::PromptRun::q_path() {
   Impl::Layer& L = *layer_;
@@ -990,13 +681,13 @@ void Deepseek4CudaEngine::PromptRun::attention() {
       kg.nq = nq;
       cuda::dsv4_gather_keys(kg, I.kg.as<bf16>(), I.valid.as<uint8_t>(), s);
       // S^T [NK x H] = Kg [NK x D] . Q^T per query (column-major views of the row-major buffers)
-      check_cublas(cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(NK), int(H), int(D), &one, I.kg.get(), CUDA_R_16BF, int(D),
+      check_dsv4_cublas(cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(NK), int(H), int(D), &one, I.kg.get(), CUDA_R_16BF, int(D),
                                               NK * D, I.q_b.as<bf16>() + q0 * H * D, CUDA_R_16BF, int(D), H * D, &zero, I.sc.get(), CUDA_R_32F,
                                               int(NK), H * NK, int(nq), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "attention scores");
       cuda::dsv4_sink_softmax(I.sc.as<float>(), I.valid.as<uint8_t>(), L.sinks.as<float>(), nq, int(H), int(NK), scale, I.p.as<bf16>(), s);
       // O^T [D x H] = Kg^T [D x NK] . P^T [NK x H]
-      check_cublas(cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_N, CUBLAS_OP_N, int(D), int(H), int(NK), &one, I.kg.get(), CUDA_R_16BF, int(D),
+      check_dsv4_cublas(cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_N, CUBLAS_OP_N, int(D), int(H), int(NK), &one, I.kg.get(), CUDA_R_16BF, int(D),
                                               NK * D, I.p.get(), CUDA_R_16BF, int(NK), H * NK, &zero, I.att.as<bf16>() + q0 * H * D, CUDA_R_16BF,
                                               int(D), H * D, int(nq), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                    "attention output");
@@ -1011,7 +702,7 @@ void Deepseek4CudaEngine::PromptRun::output() {
   Impl::Layer& L = *layer_;
   {
     const float one = 1.0f, zero = 0.0f;
-    check_cublas(cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(R), int(rows), int(ogd), &one, L.wo_a.get(), CUDA_R_16BF,
+    check_dsv4_cublas(cublasGemmStridedBatchedEx(I.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(R), int(rows), int(ogd), &one, L.wo_a.get(), CUDA_R_16BF,
                                             int(ogd), R * ogd, I.att.get(), CUDA_R_16BF, int(H * D), ogd, &zero, I.oa.get(), CUDA_R_16BF,
                                             int(G * R), R, int(G), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "grouped output LoRA");

@@ -1,0 +1,131 @@
+// DeepSeek-V4's cache rows on the GPU, from the decoder's own weights: the window row, the compressors' pools and rings
+// and the indexer's rows of each layer and chunk (recipes/deepseek4.h's arithmetic, its CPU twin), handed to the hook
+// as the decoder stores them and kept, as the engine reads them, for the layer's attention.
+#include "model/cuda_engine_dsv4_run.h"
+
+namespace pdb {
+
+// The decoder's Hadamard rotation of `count` rows of `width` (its groups: recipes/recipe.h k_rotation_size).
+void rotate_rows(float* rows, int64_t count, int64_t width, cudaStream_t s) {
+  const int64_t g = k_rotation_size(width);
+  if (g) cuda::hadamard_groups(rows, count * width / g, int(g), s);
+}
+
+void Deepseek4CudaEngine::PromptRun::as_stored(float* rows_, int64_t count, int64_t width, bool rotated, bf16* out) {
+  if (count <= 0) return;
+  if (quantized) {
+    cuda::q8_0_round_trip(rows_, count * width, s);
+    if (rotated) rotate_rows(rows_, count, width, s);
+  } else {
+    cuda::round_as_cached(rows_, count * width, round_kind, s);
+  }
+  cuda::f32_to_bf16(rows_, out, count * width, s);
+}
+
+void Deepseek4CudaEngine::PromptRun::sections(Deepseek4LayerSections& S) {
+  Impl::Layer& L = *layer_;
+  // the pre-mixes: the decoder's (its pre feeds the sections and the layer) and the engine's (its post and comb
+  // make the residual), from one f32 product of the raw streams scaled by their inv-rms
+  x = I.x.as<float>();
+  inv_x = I.inv_x.as<float>();
+  constexpr int64_t kMix = cuda::kDsv4MixFloats;
+  I.gemm.xwt(cuda::DType::F32, x, L.hc_attn_fns.get(), cuda::DType::F32, I.m.get(), rows, 4 * E, 2 * kMix, 0.0f, s);
+  cuda::dsv4_hc_coefs(I.m.as<float>(), 2 * kMix, inv_x, L.r_hc_base.as<float>(), L.r_hc_scale.as<float>(), rows, c.hc_eps,
+                      int(c.hc_iterations), I.mix_r.as<float>(), s);
+  cuda::dsv4_hc_coefs(I.m.as<float>() + kMix, 2 * kMix, inv_x, L.hc_attn_base.as<float>(), L.hc_attn_scale.as<float>(), rows, c.hc_eps,
+                      int(c.hc_iterations), I.mix_e.as<float>(), s);
+  cuda::dsv4_hc_pre_sum(x, I.mix_r.as<float>(), rows, E, I.pre.as<float>(), s);
+  cur = I.cur.as<float>();
+  cuda::rmsnorm_rows(I.pre.as<float>(), L.attn_norm.as<float>(), cur, rows, E, eps, s);
+  if (any_q8) cuda::quantize_rows_q8(cur, rows, E, I.qx.as<int8_t>(), I.dx.as<float>(), s);
+  qx = I.qx.as<int8_t>();
+  dx = I.dx.as<float>();
+  S.ratio = L.ratio;
+  const int64_t handed = std::min(rows, W);  // the window rows handed over: the chunk's last W (all a seal and the wire use)
+  S.window_first = p0 + rows - handed;
+  float* kv = I.kvrow.as<float>();
+  I.project(L.wkv, cur, qx, dx, rows, kv);
+  cuda::rmsnorm_rows(kv, L.kv_norm.as<float>(), kv, rows, D, eps, s);
+  cuda::rope_tail(kv, cs, rows, 1, int(D), int(r), D, s);
+  if (quantized) rotate_rows(kv, rows, D, s);
+  I.download(S.window, kv + (rows - handed) * D, handed * D);
+  PDB_CUDA_CHECK(cudaMemcpyAsync(I.kvtmp.get(), kv, size_t(rows * D) * 4, cudaMemcpyDeviceToDevice, s));
+  I.keep_last(L.win, L.win_rows, std::min(W, L.win_rows), size_t(D) * 2);  // what this chunk's queries reach back to
+  L.win_first = p0 - L.win_rows;
+  as_stored(I.kvtmp.as<float>(), rows, D, true, L.win.as<bf16>() + L.win_rows * D);
+  L.win_rows += rows;
+  if (L.ratio)
+    compress(L.ckv, L.cgate, L.cape, L.cnorm, D, int(L.ratio), quantized, L.hp, L.pool, L.n_pool, S.pool, S.pool_first, S.ring_kv, S.ring_score);
+  if (L.ratio == 4) {
+    const int64_t had = L.n_lid;
+    compress(L.ikv, L.igate, L.iape, L.inorm, Id, 4, true, L.hl, L.lid, L.n_lid, S.lid, S.lid_first, S.lid_kv, S.lid_score);
+    if (fp8_idx)  // the FP8 operand of the rows the decoder caches (as stored, then e4m3)
+      cuda::indexer_fp8_rows(L.lid.as<bf16>() + had * Id, L.n_lid - had, int(Id), L.lid8.as<uint8_t>() + had * Id, L.lid8_s.as<float>() + had, s);
+  }
+  PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+  mark(1);
+}
+
+// the compressors: their projections after the carried tokens, the blocks finishing in this chunk, the rings
+void Deepseek4CudaEngine::PromptRun::compress(const SectionProjection& wa, const SectionProjection& wg, const DeviceBuffer& ape,
+                                              const DeviceBuffer& norm, int64_t width, int ratio, bool hadamard, Impl::Layer::History& h,
+                                              DeviceBuffer& rows_out, int64_t& n_out, std::vector<float>& pooled, int64_t& first_block,
+                                              std::vector<float>& ring_kv, std::vector<float>& ring_score) {
+  Impl::Layer& L = *layer_;
+  const GgmlRopeParams& rp = *rope_;
+  const int64_t cw = (ratio == 4 ? 2 : 1) * width, ring = ratio == 4 ? 8 : 128;
+  const int64_t keep = std::min(ring, h.rows);
+  if (h.rows > keep) {
+    int64_t ra = h.rows, rg = h.rows;
+    I.keep_last(h.a, ra, keep, size_t(cw) * 4);
+    I.keep_last(h.g, rg, keep, size_t(cw) * 4);
+    h.first += h.rows - keep;
+    h.rows = keep;
+  }
+  if (h.rows == 0) h.first = p0;
+  if (h.first + h.rows != p0) throw std::logic_error("DSV4 GPU compressor: chunks out of order");
+  float* a = h.a.as<float>() + h.rows * cw;
+  float* g = h.g.as<float>() + h.rows * cw;
+  I.project(wa, cur, qx, dx, rows, a);
+  I.project(wg, cur, qx, dx, rows, g);
+  cuda::dsv4_add_ape(g, ape.as<float>(), rows, cw, p0, ratio, s);
+  h.rows += rows;
+  const int64_t b0 = p0 / ratio, nb = (p0 + rows) / ratio - b0;
+  first_block = b0;
+  float* out = I.pooled.as<float>();
+  if (nb > 0) {
+    cuda::dsv4_pool(h.a.as<float>(), h.g.as<float>(), h.first, b0, nb, ratio, width, out, s);
+    cuda::rmsnorm_rows(out, norm.as<float>(), out, nb, width, eps, s);
+    // each block is roped at its first position: a row of the chunk's table (every ratio-th), except a block
+    // that began in the previous chunk
+    const int64_t lead = ratio * b0 < p0 ? 1 : 0;
+    if (lead) {
+      const auto csb = rope_table(rp, 1, [&](int64_t) { return ratio * b0; });
+      PDB_CUDA_CHECK(cudaMemcpyAsync(I.csb.get(), csb.data(), csb.size() * 4, cudaMemcpyHostToDevice, s));
+      cuda::rope_tail(out, I.csb.as<float>(), 1, 1, int(width), int(r), width, s);
+    }
+    cuda::rope_tail(out + lead * width, I.cs_comp.as<float>() + (ratio * (b0 + lead) - p0) * r, nb - lead, 1, int(width), int(r), width, s,
+                    ratio * r);
+    if (hadamard) rotate_rows(out, nb, width, s);
+    I.download(pooled, out, nb * width);  // to pageable memory: complete when it returns
+    // the LID rows stay rotated (the indexer's query is rotated to match); pool rows as the window's
+    as_stored(out, nb, width, hadamard && &rows_out != &L.lid, rows_out.as<bf16>() + n_out * width);
+    n_out += nb;
+  } else {
+    pooled.clear();
+  }
+  // the rings after this chunk's last token
+  const int64_t end = p0 + rows, from = std::max(h.first, end - ring);
+  std::vector<float> ta, tg;
+  I.download(ta, h.a.as<float>() + (from - h.first) * cw, (end - from) * cw);
+  I.download(tg, h.g.as<float>() + (from - h.first) * cw, (end - from) * cw);
+  PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+  ring_kv.assign(size_t(ring * cw), 0.0f);
+  ring_score.assign(size_t(ring * cw), 0.0f);
+  for (int64_t t = from; t < end; ++t) {
+    std::copy_n(ta.data() + (t - from) * cw, cw, ring_kv.data() + (t % ring) * cw);
+    std::copy_n(tg.data() + (t - from) * cw, cw, ring_score.data() + (t % ring) * cw);
+  }
+}
+
+}  // namespace pdb
