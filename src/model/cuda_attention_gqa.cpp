@@ -27,6 +27,7 @@ using cuda_load::RowSlice;
 class GqaAttentionCuda final : public CudaAttention {
  public:
   GqaAttentionCuda(const CudaLoad& ld, const CudaAttentionOptions& o, CudaMatmul& mm);
+  void load_layer(const CudaLoad& ld, int64_t layer) override;
   size_t prompt_bytes(int64_t T, int64_t chunk, int64_t cache_layers) const override;
   void reserve(int64_t T, int64_t chunk, int64_t cache_layers) override;
   void begin_chunk(const CudaChunk& c) override {
@@ -62,37 +63,12 @@ GqaAttentionCuda::GqaAttentionCuda(const CudaLoad& ld, const CudaAttentionOption
     : mm_(mm), H_(ld.c.hidden_size), hd_(ld.c.head_dim), nh_(ld.shard.q_heads), nkv_(ld.shard.kv_heads), kv_fp8_(o.kv_fp8),
       fp8kv_fused_(o.fp8kv_fused) {
   const auto& c = ld.c;
-  const auto& ck = ld.ck;
-  const TpShard& sh = ld.shard;
   if (kv_fp8_) {
     cuda::AttentionShape probe;
     probe.head_dim = int(hd_);
     if (!cuda::wgmma_attention_supported(probe))
       throw std::runtime_error(fmt::format("CUDA engine: fp8 K/V needs head_dim 128 on an sm_90 GPU (this model: head_dim {}; {})", hd_,
                                            cuda::device_summary()));
-  }
-  const int64_t H = H_, hd = hd_, nh = c.num_heads, nkv = c.num_kv_heads;
-  size_t& total = weight_bytes_;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = fmt::format("model.layers.{}.self_attn.", l);
-    Layer L;
-    if (ld.def.qk_norm) {
-      L.q_norm = cuda_load::upload_f32(ck.to_f32(p + "q_norm.weight"));
-      L.k_norm = cuda_load::upload_f32(ck.to_f32(p + "k_norm.weight"));
-    }
-    // this rank's heads (q, then k, then v): all of them without TP
-    const std::vector<RowSlice> qkv = {{p + "q_proj.weight", nh * hd, sh.q_head0 * hd, sh.q_heads * hd},
-                                       {p + "k_proj.weight", nkv * hd, sh.kv_head0 * hd, sh.kv_heads * hd},
-                                       {p + "v_proj.weight", nkv * hd, sh.kv_head0 * hd, sh.kv_heads * hd}};
-    const std::vector<RowSlice> out = {{p + "o_proj.weight", H, 0, H}};
-    if (ld.fp8) {
-      cuda_load::upload_sliced_fp8(ck, qkv, H, 0, H, *ld.fp8, L.wqkv, L.wqkv_s, total);
-      cuda_load::upload_sliced_fp8(ck, out, nh * hd, sh.q_head0 * hd, sh.q_heads * hd, *ld.fp8, L.wo, L.wo_s, total);
-    } else {
-      L.wqkv = cuda_load::upload_sliced(ck, c, qkv, H, 0, H, ld.threads, total);
-      L.wo = cuda_load::upload_sliced(ck, c, out, nh * hd, sh.q_head0 * hd, sh.q_heads * hd, ld.threads, total);
-    }
-    layers_.push_back(std::move(L));
   }
   std::vector<float> inv;
   for (double f : c.inv_freq()) inv.push_back(float(f));
@@ -104,6 +80,34 @@ GqaAttentionCuda::GqaAttentionCuda(const CudaLoad& ld, const CudaAttentionOption
   ra_.attn_scale = float(c.attention_scaling());
   ra_.eps = float(c.rms_norm_eps);
   as_.scale = 1.0f / std::sqrt(float(hd_));
+}
+
+void GqaAttentionCuda::load_layer(const CudaLoad& ld, int64_t l) {
+  if (l != int64_t(layers_.size())) throw std::logic_error("attention layers are loaded in order");
+  const auto& c = ld.c;
+  const auto& ck = ld.ck;
+  const TpShard& sh = ld.shard;
+  const int64_t H = H_, hd = hd_, nh = c.num_heads, nkv = c.num_kv_heads;
+  size_t& total = weight_bytes_;
+  const std::string p = fmt::format("model.layers.{}.self_attn.", l);
+  Layer L;
+  if (ld.def.qk_norm) {
+    L.q_norm = cuda_load::upload_f32(ck.to_f32(p + "q_norm.weight"));
+    L.k_norm = cuda_load::upload_f32(ck.to_f32(p + "k_norm.weight"));
+  }
+  // this rank's heads (q, then k, then v): all of them without TP
+  const std::vector<RowSlice> qkv = {{p + "q_proj.weight", nh * hd, sh.q_head0 * hd, sh.q_heads * hd},
+                                     {p + "k_proj.weight", nkv * hd, sh.kv_head0 * hd, sh.kv_heads * hd},
+                                     {p + "v_proj.weight", nkv * hd, sh.kv_head0 * hd, sh.kv_heads * hd}};
+  const std::vector<RowSlice> out = {{p + "o_proj.weight", H, 0, H}};
+  if (ld.fp8) {
+    cuda_load::upload_sliced_fp8(ck, qkv, H, 0, H, *ld.fp8, L.wqkv, L.wqkv_s, total);
+    cuda_load::upload_sliced_fp8(ck, out, nh * hd, sh.q_head0 * hd, sh.q_heads * hd, *ld.fp8, L.wo, L.wo_s, total);
+  } else {
+    L.wqkv = cuda_load::upload_sliced(ck, c, qkv, H, 0, H, ld.threads, total);
+    L.wo = cuda_load::upload_sliced(ck, c, out, nh * hd, sh.q_head0 * hd, sh.q_heads * hd, ld.threads, total);
+  }
+  layers_.push_back(std::move(L));
 }
 
 size_t GqaAttentionCuda::prompt_bytes(int64_t T, int64_t chunk, int64_t cache_layers) const {

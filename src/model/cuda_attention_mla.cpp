@@ -30,6 +30,7 @@ using cuda::DeviceBuffer;
 class MlaAttentionCuda final : public CudaAttention {
  public:
   MlaAttentionCuda(const CudaLoad& ld, CudaMatmul& mm);
+  void load_layer(const CudaLoad& ld, int64_t layer) override;
   size_t prompt_bytes(int64_t T, int64_t chunk, int64_t cache_layers) const override;
   void reserve(int64_t T, int64_t chunk, int64_t cache_layers) override;
   void begin_chunk(const CudaChunk& c) override;
@@ -64,25 +65,6 @@ MlaAttentionCuda::MlaAttentionCuda(const CudaLoad& ld, CudaMatmul& mm)
     : gemm_(mm.gemm()), H_(ld.c.hidden_size), nh_(ld.c.num_heads), nope_(ld.c.qk_nope_head_dim), rope_(ld.c.qk_rope_head_dim),
       qk_(nope_ + rope_), vd_(ld.c.v_head_dim), kvl_(ld.c.kv_lora_rank), ql_(ld.c.q_lora_rank), eps_(float(ld.c.rms_norm_eps)),
       mr_(mla_rope(ld.c)) {
-  const auto& c = ld.c;
-  const auto& ck = ld.ck;
-  size_t& total = weight_bytes_;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = fmt::format("model.layers.{}.self_attn.", l);
-    Layer L;
-    L.kv_a_norm = cuda_load::upload_f32(ck.to_f32(p + "kv_a_layernorm.weight"));
-    const std::pair<std::string, int64_t> kv_a{p + "kv_a_proj_with_mqa.weight", kvl_ + rope_};
-    if (ql_) {
-      L.wfront = cuda_load::upload_stacked(ck, c, {{p + "q_a_proj.weight", ql_}, kv_a}, H_, ld.threads, total);
-      L.q_a_norm = cuda_load::upload_f32(ck.to_f32(p + "q_a_layernorm.weight"));
-      L.wq_b = cuda_load::upload_stacked(ck, c, {{p + "q_b_proj.weight", nh_ * qk_}}, ql_, ld.threads, total);
-    } else {
-      L.wfront = cuda_load::upload_stacked(ck, c, {{p + "q_proj.weight", nh_ * qk_}, kv_a}, H_, ld.threads, total);
-    }
-    L.wkv_b = cuda_load::upload_stacked(ck, c, {{p + "kv_b_proj.weight", nh_ * (nope_ + vd_)}}, kvl_, ld.threads, total);
-    L.wo = cuda_load::upload_stacked(ck, c, {{p + "o_proj.weight", H_}}, nh_ * vd_, ld.threads, total);
-    layers_.push_back(std::move(L));
-  }
   ms_.n_heads = int(nh_);
   ms_.nope = int(nope_);
   ms_.rope = int(rope_);
@@ -91,6 +73,27 @@ MlaAttentionCuda::MlaAttentionCuda(const CudaLoad& ld, CudaMatmul& mm)
   as_.head_dim = int(qk_);
   as_.v_head_dim = int(vd_);
   as_.scale = mr_.kq_scale;
+}
+
+void MlaAttentionCuda::load_layer(const CudaLoad& ld, int64_t l) {
+  if (l != int64_t(layers_.size())) throw std::logic_error("attention layers are loaded in order");
+  const auto& c = ld.c;
+  const auto& ck = ld.ck;
+  size_t& total = weight_bytes_;
+  const std::string p = fmt::format("model.layers.{}.self_attn.", l);
+  Layer L;
+  L.kv_a_norm = cuda_load::upload_f32(ck.to_f32(p + "kv_a_layernorm.weight"));
+  const std::pair<std::string, int64_t> kv_a{p + "kv_a_proj_with_mqa.weight", kvl_ + rope_};
+  if (ql_) {
+    L.wfront = cuda_load::upload_stacked(ck, c, {{p + "q_a_proj.weight", ql_}, kv_a}, H_, ld.threads, total);
+    L.q_a_norm = cuda_load::upload_f32(ck.to_f32(p + "q_a_layernorm.weight"));
+    L.wq_b = cuda_load::upload_stacked(ck, c, {{p + "q_b_proj.weight", nh_ * qk_}}, ql_, ld.threads, total);
+  } else {
+    L.wfront = cuda_load::upload_stacked(ck, c, {{p + "q_proj.weight", nh_ * qk_}, kv_a}, H_, ld.threads, total);
+  }
+  L.wkv_b = cuda_load::upload_stacked(ck, c, {{p + "kv_b_proj.weight", nh_ * (nope_ + vd_)}}, kvl_, ld.threads, total);
+  L.wo = cuda_load::upload_stacked(ck, c, {{p + "o_proj.weight", H_}}, nh_ * vd_, ld.threads, total);
+  layers_.push_back(std::move(L));
 }
 
 size_t MlaAttentionCuda::prompt_bytes(int64_t T, int64_t chunk, int64_t cache_layers) const {

@@ -65,10 +65,22 @@ struct CudaKvCache {
   size_t bytes() const { return k.bytes() + v.bytes() + ks.bytes() + vs.bytes(); }
 };
 
-// A model's attention, every layer's weights.
+// What the blocks' loaders share.
+struct CudaLoad {
+  const SafetensorsCheckpoint& ck;
+  const HfConfig& c;
+  const ModelDefinition& def;
+  const TpShard& shard;
+  int world = 1;
+  int threads = 1;
+  const std::optional<cuda::Fp8ScaleLayout>& fp8;
+};
+// A model's attention, every layer's weights (loaded layer by layer, beside the layer's FFN: the weights lie in device
+// memory in the order the forward reads them).
 class CudaAttention {
  public:
   virtual ~CudaAttention() = default;
+  virtual void load_layer(const CudaLoad& ld, int64_t layer) = 0;  // layers in order, from 0
   // Device bytes a prompt needs beyond the weights: the K/V of `cache_layers` layers and this block's scratch.
   virtual size_t prompt_bytes(int64_t tokens, int64_t chunk, int64_t cache_layers) const = 0;
   virtual void reserve(int64_t tokens, int64_t chunk, int64_t cache_layers) = 0;
@@ -98,16 +110,6 @@ class CudaFfn {
   virtual size_t weight_bytes() const = 0;
 };
 
-// What the blocks' loaders share.
-struct CudaLoad {
-  const SafetensorsCheckpoint& ck;
-  const HfConfig& c;
-  const ModelDefinition& def;
-  const TpShard& shard;
-  int world = 1;
-  int threads = 1;
-  const std::optional<cuda::Fp8ScaleLayout>& fp8;
-};
 struct CudaAttentionOptions {
   bool kv_fp8 = false;
   bool fp8kv_fused = false;

@@ -57,14 +57,15 @@ CudaEngine::CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8, cuda
   }
   const CudaLoad ld{*ck, c, def_, shard_, world, threads, fp8_};
   attention_ = load_cuda_attention(ld, CudaAttentionOptions{kv_fp8, fp8kv_fused_}, *matmul_);
-  total += attention_->weight_bytes();
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
     in_norm_.push_back(cuda_load::upload_f32(ck->to_f32(p + "input_layernorm.weight")));
     post_norm_.push_back(cuda_load::upload_f32(ck->to_f32(p + "post_attention_layernorm.weight")));
+    attention_->load_layer(ld, l);
     ffns_.push_back(load_cuda_ffn(ld, l));
     total += ffns_.back()->weight_bytes();
   }
+  total += attention_->weight_bytes();
   weight_bytes_ = total;
   if (world > 1) weights_note_ += fmt::format("; tensor parallel rank {} of {} ({} of {} heads)", shard_.rank, world, shard_.q_heads, c.num_heads);
   spdlog::info("cuda engine: {} layers, {:.2f} GiB of weights on {} ({})", c.num_layers, double(total) / (1 << 30), cuda::device_summary(), weights_note_);
