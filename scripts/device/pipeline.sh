@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -220,13 +220,24 @@ stage_framesab() {
   # deepseek2 on the GPU takes DeepSeek-V2's head widths: the `small` preset (the GPU tests' MLA model)
   [ -f $TM/deepseek2-small/decoder-q8_0.gguf ] || run make_deepseek2_small $PDB make-model --arch deepseek2 --preset small --seed 7 \
     --out $TM/deepseek2-small --hf-dtype f32 --gguf-types f32,q8_0
-  for spec in llama-tiny:f16:f16 llama-tiny:q8_0:q8_0 llama-tiny-h16:f16:f16 qwen3-tiny:f16:f16 qwen3moe-tiny:f16:f16 deepseek2-small:f32:f16 deepseek2-small:q8_0:q8_0; do
+  for spec in ${FRAMES_SPECS:-llama-tiny:f16:f16 llama-tiny:q8_0:q8_0 llama-tiny-h16:f16:f16 qwen3-tiny:f16:f16 qwen3moe-tiny:f16:f16 deepseek2-small:f32:f16 deepseek2-small:q8_0:q8_0}; do
     IFS=: read -r m g k <<< "$spec"
     run framesab_${m}_$k python3 $REPO/scripts/device/frames_ab.py $P/pdbridge-old $PDB $TM/$m/hf $TM/$m/decoder-$g.gguf 1500 512 $k $port
     port=$((port + 2))
   done
   [ -f $M/llama8b/decoder-f16.gguf ] && run framesab_llama8b python3 $REPO/scripts/device/frames_ab.py $P/pdbridge-old $PDB $M/llama8b/hf $M/llama8b/decoder-f16.gguf 9000 4096 f16 $port
   grep -h identical $R/framesab_*.log > $R/framesab.jsonl
+}
+# A short re-check of the engines after a change that the full stages already covered: the test models, the CUDA
+# engine's tests, tensor parallel on one GPU and DeepSeek-V4's GPU engine and bridge.
+stage_recheck() {
+  TM=$P/build/test-models
+  run recheck_models bash -c "set -e; $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0,q4_0; \
+    $PDB make-model --arch qwen3 --preset tiny --seed 2 --out $TM/qwen3-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
+    $PDB make-model --arch qwen3moe --preset tiny --seed 3 --out $TM/qwen3moe-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
+    $PDB make-model --arch deepseek4 --preset tiny --seed 5 --out $TM/deepseek4-tiny; \
+    $PDB make-model --arch deepseek4 --preset tiny --seed 5 --hf-dtype fp8 --out $TM/deepseek4-tiny-fp8"
+  run recheck_cuda timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaEngine.*:CudaTensorParallel.RanksOnOneGpu*:Deepseek4Cuda.*:Deepseek4CudaBridge.*'
 }
 # Issue 5's scale runs and the million-token prompt: scripts/device/scale.sh (one call of their own).
 # Issue 5's link emulation on the device (needs ip/tc and CAP_NET_ADMIN there): 10 and 1 Gbit.
@@ -238,7 +249,7 @@ stage_link() {
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac
