@@ -29,6 +29,9 @@ constexpr Entry kTypes[] = {
     {40, {"nvfp4", 64, 36}},   {41, {"q1_0", 128, 18}},   {42, {"q2_0", 64, 18}},
 };
 
+// IQ4_NL / IQ4_XS code values (ggml's kvalues_iq4nl: a non-linear 4-bit grid).
+constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
 // E2M1 values doubled, as ggml's kvalues_mxfp4 (the E8M0 "half" scale compensates).
 constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
@@ -55,6 +58,153 @@ void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
   } else {
     *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
     *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+  }
+}
+
+// The decoders below follow ggml-quants.c's dequantize_row_* op for op. Where ggml writes `a * b + c` its compiler may
+// fuse the two (an FMA target, -ffp-contract=fast) or not: the same bits either way, since every such product is
+// exact in float (an f16 scale of 11 significant bits times a 6-bit sub-scale times a code of at most 5 bits).
+
+void dequantize_q4_1(const uint8_t* src, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / QK; ++b, src += 20, y += QK) {
+    const float d = fp16_to_f32(rd16(src)), m = fp16_to_f32(rd16(src + 2));
+    for (int j = 0; j < QK / 2; ++j) {
+      y[j] = float(src[4 + j] & 0x0F) * d + m;
+      y[j + QK / 2] = float(src[4 + j] >> 4) * d + m;
+    }
+  }
+}
+
+// Q5_0: d, 32 high bits, 16 bytes of low nibbles; codes - 16. Q5_1: d, m, the same bits; codes * d + m.
+void dequantize_q5(const uint8_t* src, float* y, int64_t n, bool with_min) {
+  const int bytes = with_min ? 24 : 22, off = with_min ? 4 : 2;
+  for (int64_t b = 0; b < n / QK; ++b, src += bytes, y += QK) {
+    const float d = fp16_to_f32(rd16(src)), m = with_min ? fp16_to_f32(rd16(src + 2)) : 0.0f;
+    uint32_t qh;
+    std::memcpy(&qh, src + off, 4);
+    const uint8_t* qs = src + off + 4;
+    for (int j = 0; j < QK / 2; ++j) {
+      const uint8_t xh0 = uint8_t(((qh >> (j + 0)) << 4) & 0x10), xh1 = uint8_t((qh >> (j + 12)) & 0x10);
+      const int x0 = (qs[j] & 0x0F) | xh0, x1 = (qs[j] >> 4) | xh1;
+      if (with_min) {
+        y[j] = float(x0) * d + m;
+        y[j + QK / 2] = float(x1) * d + m;
+      } else {
+        y[j] = float(x0 - 16) * d;
+        y[j + QK / 2] = float(x1 - 16) * d;
+      }
+    }
+  }
+}
+
+// block_q2_K: scales[16] (4-bit scale | 4-bit min), qs[64] (2-bit codes), d, dmin.
+void dequantize_q2_k(const uint8_t* src, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / QK_K; ++b, src += 84) {
+    const uint8_t* scales = src;
+    const uint8_t* q = src + 16;
+    const float d = fp16_to_f32(rd16(src + 80)), dmin = fp16_to_f32(rd16(src + 82));
+    int is = 0;
+    for (int n128 = 0; n128 < QK_K; n128 += 128) {
+      int shift = 0;
+      for (int j = 0; j < 4; ++j) {
+        for (int half = 0; half < 2; ++half) {
+          const uint8_t sc = scales[is++];
+          const float dl = d * float(sc & 0xF), ml = dmin * float(sc >> 4);
+          for (int l = 0; l < 16; ++l) *y++ = dl * float(int8_t((q[l + 16 * half] >> shift) & 3)) - ml;
+        }
+        shift += 2;
+      }
+      q += 32;
+    }
+  }
+}
+
+// block_q3_K: hmask[32] (the codes' high bits), qs[64] (low 2 bits), scales[12] (16 6-bit scales), d.
+void dequantize_q3_k(const uint8_t* src, float* y, int64_t n) {
+  constexpr uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
+  for (int64_t b = 0; b < n / QK_K; ++b, src += 110) {
+    const uint8_t* hm = src;
+    const uint8_t* q = src + 32;
+    const float d_all = fp16_to_f32(rd16(src + 108));
+    uint32_t aux[4];
+    std::memcpy(aux, src + 96, 12);
+    const uint32_t tmp = aux[2];
+    aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+    aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+    aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+    aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+    int8_t scales[16];
+    std::memcpy(scales, aux, 16);
+    int is = 0;
+    uint8_t m = 1;
+    for (int n128 = 0; n128 < QK_K; n128 += 128) {
+      int shift = 0;
+      for (int j = 0; j < 4; ++j) {
+        for (int half = 0; half < 2; ++half) {
+          const float dl = d_all * float(scales[is++] - 32);
+          for (int l = 0; l < 16; ++l) {
+            const int i = l + 16 * half;
+            *y++ = dl * float(int8_t((q[i] >> shift) & 3) - ((hm[i] & m) ? 0 : 4));
+          }
+        }
+        shift += 2;
+        m = uint8_t(m << 1);
+      }
+      q += 32;
+    }
+  }
+}
+
+// block_q5_K: d, dmin, scales[12] (8 6-bit scale/min pairs), qh[32] (the codes' fifth bits), qs[128].
+void dequantize_q5_k(const uint8_t* src, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / QK_K; ++b, src += 176) {
+    const float d = fp16_to_f32(rd16(src)), dmin = fp16_to_f32(rd16(src + 2));
+    const uint8_t* scales = src + 4;
+    const uint8_t* qh = src + 16;
+    const uint8_t* ql = src + 48;
+    int is = 0;
+    uint8_t u1 = 1, u2 = 2;
+    for (int j = 0; j < QK_K; j += 64) {
+      uint8_t sc, m;
+      get_scale_min_k4(is + 0, scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      get_scale_min_k4(is + 1, scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      for (int l = 0; l < 32; ++l) *y++ = d1 * float((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
+      for (int l = 0; l < 32; ++l) *y++ = d2 * float((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+      ql += 32;
+      is += 2;
+      u1 = uint8_t(u1 << 2);
+      u2 = uint8_t(u2 << 2);
+    }
+  }
+}
+
+void dequantize_iq4_nl(const uint8_t* src, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / QK; ++b, src += 18, y += QK) {
+    const float d = fp16_to_f32(rd16(src));
+    for (int j = 0; j < QK / 2; ++j) {
+      y[j] = d * float(kIq4nlValues[src[2 + j] & 0xF]);
+      y[j + QK / 2] = d * float(kIq4nlValues[src[2 + j] >> 4]);
+    }
+  }
+}
+
+// block_iq4_xs: d, scales_h (2 high bits of 8 6-bit scales), scales_l[4] (their low 4 bits), qs[128].
+void dequantize_iq4_xs(const uint8_t* src, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / QK_K; ++b, src += 136) {
+    const float d = fp16_to_f32(rd16(src));
+    const uint16_t scales_h = rd16(src + 2);
+    const uint8_t* scales_l = src + 4;
+    const uint8_t* qs = src + 8;
+    for (int ib = 0; ib < QK_K / 32; ++ib, qs += 16, y += 32) {
+      const int ls = ((scales_l[ib / 2] >> 4 * (ib % 2)) & 0xf) | (((scales_h >> 2 * ib) & 3) << 4);
+      const float dl = d * float(ls - 32);
+      for (int j = 0; j < 16; ++j) {
+        y[j + 0] = dl * float(kIq4nlValues[qs[j] & 0xf]);
+        y[j + 16] = dl * float(kIq4nlValues[qs[j] >> 4]);
+      }
+    }
   }
 }
 
@@ -94,7 +244,8 @@ size_t ggml_row_bytes(GgmlType t, int64_t n) {
 bool can_dequantize(GgmlType t) {
   switch (t) {
     case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:
-    case GgmlType::MXFP4: case GgmlType::Q4_K: case GgmlType::Q6_K: return true;
+    case GgmlType::MXFP4: case GgmlType::Q4_K: case GgmlType::Q6_K: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1:
+    case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q5_K: case GgmlType::IQ4_NL: case GgmlType::IQ4_XS: return true;
     default: return false;
   }
 }
@@ -189,6 +340,14 @@ void dequantize_row(GgmlType t, const void* src_v, float* y, int64_t n) {
         }
       }
       return;
+    case GgmlType::Q4_1: return dequantize_q4_1(src, y, n);
+    case GgmlType::Q5_0: return dequantize_q5(src, y, n, false);
+    case GgmlType::Q5_1: return dequantize_q5(src, y, n, true);
+    case GgmlType::Q2_K: return dequantize_q2_k(src, y, n);
+    case GgmlType::Q3_K: return dequantize_q3_k(src, y, n);
+    case GgmlType::Q5_K: return dequantize_q5_k(src, y, n);
+    case GgmlType::IQ4_NL: return dequantize_iq4_nl(src, y, n);
+    case GgmlType::IQ4_XS: return dequantize_iq4_xs(src, y, n);
     default:
       throw std::invalid_argument(fmt::format("no decoder for ggml type {}", ggml_type_name(t)));
   }

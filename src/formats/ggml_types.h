@@ -35,7 +35,8 @@ size_t ggml_row_bytes(GgmlType t, int64_t n);
 bool can_dequantize(GgmlType t);
 bool can_quantize(GgmlType t);
 
-// Decoders: F32, F16, BF16, Q8_0, Q4_0, MXFP4, Q4_K, Q6_K. Throws for other types.
+// Decoders (bit for bit ggml's to_float, tests/ggml_dequant_test.cpp): F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4. Throws for other types.
 void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
 
 // Two Q8_0 quantizers exist in ggml. The reference (llama-quantize) scales by 1/d and rounds ties

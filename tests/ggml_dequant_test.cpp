@@ -1,0 +1,72 @@
+// Our GGUF weight decoders (formats/ggml_types.cpp) against ggml's own, bit for bit: the pinned llama.cpp build's
+// `ggml_get_type_traits(type)->to_float` from its libggml-base, linked here. Two kinds of blocks per type: ggml's own
+// quantizer's output for random weights (the blocks a llama-quantize GGUF holds), and random bytes (every bit pattern
+// of codes and scales; NaN compared as NaN).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "formats/ggml_types.h"
+#include "ggml.h"
+
+namespace pdb {
+namespace {
+
+const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,   GgmlType::Q5_0,
+                           GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,   GgmlType::Q5_K,
+                           GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::MXFP4};
+
+// Elements that differ in bits (NaN against NaN counts as equal), and the first of them.
+int64_t bit_differences(const std::vector<float>& a, const std::vector<float>& b, int64_t* first) {
+  int64_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (std::memcmp(&a[i], &b[i], 4) != 0 && n++ == 0) *first = int64_t(i);
+  }
+  return n;
+}
+
+void expect_same_as_ggml(GgmlType t, const std::vector<uint8_t>& blocks, int64_t n, const char* what) {
+  const auto* tr = ggml_get_type_traits(ggml_type(t));
+  std::vector<float> theirs(static_cast<size_t>(n)), ours(static_cast<size_t>(n));
+  if (t == GgmlType::F32) {
+    std::memcpy(theirs.data(), blocks.data(), size_t(n) * 4);  // ggml has no to_float for F32: its values are the bytes
+  } else {
+    ASSERT_NE(tr->to_float, nullptr) << ggml_type_name(t);
+    tr->to_float(blocks.data(), theirs.data(), n);
+  }
+  dequantize_row(t, blocks.data(), ours.data(), n);
+  int64_t first = -1;
+  const int64_t diff = bit_differences(theirs, ours, &first);
+  EXPECT_EQ(diff, 0) << ggml_type_name(t) << " (" << what << "): " << diff << " of " << n << " elements differ; first at " << first
+                     << ": ggml " << theirs[size_t(first < 0 ? 0 : first)] << ", ours " << ours[size_t(first < 0 ? 0 : first)];
+}
+
+TEST(GgmlDequant, EveryWeightTypeDecodesBitForBitAsGgmlsToFloat) {
+  ASSERT_EQ(ggml_type_size(GGML_TYPE_Q5_K), traits(GgmlType::Q5_K).type_size);  // the same block layouts as the linked ggml
+  std::mt19937 rng(35);
+  const int64_t rows = 16, per_row = 1024, n = rows * per_row;
+  for (GgmlType t : kTypes) {
+    ASSERT_TRUE(can_dequantize(t)) << ggml_type_name(t);
+    ASSERT_EQ(ggml_row_size(ggml_type(t), per_row), ggml_row_bytes(t, per_row)) << ggml_type_name(t);
+    // ggml's quantizer on weights of several magnitudes (an importance matrix where the type takes one)
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> w(static_cast<size_t>(n)), imatrix(static_cast<size_t>(per_row));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < per_row; ++i) w[size_t(r * per_row + i)] = normal(rng) * std::ldexp(1.0f, int(r % 8) - 6);
+    for (auto& v : imatrix) v = 0.1f + std::abs(normal(rng));
+    std::vector<uint8_t> q(ggml_row_bytes(t, n));
+    ggml_quantize_chunk(ggml_type(t), w.data(), q.data(), 0, rows, per_row, imatrix.data());
+    expect_same_as_ggml(t, q, n, "ggml-quantized weights");
+    // every bit pattern
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (auto& b : q) b = uint8_t(byte(rng));
+    expect_same_as_ggml(t, q, n, "random bytes");
+  }
+}
+
+}  // namespace
+}  // namespace pdb
