@@ -51,6 +51,22 @@ void check_blocks(GgmlType t, int64_t n) {
                                             tr.name, n, tr.block_size));
 }
 
+void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m);
+
+// Q4_K / Q5_K: the scale and min of sub-blocks j and j + 1 (their 64 weights), times the super-block's d and dmin.
+struct KScales { float d1, m1, d2, m2; };
+KScales k4_scales(const uint8_t* scales, int j, float d, float dmin) {
+  uint8_t sc, m;
+  KScales k;
+  get_scale_min_k4(j + 0, scales, &sc, &m);
+  k.d1 = d * sc;
+  k.m1 = dmin * m;
+  get_scale_min_k4(j + 1, scales, &sc, &m);
+  k.d2 = d * sc;
+  k.m2 = dmin * m;
+  return k;
+}
+
 void get_scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
   if (j < 4) {
     *d = q[j] & 63;
@@ -165,13 +181,9 @@ void dequantize_q5_k(const uint8_t* src, float* y, int64_t n) {
     int is = 0;
     uint8_t u1 = 1, u2 = 2;
     for (int j = 0; j < QK_K; j += 64) {
-      uint8_t sc, m;
-      get_scale_min_k4(is + 0, scales, &sc, &m);
-      const float d1 = d * sc, m1 = dmin * m;
-      get_scale_min_k4(is + 1, scales, &sc, &m);
-      const float d2 = d * sc, m2 = dmin * m;
-      for (int l = 0; l < 32; ++l) *y++ = d1 * float((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
-      for (int l = 0; l < 32; ++l) *y++ = d2 * float((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+      const KScales k = k4_scales(scales, is, d, dmin);
+      for (int l = 0; l < 32; ++l) *y++ = k.d1 * float((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - k.m1;
+      for (int l = 0; l < 32; ++l) *y++ = k.d2 * float((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - k.m2;
       ql += 32;
       is += 2;
       u1 = uint8_t(u1 << 2);
@@ -204,6 +216,147 @@ void dequantize_iq4_xs(const uint8_t* src, float* y, int64_t n) {
         y[j + 0] = dl * float(kIq4nlValues[qs[j] & 0xf]);
         y[j + 16] = dl * float(kIq4nlValues[qs[j] >> 4]);
       }
+    }
+  }
+}
+
+#include "formats/iq_grids.inc"
+
+// A grid entry's bytes in memory order (ggml reads its tables through a byte pointer).
+template <class T>
+inline const uint8_t* grid_bytes(const T* grid, int index) { return reinterpret_cast<const uint8_t*>(grid + index); }
+
+// Eight weights of a grid row, each negated where its sign bit is set, times the sub-block scale.
+inline void signed_grid8(float* y, float db, const uint8_t* grid, uint8_t signs) {
+  for (int j = 0; j < 8; ++j) y[j] = db * grid[j] * (signs & kIqMask[j] ? -1.f : 1.f);
+}
+
+// block_iq2_xxs: d, then per 32 weights two words: four grid indices, four 7-bit sign patterns and a 4-bit scale.
+void dequantize_iq2_xxs(const uint8_t* src, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / QK_K; ++b, src += 66) {
+    const float d = fp16_to_f32(rd16(src));
+    for (int ib32 = 0; ib32 < QK_K / 32; ++ib32) {
+      uint32_t aux32[2];
+      std::memcpy(aux32, src + 2 + 8 * ib32, 8);
+      const auto* aux8 = reinterpret_cast<const uint8_t*>(aux32);
+      const float db = d * (0.5f + float(aux32[1] >> 28)) * 0.25f;
+      for (int l = 0; l < 4; ++l, y += 8) signed_grid8(y, db, grid_bytes(kIq2xxsGrid, aux8[l]), kIqSigns[(aux32[1] >> 7 * l) & 127]);
+    }
+  }
+}
+
+// block_iq2_xs: d, 32 words (9-bit grid index | 7-bit sign pattern), 8 bytes of two 4-bit scales.
+void dequantize_iq2_xs(const uint8_t* src, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / QK_K; ++b, src += 74) {
+    const float d = fp16_to_f32(rd16(src));
+    const uint8_t* scales = src + 66;
+    for (int ib32 = 0; ib32 < QK_K / 32; ++ib32) {
+      const float db[2] = {d * (0.5f + float(scales[ib32] & 0xf)) * 0.25f, d * (0.5f + float(scales[ib32] >> 4)) * 0.25f};
+      for (int l = 0; l < 4; ++l, y += 8) {
+        const uint16_t q = rd16(src + 2 + 2 * (4 * ib32 + l));
+        signed_grid8(y, db[l / 2], grid_bytes(kIq2xsGrid, q & 511), kIqSigns[q >> 9]);
+      }
+    }
+  }
+}
+
+// block_iq2_s: d, 32 grid-index bytes, 32 sign bytes, 8 bytes of the indices' high bits, 8 of two 4-bit scales.
+void dequantize_iq2_s(const uint8_t* src, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / QK_K; ++b, src += 82) {
+    const float d = fp16_to_f32(rd16(src));
+    const uint8_t* qs = src + 2;
+    const uint8_t* signs = src + 2 + 32;
+    const uint8_t* qh = src + 66;
+    const uint8_t* scales = src + 74;
+    for (int ib32 = 0; ib32 < QK_K / 32; ++ib32, qs += 4, signs += 4) {
+      const float db[2] = {d * (0.5f + float(scales[ib32] & 0xf)) * 0.25f, d * (0.5f + float(scales[ib32] >> 4)) * 0.25f};
+      for (int l = 0; l < 4; ++l, y += 8) signed_grid8(y, db[l / 2], grid_bytes(kIq2sGrid, qs[l] | ((qh[ib32] << (8 - 2 * l)) & 0x300)), signs[l]);
+    }
+  }
+}
+
+// Two grid rows of four weights (IQ3's grids), with one sign byte for the eight.
+inline void signed_grid4x2(float* y, float db, const uint8_t* g1, const uint8_t* g2, uint8_t signs) {
+  for (int j = 0; j < 4; ++j) {
+    y[j + 0] = db * g1[j] * (signs & kIqMask[j + 0] ? -1.f : 1.f);
+    y[j + 4] = db * g2[j] * (signs & kIqMask[j + 4] ? -1.f : 1.f);
+  }
+}
+
+// block_iq3_xxs: d, 64 grid-index bytes, then per 32 weights a word of four 7-bit sign patterns and a 4-bit scale.
+void dequantize_iq3_xxs(const uint8_t* src, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / QK_K; ++b, src += 98) {
+    const float d = fp16_to_f32(rd16(src));
+    const uint8_t* qs = src + 2;
+    const uint8_t* scales_and_signs = src + 2 + QK_K / 4;
+    for (int ib32 = 0; ib32 < QK_K / 32; ++ib32, qs += 8) {
+      uint32_t aux32;
+      std::memcpy(&aux32, scales_and_signs + 4 * ib32, 4);
+      const float db = d * (0.5f + float(aux32 >> 28)) * 0.5f;
+      for (int l = 0; l < 4; ++l, y += 8)
+        signed_grid4x2(y, db, grid_bytes(kIq3xxsGrid, qs[2 * l]), grid_bytes(kIq3xxsGrid, qs[2 * l + 1]), kIqSigns[(aux32 >> 7 * l) & 127]);
+    }
+  }
+}
+
+// block_iq3_s: d, 64 grid-index bytes, 8 bytes of their ninth bits, 32 sign bytes, 4 bytes of two 4-bit scales.
+void dequantize_iq3_s(const uint8_t* src, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / QK_K; ++b, src += 110) {
+    const float d = fp16_to_f32(rd16(src));
+    const uint8_t* qs = src + 2;
+    const uint8_t* qh = src + 66;
+    const uint8_t* signs = src + 74;
+    const uint8_t* scales = src + 106;
+    for (int ib32 = 0; ib32 < QK_K / 32; ib32 += 2) {
+      const float db[2] = {d * float(1 + 2 * (scales[ib32 / 2] & 0xf)), d * float(1 + 2 * (scales[ib32 / 2] >> 4))};
+      for (int half = 0; half < 2; ++half, qs += 8, signs += 4)
+        for (int l = 0; l < 4; ++l, y += 8)
+          signed_grid4x2(y, db[half], grid_bytes(kIq3sGrid, qs[2 * l] | ((qh[half] << (8 - 2 * l)) & 256)),
+                         grid_bytes(kIq3sGrid, qs[2 * l + 1] | ((qh[half] << (7 - 2 * l)) & 256)), signs[l]);
+      qh += 2;
+    }
+  }
+}
+
+constexpr float kIq1Delta = 0.125f;  // IQ1S_DELTA: the grid's values (-1, 0, 1) shifted by +-1/8
+
+// Eight weights of an IQ1 grid row: (value + delta) times the sub-block scale.
+inline void iq1_grid8(float* y, float dl, int index, float delta) {
+  const auto* grid = reinterpret_cast<const int8_t*>(kIq1sGrid + index);
+  for (int j = 0; j < 8; ++j) y[j] = dl * (float(grid[j]) + delta);
+}
+
+// block_iq1_s: d, 32 grid-index bytes, 8 words (3 high index bits per row, a 3-bit scale, the delta's sign).
+void dequantize_iq1_s(const uint8_t* src, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / QK_K; ++b, src += 50) {
+    const float d = fp16_to_f32(rd16(src));
+    const uint8_t* qs = src + 2;
+    for (int ib = 0; ib < QK_K / 32; ++ib, qs += 4) {
+      const uint16_t qh = rd16(src + 34 + 2 * ib);
+      const float dl = d * float(2 * ((qh >> 12) & 7) + 1);
+      const float delta = qh & 0x8000 ? -kIq1Delta : kIq1Delta;
+      for (int l = 0; l < 4; ++l, y += 8) iq1_grid8(y, dl, qs[l] | (((qh >> 3 * l) & 7) << 8), delta);
+    }
+  }
+}
+
+// block_iq1_m: 32 grid-index bytes, 16 bytes (high index bits, deltas' signs), 8 bytes of 3-bit scales whose top
+// nibbles hold the f16 block scale.
+void dequantize_iq1_m(const uint8_t* src, float* y, int64_t n) {
+  for (int64_t b = 0; b < n / QK_K; ++b, src += 56) {
+    uint16_t sc[4];
+    std::memcpy(sc, src + 48, 8);
+    const float d = fp16_to_f32(uint16_t((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000)));
+    const uint8_t* qs = src;
+    const uint8_t* qh = src + 32;
+    for (int ib = 0; ib < QK_K / 32; ++ib, qs += 4, qh += 2) {
+      const float dl1 = d * float(2 * ((sc[ib / 2] >> (6 * (ib % 2) + 0)) & 0x7) + 1);
+      const float dl2 = d * float(2 * ((sc[ib / 2] >> (6 * (ib % 2) + 3)) & 0x7) + 1);
+      const int idx[4] = {qs[0] | ((qh[0] << 8) & 0x700), qs[1] | ((qh[0] << 4) & 0x700), qs[2] | ((qh[1] << 8) & 0x700),
+                          qs[3] | ((qh[1] << 4) & 0x700)};
+      const float delta[4] = {qh[0] & 0x08 ? -kIq1Delta : kIq1Delta, qh[0] & 0x80 ? -kIq1Delta : kIq1Delta,
+                              qh[1] & 0x08 ? -kIq1Delta : kIq1Delta, qh[1] & 0x80 ? -kIq1Delta : kIq1Delta};
+      for (int l = 0; l < 4; ++l, y += 8) iq1_grid8(y, l < 2 ? dl1 : dl2, idx[l], delta[l]);
     }
   }
 }
@@ -245,7 +398,9 @@ bool can_dequantize(GgmlType t) {
   switch (t) {
     case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:
     case GgmlType::MXFP4: case GgmlType::Q4_K: case GgmlType::Q6_K: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1:
-    case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q5_K: case GgmlType::IQ4_NL: case GgmlType::IQ4_XS: return true;
+    case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q5_K: case GgmlType::IQ4_NL: case GgmlType::IQ4_XS:
+    case GgmlType::IQ2_XXS: case GgmlType::IQ2_XS: case GgmlType::IQ2_S: case GgmlType::IQ3_XXS: case GgmlType::IQ3_S:
+    case GgmlType::IQ1_S: case GgmlType::IQ1_M: return true;
     default: return false;
   }
 }
@@ -301,13 +456,9 @@ void dequantize_row(GgmlType t, const void* src_v, float* y, int64_t n) {
         float* out = y + b * QK_K;
         int is = 0;
         for (int j = 0; j < QK_K; j += 64) {
-          uint8_t sc, m;
-          get_scale_min_k4(is + 0, scales, &sc, &m);
-          const float d1 = d * sc, m1 = dmin * m;
-          get_scale_min_k4(is + 1, scales, &sc, &m);
-          const float d2 = d * sc, m2 = dmin * m;
-          for (int l = 0; l < 32; ++l) *out++ = d1 * (q[l] & 0xF) - m1;
-          for (int l = 0; l < 32; ++l) *out++ = d2 * (q[l] >> 4) - m2;
+          const KScales k = k4_scales(scales, is, d, dmin);
+          for (int l = 0; l < 32; ++l) *out++ = k.d1 * (q[l] & 0xF) - k.m1;
+          for (int l = 0; l < 32; ++l) *out++ = k.d2 * (q[l] >> 4) - k.m2;
           q += 32;
           is += 2;
         }
@@ -348,6 +499,13 @@ void dequantize_row(GgmlType t, const void* src_v, float* y, int64_t n) {
     case GgmlType::Q5_K: return dequantize_q5_k(src, y, n);
     case GgmlType::IQ4_NL: return dequantize_iq4_nl(src, y, n);
     case GgmlType::IQ4_XS: return dequantize_iq4_xs(src, y, n);
+    case GgmlType::IQ2_XXS: return dequantize_iq2_xxs(src, y, n);
+    case GgmlType::IQ2_XS: return dequantize_iq2_xs(src, y, n);
+    case GgmlType::IQ2_S: return dequantize_iq2_s(src, y, n);
+    case GgmlType::IQ3_XXS: return dequantize_iq3_xxs(src, y, n);
+    case GgmlType::IQ3_S: return dequantize_iq3_s(src, y, n);
+    case GgmlType::IQ1_S: return dequantize_iq1_s(src, y, n);
+    case GgmlType::IQ1_M: return dequantize_iq1_m(src, y, n);
     default:
       throw std::invalid_argument(fmt::format("no decoder for ggml type {}", ggml_type_name(t)));
   }

@@ -36,7 +36,8 @@ bool can_dequantize(GgmlType t);
 bool can_quantize(GgmlType t);
 
 // Decoders (bit for bit ggml's to_float, tests/ggml_dequant_test.cpp): F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4. Throws for other types.
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S. Throws for
+// other types.
 void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
 
 // Two Q8_0 quantizers exist in ggml. The reference (llama-quantize) scales by 1/d and rounds ties
