@@ -25,7 +25,7 @@ namespace {
 std::vector<std::string> hf_config_mismatches(const std::string& hf_dir, const GgufFile& gguf, const RecipeInfo& ri) {
   const GgufFile* g = &gguf;
   std::vector<std::string> out;
-  const HfConfig hc = HfConfig::load(hf_dir);
+  const HfConfig hc = model_config(hf_dir);  // an HF checkpoint's config.json, or the prefill model's GGUF keys
   auto differ = [&](const std::string& what, double hf, double dec, double tol) {
     if (std::fabs(hf - dec) > tol * std::max(1.0, std::fabs(hf))) out.push_back(fmt::format("{}: config.json {} vs GGUF {}", what, hf, dec));
   };

@@ -80,6 +80,7 @@ class CpuBackend final : public PrefillBackend {
     if (skip_attention) throw std::invalid_argument("the CPU engine has no forward without attention (a GPU benchmark mode)");
     return engine_->prefill(tokens, chunk, 0, [](int, const float*, int64_t, int64_t) {});
   }
+  std::string weights() const override { return engine_->weights_note(); }
 
  private:
   std::shared_ptr<CpuEngine> engine_;

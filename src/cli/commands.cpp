@@ -1,3 +1,4 @@
+#include "formats/weight_source.h"
 #include "cli/commands.h"
 
 #include <cstdio>
@@ -41,8 +42,8 @@ void register_make_model(CLI::App& app) {
 void register_prefill(CLI::App& app) {
   auto* cmd = app.add_subcommand("prefill", "Run the prefill engine: HF checkpoint + the decoder's recipe, wire protocol over HTTP");
   auto o = std::make_shared<PrefillServerOptions>();
-  cmd->add_option("--model", o->model, "HF checkpoint directory (config.json + safetensors)")->required();
-  cmd->add_option("--recipe", o->recipe, "The decoder's GGUF (the recipe's weights and cache math)")->required();
+  cmd->add_option("--model", o->model, "HF checkpoint directory (config.json + safetensors), or the decoder's GGUF (CPU engine; llama, qwen3, qwen3moe)")->required();
+  cmd->add_option("--recipe", o->recipe, "The decoder's GGUF (the recipe's weights and cache math; default: --model when it is a GGUF)");
   cmd->add_option("--port", o->port, "Port")->required();
   cmd->add_option("--host", o->host, "Bind address")->capture_default_str();
   cmd->add_option("--device", o->device, "cpu | cuda")->capture_default_str();
@@ -69,7 +70,13 @@ void register_prefill(CLI::App& app) {
                   "computes only past the longest cached prefix (0: off; host memory, the engine's own)")
       ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
-  cmd->callback([o] { guarded("prefill", [&] { return run_prefill_server(*o); }); });
+  cmd->callback([o] {
+    guarded("prefill", [&] {
+      if (o->recipe.empty() && !is_gguf_path(o->model)) throw std::invalid_argument("--recipe (the decoder's GGUF) is required with an HF checkpoint");
+      if (o->recipe.empty()) o->recipe = o->model;
+      return run_prefill_server(*o);
+    });
+  });
 }
 
 void register_convert(CLI::App& app) {

@@ -15,7 +15,6 @@
 #include "common/parallel.h"
 #include "formats/ggml_types.h"
 #include "formats/hf_to_gguf.h"
-#include "formats/safetensors.h"
 #include "model/cpu_blocks.h"
 #include "numerics/decoder_numerics.h"
 #include "numerics/gemm_lanes.h"
@@ -28,7 +27,7 @@ namespace {
 
 class GqaAttentionCpu final : public CpuAttention {
  public:
-  GqaAttentionCpu(const ModelDefinition& d, const SafetensorsCheckpoint& ck, const HfConfig& c, int64_t layer);
+  GqaAttentionCpu(const ModelDefinition& d, const WeightSource& ws, const HfConfig& c, int64_t layer);
   CpuCacheRows cache_rows(const CpuPass& p) const override {
     return {kvd_, kvd_, q8_path(p) ? size_t(kvd_ / 32 * 34) : 0};
   }
@@ -56,21 +55,20 @@ class GqaAttentionCpu final : public CpuAttention {
   int weight_bits_ = 32;
 };
 
-GqaAttentionCpu::GqaAttentionCpu(const ModelDefinition& d, const SafetensorsCheckpoint& ck, const HfConfig& c, int64_t layer)
+GqaAttentionCpu::GqaAttentionCpu(const ModelDefinition& d, const WeightSource& ws, const HfConfig& c, int64_t layer)
     : hidden_(c.hidden_size), hd_(c.head_dim), nh_(c.num_heads), nkv_(c.num_kv_heads), qd_(nh_ * hd_), kvd_(nkv_ * hd_),
       group_(nh_ / nkv_), eps_(float(c.rms_norm_eps)), scale_(1.0f / std::sqrt(float(hd_))) {
   const std::string p = fmt::format("model.layers.{}.self_attn.", layer);
   const int64_t H = hidden_;
-  wq_ = load_matrix(ck, c, p + "q_proj.weight", qd_, H);
-  wk_ = load_matrix(ck, c, p + "k_proj.weight", kvd_, H);
-  wv_ = load_matrix(ck, c, p + "v_proj.weight", kvd_, H);
-  wo_ = load_matrix(ck, c, p + "o_proj.weight", H, qd_);
+  wq_ = ws.matrix(p + "q_proj.weight", qd_, H);
+  wk_ = ws.matrix(p + "k_proj.weight", kvd_, H);
+  wv_ = ws.matrix(p + "v_proj.weight", kvd_, H);
+  wo_ = ws.matrix(p + "o_proj.weight", H, qd_);
   if (d.qk_norm) {
-    q_norm_ = load_vector(ck, p + "q_norm.weight", hd_);
-    k_norm_ = load_vector(ck, p + "k_norm.weight", hd_);
+    q_norm_ = ws.vector(p + "q_norm.weight", hd_);
+    k_norm_ = ws.vector(p + "k_norm.weight", hd_);
   }
-  const StDtype wdt = ck.get(p + "k_proj.weight").dtype;
-  weight_bits_ = wdt == StDtype::F16 ? 16 : wdt == StDtype::BF16 ? 17 : 32;
+  weight_bits_ = ws.weight_bits(p + "k_proj.weight");
   for (double f : c.inv_freq()) inv_freq_.push_back(float(f));
   rope_scale_ = float(c.attention_scaling());
   auto& r = ggml_rope_;
@@ -248,8 +246,8 @@ void GqaAttentionCpu::attend(const float* q, int64_t n, int64_t p0, const CpuPas
 
 }  // namespace
 
-std::unique_ptr<CpuAttention> make_gqa_attention_cpu(const ModelDefinition& d, const SafetensorsCheckpoint& ck, const HfConfig& c, int64_t layer) {
-  return std::make_unique<GqaAttentionCpu>(d, ck, c, layer);
+std::unique_ptr<CpuAttention> make_gqa_attention_cpu(const ModelDefinition& d, const WeightSource& ws, const HfConfig& c, int64_t layer) {
+  return std::make_unique<GqaAttentionCpu>(d, ws, c, layer);
 }
 
 }  // namespace pdb

@@ -12,7 +12,6 @@
 #include <fmt/format.h>
 
 #include "common/parallel.h"
-#include "formats/safetensors.h"
 #include "model/cpu_blocks.h"
 #include "numerics/decoder_numerics.h"
 #include "numerics/mla_rope.h"
@@ -24,7 +23,7 @@ namespace {
 
 class MlaAttentionCpu final : public CpuAttention {
  public:
-  MlaAttentionCpu(const SafetensorsCheckpoint& ck, const HfConfig& c, int64_t layer);
+  MlaAttentionCpu(const WeightSource& ws, const HfConfig& c, int64_t layer);
   CpuCacheRows cache_rows(const CpuPass&) const override { return {row_, 0, 0}; }
   void forward(const float* x, int64_t n, int64_t p0, const CpuPass& p, CpuLayerCache& cache, float* out) override;
   bool accepts_lanes(int lanes) const override { return lanes == 4 || lanes == 8 || lanes == 16; }
@@ -46,21 +45,21 @@ class MlaAttentionCpu final : public CpuAttention {
   std::vector<float> wo_;                    // [hidden x n_head*v]
 };
 
-MlaAttentionCpu::MlaAttentionCpu(const SafetensorsCheckpoint& ck, const HfConfig& c, int64_t layer)
+MlaAttentionCpu::MlaAttentionCpu(const WeightSource& ws, const HfConfig& c, int64_t layer)
     : hidden_(c.hidden_size), nh_(c.num_heads), nope_(c.qk_nope_head_dim), rope_(c.qk_rope_head_dim), vd_(c.v_head_dim),
       kvl_(c.kv_lora_rank), ql_(c.q_lora_rank), qk_(nope_ + rope_), row_(kvl_ + rope_), eps_(float(c.rms_norm_eps)), mr_(mla_rope(c)) {
   const std::string p = fmt::format("model.layers.{}.self_attn.", layer);
   const int64_t H = hidden_, nh = nh_, nope = nope_, vd = vd_, kvl = kvl_;
   if (ql_) {
-    wq_a_ = load_matrix(ck, c, p + "q_a_proj.weight", ql_, H);
-    q_a_norm_ = load_vector(ck, p + "q_a_layernorm.weight", ql_);
-    wq_b_ = load_matrix(ck, c, p + "q_b_proj.weight", nh * qk_, ql_);
+    wq_a_ = ws.matrix(p + "q_a_proj.weight", ql_, H);
+    q_a_norm_ = ws.vector(p + "q_a_layernorm.weight", ql_);
+    wq_b_ = ws.matrix(p + "q_b_proj.weight", nh * qk_, ql_);
   } else {
-    wq_ = load_matrix(ck, c, p + "q_proj.weight", nh * qk_, H);
+    wq_ = ws.matrix(p + "q_proj.weight", nh * qk_, H);
   }
-  wkv_a_ = load_matrix(ck, c, p + "kv_a_proj_with_mqa.weight", row_, H);
-  kv_a_norm_ = load_vector(ck, p + "kv_a_layernorm.weight", kvl);
-  const auto kvb = load_matrix(ck, c, p + "kv_b_proj.weight", nh * (nope + vd), kvl);
+  wkv_a_ = ws.matrix(p + "kv_a_proj_with_mqa.weight", row_, H);
+  kv_a_norm_ = ws.vector(p + "kv_a_layernorm.weight", kvl);
+  const auto kvb = ws.matrix(p + "kv_b_proj.weight", nh * (nope + vd), kvl);
   for (int64_t h = 0; h < nh; ++h) {
     const float* head = kvb.data() + h * (nope + vd) * kvl;
     std::vector<float> kb(static_cast<size_t>(kvl * nope));
@@ -69,7 +68,7 @@ MlaAttentionCpu::MlaAttentionCpu(const SafetensorsCheckpoint& ck, const HfConfig
     k_b_.push_back(std::move(kb));
     v_b_.emplace_back(head + nope * kvl, head + (nope + vd) * kvl);
   }
-  wo_ = load_matrix(ck, c, p + "o_proj.weight", H, nh * vd);
+  wo_ = ws.matrix(p + "o_proj.weight", H, nh * vd);
 }
 
 // a[n x row]: the cached rows; qabs[n x heads x row]: the absorbed queries [W_UK_h^T q_nope | RoPE(q_pe)].
@@ -139,8 +138,8 @@ void MlaAttentionCpu::forward(const float* x, int64_t n, int64_t p0, const CpuPa
 
 }  // namespace
 
-std::unique_ptr<CpuAttention> make_mla_attention_cpu(const SafetensorsCheckpoint& ck, const HfConfig& c, int64_t layer) {
-  return std::make_unique<MlaAttentionCpu>(ck, c, layer);
+std::unique_ptr<CpuAttention> make_mla_attention_cpu(const WeightSource& ws, const HfConfig& c, int64_t layer) {
+  return std::make_unique<MlaAttentionCpu>(ws, c, layer);
 }
 
 }  // namespace pdb

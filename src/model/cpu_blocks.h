@@ -13,10 +13,10 @@
 
 #include "definitions/definition.h"
 #include "formats/hf_config.h"
+#include "formats/weight_source.h"
 
 namespace pdb {
 
-class SafetensorsCheckpoint;
 using KvRounding = std::function<void(float* rows, int64_t n_rows, int64_t kv_dim, bool is_v)>;
 
 // The decoder's cache, for the decoder-faithful attention over a quantized (Q8_0) cache.
@@ -55,9 +55,6 @@ struct CpuCacheRows {
   size_t q8 = 0;         // Q8_0 bytes per token of K (0: none)
 };
 
-// A checkpoint's tensors as f32 (block FP8 dequantized with its scales); the shape checked against config.json.
-std::vector<float> load_matrix(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& name, int64_t rows, int64_t cols);
-std::vector<float> load_vector(const SafetensorsCheckpoint& ck, const std::string& name, int64_t n);
 
 using WeightRounding = std::function<void(std::vector<float>&)>;
 
@@ -83,7 +80,7 @@ class CpuFfn {
 };
 
 // The blocks a definition names, loaded for layer `layer` ("model.layers.{layer}." in the checkpoint).
-std::unique_ptr<CpuAttention> load_cpu_attention(const ModelDefinition& d, const SafetensorsCheckpoint& ck, const HfConfig& c, int64_t layer);
-std::unique_ptr<CpuFfn> load_cpu_ffn(const ModelDefinition& d, const SafetensorsCheckpoint& ck, const HfConfig& c, int64_t layer);
+std::unique_ptr<CpuAttention> load_cpu_attention(const ModelDefinition& d, const WeightSource& ws, const HfConfig& c, int64_t layer);
+std::unique_ptr<CpuFfn> load_cpu_ffn(const ModelDefinition& d, const WeightSource& ws, const HfConfig& c, int64_t layer);
 
 }  // namespace pdb

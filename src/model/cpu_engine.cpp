@@ -9,25 +9,40 @@
 
 #include "common/parallel.h"
 #include "formats/numeric.h"
-#include "formats/safetensors.h"
+#include "formats/weight_source.h"
 #include "numerics/rmsnorm.h"
 
 namespace pdb {
 
-CpuEngine::CpuEngine(const std::string& hf_dir, int threads)
-    : cfg_(HfConfig::load(hf_dir)), def_(model_definition(cfg_.arch)), threads_(threads) {
+OpenedModel open_model(const std::string& model) {
+  OpenedModel m;
+  if (is_gguf_path(model)) {
+    auto g = gguf_weights(model);
+    m.config = g.config;
+    m.weights = std::move(g.weights);
+  } else {
+    m.config = HfConfig::load(model);
+    m.weights = checkpoint_weights(model, m.config);
+  }
+  return m;
+}
+
+CpuEngine::CpuEngine(const std::string& model, int threads) : CpuEngine(open_model(model), threads) {}
+
+CpuEngine::CpuEngine(OpenedModel m, int threads) : cfg_(std::move(m.config)), def_(model_definition(cfg_.arch)), threads_(threads) {
   openblas_set_num_threads(threads);
-  auto ck = SafetensorsCheckpoint::open(hf_dir);
+  const WeightSource& ws = *m.weights;
+  weights_note_ = ws.describe();
   const auto& c = cfg_;
   const int64_t H = c.hidden_size;
-  embed_ = load_matrix(*ck, c, "model.embed_tokens.weight", c.vocab_size, H);
+  embed_ = ws.matrix("model.embed_tokens.weight", c.vocab_size, H);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
     Layer L;
-    L.in_norm = load_vector(*ck, p + "input_layernorm.weight", H);
-    L.post_norm = load_vector(*ck, p + "post_attention_layernorm.weight", H);
-    L.attention = load_cpu_attention(def_, *ck, c, l);
-    L.ffn = load_cpu_ffn(def_, *ck, c, l);
+    L.in_norm = ws.vector(p + "input_layernorm.weight", H);
+    L.post_norm = ws.vector(p + "post_attention_layernorm.weight", H);
+    L.attention = load_cpu_attention(def_, ws, c, l);
+    L.ffn = load_cpu_ffn(def_, ws, c, l);
     faithful_ok_ = faithful_ok_ && L.attention->rope_mirrored();
     layers_.push_back(std::move(L));
   }

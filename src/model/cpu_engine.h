@@ -35,9 +35,20 @@ struct CpuEngineState final : EngineState {
   }
 };
 
+// A model as the engines load it: its config and where its weights come from.
+struct OpenedModel {
+  HfConfig config;
+  std::unique_ptr<WeightSource> weights;
+};
+// An HF checkpoint directory, or the decoder's GGUF (a path ending in .gguf: formats/gguf_weights.h).
+OpenedModel open_model(const std::string& model);
+
 class CpuEngine {
  public:
-  CpuEngine(const std::string& hf_dir, int threads);
+  // `model`: an HF checkpoint directory or a GGUF file (open_model).
+  CpuEngine(const std::string& model, int threads);
+  CpuEngine(OpenedModel model, int threads);
+  const std::string& weights_note() const { return weights_note_; }
   ~CpuEngine();
   const HfConfig& config() const { return cfg_; }
   // Rounds every matmul input to f16 (16), bf16 (17) or not at all (32) before the product: what
@@ -72,6 +83,7 @@ class CpuEngine {
   HfConfig cfg_;
   const ModelDefinition& def_;
   int threads_;
+  std::string weights_note_;
   std::vector<float> embed_;
   std::vector<Layer> layers_;
   int act_precision_ = 32;

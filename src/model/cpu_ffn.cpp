@@ -6,7 +6,6 @@
 
 #include <fmt/format.h>
 
-#include "formats/safetensors.h"
 #include "model/cpu_blocks.h"
 #include "model/moe_ffn.h"
 #include "numerics/decoder_numerics.h"
@@ -16,11 +15,11 @@ namespace {
 
 class SwigluFfnCpu final : public CpuFfn {
  public:
-  SwigluFfnCpu(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& prefix, int64_t width)
+  SwigluFfnCpu(const WeightSource& ws, const HfConfig& c, const std::string& prefix, int64_t width)
       : hidden_(c.hidden_size), ff_(width) {
-    wg_ = load_matrix(ck, c, prefix + "gate_proj.weight", ff_, hidden_);
-    wu_ = load_matrix(ck, c, prefix + "up_proj.weight", ff_, hidden_);
-    wd_ = load_matrix(ck, c, prefix + "down_proj.weight", hidden_, ff_);
+    wg_ = ws.matrix(prefix + "gate_proj.weight", ff_, hidden_);
+    wu_ = ws.matrix(prefix + "up_proj.weight", ff_, hidden_);
+    wd_ = ws.matrix(prefix + "down_proj.weight", hidden_, ff_);
   }
   void forward(const float* x, int64_t n, const CpuPass& p, float* out) override {
     std::vector<float>& g = p.scratch->g;
@@ -45,17 +44,17 @@ class SwigluFfnCpu final : public CpuFfn {
 
 class RoutedFfnCpu final : public CpuFfn {
  public:
-  RoutedFfnCpu(const ModelDefinition& d, const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& prefix) {
+  RoutedFfnCpu(const ModelDefinition& d, const WeightSource& ws, const HfConfig& c, const std::string& prefix) {
     auto& m = w_;
     m.n_expert = c.num_experts; m.n_used = c.num_experts_per_tok; m.hidden = c.hidden_size; m.ff = c.moe_intermediate_size;
     m.norm_topk = d.renormalize_topk(c);
     m.w_scale = float(c.routed_scaling_factor);
-    m.router = load_matrix(ck, c, prefix + "gate.weight", m.n_expert, m.hidden);
+    m.router = ws.matrix(prefix + "gate.weight", m.n_expert, m.hidden);
     for (int64_t e = 0; e < m.n_expert; ++e) {
       const std::string x = fmt::format("{}experts.{}.", prefix, e);
-      m.gate.push_back(load_matrix(ck, c, x + "gate_proj.weight", m.ff, m.hidden));
-      m.up.push_back(load_matrix(ck, c, x + "up_proj.weight", m.ff, m.hidden));
-      m.down.push_back(load_matrix(ck, c, x + "down_proj.weight", m.hidden, m.ff));
+      m.gate.push_back(ws.matrix(x + "gate_proj.weight", m.ff, m.hidden));
+      m.up.push_back(ws.matrix(x + "up_proj.weight", m.ff, m.hidden));
+      m.down.push_back(ws.matrix(x + "down_proj.weight", m.hidden, m.ff));
     }
   }
   void forward(const float* x, int64_t n, const CpuPass& p, float* out) override {
@@ -74,9 +73,9 @@ class RoutedFfnCpu final : public CpuFfn {
 
 class SharedAndRoutedFfnCpu final : public CpuFfn {
  public:
-  SharedAndRoutedFfnCpu(const ModelDefinition& d, const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& layer_prefix,
+  SharedAndRoutedFfnCpu(const ModelDefinition& d, const WeightSource& ws, const HfConfig& c, const std::string& layer_prefix,
                         const FfnPlan& plan)
-      : hidden_(c.hidden_size), shared_(ck, c, layer_prefix + plan.swiglu_prefix, plan.swiglu_width), routed_(d, ck, c, layer_prefix + "mlp.") {}
+      : hidden_(c.hidden_size), shared_(ws, c, layer_prefix + plan.swiglu_prefix, plan.swiglu_width), routed_(d, ws, c, layer_prefix + "mlp.") {}
   void forward(const float* x, int64_t n, const CpuPass& p, float* out) override {
     shared_.forward(x, n, p, out);
     std::vector<float>& y = p.scratch->y;
@@ -98,13 +97,13 @@ class SharedAndRoutedFfnCpu final : public CpuFfn {
 
 }  // namespace
 
-std::unique_ptr<CpuFfn> load_cpu_ffn(const ModelDefinition& d, const SafetensorsCheckpoint& ck, const HfConfig& c, int64_t layer) {
+std::unique_ptr<CpuFfn> load_cpu_ffn(const ModelDefinition& d, const WeightSource& ws, const HfConfig& c, int64_t layer) {
   const FfnPlan plan = d.ffn(c, layer);
   const std::string p = fmt::format("model.layers.{}.", layer);
   switch (plan.kind) {
-    case FfnKind::swiglu: return std::make_unique<SwigluFfnCpu>(ck, c, p + plan.swiglu_prefix, plan.swiglu_width);
-    case FfnKind::routed: return std::make_unique<RoutedFfnCpu>(d, ck, c, p + "mlp.");
-    case FfnKind::shared_and_routed: return std::make_unique<SharedAndRoutedFfnCpu>(d, ck, c, p, plan);
+    case FfnKind::swiglu: return std::make_unique<SwigluFfnCpu>(ws, c, p + plan.swiglu_prefix, plan.swiglu_width);
+    case FfnKind::routed: return std::make_unique<RoutedFfnCpu>(d, ws, c, p + "mlp.");
+    case FfnKind::shared_and_routed: return std::make_unique<SharedAndRoutedFfnCpu>(d, ws, c, p, plan);
   }
   throw std::logic_error("load_cpu_ffn: unknown FFN kind");
 }

@@ -23,8 +23,16 @@ namespace pdb {
 using cuda::DeviceBuffer;
 using bf16 = __nv_bfloat16;
 
+namespace {
+HfConfig load_checkpoint_config(const std::string& hf_dir) {
+  if (hf_dir.size() > 5 && hf_dir.compare(hf_dir.size() - 5, 5, ".gguf") == 0)
+    throw std::runtime_error("the CUDA engine does not read a GGUF's weights yet: give the HF checkpoint, or --device cpu for the GGUF");
+  return HfConfig::load(hf_dir);
+}
+}  // namespace
+
 CudaEngine::CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8, cuda::TpComm* tp)
-    : cfg_(HfConfig::load(hf_dir)), def_(model_definition(cfg_.arch)), kv_fp8_(kv_fp8), tp_(tp) {
+    : cfg_(load_checkpoint_config(hf_dir)), def_(model_definition(cfg_.arch)), kv_fp8_(kv_fp8), tp_(tp) {
   const auto& c = cfg_;
   const int world = tp ? tp->world() : 1;
   if (const std::string why = cuda_blocks_unsupported(def_, c, kv_fp8, world); !why.empty()) throw std::runtime_error("CUDA engine: " + why);

@@ -229,7 +229,7 @@ PrefixCacheStats PrefillService::sync_prefix_metrics() {
 
 void PrefillService::health(httplib::Response& res) {
   res.set_content(json{{"ok", true}, {"role", "prefill"}, {"device", engine_->device()}, {"arch", ri_.arch}, {"fingerprint", fingerprint_},
-                       {"geometry", recipe_geometry(ri_)}, {"model", o_.model}, {"recipe", o_.recipe},
+                       {"geometry", recipe_geometry(ri_)}, {"model", o_.model}, {"recipe", o_.recipe}, {"weights", engine_->weights()},
                        {"active", m_active_.Value()}, {"queue", gate_.depth()}, {"mem_available_mb", mem_available_mb()},
                        {"config_mismatches", mismatches_}, {"prefix_cache", [&] {
                           const auto s = sync_prefix_metrics();

@@ -50,8 +50,9 @@ Stack::Stack(const StackOptions& o) {
   decoder_argv_ = da;
   decoder_ = std::make_unique<Child>(da, dir + "/decoder.log");
   prefill_port = free_port();
-  prefill_argv_ = {pdbridge_bin(), "prefill", "--model", o.hf_dir.empty() ? o.model_dir + "/hf" : o.hf_dir, "--recipe", recipe, "--port",
+  prefill_argv_ = {pdbridge_bin(), "prefill", "--model", o.hf_dir.empty() ? o.model_dir + "/hf" : o.hf_dir, "--port",
                    std::to_string(prefill_port), "--threads", "2"};
+  if (o.recipe_gguf != "-") prefill_argv_.insert(prefill_argv_.begin() + 4, {"--recipe", recipe});  // "-": none (--model is the GGUF)
   prefill_argv_.insert(prefill_argv_.end(), o.prefill_extra.begin(), o.prefill_extra.end());
   if (o.start_prefill) prefill_ = std::make_unique<Child>(prefill_argv_, dir + "/prefill.log");
   std::string prefill_urls = "http://127.0.0.1:" + std::to_string(prefill_port);

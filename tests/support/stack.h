@@ -20,7 +20,7 @@ namespace pdb::test {
 struct StackOptions {
   std::string model_dir;              // build/test-models/<name>
   std::string decoder_type = "f32";   // decoder-<type>.gguf
-  std::string recipe_gguf;            // default: the decoder's GGUF
+  std::string recipe_gguf;            // default: the decoder's GGUF; "-": no --recipe (--model is a GGUF)
   std::string cache_type = "f16";
   int parallel = 2, ctx = 8192;
   int64_t min_tokens = 256, min_tail = 128;
@@ -28,7 +28,7 @@ struct StackOptions {
   int extra_prefill = 0;              // more prefill servers (the front gets them all, comma-separated)
   bool start_front = true;            // false: the decoder (and prefill) only
   std::vector<std::string> front_extra, prefill_extra, decoder_extra;
-  std::string hf_dir;  // default: <model_dir>/hf
+  std::string hf_dir;  // prefill --model (default: <model_dir>/hf; a GGUF path: the decoder's file as the model)
   std::string decoder_bin;  // llama-server to run (default: the pinned build's); see blas_llama_server()
   // llama-server started as a user would, not by `pdbridge decoder`: its own defaults plus --slot-save-path and
   // decoder_extra (no --parallel, --ctx-size, cache types or cache flags of ours).

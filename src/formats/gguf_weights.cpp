@@ -1,0 +1,130 @@
+// The decoder's GGUF as the prefill engine's model: its config from the GGUF's keys, its weights by their HF names
+// through llama.cpp's conversion table (formats/hf_to_gguf.h) read backwards, dequantized bit for bit as ggml does
+// (formats/ggml_types.h), llama's Q/K rows put back in HF's order (the engines' faithful path permutes them again).
+#include <algorithm>
+#include <stdexcept>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "common/parallel.h"
+#include "formats/ggml_types.h"
+#include "formats/gguf.h"
+#include "formats/hf_to_gguf.h"
+#include "formats/weight_source.h"
+
+namespace pdb {
+namespace {
+
+struct Where {
+  std::string gguf_name;
+  int permute_heads = 0;  // llama's Q/K: the heads whose rows the converter permuted
+  int64_t expert = -1;    // a routed expert's slice of a stacked tensor
+};
+
+class GgufWeights final : public WeightSource {
+ public:
+  GgufWeights(std::unique_ptr<GgufFile> g, const HfConfig& c, std::string path) : g_(std::move(g)), path_(std::move(path)) {
+    for (const auto& sp : hf_tensor_specs(c)) {
+      if (sp.gguf_name.empty() || sp.kv_b_part) continue;
+      if (!sp.hf_name.empty()) where_[sp.hf_name] = Where{sp.gguf_name, sp.permute_heads, -1};
+      for (size_t e = 0; e < sp.stack.size(); ++e) where_[sp.stack[e]] = Where{sp.gguf_name, 0, int64_t(e)};
+    }
+  }
+  std::vector<float> matrix(const std::string& name, int64_t rows, int64_t cols) const override {
+    const Where& w = find(name);
+    const GgufTensorInfo& t = g_->tensor(w.gguf_name);
+    const bool stacked = w.expert >= 0;
+    if (t.ne.size() != (stacked ? 3u : 2u) || t.ne[0] != cols || t.ne[1] != rows || (stacked && w.expert >= t.ne[2]))
+      throw std::runtime_error(fmt::format("{} ({} in the GGUF): shape does not match the model's ({} x {})", name, w.gguf_name, rows, cols));
+    if (!can_dequantize(t.type)) throw std::runtime_error(fmt::format("{} has type {}, which pdbridge cannot decode", w.gguf_name, ggml_type_name(t.type)));
+    const size_t rb = ggml_row_bytes(t.type, cols);
+    const uint8_t* base = g_->data(t) + (stacked ? size_t(w.expert * rows) * rb : 0);
+    std::vector<float> out(static_cast<size_t>(rows * cols));
+    parallel_for(rows, int(std::max(1u, std::thread::hardware_concurrency())), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) dequantize_row(t.type, base + size_t(r) * rb, out.data() + r * cols, cols);
+    });
+    if (w.permute_heads) out = hf_row_order(out, w.permute_heads, rows / w.permute_heads, cols);
+    return out;
+  }
+  std::vector<float> vector(const std::string& name, int64_t n) const override {
+    const Where& w = find(name);
+    const GgufTensorInfo& t = g_->tensor(w.gguf_name);
+    if (t.n_elements() != n) throw std::runtime_error(fmt::format("{} ({}): {} elements, expected {}", name, w.gguf_name, t.n_elements(), n));
+    return g_->to_f32(t);
+  }
+  int weight_bits(const std::string& name) const override {
+    const GgmlType t = g_->tensor(find(name).gguf_name).type;
+    return t == GgmlType::F16 ? 16 : t == GgmlType::BF16 ? 17 : 32;
+  }
+  std::string describe() const override { return "GGUF " + path_; }
+
+ private:
+  const Where& find(const std::string& name) const {
+    const auto it = where_.find(name);
+    if (it == where_.end()) throw std::runtime_error(fmt::format("{}: no GGUF tensor holds it", name));
+    return it->second;
+  }
+  // The inverse of the converter's permutation (hf_to_gguf.h permute_qk_rows): hf_row[h*hd + a*hd/2 + i] = gguf_row[h*hd + 2i + a].
+  static std::vector<float> hf_row_order(const std::vector<float>& gguf, int64_t heads, int64_t hd, int64_t cols) {
+    std::vector<float> hf(gguf.size());
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < hd / 2; ++i)
+        for (int64_t a = 0; a < 2; ++a)
+          std::copy_n(gguf.data() + (h * hd + 2 * i + a) * cols, cols, hf.data() + (h * hd + a * hd / 2 + i) * cols);
+    return hf;
+  }
+  std::unique_ptr<GgufFile> g_;
+  std::string path_;
+  std::unordered_map<std::string, Where> where_;
+};
+
+}  // namespace
+
+bool is_gguf_path(const std::string& path) { return path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0; }
+
+HfConfig hf_config_from_gguf(const GgufFile& g) {
+  const std::string a = g.architecture();
+  if (a != "llama" && a != "qwen3" && a != "qwen3moe")
+    throw std::runtime_error(fmt::format("a {} GGUF is not read as the prefill model yet (llama, qwen3, qwen3moe): give its HF checkpoint", a));
+  HfConfig c;
+  c.arch = a;
+  c.num_layers = g.get_int(a + ".block_count");
+  c.hidden_size = g.get_int(a + ".embedding_length");
+  c.intermediate_size = g.get_int_opt(a + ".feed_forward_length").value_or(0);
+  c.num_heads = g.get_int(a + ".attention.head_count");
+  c.num_kv_heads = g.get_int_opt(a + ".attention.head_count_kv").value_or(c.num_heads);
+  c.head_dim = g.get_int_opt(a + ".attention.key_length").value_or(c.hidden_size / c.num_heads);
+  c.max_position_embeddings = g.get_int(a + ".context_length");
+  c.rms_norm_eps = g.get_float(a + ".attention.layer_norm_rms_epsilon");
+  c.rope_theta = g.get_float_opt(a + ".rope.freq_base").value_or(10000.0);
+  const auto& embd = g.tensor("token_embd.weight");
+  if (embd.ne.size() != 2 || embd.ne[0] != c.hidden_size) throw std::runtime_error("token_embd.weight does not match embedding_length");
+  c.vocab_size = embd.ne[1];
+  if (g.find_tensor("rope_freqs.weight") || g.find(a + ".rope.scaling.type"))
+    throw std::runtime_error("a GGUF with RoPE scaling (rope_freqs or rope.scaling.*) is not read as the prefill model yet: give its HF checkpoint");
+  if (const auto e = g.get_int_opt(a + ".expert_count"); e && *e > 0) {
+    c.num_experts = *e;
+    c.num_experts_per_tok = g.get_int(a + ".expert_used_count");
+    c.moe_intermediate_size = g.get_int(a + ".expert_feed_forward_length");
+  }
+  c.torch_dtype = "gguf";
+  return c;
+}
+
+HfConfig model_config(const std::string& model) {
+  if (!is_gguf_path(model)) return HfConfig::load(model);
+  auto g = GgufFile::open(model);
+  return hf_config_from_gguf(*g);
+}
+
+GgufModel gguf_weights(const std::string& path) {
+  auto g = GgufFile::open(path);
+  GgufModel m;
+  m.config = hf_config_from_gguf(*g);
+  m.weights = std::make_unique<GgufWeights>(std::move(g), m.config, path);
+  return m;
+}
+
+}  // namespace pdb

@@ -1,0 +1,41 @@
+// Where an engine's weights come from, by their HF names (the blocks' weight map): an HF checkpoint
+// (formats/checkpoint_weights.cpp: block FP8 dequantized with its scales) or the decoder's GGUF
+// (formats/gguf_weights.cpp: every weight type dequantized bit for bit as ggml does, llama's Q/K rows back in HF's
+// order, the config read from its keys). Shapes are checked.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "formats/hf_config.h"
+
+namespace pdb {
+
+class GgufFile;
+
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  virtual std::vector<float> matrix(const std::string& name, int64_t rows, int64_t cols) const = 0;
+  virtual std::vector<float> vector(const std::string& name, int64_t n) const = 0;
+  // 16 / 17 / 32: the float type the decoder multiplies this weight in (f16, bf16; 32 for f32 and quantized types).
+  virtual int weight_bits(const std::string& name) const = 0;
+  virtual std::string describe() const = 0;
+};
+
+std::unique_ptr<WeightSource> checkpoint_weights(const std::string& hf_dir, const HfConfig& c);
+
+// A GGUF as a model: the HfConfig its keys give (llama, qwen3, qwen3moe) and its weights.
+struct GgufModel {
+  HfConfig config;
+  std::unique_ptr<WeightSource> weights;
+};
+GgufModel gguf_weights(const std::string& path);
+bool is_gguf_path(const std::string& path);
+// The config of a model path: an HF checkpoint's config.json, or a GGUF's keys.
+HfConfig model_config(const std::string& model);
+// The HfConfig of a decoder GGUF's keys; throws naming what it cannot express yet (RoPE scaling, deepseek2/4).
+HfConfig hf_config_from_gguf(const GgufFile& g);
+
+}  // namespace pdb

@@ -1,0 +1,103 @@
+// The decoder's GGUF as the prefill engine's model (issue 35): the CPU engine loaded from a GGUF computes what it
+// computes from the HF checkpoint the GGUF was converted from, bit for bit, when the GGUF holds the same values
+// (F32, or F16 from an f16 checkpoint); a quantized GGUF loads and runs on its own dequantized weights; what the
+// GGUF reader cannot express yet is refused with its name.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "formats/weight_source.h"
+#include "model/cpu_engine.h"
+#include "support/stack.h"
+#include "support/test_env.h"
+
+namespace pdb {
+namespace {
+
+std::vector<float> hidden_states(CpuEngine& e, const std::vector<int32_t>& tokens, int lanes) {
+  std::vector<float> all;
+  e.prefill(tokens, 128, lanes, [&](int, const float* h, int64_t rows, int64_t) {
+    all.insert(all.end(), h, h + rows * e.config().hidden_size);
+  });
+  return all;
+}
+
+std::vector<int32_t> random_tokens(int64_t vocab, int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = int32_t(rng() % uint32_t(vocab));
+  return t;
+}
+
+TEST(GgufModel, CpuEngineFromTheGgufEqualsTheCheckpointsBitForBit) {
+  struct Case { const char* model; const char* gguf; };
+  for (const Case& k : {Case{"llama-tiny", "f32"}, Case{"llama-tiny-h16", "f16"}, Case{"qwen3-tiny", "f32"}, Case{"qwen3moe-tiny", "f32"}}) {
+    const std::string dir = test::models_dir() + "/" + k.model;
+    CpuEngine hf(dir + "/hf", 2), gg(dir + "/decoder-" + k.gguf + ".gguf", 2);
+    EXPECT_NE(gg.weights_note().find("GGUF"), std::string::npos) << gg.weights_note();
+    const HfConfig &a = hf.config(), &b = gg.config();
+    EXPECT_EQ(a.arch, b.arch);
+    EXPECT_EQ(a.num_layers, b.num_layers);
+    EXPECT_EQ(a.hidden_size, b.hidden_size);
+    EXPECT_EQ(a.num_kv_heads, b.num_kv_heads);
+    EXPECT_EQ(a.vocab_size, b.vocab_size);
+    EXPECT_EQ(float(a.rms_norm_eps), float(b.rms_norm_eps));
+    const auto tokens = random_tokens(a.vocab_size, 300, 35);
+    for (int lanes : {8, 0}) {  // the decoder-faithful path (the GGUF's permuted Q/K rows) and the OpenBLAS one
+      const auto x = hidden_states(hf, tokens, lanes), y = hidden_states(gg, tokens, lanes);
+      ASSERT_EQ(x.size(), y.size());
+      EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0) << k.model << " " << k.gguf << " lanes " << lanes;
+    }
+  }
+}
+
+TEST(GgufModel, AQuantizedGgufRunsOnItsOwnWeightsAndWhatCannotBeReadIsRefused) {
+  const std::string dir = test::models_dir() + "/llama-tiny";
+  CpuEngine f32(dir + "/decoder-f32.gguf", 2), q4(dir + "/decoder-q4_0.gguf", 2);
+  const auto tokens = random_tokens(f32.config().vocab_size, 200, 36);
+  const auto x = hidden_states(f32, tokens, 8), y = hidden_states(q4, tokens, 8);
+  ASSERT_EQ(x.size(), y.size());
+  // layer 0's input is the embedding: Q4_0's rows differ from F32's, but only by the quantization
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); ++i) { num += (x[i] - y[i]) * (x[i] - y[i]); den += double(x[i]) * x[i]; }
+  const double rel = std::sqrt(num / den);
+  EXPECT_GT(rel, 1e-4);   // its own weights, not the F32 ones
+  EXPECT_LT(rel, 0.3);    // and still the same model
+  try {
+    CpuEngine ds(test::models_dir() + "/deepseek2-tiny/decoder-f32.gguf", 2);
+    FAIL() << "a deepseek2 GGUF was taken as the prefill model";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("deepseek2"), std::string::npos) << e.what();
+  }
+}
+
+// `pdbridge prefill --model decoder.gguf` (no checkpoint, no --recipe): the decoder's own file is the model. The bridge
+// through the real front door and llama-server completes and answers as the decoder does natively.
+TEST(GgufModel, PrefillServerFromTheDecodersGgufAloneBridgesAndAnswersAsNative) {
+  for (const std::string type : {"f16", "q8_0"}) {
+    test::StackOptions so;
+    so.model_dir = test::models_dir() + "/llama-tiny";
+    so.decoder_type = type;
+    so.hf_dir = so.model_dir + "/decoder-" + type + ".gguf";  // --model; --recipe defaults to it
+    so.recipe_gguf = "-";  // no --recipe
+    test::Stack st(so);
+    const std::string prompt = test::random_text(3500 + int(type.size()), 700);
+    nlohmann::json body = {{"prompt", prompt}, {"n_predict", 16}, {"temperature", 0}};
+    auto r = st.post_front("/completion", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.verdict().value("verdict", ""), "complete") << type << " " << r.verdict().dump() << st.logs();
+    const std::string bridged = r.json().value("content", "");
+    body["cache_prompt"] = false;
+    body["id_slot"] = 0;
+    auto n = st.post_decoder("/completion", body);
+    ASSERT_EQ(n.status, 200) << n.body;
+    EXPECT_EQ(bridged, n.json().value("content", "")) << type;
+  }
+}
+
+}  // namespace
+}  // namespace pdb
