@@ -8,7 +8,7 @@
 #   --server-bin BIN    llama-server to run (default: $SERVER_BIN, else the pinned CPU build)
 #   --cold CHARS RUNS   bench cold sizes and runs per size (default: 8000,16000 2; 0 0 skips)
 #   --skip-native       bench cold's bridged leg only (a slow native decoder)
-#   --parity N CHARS    eval parity prompts and length (default: 8 8000; 0 skips)
+#   --parity N CHARS    eval parity prompts and length (default: 8 8000; 0 skips); PARITY_SEED=S: its first seed (two runs on the same fresh prompts)
 #   --ctx N             tokens per decoder slot (default: 20000)
 #   --decoder-cpu       hide CUDA devices from the decoder alone (a CUDA-built llama-server on the CPU; also DECODER_CPU=1)
 # Output: OUTDIR/LABEL.{doctor.txt,fidelity.json,cold.jsonl,parity.jsonl,parity_report.json,summary.txt} and the servers' logs.
@@ -61,6 +61,6 @@ if [[ $CLASS != mismatch && $COLD_RUNS != 0 ]]; then
 fi
 if [[ $CLASS != mismatch && $PAR_N != 0 ]]; then
   "$BIN" eval parity --front "http://127.0.0.1:$F" --decoder "http://127.0.0.1:$D" --prompts "$PAR_N" --chars "$PAR_CHARS" \
-    --out "$OUTD/$LABEL.parity.jsonl" 2>/dev/null | tee "$OUTD/$LABEL.parity_report.json" | tee -a "$OUTD/$LABEL.summary.txt"
+    ${PARITY_SEED:+--seed $PARITY_SEED} --out "$OUTD/$LABEL.parity.jsonl" 2>/dev/null | tee "$OUTD/$LABEL.parity_report.json" | tee -a "$OUTD/$LABEL.summary.txt"
 fi
 exit 0
