@@ -113,8 +113,8 @@ void register_bench_prefill(CLI::App& app) {
   auto* bench = app.get_subcommand("bench");
   auto* pre = bench->add_subcommand("prefill", "Prefill throughput: engine, engine+recipe (wire frames), full forward; TFLOP/s vs a bf16 GEMM measured now");
   auto po = std::make_shared<BenchPrefillOptions>();
-  pre->add_option("--model", po->model, "HF checkpoint directory")->required();
-  pre->add_option("--recipe", po->recipe, "Decoder GGUF (the recipe's weights)")->required();
+  pre->add_option("--model", po->model, "HF checkpoint directory, or the decoder's GGUF (CPU engine)")->required();
+  pre->add_option("--recipe", po->recipe, "Decoder GGUF (the recipe's weights; default: --model when it is a GGUF)");
   pre->add_option("--device", po->device, "cuda or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
   pre->add_option("--tokens", po->tokens, "Prompt lengths")->delimiter(',');
   pre->add_option("--chunk", po->chunk, "Chunk size");
@@ -127,7 +127,13 @@ void register_bench_prefill(CLI::App& app) {
   pre->add_option("--seed", po->seed, "First prompt seed (0: from the clock)");
   pre->add_option("--label", po->label, "Label stored in each JSONL row");
   pre->add_option("--out", po->out, "JSONL output (appended)");
-  pre->callback([po] { guarded("bench prefill", [&] { return run_bench_prefill(*po); }); });
+  pre->callback([po] {
+    guarded("bench prefill", [&] {
+      if (po->recipe.empty() && !is_gguf_path(po->model)) throw std::invalid_argument("--recipe (the decoder's GGUF) is required with an HF checkpoint");
+      if (po->recipe.empty()) po->recipe = po->model;
+      return run_bench_prefill(*po);
+    });
+  });
 }
 
 }  // namespace
