@@ -35,7 +35,8 @@ std::vector<int32_t> random_tokens(int64_t vocab, int n, uint32_t seed) {
 
 TEST(GgufModel, CpuEngineFromTheGgufEqualsTheCheckpointsBitForBit) {
   struct Case { const char* model; const char* gguf; };
-  for (const Case& k : {Case{"llama-tiny", "f32"}, Case{"llama-tiny-h16", "f16"}, Case{"qwen3-tiny", "f32"}, Case{"qwen3moe-tiny", "f32"}}) {
+  for (const Case& k : {Case{"llama-tiny", "f32"}, Case{"llama-tiny-h16", "f16"}, Case{"qwen3-tiny", "f32"}, Case{"qwen3moe-tiny", "f32"},
+                        Case{"deepseek2-tiny", "f32"}}) {  // deepseek2: kv_b_proj rebuilt from attn_k_b / attn_v_b, YaRN from its keys
     const std::string dir = test::models_dir() + "/" + k.model;
     CpuEngine hf(dir + "/hf", 2), gg(dir + "/decoder-" + k.gguf + ".gguf", 2);
     EXPECT_NE(gg.weights_note().find("GGUF"), std::string::npos) << gg.weights_note();
@@ -44,6 +45,9 @@ TEST(GgufModel, CpuEngineFromTheGgufEqualsTheCheckpointsBitForBit) {
     EXPECT_EQ(a.num_layers, b.num_layers);
     EXPECT_EQ(a.hidden_size, b.hidden_size);
     EXPECT_EQ(a.num_kv_heads, b.num_kv_heads);
+    EXPECT_EQ(a.head_dim, b.head_dim);
+    EXPECT_EQ(a.kv_lora_rank, b.kv_lora_rank);
+    EXPECT_EQ(float(a.rope_scaling.mscale_all_dim), float(b.rope_scaling.mscale_all_dim));
     EXPECT_EQ(a.vocab_size, b.vocab_size);
     EXPECT_EQ(float(a.rms_norm_eps), float(b.rms_norm_eps));
     const auto tokens = random_tokens(a.vocab_size, 300, 35);
@@ -68,10 +72,10 @@ TEST(GgufModel, AQuantizedGgufRunsOnItsOwnWeightsAndWhatCannotBeReadIsRefused) {
   EXPECT_GT(rel, 1e-4);   // its own weights, not the F32 ones
   EXPECT_LT(rel, 0.3);    // and still the same model
   try {
-    CpuEngine ds(test::models_dir() + "/deepseek2-tiny/decoder-f32.gguf", 2);
-    FAIL() << "a deepseek2 GGUF was taken as the prefill model";
+    CpuEngine ds(test::models_dir() + "/deepseek4-tiny/decoder-f32.gguf", 2);
+    FAIL() << "a deepseek4 GGUF was taken as the HF-architecture engine's model";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("deepseek2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("deepseek4"), std::string::npos) << e.what();
   }
 }
 

@@ -42,7 +42,7 @@ void register_make_model(CLI::App& app) {
 void register_prefill(CLI::App& app) {
   auto* cmd = app.add_subcommand("prefill", "Run the prefill engine: HF checkpoint + the decoder's recipe, wire protocol over HTTP");
   auto o = std::make_shared<PrefillServerOptions>();
-  cmd->add_option("--model", o->model, "HF checkpoint directory (config.json + safetensors), or the decoder's GGUF (CPU engine; llama, qwen3, qwen3moe)")->required();
+  cmd->add_option("--model", o->model, "HF checkpoint directory (config.json + safetensors), or the decoder's GGUF (CPU engine; llama, qwen3, qwen3moe, deepseek2)")->required();
   cmd->add_option("--recipe", o->recipe, "The decoder's GGUF (the recipe's weights and cache math; default: --model when it is a GGUF)");
   cmd->add_option("--port", o->port, "Port")->required();
   cmd->add_option("--host", o->host, "Bind address")->capture_default_str();

@@ -2,6 +2,7 @@
 // through llama.cpp's conversion table (formats/hf_to_gguf.h) read backwards, dequantized bit for bit as ggml does
 // (formats/ggml_types.h), llama's Q/K rows put back in HF's order (the engines' faithful path permutes them again).
 #include <algorithm>
+#include <string>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
@@ -27,12 +28,14 @@ class GgufWeights final : public WeightSource {
  public:
   GgufWeights(std::unique_ptr<GgufFile> g, const HfConfig& c, std::string path) : g_(std::move(g)), path_(std::move(path)) {
     for (const auto& sp : hf_tensor_specs(c)) {
+      if (sp.kv_b_part) (sp.kv_b_part == 1 ? kv_b_[sp.derive_from].first : kv_b_[sp.derive_from].second) = sp.gguf_name;
       if (sp.gguf_name.empty() || sp.kv_b_part) continue;
       if (!sp.hf_name.empty()) where_[sp.hf_name] = Where{sp.gguf_name, sp.permute_heads, -1};
       for (size_t e = 0; e < sp.stack.size(); ++e) where_[sp.stack[e]] = Where{sp.gguf_name, 0, int64_t(e)};
     }
   }
   std::vector<float> matrix(const std::string& name, int64_t rows, int64_t cols) const override {
+    if (const auto it = kv_b_.find(name); it != kv_b_.end()) return kv_b_proj(it->second.first, it->second.second, rows, cols);
     const Where& w = find(name);
     const GgufTensorInfo& t = g_->tensor(w.gguf_name);
     const bool stacked = w.expert >= 0;
@@ -75,19 +78,74 @@ class GgufWeights final : public WeightSource {
           std::copy_n(gguf.data() + (h * hd + 2 * i + a) * cols, cols, hf.data() + (h * hd + a * hd / 2 + i) * cols);
     return hf;
   }
+  // deepseek2's kv_b_proj [heads x (nope + v) x kv_lora] from the converter's halves: attn_k_b [heads x kv_lora x nope]
+  // (each head's K part transposed) and attn_v_b [heads x v x kv_lora].
+  std::vector<float> kv_b_proj(const std::string& k_name, const std::string& v_name, int64_t rows, int64_t kvl) const {
+    const GgufTensorInfo &kt = g_->tensor(k_name), &vt = g_->tensor(v_name);
+    if (kt.ne.size() != 3 || vt.ne.size() != 3 || kt.ne[1] != kvl || vt.ne[0] != kvl || kt.ne[2] != vt.ne[2] ||
+        kt.ne[2] * (kt.ne[0] + vt.ne[1]) != rows)
+      throw std::runtime_error(fmt::format("{} / {}: shapes do not make kv_b_proj ({} x {})", k_name, v_name, rows, kvl));
+    const int64_t heads = kt.ne[2], nope = kt.ne[0], vd = vt.ne[1];
+    const auto k = g_->to_f32(kt), v = g_->to_f32(vt);
+    std::vector<float> out(static_cast<size_t>(rows * kvl));
+    for (int64_t h = 0; h < heads; ++h) {
+      float* head = out.data() + h * (nope + vd) * kvl;
+      for (int64_t r = 0; r < kvl; ++r)
+        for (int64_t i = 0; i < nope; ++i) head[i * kvl + r] = k[size_t((h * kvl + r) * nope + i)];
+      std::copy_n(v.data() + h * vd * kvl, vd * kvl, head + nope * kvl);
+    }
+    return out;
+  }
   std::unique_ptr<GgufFile> g_;
   std::string path_;
   std::unordered_map<std::string, Where> where_;
+  std::unordered_map<std::string, std::pair<std::string, std::string>> kv_b_;  // kv_b_proj -> (attn_k_b, attn_v_b)
 };
 
+}  // namespace
+
+namespace {
+// deepseek2's MLA, experts and YaRN as llama.cpp's converter writes them (formats/hf_to_gguf.cpp), in HF's terms.
+void read_deepseek2(const GgufFile& g, HfConfig& c) {
+  const std::string a = c.arch;
+  c.q_lora_rank = g.get_int_opt(a + ".attention.q_lora_rank").value_or(0);
+  c.kv_lora_rank = g.get_int(a + ".attention.kv_lora_rank");
+  c.qk_rope_head_dim = g.get_int(a + ".rope.dimension_count");
+  c.head_dim = g.get_int(a + ".attention.key_length_mla");
+  c.qk_nope_head_dim = c.head_dim - c.qk_rope_head_dim;
+  c.v_head_dim = g.get_int(a + ".attention.value_length_mla");
+  c.num_kv_heads = c.num_heads;  // HF's heads (the GGUF's one KV head is the latent row)
+  c.n_shared_experts = g.get_int_opt(a + ".expert_shared_count").value_or(0);
+  c.first_k_dense_replace = g.get_int_opt(a + ".leading_dense_block_count").value_or(0);
+  c.routed_scaling_factor = g.get_float_opt(a + ".expert_weights_scale").value_or(1.0);
+  const GgufValue* norm = g.find(a + ".expert_weights_norm");
+  c.norm_topk_prob = norm && norm->u != 0;
+  c.n_group = g.get_int_opt(a + ".expert_group_count").value_or(0);
+  c.topk_group = g.get_int_opt(a + ".expert_group_used_count").value_or(0);
+  const GgufValue* type = g.find(a + ".rope.scaling.type");
+  if (!type || type->s == "none") return;
+  if (type->s != "yarn") throw std::runtime_error(fmt::format("deepseek2 GGUF: RoPE scaling '{}' is not read yet (YaRN or none)", type->s));
+  auto& rs = c.rope_scaling;
+  rs.type = RopeScalingType::Yarn;
+  rs.factor = g.get_float(a + ".rope.scaling.factor");
+  rs.original_max_position_embeddings = g.get_int(a + ".rope.scaling.original_context_length");
+  rs.beta_fast = g.get_float_opt(a + ".rope.scaling.yarn_beta_fast").value_or(32.0);
+  rs.beta_slow = g.get_float_opt(a + ".rope.scaling.yarn_beta_slow").value_or(1.0);
+  // The converter stores float(0.1 * mscale_all_dim) (llama.cpp's yarn_log_multiplier). config.json's value is a short
+  // decimal: the f32's shortest decimal form, divided by 0.1, gives it back (0.0707f -> 0.707, where 0.0707f / 0.1 would
+  // land an ulp below it as a float and change the score scale).
+  const float log_mul = float(g.get_float_opt(a + ".rope.scaling.yarn_log_multiplier").value_or(0.0));
+  rs.mscale_all_dim = std::stod(fmt::format("{}", log_mul)) / 0.1;
+  rs.mscale = rs.mscale_all_dim;
+}
 }  // namespace
 
 bool is_gguf_path(const std::string& path) { return path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0; }
 
 HfConfig hf_config_from_gguf(const GgufFile& g) {
   const std::string a = g.architecture();
-  if (a != "llama" && a != "qwen3" && a != "qwen3moe")
-    throw std::runtime_error(fmt::format("a {} GGUF is not read as the prefill model yet (llama, qwen3, qwen3moe): give its HF checkpoint", a));
+  if (a != "llama" && a != "qwen3" && a != "qwen3moe" && a != "deepseek2")
+    throw std::runtime_error(fmt::format("a {} GGUF is not read as the prefill model yet (llama, qwen3, qwen3moe, deepseek2): give its HF checkpoint", a));
   HfConfig c;
   c.arch = a;
   c.num_layers = g.get_int(a + ".block_count");
@@ -102,8 +160,11 @@ HfConfig hf_config_from_gguf(const GgufFile& g) {
   const auto& embd = g.tensor("token_embd.weight");
   if (embd.ne.size() != 2 || embd.ne[0] != c.hidden_size) throw std::runtime_error("token_embd.weight does not match embedding_length");
   c.vocab_size = embd.ne[1];
-  if (g.find_tensor("rope_freqs.weight") || g.find(a + ".rope.scaling.type"))
+  if (a == "deepseek2") {
+    read_deepseek2(g, c);
+  } else if (g.find_tensor("rope_freqs.weight") || g.find(a + ".rope.scaling.type")) {
     throw std::runtime_error("a GGUF with RoPE scaling (rope_freqs or rope.scaling.*) is not read as the prefill model yet: give its HF checkpoint");
+  }
   if (const auto e = g.get_int_opt(a + ".expert_count"); e && *e > 0) {
     c.num_experts = *e;
     c.num_experts_per_tok = g.get_int(a + ".expert_used_count");

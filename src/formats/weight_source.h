@@ -26,7 +26,7 @@ class WeightSource {
 
 std::unique_ptr<WeightSource> checkpoint_weights(const std::string& hf_dir, const HfConfig& c);
 
-// A GGUF as a model: the HfConfig its keys give (llama, qwen3, qwen3moe) and its weights.
+// A GGUF as a model: the HfConfig its keys give (llama, qwen3, qwen3moe, deepseek2) and its weights.
 struct GgufModel {
   HfConfig config;
   std::unique_ptr<WeightSource> weights;
@@ -35,7 +35,7 @@ GgufModel gguf_weights(const std::string& path);
 bool is_gguf_path(const std::string& path);
 // The config of a model path: an HF checkpoint's config.json, or a GGUF's keys.
 HfConfig model_config(const std::string& model);
-// The HfConfig of a decoder GGUF's keys; throws naming what it cannot express yet (RoPE scaling, deepseek2/4).
+// The HfConfig of a decoder GGUF's keys; throws naming what it cannot express yet (llama3/linear RoPE scaling, deepseek4).
 HfConfig hf_config_from_gguf(const GgufFile& g);
 
 }  // namespace pdb
