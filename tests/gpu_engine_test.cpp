@@ -125,6 +125,52 @@ TEST(CudaEngine, ForwardTracksTheCpuEngineLayerByLayer) {
 #endif
 }
 
+// The decoder's GGUF as the GPU engine's model (issue 35): an F16 GGUF of an f16 checkpoint gives the checkpoint's
+// forward bit for bit; quantized GGUFs (kept quantized on the device, expanded per layer) track the CPU engine from
+// the same GGUF as the checkpoint engines track each other, in less device memory than the checkpoint's.
+TEST(CudaEngine, FromTheGgufTracksTheCpuEngineFromTheSameGguf) {
+  PDB_SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  auto hidden = [](CudaEngine& e, const std::vector<int32_t>& tokens) {
+    const int64_t E = e.config().hidden_size, L = e.config().num_layers, T = int64_t(tokens.size());
+    std::vector<std::vector<float>> got(size_t(L), std::vector<float>(size_t(T * E)));
+    e.prefill(tokens, 300, [&](int l, const float* dh, int64_t rows, int64_t p0, cudaStream_t s) {
+      PDB_CUDA_CHECK(cudaMemcpyAsync(got[size_t(l)].data() + p0 * E, dh, size_t(rows * E) * 4, cudaMemcpyDeviceToHost, s));
+      PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+    });
+    return got;
+  };
+  {
+    const std::string dir = test::models_dir() + "/llama-tiny-h16";
+    CudaEngine ck(dir + "/hf", 2), gg(dir + "/decoder-f16.gguf", 2);
+    EXPECT_NE(gg.weights_note().find("GGUF"), std::string::npos) << gg.weights_note();
+    const auto tokens = test::random_token_ids(std::random_device{}(), 500, int(ck.config().vocab_size));
+    const auto a = hidden(ck, tokens), b = hidden(gg, tokens);
+    for (size_t l = 0; l < a.size(); ++l) EXPECT_EQ(std::memcmp(a[l].data(), b[l].data(), a[l].size() * 4), 0) << "llama-tiny-h16 layer " << l;
+  }
+  struct Case { std::string dir, gguf; };
+  for (const Case& c : {Case{test::models_dir() + "/llama-tiny", "q4_0"}, Case{test::models_dir() + "/llama-tiny", "q8_0"},
+                       Case{test::models_dir() + "/qwen3-tiny", "q8_0"}, Case{test::models_dir() + "/qwen3moe-tiny", "q8_0"},
+                       Case{deepseek2_small_dir(), "q8_0"}}) {
+    const std::string gguf = c.dir + "/decoder-" + c.gguf + ".gguf", model = c.dir.substr(c.dir.find_last_of('/') + 1);
+    CpuEngine cpu(gguf, 2);
+    CudaEngine gpu(gguf, 2), gpu_ck(c.dir + "/hf", 2);
+    EXPECT_NE(gpu.weights_note().find("expanded per layer"), std::string::npos) << gpu.weights_note();
+    EXPECT_LT(gpu.weight_bytes(), gpu_ck.weight_bytes()) << model << ": " << gpu.weights_note();
+    const int64_t T = 700, E = cpu.config().hidden_size;
+    const auto tokens = test::random_token_ids(std::random_device{}(), int(T), int(cpu.config().vocab_size));
+    std::vector<std::vector<float>> want(size_t(cpu.config().num_layers), std::vector<float>(size_t(T * E)));
+    cpu.prefill(tokens, 256, 0, [&](int l, const float* h, int64_t rows, int64_t p0) { std::copy_n(h, rows * E, want[size_t(l)].begin() + p0 * E); });
+    const auto got = hidden(gpu, tokens);
+    for (size_t l = 0; l < want.size(); ++l) {
+      const double e = ref::rel_error(got[l], want[l]);
+      std::printf("CUDA ENGINE FROM GGUF %s %s layer %zu input: rel err vs the CPU engine from the GGUF %.2e\n", model.c_str(), c.gguf.c_str(), l, e);
+      EXPECT_LT(e, l == 0 ? 1e-7 : 3e-2) << model << " " << c.gguf << " layer " << l;
+    }
+  }
+#endif
+}
+
 // deepseek2's GPU recipe: the cache row [rms_norm(latent) * w | RoPE(k_pe)], no V, against the CPU recipe.
 TEST(GpuRecipe, MlaRowsMatchTheCpuRecipeOnTheSameHiddenStates) {
   PDB_SKIP_WITHOUT_GPU();

@@ -91,7 +91,7 @@ std::vector<std::string> deepseek4_config_mismatches(const std::string& model, c
 // decoder's K/V recipe on its per-layer hook.
 std::unique_ptr<PrefillBackend> checkpoint_backend(const BackendOptions& o) {
   std::shared_ptr<const Recipe> recipe = Recipe::load(o.recipe, o.threads);
-  if (o.device == "cuda") return make_cuda_backend(o.model, recipe, o.threads, o.chunk, o.kv_dtype == "fp8", o.tp, o.tp_one_gpu);
+  if (o.device == "cuda") return make_cuda_backend(o.model, recipe, o.threads, o.chunk, o.kv_dtype == "fp8", o.tp, o.tp_one_gpu, o.max_gpu_mem_gib);
   return make_cpu_backend(std::make_shared<CpuEngine>(o.model, o.threads), recipe, o.faithful);
 }
 

@@ -18,6 +18,7 @@ struct BackendOptions {
   int64_t chunk = 4096;  // the CUDA engine's largest chunk (its buffers)
   int tp = 1;
   bool tp_one_gpu = false;
+  double max_gpu_mem_gib = 0;  // the CUDA engine's cap on the device's memory in use (0: none)
   bool faithful = true;  // CPU engine: the decoder's arithmetic (false: OpenBLAS, --cpu-fast)
 };
 

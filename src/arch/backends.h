@@ -23,7 +23,8 @@ std::unique_ptr<PrefillBackend> make_cpu_backend(std::shared_ptr<CpuEngine> engi
 // tp_shared_device every rank on the current GPU (the sharded forward checked on one GPU). Throws where CUDA
 // is not built in or no GPU is present.
 std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads,
-                                                  int64_t max_chunk, bool kv_fp8 = false, int tp = 1, bool tp_shared_device = false);
+                                                  int64_t max_chunk, bool kv_fp8 = false, int tp = 1, bool tp_shared_device = false,
+                                                  double max_gpu_mem_gib = 0);
 bool cuda_backend_available();
 // DeepSeek-V4 on the CPU (model/cpu_engine_dsv4 + recipes/deepseek4): the decoder GGUF gives the recipe's
 // weights; the engine's come from `weights`: an HF checkpoint directory (DeepSeek's FP8 / FP4 layout or f32),

@@ -84,6 +84,8 @@ class CudaBackend final : public PrefillBackend {
   std::string device() const override { return "cuda: " + cuda::device_summary(); }
   std::string weights() const override { return engine_.weights_note(); }
   void check_fits(int64_t tokens, int64_t chunk) const override { engine_.check_fits(tokens, std::min(chunk, max_chunk_)); }
+  // After the recipe's and the slots' buffers: what the device holds then counts against the cap.
+  void set_memory_cap(size_t bytes) { engine_.set_memory_cap(bytes); }
   CudaEngine& engine() { return engine_.rank0(); }
   bool resumable() const override { return engine_.resumable(); }
 
@@ -330,9 +332,11 @@ class CudaBackend final : public PrefillBackend {
 bool cuda_backend_available() { return cuda::device_count() > 0; }
 
 std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads,
-                                                  int64_t max_chunk, bool kv_fp8, int tp, bool tp_shared_device) {
+                                                  int64_t max_chunk, bool kv_fp8, int tp, bool tp_shared_device, double max_gpu_mem_gib) {
   if (cuda::device_count() == 0) throw std::runtime_error("--device cuda: " + cuda::device_summary());
-  return std::make_unique<CudaBackend>(hf_dir, std::move(recipe), threads, max_chunk, kv_fp8, tp, tp_shared_device);
+  auto b = std::make_unique<CudaBackend>(hf_dir, std::move(recipe), threads, max_chunk, kv_fp8, tp, tp_shared_device);
+  if (max_gpu_mem_gib > 0) b->set_memory_cap(size_t(max_gpu_mem_gib * double(size_t(1) << 30)));
+  return b;
 }
 
 }  // namespace pdb

@@ -42,7 +42,7 @@ void register_make_model(CLI::App& app) {
 void register_prefill(CLI::App& app) {
   auto* cmd = app.add_subcommand("prefill", "Run the prefill engine: HF checkpoint + the decoder's recipe, wire protocol over HTTP");
   auto o = std::make_shared<PrefillServerOptions>();
-  cmd->add_option("--model", o->model, "HF checkpoint directory (config.json + safetensors), or the decoder's GGUF (CPU engine; llama, qwen3, qwen3moe, deepseek2)")->required();
+  cmd->add_option("--model", o->model, "HF checkpoint directory (config.json + safetensors), or the decoder's GGUF (llama, qwen3, qwen3moe, deepseek2; its quantized weights stay quantized on the GPU)")->required();
   cmd->add_option("--recipe", o->recipe, "The decoder's GGUF (the recipe's weights and cache math; default: --model when it is a GGUF)");
   cmd->add_option("--port", o->port, "Port")->required();
   cmd->add_option("--host", o->host, "Bind address")->capture_default_str();
@@ -55,6 +55,8 @@ void register_prefill(CLI::App& app) {
   cmd->add_option("--tp", o->tp, "CUDA: tensor parallel over GPUs 0..N-1 (NCCL; heads and FFN columns split, one capture stream)")
       ->capture_default_str();
   cmd->add_flag("--tp-one-gpu", o->tp_one_gpu, "With --tp N: every rank on GPU 0 (checks the sharded forward on one GPU; not faster)");
+  cmd->add_option("--max-gpu-mem", o->max_gpu_mem_gib, "GiB of GPU memory the prefill may hold (weights, recipe and buffers; a prompt that needs more is refused, saying so)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)");
   cmd->add_option("--api-key", o->api_key, "Require Authorization: Bearer <key> (default: $PDBRIDGE_API_KEY)")->envname("PDBRIDGE_API_KEY");
   cmd->add_option("--max-queue", o->max_queue, "Captures allowed to wait behind the running one")->capture_default_str();
@@ -113,7 +115,7 @@ void register_bench_prefill(CLI::App& app) {
   auto* bench = app.get_subcommand("bench");
   auto* pre = bench->add_subcommand("prefill", "Prefill throughput: engine, engine+recipe (wire frames), full forward; TFLOP/s vs a bf16 GEMM measured now");
   auto po = std::make_shared<BenchPrefillOptions>();
-  pre->add_option("--model", po->model, "HF checkpoint directory, or the decoder's GGUF (CPU engine)")->required();
+  pre->add_option("--model", po->model, "HF checkpoint directory, or the decoder's GGUF")->required();
   pre->add_option("--recipe", po->recipe, "Decoder GGUF (the recipe's weights; default: --model when it is a GGUF)");
   pre->add_option("--device", po->device, "cuda or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
   pre->add_option("--tokens", po->tokens, "Prompt lengths")->delimiter(',');
@@ -122,6 +124,7 @@ void register_bench_prefill(CLI::App& app) {
   pre->add_option("--reps", po->reps, "Timed runs per mode (median reported)");
   pre->add_option("--tp", po->tp, "CUDA: tensor parallel over GPUs 0..N-1 (NCCL)");
   pre->add_flag("--tp-one-gpu", po->tp_one_gpu, "With --tp N: every rank on GPU 0 (the sharding's overhead, not a speed-up)");
+  pre->add_option("--max-gpu-mem", po->max_gpu_mem_gib, "GiB of GPU memory the prefill may hold (a 24 GB card's budget on a larger one)")->check(CLI::PositiveNumber);
   pre->add_option("--cache-type", po->cache_type, "Decoder cache type for the recipe's rows");
   pre->add_option("--threads", po->threads, "Host threads");
   pre->add_option("--seed", po->seed, "First prompt seed (0: from the clock)");

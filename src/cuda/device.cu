@@ -14,6 +14,12 @@ int device_count() {
   return n;
 }
 
+size_t device_bytes_in_use() {
+  size_t free = 0, total = 0;
+  if (device_count() == 0 || cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;
+  return total - free;
+}
+
 std::string device_summary() {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);

@@ -10,5 +10,7 @@ bool compiled_with_cuda();
 // Median rate of an n x n x n bf16 GEMM (f32 accumulation) through cuBLASLt on random data, after
 // warm-up: the ceiling benchmarks report against. 0 without CUDA.
 double measure_bf16_gemm_tflops(int64_t n = 8192);
+// Bytes allocated on the current device now (every process's; total - free). 0 without CUDA.
+size_t device_bytes_in_use();
 
 }  // namespace pdb::cuda

@@ -2,6 +2,7 @@
 // through llama.cpp's conversion table (formats/hf_to_gguf.h) read backwards, dequantized bit for bit as ggml does
 // (formats/ggml_types.h), llama's Q/K rows put back in HF's order (the engines' faithful path permutes them again).
 #include <algorithm>
+#include <map>
 #include <string>
 #include <stdexcept>
 #include <thread>
@@ -37,18 +38,24 @@ class GgufWeights final : public WeightSource {
   std::vector<float> matrix(const std::string& name, int64_t rows, int64_t cols) const override {
     if (const auto it = kv_b_.find(name); it != kv_b_.end()) return kv_b_proj(it->second.first, it->second.second, rows, cols);
     const Where& w = find(name);
-    const GgufTensorInfo& t = g_->tensor(w.gguf_name);
-    const bool stacked = w.expert >= 0;
-    if (t.ne.size() != (stacked ? 3u : 2u) || t.ne[0] != cols || t.ne[1] != rows || (stacked && w.expert >= t.ne[2]))
-      throw std::runtime_error(fmt::format("{} ({} in the GGUF): shape does not match the model's ({} x {})", name, w.gguf_name, rows, cols));
-    if (!can_dequantize(t.type)) throw std::runtime_error(fmt::format("{} has type {}, which pdbridge cannot decode", w.gguf_name, ggml_type_name(t.type)));
+    const GgufTensorInfo& t = shaped(name, w, rows, cols);
     const size_t rb = ggml_row_bytes(t.type, cols);
-    const uint8_t* base = g_->data(t) + (stacked ? size_t(w.expert * rows) * rb : 0);
+    const uint8_t* base = g_->data(t) + (w.expert >= 0 ? size_t(w.expert * rows) * rb : 0);
     std::vector<float> out(static_cast<size_t>(rows * cols));
     parallel_for(rows, int(std::max(1u, std::thread::hardware_concurrency())), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) dequantize_row(t.type, base + size_t(r) * rb, out.data() + r * cols, cols);
     });
     if (w.permute_heads) out = hf_row_order(out, w.permute_heads, rows / w.permute_heads, cols);
+    return out;
+  }
+  std::optional<RawRows> raw_rows(const std::string& name, int64_t rows, int64_t cols) const override {
+    if (kv_b_.count(name)) return std::nullopt;
+    const Where& w = find(name);
+    const GgufTensorInfo& t = shaped(name, w, rows, cols);
+    const size_t rb = ggml_row_bytes(t.type, cols);
+    const uint8_t* base = g_->data(t) + (w.expert >= 0 ? size_t(w.expert * rows) * rb : 0);
+    RawRows out{t.type, std::vector<uint8_t>(base, base + size_t(rows) * rb)};
+    if (w.permute_heads) out.bytes = hf_row_order(out.bytes, w.permute_heads, rows / w.permute_heads, int64_t(rb));
     return out;
   }
   std::vector<float> vector(const std::string& name, int64_t n) const override {
@@ -62,6 +69,14 @@ class GgufWeights final : public WeightSource {
     return t == GgmlType::F16 ? 16 : t == GgmlType::BF16 ? 17 : 32;
   }
   std::string describe() const override { return "GGUF " + path_; }
+  std::string type_summary() const override {
+    std::map<std::string, int> n;
+    for (const auto& t : g_->tensors())
+      if (t.ne.size() >= 2) ++n[ggml_type_name(t.type)];
+    std::string out;
+    for (const auto& [name, count] : n) out += fmt::format("{}{} x {}", out.empty() ? "" : ", ", name, count);
+    return out;
+  }
 
  private:
   const Where& find(const std::string& name) const {
@@ -69,9 +84,19 @@ class GgufWeights final : public WeightSource {
     if (it == where_.end()) throw std::runtime_error(fmt::format("{}: no GGUF tensor holds it", name));
     return it->second;
   }
+  // The tensor holding `name`, its shape checked against the model's and its type one pdbridge decodes.
+  const GgufTensorInfo& shaped(const std::string& name, const Where& w, int64_t rows, int64_t cols) const {
+    const GgufTensorInfo& t = g_->tensor(w.gguf_name);
+    const bool stacked = w.expert >= 0;
+    if (t.ne.size() != (stacked ? 3u : 2u) || t.ne[0] != cols || t.ne[1] != rows || (stacked && w.expert >= t.ne[2]))
+      throw std::runtime_error(fmt::format("{} ({} in the GGUF): shape does not match the model's ({} x {})", name, w.gguf_name, rows, cols));
+    if (!can_dequantize(t.type)) throw std::runtime_error(fmt::format("{} has type {}, which pdbridge cannot decode", w.gguf_name, ggml_type_name(t.type)));
+    return t;
+  }
   // The inverse of the converter's permutation (hf_to_gguf.h permute_qk_rows): hf_row[h*hd + a*hd/2 + i] = gguf_row[h*hd + 2i + a].
-  static std::vector<float> hf_row_order(const std::vector<float>& gguf, int64_t heads, int64_t hd, int64_t cols) {
-    std::vector<float> hf(gguf.size());
+  template <class E>
+  static std::vector<E> hf_row_order(const std::vector<E>& gguf, int64_t heads, int64_t hd, int64_t cols) {
+    std::vector<E> hf(gguf.size());
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t i = 0; i < hd / 2; ++i)
         for (int64_t a = 0; a < 2; ++a)

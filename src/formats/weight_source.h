@@ -5,23 +5,36 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "formats/ggml_types.h"
 #include "formats/hf_config.h"
 
 namespace pdb {
 
 class GgufFile;
 
+// A weight's rows as the source stores them (quantized rows of ggml blocks), in HF's row order.
+struct RawRows {
+  GgmlType type = GgmlType::F32;
+  std::vector<uint8_t> bytes;
+};
+
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
+  // The rows without decoding (for an engine that keeps quantized weights quantized); nullopt where the source has no
+  // such form (a checkpoint; deepseek2's kv_b_proj, rebuilt from two GGUF tensors).
+  virtual std::optional<RawRows> raw_rows(const std::string& /*name*/, int64_t /*rows*/, int64_t /*cols*/) const { return std::nullopt; }
   virtual std::vector<float> matrix(const std::string& name, int64_t rows, int64_t cols) const = 0;
   virtual std::vector<float> vector(const std::string& name, int64_t n) const = 0;
   // 16 / 17 / 32: the float type the decoder multiplies this weight in (f16, bf16; 32 for f32 and quantized types).
   virtual int weight_bits(const std::string& name) const = 0;
   virtual std::string describe() const = 0;
+  // The weights' storage types ("q4_K x 145, q6_K x 25"; "" where there is one dtype to tell).
+  virtual std::string type_summary() const { return ""; }
 };
 
 std::unique_ptr<WeightSource> checkpoint_weights(const std::string& hf_dir, const HfConfig& c);

@@ -42,7 +42,7 @@ class GqaAttentionCuda final : public CudaAttention {
  private:
   struct Layer {
     DeviceBuffer q_norm, k_norm;  // f32 (qwen3), else empty
-    DeviceBuffer wqkv, wo;        // bf16 [out x in], or e4m3 on the FP8 path; q|k|v fused along out
+    CudaWeight wqkv, wo;          // bf16 [out x in], or e4m3 on the FP8 path; q|k|v fused along out
     DeviceBuffer wqkv_s, wo_s;    // FP8 path: f32 scale per 128x128 block, in the product's order
   };
   void attend(int64_t layer, const CudaChunk& c);
@@ -85,15 +85,14 @@ GqaAttentionCuda::GqaAttentionCuda(const CudaLoad& ld, const CudaAttentionOption
 void GqaAttentionCuda::load_layer(const CudaLoad& ld, int64_t l) {
   if (l != int64_t(layers_.size())) throw std::logic_error("attention layers are loaded in order");
   const auto& c = ld.c;
-  const auto& ck = ld.ck;
   const TpShard& sh = ld.shard;
   const int64_t H = H_, hd = hd_, nh = c.num_heads, nkv = c.num_kv_heads;
   size_t& total = weight_bytes_;
   const std::string p = fmt::format("model.layers.{}.self_attn.", l);
   Layer L;
   if (ld.def.qk_norm) {
-    L.q_norm = cuda_load::upload_f32(ck.to_f32(p + "q_norm.weight"));
-    L.k_norm = cuda_load::upload_f32(ck.to_f32(p + "k_norm.weight"));
+    L.q_norm = cuda_load::upload_f32(cuda_load::vector(ld, p + "q_norm.weight", hd));
+    L.k_norm = cuda_load::upload_f32(cuda_load::vector(ld, p + "k_norm.weight", hd));
   }
   // this rank's heads (q, then k, then v): all of them without TP
   const std::vector<RowSlice> qkv = {{p + "q_proj.weight", nh * hd, sh.q_head0 * hd, sh.q_heads * hd},
@@ -101,11 +100,11 @@ void GqaAttentionCuda::load_layer(const CudaLoad& ld, int64_t l) {
                                      {p + "v_proj.weight", nkv * hd, sh.kv_head0 * hd, sh.kv_heads * hd}};
   const std::vector<RowSlice> out = {{p + "o_proj.weight", H, 0, H}};
   if (ld.fp8) {
-    cuda_load::upload_sliced_fp8(ck, qkv, H, 0, H, *ld.fp8, L.wqkv, L.wqkv_s, total);
-    cuda_load::upload_sliced_fp8(ck, out, nh * hd, sh.q_head0 * hd, sh.q_heads * hd, *ld.fp8, L.wo, L.wo_s, total);
+    cuda_load::upload_sliced_fp8(*ld.ck, qkv, H, 0, H, *ld.fp8, L.wqkv.resident(), L.wqkv_s, total);
+    cuda_load::upload_sliced_fp8(*ld.ck, out, nh * hd, sh.q_head0 * hd, sh.q_heads * hd, *ld.fp8, L.wo.resident(), L.wo_s, total);
   } else {
-    L.wqkv = cuda_load::upload_sliced(ck, c, qkv, H, 0, H, ld.threads, total);
-    L.wo = cuda_load::upload_sliced(ck, c, out, nh * hd, sh.q_head0 * hd, sh.q_heads * hd, ld.threads, total);
+    L.wqkv = cuda_load::weight(ld, l, qkv, H, 0, H, total);
+    L.wo = cuda_load::weight(ld, l, out, nh * hd, sh.q_head0 * hd, sh.q_heads * hd, total);
   }
   layers_.push_back(std::move(L));
 }

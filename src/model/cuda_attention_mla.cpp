@@ -44,8 +44,8 @@ class MlaAttentionCuda final : public CudaAttention {
  private:
   struct Layer {
     DeviceBuffer q_a_norm, kv_a_norm;  // f32
-    DeviceBuffer wfront;               // [q_proj (or q_a_proj) ; kv_a_proj_with_mqa] fused along out, bf16
-    DeviceBuffer wq_b, wkv_b, wo;      // bf16
+    CudaWeight wfront;                 // [q_proj (or q_a_proj) ; kv_a_proj_with_mqa] fused along out, bf16
+    CudaWeight wq_b, wkv_b, wo;        // bf16
   };
   int64_t front_width() const { return (ql_ ? ql_ : nh_ * qk_) + kvl_ + rope_; }  // q (or q_a) | c_kv | k_pe
   cuda::Gemm& gemm_;
@@ -77,22 +77,26 @@ MlaAttentionCuda::MlaAttentionCuda(const CudaLoad& ld, CudaMatmul& mm)
 
 void MlaAttentionCuda::load_layer(const CudaLoad& ld, int64_t l) {
   if (l != int64_t(layers_.size())) throw std::logic_error("attention layers are loaded in order");
-  const auto& c = ld.c;
-  const auto& ck = ld.ck;
   size_t& total = weight_bytes_;
   const std::string p = fmt::format("model.layers.{}.self_attn.", l);
   Layer L;
-  L.kv_a_norm = cuda_load::upload_f32(ck.to_f32(p + "kv_a_layernorm.weight"));
+  // whole tensors stacked along the output dimension
+  auto stacked = [&](const std::vector<std::pair<std::string, int64_t>>& parts, int64_t cols) {
+    std::vector<cuda_load::RowSlice> s;
+    for (const auto& [name, rows] : parts) s.push_back({name, rows, 0, rows});
+    return cuda_load::weight(ld, l, s, cols, 0, cols, total);
+  };
+  L.kv_a_norm = cuda_load::upload_f32(cuda_load::vector(ld, p + "kv_a_layernorm.weight", kvl_));
   const std::pair<std::string, int64_t> kv_a{p + "kv_a_proj_with_mqa.weight", kvl_ + rope_};
   if (ql_) {
-    L.wfront = cuda_load::upload_stacked(ck, c, {{p + "q_a_proj.weight", ql_}, kv_a}, H_, ld.threads, total);
-    L.q_a_norm = cuda_load::upload_f32(ck.to_f32(p + "q_a_layernorm.weight"));
-    L.wq_b = cuda_load::upload_stacked(ck, c, {{p + "q_b_proj.weight", nh_ * qk_}}, ql_, ld.threads, total);
+    L.wfront = stacked({{p + "q_a_proj.weight", ql_}, kv_a}, H_);
+    L.q_a_norm = cuda_load::upload_f32(cuda_load::vector(ld, p + "q_a_layernorm.weight", ql_));
+    L.wq_b = stacked({{p + "q_b_proj.weight", nh_ * qk_}}, ql_);
   } else {
-    L.wfront = cuda_load::upload_stacked(ck, c, {{p + "q_proj.weight", nh_ * qk_}, kv_a}, H_, ld.threads, total);
+    L.wfront = stacked({{p + "q_proj.weight", nh_ * qk_}, kv_a}, H_);
   }
-  L.wkv_b = cuda_load::upload_stacked(ck, c, {{p + "kv_b_proj.weight", nh_ * (nope_ + vd_)}}, kvl_, ld.threads, total);
-  L.wo = cuda_load::upload_stacked(ck, c, {{p + "o_proj.weight", H_}}, nh_ * vd_, ld.threads, total);
+  L.wkv_b = stacked({{p + "kv_b_proj.weight", nh_ * (nope_ + vd_)}}, kvl_);
+  L.wo = stacked({{p + "o_proj.weight", H_}}, nh_ * vd_);
   layers_.push_back(std::move(L));
 }
 

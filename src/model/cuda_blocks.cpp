@@ -65,7 +65,7 @@ void CudaMatmul::reserve(int64_t chunk, int64_t max_in, int64_t hidden) {
   if (!fp8_->f32_accumulate) ybf_.resize(size_t(rows * hidden) * 2);
 }
 
-void CudaMatmul::operator()(const void* x, const cuda::DeviceBuffer& w, const cuda::DeviceBuffer& ws, int64_t n, int64_t in, int64_t out,
+void CudaMatmul::operator()(const void* x, const CudaWeight& w, const cuda::DeviceBuffer& ws, int64_t n, int64_t in, int64_t out,
                             cuda::DType yt, void* y, float beta, cudaStream_t s) {
   using bf16 = __nv_bfloat16;
   if (!fp8_) return gemm_.xwt(cuda::DType::BF16, x, w.get(), yt, y, n, in, out, beta, s);

@@ -20,11 +20,13 @@
 #include "definitions/definition.h"
 #include "formats/hf_config.h"
 #include "model/cuda_moe_ffn.h"
+#include "model/cuda_weights.h"
 #include "model/tensor_parallel.h"
 
 namespace pdb {
 
 class SafetensorsCheckpoint;
+class WeightSource;
 
 // One chunk of a forward: its rows, first position and stream.
 struct CudaChunk {
@@ -45,7 +47,7 @@ class CudaMatmul {
   int64_t padded_rows(int64_t rows) const { return fp8_ ? fp8_->padded_rows(rows) : rows; }
   size_t scratch_bytes_for(int64_t chunk, int64_t max_in, int64_t hidden) const;
   void reserve(int64_t chunk, int64_t max_in, int64_t hidden);
-  void operator()(const void* x, const cuda::DeviceBuffer& w, const cuda::DeviceBuffer& ws, int64_t n, int64_t in, int64_t out, cuda::DType yt,
+  void operator()(const void* x, const CudaWeight& w, const cuda::DeviceBuffer& ws, int64_t n, int64_t in, int64_t out, cuda::DType yt,
                   void* y, float beta, cudaStream_t s);
   size_t scratch_bytes() const { return xq_.bytes() + xs_.bytes() + ybf_.bytes(); }
 
@@ -65,9 +67,12 @@ struct CudaKvCache {
   size_t bytes() const { return k.bytes() + v.bytes() + ks.bytes() + vs.bytes(); }
 };
 
-// What the blocks' loaders share.
+// What the blocks' loaders share. The weights come from an HF checkpoint (ck) or the decoder's GGUF (gguf), whose
+// quantized weights stay quantized in `quant` and are expanded per layer (model/cuda_weights.h).
 struct CudaLoad {
-  const SafetensorsCheckpoint& ck;
+  const SafetensorsCheckpoint* ck;
+  const WeightSource* gguf;
+  CudaQuantStore* quant;
   const HfConfig& c;
   const ModelDefinition& def;
   const TpShard& shard;

@@ -15,7 +15,9 @@
 #include "cuda/fp8.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/tp_comm.cuh"
+#include "cuda/dequant.cuh"
 #include "formats/safetensors.h"
+#include "formats/weight_source.h"
 #include "model/cuda_engine_load.h"
 
 namespace pdb {
@@ -23,60 +25,81 @@ namespace pdb {
 using cuda::DeviceBuffer;
 using bf16 = __nv_bfloat16;
 
-namespace {
-HfConfig load_checkpoint_config(const std::string& hf_dir) {
-  if (hf_dir.size() > 5 && hf_dir.compare(hf_dir.size() - 5, 5, ".gguf") == 0)
-    throw std::runtime_error("the CUDA engine does not read a GGUF's weights yet: give the HF checkpoint, or --device cpu for the GGUF");
-  return HfConfig::load(hf_dir);
-}
-}  // namespace
-
-CudaEngine::CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8, cuda::TpComm* tp)
-    : cfg_(load_checkpoint_config(hf_dir)), def_(model_definition(cfg_.arch)), kv_fp8_(kv_fp8), tp_(tp) {
+CudaEngine::CudaEngine(const std::string& model, int threads, bool kv_fp8, cuda::TpComm* tp)
+    : cfg_(model_config(model)), def_(model_definition(cfg_.arch)), kv_fp8_(kv_fp8), tp_(tp) {
   const auto& c = cfg_;
   const int world = tp ? tp->world() : 1;
   if (const std::string why = cuda_blocks_unsupported(def_, c, kv_fp8, world); !why.empty()) throw std::runtime_error("CUDA engine: " + why);
+  const bool gguf = is_gguf_path(model);
+  if (gguf && world > 1) throw std::runtime_error("CUDA engine: tensor parallel from a GGUF is not implemented (give the HF checkpoint)");
   // FP8 weights are cut on their 128x128 scale blocks
   shard_ = tp_shard(c, tp ? tp->rank() : 0, world, world > 1 && c.fp8 ? 128 : 8);
   if (cuda::device_count() == 0) throw std::runtime_error("CUDA engine: no CUDA device");
   if (kv_fp8 && Tuning::from_env().fp8kv_fused == "1") fp8kv_fused_ = true;
   PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   gemm_ = std::make_unique<cuda::Gemm>();
-  auto ck = SafetensorsCheckpoint::open(hf_dir);
-  const int64_t H = c.hidden_size;
-  const StDtype wdt = ck->get("model.layers.0.self_attn.o_proj.weight").dtype;
-  weights_note_ = wdt == StDtype::BF16 ? "bf16 weights" : fmt::format("{} weights converted to bf16 on load", st_dtype_name(wdt));
-  if (c.fp8) {
-    std::string why = cuda_fp8_unsupported(def_, c, *ck), report;
-    if (why.empty()) {
-      fp8_ = cuda::probe_fp8_layout(*gemm_, &report);
-      if (!fp8_) why = report;
+  std::unique_ptr<SafetensorsCheckpoint> ck;
+  GgufModel g;
+  if (gguf) {
+    g = gguf_weights(model);
+    quant_ = std::make_unique<CudaQuantStore>();
+    weights_note_ = "the decoder's GGUF (" + g.weights->type_summary() + ")";
+  } else {
+    ck = SafetensorsCheckpoint::open(model);
+    const StDtype wdt = ck->get("model.layers.0.self_attn.o_proj.weight").dtype;
+    weights_note_ = wdt == StDtype::BF16 ? "bf16 weights" : fmt::format("{} weights converted to bf16 on load", st_dtype_name(wdt));
+    if (c.fp8) {
+      std::string why = cuda_fp8_unsupported(def_, c, *ck), report;
+      if (why.empty()) {
+        fp8_ = cuda::probe_fp8_layout(*gemm_, &report);
+        if (!fp8_) why = report;
+      }
+      weights_note_ = fp8_ ? report : "block-FP8 weights dequantized to bf16 (" + why + ")";
     }
-    weights_note_ = fp8_ ? report : "block-FP8 weights dequantized to bf16 (" + why + ")";
   }
   matmul_ = std::make_unique<CudaMatmul>(*gemm_, fp8_);
-  size_t total = 0;
-  {
-    const StTensor& et = ck->get("model.embed_tokens.weight");
-    if (et.shape.size() != 2 || et.shape[0] != c.vocab_size || et.shape[1] != H) throw std::runtime_error("model.embed_tokens.weight: shape does not match config.json");
-    if (et.dtype == StDtype::F8_E4M3) throw std::runtime_error("model.embed_tokens.weight: FP8 embeddings are not supported");
-    embed_ = cuda_load::upload_f32(ck->to_f32("model.embed_tokens.weight"));
-    total += embed_.bytes();
-  }
-  const CudaLoad ld{*ck, c, def_, shard_, world, threads, fp8_};
+  const CudaLoad ld{ck.get(), g.weights.get(), quant_.get(), c, def_, shard_, world, threads, fp8_};
+  size_t total = load_embedding(ld);
   attention_ = load_cuda_attention(ld, CudaAttentionOptions{kv_fp8, fp8kv_fused_}, *matmul_);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
-    in_norm_.push_back(cuda_load::upload_f32(ck->to_f32(p + "input_layernorm.weight")));
-    post_norm_.push_back(cuda_load::upload_f32(ck->to_f32(p + "post_attention_layernorm.weight")));
+    in_norm_.push_back(cuda_load::upload_f32(cuda_load::vector(ld, p + "input_layernorm.weight", c.hidden_size)));
+    post_norm_.push_back(cuda_load::upload_f32(cuda_load::vector(ld, p + "post_attention_layernorm.weight", c.hidden_size)));
     attention_->load_layer(ld, l);
     ffns_.push_back(load_cuda_ffn(ld, l));
     total += ffns_.back()->weight_bytes();
   }
   total += attention_->weight_bytes();
+  if (quant_) {
+    quant_->finish();
+    total += quant_->scratch_bytes();
+    weights_note_ += fmt::format("; {:.2f} GiB quantized, expanded per layer into {:.0f} MiB", double(quant_->quant_bytes()) / (1 << 30),
+                                 double(quant_->scratch_bytes()) / (1 << 20));
+  }
   weight_bytes_ = total;
   if (world > 1) weights_note_ += fmt::format("; tensor parallel rank {} of {} ({} of {} heads)", shard_.rank, world, shard_.q_heads, c.num_heads);
   spdlog::info("cuda engine: {} layers, {:.2f} GiB of weights on {} ({})", c.num_layers, double(total) / (1 << 30), cuda::device_summary(), weights_note_);
+}
+
+// The token table: a checkpoint's as f32 (exact for every dtype); a GGUF's as it stores it, rows decoded per chunk.
+size_t CudaEngine::load_embedding(const CudaLoad& ld) {
+  const auto& c = cfg_;
+  const std::string name = "model.embed_tokens.weight";
+  if (ld.gguf) {
+    auto raw = ld.gguf->raw_rows(name, c.vocab_size, c.hidden_size);
+    if (!raw) throw std::runtime_error(name + ": the GGUF holds no token table");
+    if (c.hidden_size % cuda::dequant_block_elements(raw->type)) throw std::runtime_error(name + ": rows are not whole blocks");
+    embed_type_ = raw->type;
+    embed_row_bytes_ = int64_t(ggml_row_bytes(raw->type, c.hidden_size));
+    embed_.resize(raw->bytes.size());
+    embed_.upload(raw->bytes.data(), raw->bytes.size());
+    return embed_.bytes();
+  }
+  const StTensor& et = ld.ck->get(name);
+  if (et.shape.size() != 2 || et.shape[0] != c.vocab_size || et.shape[1] != c.hidden_size) throw std::runtime_error(name + ": shape does not match config.json");
+  if (et.dtype == StDtype::F8_E4M3) throw std::runtime_error(name + ": FP8 embeddings are not supported");
+  embed_ = cuda_load::upload_f32(ld.ck->to_f32(name));
+  return embed_.bytes();
 }
 
 CudaEngine::~CudaEngine() {
@@ -119,11 +142,26 @@ void CudaEngine::check_fits(int64_t T, int64_t chunk, size_t extra) const {
   // What is already ours counts as available (the buffers are reused).
   const size_t ours = buffer_bytes();
   const size_t margin = size_t(512) << 20;
-  if (need + margin > mem.free + ours)
+  size_t available = mem.free + ours;
+  std::string where = cuda::device_summary();
+  if (memory_cap_) {
+    const size_t held = mem.total - mem.free - std::min(ours, mem.total - mem.free);  // what stays allocated beside our buffers
+    available = std::min(available, memory_cap_ > held ? memory_cap_ - held : 0);
+    where += fmt::format(" under the {:.1f} GiB cap", double(memory_cap_) / (1 << 30));
+  }
+  if (need + margin > available)
     throw std::runtime_error(fmt::format("prompt of {} tokens needs {:.1f} GiB of GPU memory for the engine's K/V and buffers; "
                                          "{:.1f} GiB is free on {} (weights take {:.1f} GiB): use a shorter prompt or a smaller chunk",
-                                         T, double(need) / (1 << 30), double(mem.free + ours) / (1 << 30), cuda::device_summary(),
+                                         T, double(need) / (1 << 30), double(available) / (1 << 30), where, double(weight_bytes_) / (1 << 30)));
+}
+
+void CudaEngine::set_memory_cap(size_t bytes) {
+  const auto mem = cuda::device_memory();
+  if (bytes && mem.total - mem.free > bytes)
+    throw std::runtime_error(fmt::format("--max-gpu-mem {:.1f} GiB: {:.1f} GiB is in use on {} once the weights are loaded ({:.1f} GiB of them)",
+                                         double(bytes) / (1 << 30), double(mem.total - mem.free) / (1 << 30), cuda::device_summary(),
                                          double(weight_bytes_) / (1 << 30)));
+  memory_cap_ = bytes;
 }
 
 void CudaEngine::reserve(int64_t T, int64_t chunk, int64_t cache_layers) {
@@ -249,7 +287,10 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
     ch.p0 = p0;
     PDB_CUDA_CHECK(cudaMemcpyAsync(tokens_.get(), tokens.data() + p0, size_t(ch.n) * 4, cudaMemcpyHostToDevice, s));
     attention_->begin_chunk(ch);
-    cuda::embed_rows(embed_.as<float>(), tokens_.as<int32_t>(), ch.n, H, h, s);
+    if (embed_row_bytes_)
+      cuda::dequantize_rows_f32(embed_type_, embed_.as<uint8_t>(), embed_row_bytes_, tokens_.as<int32_t>(), ch.n, H, h, s);
+    else
+      cuda::embed_rows(embed_.as<float>(), tokens_.as<int32_t>(), ch.n, H, h, s);
     for (int64_t l = 0; l < L; ++l) {
       if (cancelled && cancelled()) {
         PDB_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -258,6 +299,7 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
       }
       if (hook) hook(int(l), h, ch.n, p0, s);
       if (l == L - 1 && !full_last_layer) break;
+      if (quant_) quant_->expand(l, s);
       cuda::rmsnorm_rows_bf16(h, in_norm_[size_t(l)].as<float>(), x, ch.n, H, eps, s);
       partial_residual();
       attention_->forward(l, x, h, ch);

@@ -38,7 +38,9 @@ class CudaEngine {
   // memory, for very long prompts); needs head_dim 128 on an sm_90 GPU (the wgmma attention kernel).
   // tp: this engine is one rank of a tensor-parallel group (model/tensor_parallel.h: its heads and FFN
   // columns; the residual stream all-reduced after o_proj and down_proj), on the current device. Null: whole.
-  CudaEngine(const std::string& hf_dir, int threads, bool kv_fp8 = false, cuda::TpComm* tp = nullptr);
+  // model: an HF checkpoint directory, or the decoder's GGUF (its quantized weights stay quantized in device memory and
+  // are expanded to bf16 one layer at a time: model/cuda_weights.h).
+  CudaEngine(const std::string& model, int threads, bool kv_fp8 = false, cuda::TpComm* tp = nullptr);
   ~CudaEngine();
   const HfConfig& config() const { return cfg_; }
   cuda::Gemm& gemm() { return *gemm_; }
@@ -48,6 +50,11 @@ class CudaEngine {
   // Set when the checkpoint is block-FP8 and its products run in FP8 (else its weights were dequantized).
   const std::optional<cuda::Fp8ScaleLayout>& fp8() const { return fp8_; }
 
+  // Caps the device memory in use (everything allocated on the device, the weights included; 0: the device's
+  // own size): a prompt whose buffers would pass it is refused by check_fits as one that does not fit. Throws when
+  // what is allocated already passes it.
+  void set_memory_cap(size_t bytes);
+  size_t weight_bytes() const { return weight_bytes_; }
   // Device bytes a prompt of `tokens` needs beyond the weights (engine K/V + chunk buffers).
   size_t bytes_for_prompt(int64_t tokens, int64_t chunk) const;
   // Throws std::runtime_error with a clear message when the prompt cannot fit on this GPU now.
@@ -73,6 +80,7 @@ class CudaEngine {
 
  private:
   void reserve(int64_t tokens, int64_t chunk, int64_t cache_layers);
+  size_t load_embedding(const CudaLoad& ld);
   int64_t widest_swiglu() const;
   bool any_routed() const;
   int64_t widest_product_input() const;  // the FP8 path's activation scratch
@@ -85,10 +93,13 @@ class CudaEngine {
   std::unique_ptr<cuda::Gemm> gemm_;
   cudaStream_t stream_ = nullptr;
   std::string weights_note_;
-  size_t weight_bytes_ = 0;
+  size_t weight_bytes_ = 0, memory_cap_ = 0;
   std::optional<cuda::Fp8ScaleLayout> fp8_;
   std::unique_ptr<CudaMatmul> matmul_;
-  cuda::DeviceBuffer embed_;                          // [vocab x hidden] f32 (exact for every checkpoint dtype)
+  cuda::DeviceBuffer embed_;                          // [vocab x hidden] f32 (exact for every checkpoint dtype), or
+  GgmlType embed_type_ = GgmlType::F32;               // a GGUF's table as it stores it, rows decoded per chunk
+  int64_t embed_row_bytes_ = 0;
+  std::unique_ptr<CudaQuantStore> quant_;             // a GGUF's quantized weights (expanded per layer); null otherwise
   std::vector<cuda::DeviceBuffer> in_norm_, post_norm_;  // f32, per layer
   std::unique_ptr<CudaAttention> attention_;
   std::vector<std::unique_ptr<CudaFfn>> ffns_;

@@ -11,6 +11,8 @@
 #include "common/parallel.h"
 #include "formats/ggml_types.h"
 #include "formats/numeric.h"
+#include "formats/weight_source.h"
+#include "cuda/dequant.cuh"
 #include "model/tensor_parallel.h"
 
 namespace pdb {
@@ -126,6 +128,54 @@ void upload_sliced_fp8(const SafetensorsCheckpoint& ck, const std::vector<RowSli
   scales.resize(grid.size() * 4);
   scales.upload(grid.data(), grid.size() * 4);
   total += w.bytes() + scales.bytes();
+}
+
+namespace {
+bool float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
+
+// A GGUF weight as resident bf16: its float tensors, and kv_b_proj (rebuilt from two tensors).
+DeviceBuffer gguf_resident(const CudaLoad& ld, const std::vector<RowSlice>& parts, int64_t cols, size_t& total) {
+  int64_t rows = 0;
+  for (const auto& p : parts) rows += p.rows;
+  DeviceBuffer b(size_t(rows * cols) * 2);
+  size_t off = 0;
+  for (const auto& p : parts) {
+    const auto w = ld.gguf->matrix(p.name, p.rows, cols);
+    std::vector<uint16_t> h(w.size());
+    parallel_for(int64_t(w.size()), ld.threads, [&](int64_t b0, int64_t e) { for (int64_t i = b0; i < e; ++i) h[size_t(i)] = f32_to_bf16(w[size_t(i)]); });
+    b.upload(h.data(), h.size() * 2, off);
+    off += h.size() * 2;
+  }
+  total += b.bytes();
+  return b;
+}
+}  // namespace
+
+CudaWeight weight(const CudaLoad& ld, int64_t layer, const std::vector<RowSlice>& parts, int64_t full_cols, int64_t col0, int64_t cols,
+                  size_t& total) {
+  if (ld.ck) return upload_sliced(*ld.ck, ld.c, parts, full_cols, col0, cols, ld.threads, total);
+  if (col0 != 0 || cols != full_cols) throw std::logic_error("a GGUF's weights are not sliced (tensor parallel reads checkpoints)");
+  std::vector<RawRows> raw;
+  bool quantized = false;
+  for (const auto& p : parts) {
+    if (p.row0 != 0 || p.rows != p.full_rows) throw std::logic_error("a GGUF's weights are not sliced (tensor parallel reads checkpoints)");
+    auto r = ld.gguf->raw_rows(p.name, p.rows, cols);
+    if (!r) return gguf_resident(ld, parts, cols, total);
+    quantized |= !float_type(r->type);
+    raw.push_back(std::move(*r));
+  }
+  if (!quantized || !ld.quant) return gguf_resident(ld, parts, cols, total);
+  std::vector<CudaQuantStore::Part> qp;
+  for (size_t i = 0; i < parts.size(); ++i) qp.push_back({raw[i].type, raw[i].bytes.data(), parts[i].rows, cols});
+  CudaWeight w = ld.quant->add(layer, qp);
+  total += w.bytes();
+  return w;
+}
+
+std::vector<float> vector(const CudaLoad& ld, const std::string& name, int64_t n) {
+  auto v = ld.ck ? ld.ck->to_f32(name) : ld.gguf->vector(name, n);
+  if (int64_t(v.size()) != n) throw std::runtime_error(fmt::format("{}: {} values, expected {}", name, v.size(), n));
+  return v;
 }
 
 }  // namespace cuda_load

@@ -10,6 +10,7 @@
 #include "formats/hf_config.h"
 #include "formats/safetensors.h"
 #include "cuda/gemm.cuh"
+#include "model/cuda_blocks.h"
 
 namespace pdb {
 
@@ -32,6 +33,13 @@ cuda::DeviceBuffer upload_stacked(const SafetensorsCheckpoint& ck, const HfConfi
 // scale grids cut and concatenated the same way and written in the order the product reads them.
 void upload_sliced_fp8(const SafetensorsCheckpoint& ck, const std::vector<RowSlice>& parts, int64_t full_cols, int64_t col0, int64_t cols,
                        const cuda::Fp8ScaleLayout& L, cuda::DeviceBuffer& w, cuda::DeviceBuffer& scales, size_t& total);
+// The loaders' weights from either source (CudaLoad): row slices stacked along the output dimension, restricted to the
+// input columns [col0, col0 + cols), as layer `layer`'s weight: bf16 resident from a checkpoint or a GGUF's float
+// tensors; a GGUF's quantized tensors kept quantized (ld.quant). Adds its device bytes to total.
+CudaWeight weight(const CudaLoad& ld, int64_t layer, const std::vector<RowSlice>& parts, int64_t full_cols, int64_t col0, int64_t cols,
+                  size_t& total);
+// A norm's (or any vector's) values as f32.
+std::vector<float> vector(const CudaLoad& ld, const std::string& name, int64_t n);
 }  // namespace cuda_load
 
 }  // namespace pdb

@@ -111,6 +111,13 @@ std::string CudaTpEngine::weights_note() const {
   return n;
 }
 
+void CudaTpEngine::set_memory_cap(size_t bytes) {
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    DeviceScope on(devices_[r]);
+    ranks_[r]->set_memory_cap(bytes);
+  }
+}
+
 void CudaTpEngine::check_fits(int64_t tokens, int64_t chunk, size_t extra) const {
   for (size_t r = 0; r < ranks_.size(); ++r) {
     DeviceScope on(devices_[r]);

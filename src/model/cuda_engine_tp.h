@@ -32,6 +32,7 @@ class CudaTpEngine {
   size_t bytes_for_prompt(int64_t tokens, int64_t chunk) const { return ranks_[0]->bytes_for_prompt(tokens, chunk); }
   // Every rank's GPU (a rank's share is the same size on each).
   void check_fits(int64_t tokens, int64_t chunk, size_t extra_bytes = 0) const;
+  void set_memory_cap(size_t bytes);  // every rank's (CudaEngine::set_memory_cap)
   bool resumable() const { return ranks_[0]->resumable(); }
   // As CudaEngine::prefill; the hook sees rank 0's residual (the whole one). A failure on any rank aborts the
   // group (no rank is left waiting in an all-reduce), is rethrown here, and the next call makes a new group.

@@ -23,15 +23,16 @@ using cuda_load::RowSlice;
 class SwigluFfnCuda final : public CudaFfn {
  public:
   // Columns [ff0, ff0 + ff) of a SwiGLU `width` wide whose tensors are `prefix`{gate,up,down}_proj.
-  SwigluFfnCuda(const CudaLoad& ld, const std::string& prefix, int64_t width, int64_t ff0, int64_t ff) : H_(ld.c.hidden_size), ff_(ff) {
+  SwigluFfnCuda(const CudaLoad& ld, int64_t layer, const std::string& prefix, int64_t width, int64_t ff0, int64_t ff)
+      : H_(ld.c.hidden_size), ff_(ff) {
     const std::vector<RowSlice> gu = {{prefix + "gate_proj.weight", width, ff0, ff}, {prefix + "up_proj.weight", width, ff0, ff}};
     const std::vector<RowSlice> d = {{prefix + "down_proj.weight", H_, 0, H_}};
     if (ld.fp8) {
-      cuda_load::upload_sliced_fp8(ld.ck, gu, H_, 0, H_, *ld.fp8, wgu_, wgu_s_, bytes_);
-      cuda_load::upload_sliced_fp8(ld.ck, d, width, ff0, ff, *ld.fp8, wd_, wd_s_, bytes_);
+      cuda_load::upload_sliced_fp8(*ld.ck, gu, H_, 0, H_, *ld.fp8, wgu_.resident(), wgu_s_, bytes_);
+      cuda_load::upload_sliced_fp8(*ld.ck, d, width, ff0, ff, *ld.fp8, wd_.resident(), wd_s_, bytes_);
     } else {
-      wgu_ = cuda_load::upload_sliced(ld.ck, ld.c, gu, H_, 0, H_, ld.threads, bytes_);
-      wd_ = cuda_load::upload_sliced(ld.ck, ld.c, d, width, ff0, ff, ld.threads, bytes_);
+      wgu_ = cuda_load::weight(ld, layer, gu, H_, 0, H_, bytes_);
+      wd_ = cuda_load::weight(ld, layer, d, width, ff0, ff, bytes_);
     }
   }
   int64_t swiglu_width() const override { return ff_; }
@@ -45,16 +46,15 @@ class SwigluFfnCuda final : public CudaFfn {
 
  private:
   int64_t H_, ff_;
-  DeviceBuffer wgu_, wd_;      // bf16 [out x in] (gate rows, then up rows), or e4m3 on the FP8 path
+  CudaWeight wgu_, wd_;        // bf16 [out x in] (gate rows, then up rows), or e4m3 on the FP8 path
   DeviceBuffer wgu_s_, wd_s_;  // FP8 path: f32 scale per 128x128 block
   size_t bytes_ = 0;
 };
 
 class RoutedFfnCuda final : public CudaFfn {
  public:
-  RoutedFfnCuda(const CudaLoad& ld, const std::string& layer_prefix)
-      : w_(load_cuda_moe(ld.ck, ld.c, layer_prefix, ld.threads, ld.def.renormalize_topk(ld.c), ld.shard.expert_ff0,
-                         ld.world > 1 ? ld.shard.expert_ff : -1)) {}
+  RoutedFfnCuda(const CudaLoad& ld, int64_t layer, const std::string& layer_prefix)
+      : w_(load_cuda_moe(ld, layer, layer_prefix, ld.def.renormalize_topk(ld.c), ld.shard.expert_ff0, ld.world > 1 ? ld.shard.expert_ff : -1)) {}
   int64_t swiglu_width() const override { return 0; }
   bool routed() const override { return true; }
   void forward(const bf16* x, float* h, CudaFfnScratch& sc, CudaMatmul& mm, const CudaChunk& c) override {
@@ -68,8 +68,8 @@ class RoutedFfnCuda final : public CudaFfn {
 
 class SharedAndRoutedFfnCuda final : public CudaFfn {
  public:
-  SharedAndRoutedFfnCuda(const CudaLoad& ld, const std::string& layer_prefix, const FfnPlan& plan)
-      : shared_(ld, layer_prefix + plan.swiglu_prefix, plan.swiglu_width, 0, plan.swiglu_width), routed_(ld, layer_prefix) {
+  SharedAndRoutedFfnCuda(const CudaLoad& ld, int64_t layer, const std::string& layer_prefix, const FfnPlan& plan)
+      : shared_(ld, layer, layer_prefix + plan.swiglu_prefix, plan.swiglu_width, 0, plan.swiglu_width), routed_(ld, layer, layer_prefix) {
     if (plan.swiglu_width <= 0) throw std::runtime_error("CUDA engine: a layer of shared and routed experts without shared experts");
   }
   int64_t swiglu_width() const override { return shared_.swiglu_width(); }
@@ -94,12 +94,12 @@ std::unique_ptr<CudaFfn> load_cuda_ffn(const CudaLoad& ld, int64_t layer) {
     case FfnKind::swiglu: {
       // a rank's columns under tensor parallel (the shard's), else all of them
       const int64_t ff0 = ld.world > 1 ? ld.shard.ff0 : 0, ff = ld.world > 1 ? ld.shard.ff : plan.swiglu_width;
-      return std::make_unique<SwigluFfnCuda>(ld, p + plan.swiglu_prefix, plan.swiglu_width, ff0, ff);
+      return std::make_unique<SwigluFfnCuda>(ld, layer, p + plan.swiglu_prefix, plan.swiglu_width, ff0, ff);
     }
-    case FfnKind::routed: return std::make_unique<RoutedFfnCuda>(ld, p);
+    case FfnKind::routed: return std::make_unique<RoutedFfnCuda>(ld, layer, p);
     case FfnKind::shared_and_routed:
       if (ld.world > 1) throw std::runtime_error("CUDA engine: shared experts are not split across tensor-parallel ranks yet");
-      return std::make_unique<SharedAndRoutedFfnCuda>(ld, p, plan);
+      return std::make_unique<SharedAndRoutedFfnCuda>(ld, layer, p, plan);
   }
   throw std::logic_error("load_cuda_ffn: unknown FFN kind");
 }

@@ -8,6 +8,7 @@
 #include "cuda/elementwise.cuh"
 #include "cuda/moe.cuh"
 #include "formats/hf_config.h"
+#include "model/cuda_blocks.h"
 #include "model/cuda_engine_load.h"
 #include "model/tensor_parallel.h"
 
@@ -15,8 +16,28 @@ namespace pdb {
 
 using bf16 = __nv_bfloat16;
 
-CudaMoeWeights load_cuda_moe(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& prefix, int threads, bool renormalize,
-                             int64_t ff0, int64_t ff) {
+namespace {
+// A checkpoint's experts (a rank's columns [ff0, ff0 + ff) of each) into one bf16 buffer each for gate|up and down.
+void upload_checkpoint_experts(const CudaLoad& ld, const std::string& prefix, int64_t ff0, CudaMoeWeights& w) {
+  const int64_t full_ff = ld.c.moe_intermediate_size;
+  const size_t gu_bytes = size_t(2 * w.ff * w.hidden) * 2, d_bytes = size_t(w.hidden * w.ff) * 2;
+  cuda::DeviceBuffer gu(gu_bytes * size_t(w.n_expert)), down(d_bytes * size_t(w.n_expert));
+  for (int64_t e = 0; e < w.n_expert; ++e) {
+    const std::string x = fmt::format("{}mlp.experts.{}.", prefix, e);
+    auto g = rows_of(cuda_load::to_bf16(*ld.ck, ld.c, x + "gate_proj.weight", full_ff, w.hidden, ld.threads), w.hidden, ff0, w.ff);
+    auto u = rows_of(cuda_load::to_bf16(*ld.ck, ld.c, x + "up_proj.weight", full_ff, w.hidden, ld.threads), w.hidden, ff0, w.ff);
+    auto d = cols_of(cuda_load::to_bf16(*ld.ck, ld.c, x + "down_proj.weight", w.hidden, full_ff, ld.threads), w.hidden, full_ff, ff0, w.ff);
+    gu.upload(g.data(), g.size() * 2, size_t(e) * gu_bytes);
+    gu.upload(u.data(), u.size() * 2, size_t(e) * gu_bytes + g.size() * 2);
+    down.upload(d.data(), d.size() * 2, size_t(e) * d_bytes);
+  }
+  w.gu = std::move(gu);
+  w.down = std::move(down);
+}
+}  // namespace
+
+CudaMoeWeights load_cuda_moe(const CudaLoad& ld, int64_t layer, const std::string& prefix, bool renormalize, int64_t ff0, int64_t ff) {
+  const HfConfig& c = ld.c;
   CudaMoeWeights w;
   w.n_expert = c.num_experts;
   w.n_used = c.num_experts_per_tok;
@@ -29,19 +50,21 @@ CudaMoeWeights load_cuda_moe(const SafetensorsCheckpoint& ck, const HfConfig& c,
   if (w.n_expert > 256 || w.n_used > 32) throw std::runtime_error(fmt::format("CUDA engine: {} of {} experts (at most 32 of 256)", w.n_used, w.n_expert));
   if (w.ff % 8 || w.hidden % 8) throw std::runtime_error("CUDA engine: expert widths must be multiples of 8");
   size_t total = 0;
-  w.router = cuda_load::upload_stacked(ck, c, {{prefix + "mlp.gate.weight", w.n_expert}}, w.hidden, threads, total);
-  const size_t gu_bytes = size_t(2 * w.ff * w.hidden) * 2, d_bytes = size_t(w.hidden * w.ff) * 2;
-  w.gu.resize(gu_bytes * size_t(w.n_expert));
-  w.down.resize(d_bytes * size_t(w.n_expert));
+  w.router = cuda_load::weight(ld, layer, {{prefix + "mlp.gate.weight", w.n_expert, 0, w.n_expert}}, w.hidden, 0, w.hidden, total);
+  if (ld.ck) {
+    upload_checkpoint_experts(ld, prefix, ff0, w);
+    return w;
+  }
+  // a GGUF's stacked experts: per expert its gate rows then its up rows, and its down rows (quantized rows stay so)
+  std::vector<cuda_load::RowSlice> gu, down;
   for (int64_t e = 0; e < w.n_expert; ++e) {
     const std::string x = fmt::format("{}mlp.experts.{}.", prefix, e);
-    auto g = rows_of(cuda_load::to_bf16(ck, c, x + "gate_proj.weight", full_ff, w.hidden, threads), w.hidden, ff0, w.ff);
-    auto u = rows_of(cuda_load::to_bf16(ck, c, x + "up_proj.weight", full_ff, w.hidden, threads), w.hidden, ff0, w.ff);
-    auto d = cols_of(cuda_load::to_bf16(ck, c, x + "down_proj.weight", w.hidden, full_ff, threads), w.hidden, full_ff, ff0, w.ff);
-    w.gu.upload(g.data(), g.size() * 2, size_t(e) * gu_bytes);
-    w.gu.upload(u.data(), u.size() * 2, size_t(e) * gu_bytes + g.size() * 2);
-    w.down.upload(d.data(), d.size() * 2, size_t(e) * d_bytes);
+    gu.push_back({x + "gate_proj.weight", full_ff, 0, full_ff});
+    gu.push_back({x + "up_proj.weight", full_ff, 0, full_ff});
+    down.push_back({x + "down_proj.weight", w.hidden, 0, w.hidden});
   }
+  w.gu = cuda_load::weight(ld, layer, gu, w.hidden, 0, w.hidden, total);
+  w.down = cuda_load::weight(ld, layer, down, full_ff, 0, full_ff, total);
   return w;
 }
 

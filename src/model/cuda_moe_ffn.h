@@ -13,27 +13,27 @@
 #include "cuda/common.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/grouped_gemm.cuh"
+#include "model/cuda_weights.h"
 
 namespace pdb {
 
-class SafetensorsCheckpoint;
+struct CudaLoad;
 struct HfConfig;
 
 struct CudaMoeWeights {
   int64_t n_expert = 0, n_used = 0, hidden = 0, ff = 0;
   bool renormalize = true;
   float scale = 1.0f;
-  cuda::DeviceBuffer router;  // [n_expert x hidden] bf16
-  cuda::DeviceBuffer gu;      // per expert [2 ff x hidden] bf16: gate rows, then up rows
-  cuda::DeviceBuffer down;    // per expert [hidden x ff] bf16
+  CudaWeight router;  // [n_expert x hidden] bf16
+  CudaWeight gu;      // per expert [2 ff x hidden] bf16: gate rows, then up rows
+  CudaWeight down;    // per expert [hidden x ff] bf16
   size_t bytes() const { return router.bytes() + gu.bytes() + down.bytes(); }
 };
 
 // Loads `prefix`mlp.gate and `prefix`mlp.experts.{e}.{gate,up,down}_proj (HF names, qwen3moe and deepseek2 alike);
 // of each expert only the columns [ff0, ff0 + ff) (a tensor-parallel rank's; ff < 0: all). `renormalize`: the chosen
 // experts' weights are renormalized (the architecture's rule, definitions/).
-CudaMoeWeights load_cuda_moe(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& prefix, int threads, bool renormalize,
-                             int64_t ff0 = 0, int64_t ff = -1);
+CudaMoeWeights load_cuda_moe(const CudaLoad& ld, int64_t layer, const std::string& prefix, bool renormalize, int64_t ff0 = 0, int64_t ff = -1);
 
 class CudaMoeFfn {
  public:

@@ -23,6 +23,7 @@ struct PrefillServerOptions {
   double prefix_cache_gb = 4;                  // the engine states of recent prompts kept for tail captures (0: off)
   int tp = 1;                                  // CUDA: tensor parallel over GPUs 0..tp-1
   bool tp_one_gpu = false;                     // every rank on GPU 0 (the sharded forward checked on one GPU)
+  double max_gpu_mem_gib = 0;                  // the CUDA engine's cap on the device memory in use (0: none)
 };
 
 int run_prefill_server(const PrefillServerOptions& o);

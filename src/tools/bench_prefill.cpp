@@ -42,7 +42,9 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
   if (o.device != "cuda" && o.device != "cpu") throw std::invalid_argument("--device must be cuda or cpu");
   std::unique_ptr<PrefillBackend> be = architecture(read_recipe_info(*GgufFile::open(o.recipe)).arch)
                                            .make_backend({.model = o.model, .recipe = o.recipe, .device = o.device, .kv_dtype = o.kv_dtype,
-                                                          .threads = threads, .chunk = o.chunk, .tp = o.tp, .tp_one_gpu = o.tp_one_gpu});
+                                                          .threads = threads, .chunk = o.chunk, .tp = o.tp, .tp_one_gpu = o.tp_one_gpu,
+                                                          .max_gpu_mem_gib = o.max_gpu_mem_gib});
+  const size_t loaded_bytes = cuda::device_bytes_in_use();
   const auto& c = be->config();
   const double H = double(c.hidden_size), F = double(c.intermediate_size), D = double(c.head_dim), NH = double(c.num_heads),
                KV = double(c.num_kv_heads), L = double(c.num_layers);
@@ -135,7 +137,9 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
       std::fflush(stdout);
       json row = {{"label", o.label}, {"device", be->device()}, {"weights", be->weights()}, {"tp", o.tp}, {"tp_one_gpu", o.tp_one_gpu}, {"arch", c.arch}, {"model", o.model}, {"tokens", T}, {"mode", m.name},
                   {"chunk", o.chunk}, {"cache_type", o.cache_type}, {"seconds_median", t}, {"seconds_all", ts}, {"tok_s", double(T) / t},
-                  {"tflops", tflops}, {"gemm_tflops", gemm_rate}, {"wire_bytes", bytes}};
+                  {"tflops", tflops}, {"gemm_tflops", gemm_rate}, {"wire_bytes", bytes},
+                  // the engine's buffers grow and stay: what the device holds after the runs is their peak
+                  {"gpu_gib_loaded", double(loaded_bytes) / double(1 << 30)}, {"gpu_gib_in_use", double(cuda::device_bytes_in_use()) / double(1 << 30)}};
       out << row.dump() << "\n";
     }
     if (median_s.count("engine-no-attention")) {
