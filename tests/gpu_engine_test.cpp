@@ -157,6 +157,15 @@ TEST(CudaEngine, FromTheGgufTracksTheCpuEngineFromTheSameGguf) {
     CudaEngine gpu(gguf, 2), gpu_ck(c.dir + "/hf", 2);
     EXPECT_NE(gpu.weights_note().find("expanded per layer"), std::string::npos) << gpu.weights_note();
     EXPECT_LT(gpu.weight_bytes(), gpu_ck.weight_bytes()) << model << ": " << gpu.weights_note();
+    if (c.gguf == "q4_0") {  // the memory cap: below what is allocated, refused; above it, a prompt fits or not by its size
+      const size_t in_use = cuda::device_bytes_in_use();
+      EXPECT_THROW(gpu.set_memory_cap(in_use / 2), std::runtime_error);
+      gpu.set_memory_cap(in_use + (size_t(256) << 20));  // under the check's 512 MiB margin: nothing fits
+      EXPECT_THROW(gpu.check_fits(700, 300), std::runtime_error);
+      gpu.set_memory_cap(in_use + (size_t(4) << 30));
+      EXPECT_NO_THROW(gpu.check_fits(700, 300));
+      gpu.set_memory_cap(0);
+    }
     const int64_t T = 700, E = cpu.config().hidden_size;
     const auto tokens = test::random_token_ids(std::random_device{}(), int(T), int(cpu.config().vocab_size));
     std::vector<std::vector<float>> want(size_t(cpu.config().num_layers), std::vector<float>(size_t(T * E)));
@@ -325,6 +334,34 @@ TEST(CudaBridge, ServesTheBridgeEndToEndWithARealCacheHit) {
     const bool same = n.json()["content"] == r.json()["content"];
     std::printf("CUDA BRIDGE %s %s: %lld tokens complete, cache_n %lld, answer %s native\n", c.dir.c_str(), gguf.c_str(), (long long)T,
                 (long long)timings["cache_n"].get<int64_t>(), same ? "==" : "!=");
+  }
+}
+
+// `pdbridge prefill --device cuda --model decoder.gguf` (no checkpoint, no --recipe): the bridge is complete, the
+// decoder's cache hit real.
+TEST(CudaBridge, ServesTheBridgeFromTheDecodersGgufAlone) {
+  PDB_SKIP_WITHOUT_GPU();
+  for (const std::string type : {"q4_0", "q8_0"}) {
+    test::StackOptions so;
+    so.model_dir = test::models_dir() + "/llama-tiny";
+    so.decoder_type = type;
+    so.hf_dir = so.model_dir + "/decoder-" + type + ".gguf";
+    so.recipe_gguf = "-";
+    so.prefill_extra = {"--device", "cuda"};
+    test::Stack st(so);
+    const std::string prompt = test::random_text(std::random_device{}(), 1500);
+    nlohmann::json body = {{"prompt", prompt}, {"n_predict", 16}, {"temperature", 0}};
+    auto r = st.post_front("/completion", body);
+    ASSERT_EQ(r.status, 200) << r.body << st.logs();
+    ASSERT_EQ(r.verdict().value("verdict", ""), "complete") << r.verdict().dump() << st.logs();
+    const auto timings = r.json()["timings"];
+    EXPECT_GE(timings["cache_n"].get<int64_t>(), r.verdict()["tokens"].get<int64_t>() - 1) << timings.dump();
+    body["cache_prompt"] = false;
+    body["id_slot"] = 0;
+    auto n = st.post_decoder("/completion", body);
+    ASSERT_EQ(n.status, 200);
+    std::printf("CUDA BRIDGE FROM GGUF llama-tiny %s: complete, answer %s native\n", type.c_str(),
+                n.json()["content"] == r.json()["content"] ? "==" : "!=");
   }
 }
 

@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -22,7 +22,7 @@ mkdir -p /work/main && ln -sfn $P/build /work/main/build
 [ -e $REPO/build ] || ln -sfn $P/build $REPO/build
 run device_info_$DONE_MARK $PDB device-info || { ts "pdbridge does not run here"; touch $R/$DONE_MARK; exit 1; }
 # llama.cpp CUDA (peer), in the background
-{ has bench || has attn || has qwen || has moe; } && [ "${PEERS:-1}" = 1 ] && [ -f $DEV/llama-src.tar.xz ] && ( tar -xJf $DEV/llama-src.tar.xz -C $LC && cd $LC && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON \
+{ has bench || has attn || has qwen || has moe || has gguf; } && [ "${PEERS:-1}" = 1 ] && [ -f $DEV/llama-src.tar.xz ] && ( tar -xJf $DEV/llama-src.tar.xz -C $LC && cd $LC && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON \
    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
    -DLLAMA_BUILD_SERVER=OFF -DGGML_CUDA_NCCL=OFF > $R/llama_cmake.log 2>&1 && nice -n 10 cmake --build build -j 8 --target llama-bench > $R/llama_build.log 2>&1
   echo $? > $R/llama_build.rc ) &
@@ -228,6 +228,34 @@ stage_framesab() {
   [ -f $M/llama8b/decoder-f16.gguf ] && run framesab_llama8b python3 $REPO/scripts/device/frames_ab.py $P/pdbridge-old $PDB $M/llama8b/hf $M/llama8b/decoder-f16.gguf 9000 4096 f16 $port
   grep -h identical $R/framesab_*.log > $R/framesab.jsonl
 }
+# Issue 35 on the GPU: the CUDA engine from the decoder's GGUF. The expansion kernels against their CPU twin; the engine
+# from GGUFs against the CPU engine from the same files; the bridge served from a GGUF alone; bench prefill on the
+# Llama-8B shape as Q4_K_M / Q8_0 / F16 GGUFs (quantized by llama-quantize from the F16 file, as users do) beside the
+# bf16 checkpoint path, and llama.cpp CUDA's llama-bench on the same Q4_K_M file.
+stage_gguf() {
+  run unit_dequant timeout 180 $P/build/tests/unit_tests --gtest_filter='CudaDequant*:CudaKernels*'
+  TM=$P/build/test-models
+  [ -f $TM/llama-tiny/decoder-q4_0.gguf ] || run test_models bash -c "set -e; $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0,q4_0; \
+    $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny-h16 --hf-dtype f16 --gguf-types f16; \
+    $PDB make-model --arch qwen3 --preset tiny --seed 2 --out $TM/qwen3-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
+    $PDB make-model --arch qwen3moe --preset tiny --seed 3 --out $TM/qwen3moe-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
+    $PDB make-model --arch deepseek2 --preset tiny --seed 4 --out $TM/deepseek2-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0"
+  run integration_gguf timeout 420 $P/build/tests/integration_tests --gtest_filter='CudaEngine.*:CudaBridge.*:GgufModel.*'
+  [ -f $M/llama8b/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16
+  for q in ${GGUF_TYPES:-q4_K_M q8_0}; do
+    local up=$(echo $q | tr a-z A-Z)
+    [ -f $M/llama8b/decoder-$q.gguf ] || run quantize_$q $P/build/llama/bin/llama-quantize $M/llama8b/decoder-f16.gguf $M/llama8b/decoder-$q.gguf $up 16
+  done
+  local B="--tokens ${GGUF_TOKENS:-8192,32768} --reps 2 --chunk 4096 --modes engine,engine+recipe+frames --out $R/bench_gguf.jsonl"
+  run bench_ckpt $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --label llama8b-checkpoint $B
+  for g in ${GGUF_TYPES:-q4_K_M q8_0} f16; do
+    run bench_gguf_$g $PDB bench prefill --model $M/llama8b/decoder-$g.gguf --label llama8b-gguf-$g $B
+  done
+  if [ "${PEERS:-1}" = 1 ] && [ -f $DEV/llama-src.tar.xz ]; then
+    ts "waiting for the llama.cpp CUDA build"; while [ ! -e $R/llama_build.rc ]; do sleep 5; done; ts "llama build rc=$(cat $R/llama_build.rc)"
+    run llama_bench_q4km $LC/build/bin/llama-bench -m $M/llama8b/decoder-q4_K_M.gguf -ngl 99 -fa 1 -b 4096 -ub 2048 -p 8192,32768 -n 0 -r 2 -o md
+  fi
+}
 # A short re-check of the engines after a change that the full stages already covered: the test models, the CUDA
 # engine's tests, tensor parallel on one GPU and DeepSeek-V4's GPU engine and bridge.
 stage_recheck() {
@@ -249,7 +277,7 @@ stage_link() {
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -126,6 +126,8 @@ void register_bench_prefill(CLI::App& app) {
   pre->add_flag("--tp-one-gpu", po->tp_one_gpu, "With --tp N: every rank on GPU 0 (the sharding's overhead, not a speed-up)");
   pre->add_option("--max-gpu-mem", po->max_gpu_mem_gib, "GiB of GPU memory the prefill may hold (a 24 GB card's budget on a larger one)")->check(CLI::PositiveNumber);
   pre->add_option("--cache-type", po->cache_type, "Decoder cache type for the recipe's rows");
+  pre->add_option("--modes", po->modes, "Only these modes (full-forward, engine, engine-no-attention, engine+recipe, engine+recipe+frames)")
+      ->delimiter(',');
   pre->add_option("--threads", po->threads, "Host threads");
   pre->add_option("--seed", po->seed, "First prompt seed (0: from the clock)");
   pre->add_option("--label", po->label, "Label stored in each JSONL row");

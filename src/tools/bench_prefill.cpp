@@ -99,6 +99,8 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
     if (o.device == "cuda") modes.push_back(Mode{"engine-no-attention", L - 1, false});
     modes.push_back(Mode{"engine+recipe", L - 1});
     modes.push_back(Mode{"engine+recipe+frames", L - 1});
+    if (!o.modes.empty())
+      std::erase_if(modes, [&](const Mode& m) { return std::find(o.modes.begin(), o.modes.end(), m.name) == o.modes.end(); });
     std::map<std::string, double> median_s;
     for (const Mode& m : modes) {
       std::vector<double> ts;

@@ -16,7 +16,8 @@ struct BenchPrefillOptions {
   int reps = 3, threads = 0;
   int tp = 1;              // CUDA: tensor parallel over GPUs 0..tp-1
   bool tp_one_gpu = false;
-  double max_gpu_mem_gib = 0;  // the CUDA engine's cap on the device memory in use (0: none)  // every rank on GPU 0 (the sharding's overhead on one GPU, not a speed-up)
+  double max_gpu_mem_gib = 0;
+  std::vector<std::string> modes;  // only these (empty: every mode)  // the CUDA engine's cap on the device memory in use (0: none)  // every rank on GPU 0 (the sharding's overhead on one GPU, not a speed-up)
   uint64_t seed = 0;  // 0: from the clock
 };
 
