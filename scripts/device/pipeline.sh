@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -256,6 +256,17 @@ stage_gguf() {
     run llama_bench_q4km $LC/build/bin/llama-bench -m $M/llama8b/decoder-q4_K_M.gguf -ngl 99 -fa 1 -b 4096 -ub 2048 -p 8192,32768 -n 0 -r 2 -o md
   fi
 }
+# Issue 35's MoE row: Qwen3-30B-A3B's shapes (8 of its 48 layers) as a Q4_K_M GGUF (its experts kept quantized and
+# expanded per layer) beside the bf16 checkpoint path; the 8B model's files are removed first (the disk holds 64 GB).
+stage_ggufmoe() {
+  rm -rf $M/llama8b
+  local Q=$M/qwen30b8
+  [ -f $Q/decoder-f16.gguf ] || run make_qwen30b8 $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 9 --out $Q --hf-dtype bf16 --gguf-types f16
+  [ -f $Q/decoder-q4_K_M.gguf ] || run quantize_moe_q4_K_M $P/build/llama/bin/llama-quantize $Q/decoder-f16.gguf $Q/decoder-q4_K_M.gguf Q4_K_M 16
+  local B="--tokens ${GGUF_TOKENS:-8192,32768} --reps 2 --chunk 4096 --modes engine,engine+recipe+frames --out $R/bench_gguf.jsonl"
+  run bench_moe_ckpt $PDB bench prefill --model $Q/hf --recipe $Q/decoder-f16.gguf --label qwen3-30b-a3b-8l-checkpoint $B
+  run bench_moe_gguf $PDB bench prefill --model $Q/decoder-q4_K_M.gguf --label qwen3-30b-a3b-8l-gguf-q4_K_M $B
+}
 # A short re-check of the engines after a change that the full stages already covered: the test models, the CUDA
 # engine's tests, tensor parallel on one GPU and DeepSeek-V4's GPU engine and bridge.
 stage_recheck() {
@@ -277,7 +288,7 @@ stage_link() {
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -187,8 +187,12 @@ HfConfig hf_config_from_gguf(const GgufFile& g) {
   c.vocab_size = embd.ne[1];
   if (a == "deepseek2") {
     read_deepseek2(g, c);
-  } else if (g.find_tensor("rope_freqs.weight") || g.find(a + ".rope.scaling.type")) {
-    throw std::runtime_error("a GGUF with RoPE scaling (rope_freqs or rope.scaling.*) is not read as the prefill model yet: give its HF checkpoint");
+  } else if (g.find(a + ".rope.scaling.type")) {
+    throw std::runtime_error("a GGUF with RoPE scaling (rope.scaling.*) is not read as the prefill model yet: give its HF checkpoint");
+  } else if (const auto* rf = g.find_tensor("rope_freqs.weight")) {  // llama3's scaling, as the decoder applies it
+    c.rope_scaling.type = RopeScalingType::Llama3;
+    c.rope_scaling.freq_factors = g.to_f32(*rf);
+    c.rope_scaling.original_max_position_embeddings = c.max_position_embeddings;
   }
   if (const auto e = g.get_int_opt(a + ".expert_count"); e && *e > 0) {
     c.num_experts = *e;

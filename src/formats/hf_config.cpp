@@ -201,6 +201,11 @@ std::vector<double> HfConfig::inv_freq() const {
     case RopeScalingType::None: break;
     case RopeScalingType::Linear: for (auto& x : f) x /= s.factor; break;
     case RopeScalingType::Llama3: {
+      if (!s.freq_factors.empty()) {
+        if (int64_t(s.freq_factors.size()) != half) throw std::runtime_error("rope_freqs: one factor per rotated pair expected");
+        for (int64_t i = 0; i < half; ++i) f[size_t(i)] /= double(s.freq_factors[size_t(i)]);
+        break;
+      }
       const double old_ctx = double(s.original_max_position_embeddings);
       const double low_wl = old_ctx / s.low_freq_factor, high_wl = old_ctx / s.high_freq_factor;
       for (auto& x : f) {

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <vector>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,9 @@ struct RopeScaling {
   double beta_fast = 32.0, beta_slow = 1.0;               // yarn
   std::optional<double> attention_factor;                  // yarn: default 0.1*ln(factor)+1
   double mscale = 0, mscale_all_dim = 0;                   // deepseek yarn (0: absent)
+  // llama3 read from a GGUF: its rope_freqs (the divisors of each pair's frequency, f32 as the decoder uses them)
+  // stand for factor / low / high / original context, which the GGUF does not keep.
+  std::vector<float> freq_factors;
 };
 
 struct HfConfig {

@@ -113,3 +113,30 @@ TEST(HfConfig, ParsesQwen3MoeAndRefusesDenseLayersBetweenExperts) {
 }
 
 }  // namespace pdb
+
+namespace pdb {
+// A llama3-scaled model read from its GGUF keeps the GGUF's rope_freqs (the divisors llama.cpp applies) instead of
+// config.json's four numbers: the frequencies agree with HF's formula to the factors' f32 rounding.
+TEST(HfConfig, Llama3FrequenciesFromAGgufsRopeFreqsAgreeWithTheFormula) {
+  auto j = base();
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
+  const auto hf = HfConfig::parse(j);
+  HfConfig from_gguf = HfConfig::parse(base());
+  from_gguf.rope_scaling.type = RopeScalingType::Llama3;
+  for (int64_t i = 0; i < hf.head_dim / 2; ++i) {  // the converter's factors (formats/hf_to_gguf.cpp), as f32
+    const double base_f = 1.0 / std::pow(hf.rope_theta, double(2 * i) / double(hf.head_dim));
+    from_gguf.rope_scaling.freq_factors.push_back(float(base_f / hf.inv_freq()[size_t(i)]));
+  }
+  const auto a = hf.inv_freq(), b = from_gguf.inv_freq();
+  ASSERT_EQ(a.size(), b.size());
+  int scaled = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(b[i] / a[i], 1.0, 1e-7) << i;
+    scaled += from_gguf.rope_scaling.freq_factors[i] > 1.0f;
+  }
+  EXPECT_GT(scaled, 10);  // the low frequencies are divided
+  from_gguf.rope_scaling.freq_factors.pop_back();
+  EXPECT_THROW(from_gguf.inv_freq(), std::runtime_error);
+}
+}  // namespace pdb

@@ -168,8 +168,9 @@ const char* kChatmlTemplate =
 }  // namespace
 
 std::vector<float> llama3_rope_factors(const HfConfig& c) {
-  // as convert_hf_to_gguf.py's llama3 branch computes it
+  // as convert_hf_to_gguf.py's llama3 branch computes it (a config read from a GGUF carries the GGUF's own)
   const auto& rs = c.rope_scaling;
+  if (!rs.freq_factors.empty()) return rs.freq_factors;
   std::vector<float> factors;
   for (int64_t i = 0; i < c.head_dim / 2; ++i) {
     const double freq = 1.0 / std::pow(c.rope_theta, double(2 * i) / double(c.head_dim));
