@@ -13,19 +13,15 @@ namespace {
 
 namespace gd = ggml_decode;
 
-constexpr int64_t block_elements(GgmlType t) {
-  switch (t) {
-    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: return 8;
-    case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::MXFP4:
-    case GgmlType::IQ4_NL: return 32;
-    default: return 256;
-  }
-}
+constexpr bool float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
+
+// A launch's unit: 32 weights of a quantized type (its decoders' group), 8 of a float type.
+constexpr int64_t group_elements(GgmlType t) { return float_type(t) ? 8 : 32; }
 
 constexpr int64_t block_bytes(GgmlType t) {
   switch (t) {
-    case GgmlType::F32: return 32;
-    case GgmlType::F16: case GgmlType::BF16: return 16;
+    case GgmlType::F32: return 4;
+    case GgmlType::F16: case GgmlType::BF16: return 2;
     case GgmlType::Q8_0: return 34;
     case GgmlType::Q4_0: return 18;
     case GgmlType::Q4_1: return 20;
@@ -50,64 +46,62 @@ constexpr int64_t block_bytes(GgmlType t) {
   }
 }
 
-// A launch block of T: the type's block, or eight values of a float type.
+// Group k of a run of type T's blocks starting at src (float types: elements 8k..8k+7).
 template <GgmlType T>
-__device__ __forceinline__ void decode(const uint8_t* b, float* y) {
-  constexpr int64_t kStep = T == GgmlType::F32 ? 4 : 2;
-  if constexpr (block_elements(T) == 8) {
-    for (int j = 0; j < 8; ++j) gd::block(T, b + j * kStep, y + j);
+__device__ __forceinline__ void decode_group(const uint8_t* src, int64_t k, float* y) {
+  if constexpr (float_type(T)) {
+    for (int j = 0; j < 8; ++j) y[j] = gd::float_element(T, src, 8 * k + j);
   } else {
-    gd::block(T, b, y);
+    constexpr int G = T == GgmlType::Q8_0 || T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::Q5_0 || T == GgmlType::Q5_1 ||
+                              T == GgmlType::MXFP4 || T == GgmlType::IQ4_NL
+                          ? 1
+                          : 8;
+    gd::group(T, src + (k / G) * block_bytes(T), int(k % G), y);
   }
 }
 
-__device__ __forceinline__ int find_segment(const DequantSegment* segs, int n, int64_t block) {
+template <int N>
+__device__ __forceinline__ void store_bf16(__nv_bfloat16* out, const float* y) {
+  for (int c = 0; c < N / 8; ++c) {
+    alignas(16) __nv_bfloat16 v[8];
+    for (int j = 0; j < 8; ++j) v[j] = __float2bfloat16_rn(y[8 * c + j]);
+    reinterpret_cast<uint4*>(out)[c] = *reinterpret_cast<const uint4*>(v);
+  }
+}
+
+__device__ __forceinline__ int find_segment(const DequantSegment* segs, int n, int64_t group) {
   int lo = 0, hi = n - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (segs[mid].block0 <= block) lo = mid; else hi = mid - 1;
+    if (segs[mid].block0 <= group) lo = mid; else hi = mid - 1;
   }
   return lo;
 }
 
-// One warp per CUDA block: each lane decodes one block into shared memory (rows padded by one float: no bank
-// conflicts), then the warp writes the 32 blocks' bf16 values as 16-byte stores, consecutive lanes on consecutive
-// addresses.
+// One thread per group: consecutive threads write consecutive 64-byte runs (a warp, 2 KiB of one weight's rows).
 template <GgmlType T>
-__global__ void __launch_bounds__(32) expand_kernel(const DequantSegment* segs, int n_segs, int64_t total, __nv_bfloat16* dst) {
-  constexpr int BS = int(block_elements(T)), BB = int(block_bytes(T)), CPB = BS / 8;
-  __shared__ float stage[32][BS + 1];
-  __shared__ __nv_bfloat16* out[32];
-  const int lane = threadIdx.x;
-  const int64_t i = int64_t(blockIdx.x) * 32 + lane;
-  out[lane] = nullptr;
-  if (i < total) {
-    const DequantSegment& sg = segs[find_segment(segs, n_segs, i)];
-    const int64_t k = i - sg.block0;
-    decode<T>(sg.src + k * BB, stage[lane]);
-    out[lane] = dst + sg.dst_offset + k * BS;
-  }
-  __syncwarp();
-  for (int c = lane; c < 32 * CPB; c += 32) {
-    const int k = c / CPB, w = c % CPB;
-    if (!out[k]) continue;
-    alignas(16) __nv_bfloat16 v[8];
-    for (int j = 0; j < 8; ++j) v[j] = __float2bfloat16_rn(stage[k][w * 8 + j]);
-    *reinterpret_cast<uint4*>(out[k] + w * 8) = *reinterpret_cast<const uint4*>(v);
-  }
+__global__ void expand_kernel(const DequantSegment* segs, int n_segs, int64_t total, __nv_bfloat16* dst) {
+  constexpr int GS = int(group_elements(T));
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const DequantSegment& sg = segs[find_segment(segs, n_segs, i)];
+  const int64_t k = i - sg.block0;
+  float y[GS];
+  decode_group<T>(sg.src, k, y);
+  store_bf16<GS>(dst + sg.dst_offset + k * GS, y);
 }
 
-// One thread per (row, block): the block decoded into registers, then written as f32.
+// One thread per (row, group), the values written as f32.
 template <GgmlType T>
-__global__ void rows_kernel(const uint8_t* table, int64_t row_bytes, const int32_t* tokens, int64_t rows, int64_t blocks_per_row, float* h) {
-  constexpr int BS = int(block_elements(T)), BB = int(block_bytes(T));
+__global__ void rows_kernel(const uint8_t* table, int64_t row_bytes, const int32_t* tokens, int64_t rows, int64_t groups_per_row, float* h) {
+  constexpr int GS = int(group_elements(T));
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= rows * blocks_per_row) return;
-  const int64_t r = i / blocks_per_row, b = i % blocks_per_row;
-  float y[BS];
-  decode<T>(table + int64_t(tokens[r]) * row_bytes + b * BB, y);
-  float* o = h + (r * blocks_per_row + b) * BS;
-  for (int j = 0; j < BS; ++j) o[j] = y[j];
+  if (i >= rows * groups_per_row) return;
+  const int64_t r = i / groups_per_row, k = i % groups_per_row;
+  float y[GS];
+  decode_group<T>(table + int64_t(tokens[r]) * row_bytes, k, y);
+  float4* o = reinterpret_cast<float4*>(h + (r * groups_per_row + k) * GS);
+  for (int c = 0; c < GS / 4; ++c) o[c] = make_float4(y[4 * c], y[4 * c + 1], y[4 * c + 2], y[4 * c + 3]);
 }
 
 template <class F>
@@ -122,17 +116,19 @@ void dispatch(GgmlType t, F&& f) {
   }
 }
 
+constexpr int kThreads = 256;
+
 }  // namespace
 
-int64_t dequant_block_elements(GgmlType t) { return block_elements(t); }
+int64_t dequant_group_elements(GgmlType t) { return group_elements(t); }
 
 bool can_dequantize_on_device(GgmlType t) { return block_bytes(t) > 0; }
 
-void dequantize_segments_bf16(GgmlType t, const DequantSegment* segments, int n_segments, int64_t total_blocks, __nv_bfloat16* dst,
+void dequantize_segments_bf16(GgmlType t, const DequantSegment* segments, int n_segments, int64_t total_groups, __nv_bfloat16* dst,
                               cudaStream_t s) {
-  if (total_blocks <= 0 || n_segments <= 0) return;
+  if (total_groups <= 0 || n_segments <= 0) return;
   dispatch(t, [&](auto tc) {
-    expand_kernel<decltype(tc)::value><<<unsigned((total_blocks + 31) / 32), 32, 0, s>>>(segments, n_segments, total_blocks, dst);
+    expand_kernel<decltype(tc)::value><<<unsigned((total_groups + kThreads - 1) / kThreads), kThreads, 0, s>>>(segments, n_segments, total_groups, dst);
   });
   PDB_CUDA_LAUNCHED();
 }
@@ -140,10 +136,10 @@ void dequantize_segments_bf16(GgmlType t, const DequantSegment* segments, int n_
 void dequantize_rows_f32(GgmlType t, const uint8_t* table, int64_t row_bytes, const int32_t* tokens, int64_t rows, int64_t dim, float* h,
                          cudaStream_t s) {
   if (rows <= 0) return;
-  const int64_t bpr = dim / block_elements(t), n = rows * bpr;
-  if (dim % block_elements(t)) throw std::invalid_argument("dequantize_rows_f32: the row is not whole blocks");
+  if (dim % group_elements(t)) throw std::invalid_argument("dequantize_rows_f32: the row is not whole groups");
+  const int64_t gpr = dim / group_elements(t), n = rows * gpr;
   dispatch(t, [&](auto tc) {
-    rows_kernel<decltype(tc)::value><<<unsigned((n + 127) / 128), 128, 0, s>>>(table, row_bytes, tokens, rows, bpr, h);
+    rows_kernel<decltype(tc)::value><<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, s>>>(table, row_bytes, tokens, rows, gpr, h);
   });
   PDB_CUDA_LAUNCHED();
 }

@@ -16,16 +16,16 @@ namespace pdb::cuda {
 struct DequantSegment {
   const uint8_t* src = nullptr;
   int64_t dst_offset = 0;  // elements
-  int64_t block0 = 0;      // the stretch's first block in the launch's running count (segments sorted by it)
+  int64_t block0 = 0;      // the stretch's first group in the launch's running count (segments sorted by it)
 };
 
-// Elements one launch's block stands for: the type's block, or 8 for the float types.
-int64_t dequant_block_elements(GgmlType t);
+// Weights one GPU thread decodes (a group): 32 of a quantized type (ggml_decode.h's groups), 8 of a float type.
+int64_t dequant_group_elements(GgmlType t);
 bool can_dequantize_on_device(GgmlType t);
 
-// Expands `total_blocks` blocks of type t described by `segments` (device memory, `n_segments` of them, block0
+// Expands `total_groups` groups of type t described by `segments` (device memory, `n_segments` of them, block0
 // ascending from 0) into dst.
-void dequantize_segments_bf16(GgmlType t, const DequantSegment* segments, int n_segments, int64_t total_blocks, __nv_bfloat16* dst,
+void dequantize_segments_bf16(GgmlType t, const DequantSegment* segments, int n_segments, int64_t total_groups, __nv_bfloat16* dst,
                               cudaStream_t s);
 
 // h[i, :] = row tokens[i] of a [vocab x dim] table of type t (rows of row_bytes), as f32.

@@ -102,8 +102,14 @@ void dequantize_row(GgmlType t, const void* src_v, float* y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = ggml_decode::f16(src + 2 * i);
     return;
   }
+  if (t == GgmlType::BF16) {
+    for (int64_t i = 0; i < n; ++i) y[i] = ggml_decode::float_element(t, src, i);
+    return;
+  }
   const auto& tr = traits(t);
-  for (int64_t b = 0; b < n / tr.block_size; ++b) ggml_decode::block(t, src + b * tr.type_size, y + b * tr.block_size);
+  const int groups = ggml_decode::groups_per_block(t);
+  for (int64_t b = 0; b < n / tr.block_size; ++b)
+    for (int g = 0; g < groups; ++g) ggml_decode::group(t, src + b * tr.type_size, g, y + b * tr.block_size + 32 * g);
 }
 
 void quantize_row(GgmlType t, const float* x, void* dst_v, int64_t n, Q8Rounding q8_rounding) {

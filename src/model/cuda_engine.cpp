@@ -88,7 +88,7 @@ size_t CudaEngine::load_embedding(const CudaLoad& ld) {
   if (ld.gguf) {
     auto raw = ld.gguf->raw_rows(name, c.vocab_size, c.hidden_size);
     if (!raw) throw std::runtime_error(name + ": the GGUF holds no token table");
-    if (c.hidden_size % cuda::dequant_block_elements(raw->type)) throw std::runtime_error(name + ": rows are not whole blocks");
+    if (c.hidden_size % cuda::dequant_group_elements(raw->type)) throw std::runtime_error(name + ": rows are not whole blocks of its type");
     embed_type_ = raw->type;
     embed_row_bytes_ = int64_t(ggml_row_bytes(raw->type, c.hidden_size));
     embed_.resize(raw->bytes.size());

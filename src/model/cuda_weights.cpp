@@ -20,8 +20,8 @@ CudaWeight CudaQuantStore::add(int64_t layer, const std::vector<Part>& parts) {
     const size_t n = ggml_row_bytes(p.type, p.cols) * size_t(p.rows);
     dev.upload(p.host, n, src);
     auto& segs = L.by_type[p.type];
-    const int64_t elements = p.rows * p.cols, blocks = elements / cuda::dequant_block_elements(p.type);
-    segs.push_back(cuda::DequantSegment{dev.as<uint8_t>() + src, int64_t(L.bytes / 2), blocks});  // block0: the count, until finish()
+    const int64_t elements = p.rows * p.cols, groups = elements / cuda::dequant_group_elements(p.type);
+    segs.push_back(cuda::DequantSegment{dev.as<uint8_t>() + src, int64_t(L.bytes / 2), groups});  // block0: the count, until finish()
     L.bytes += size_t(elements) * 2;
     src += n;
   }
@@ -37,9 +37,9 @@ void CudaQuantStore::finish() {
     for (auto& [type, segs] : L.by_type) {
       Launch l{type, int(table.size()), int(segs.size()), 0};
       for (auto sg : segs) {  // block0 held the stretch's block count until now
-        const int64_t blocks = sg.block0;
-        sg.block0 = l.blocks;
-        l.blocks += blocks;
+        const int64_t groups = sg.block0;
+        sg.block0 = l.groups;
+        l.groups += groups;
         table.push_back(sg);
       }
       L.launches.push_back(l);
@@ -56,7 +56,7 @@ void CudaQuantStore::expand(int64_t layer, cudaStream_t s) const {
   const Layer& L = layers_[size_t(layer)];
   auto* dst = reinterpret_cast<__nv_bfloat16*>(const_cast<uint8_t*>(scratch()));
   for (const Launch& l : L.launches)
-    cuda::dequantize_segments_bf16(l.type, L.table.as<cuda::DequantSegment>() + l.first, l.count, l.blocks, dst, s);
+    cuda::dequantize_segments_bf16(l.type, L.table.as<cuda::DequantSegment>() + l.first, l.count, l.groups, dst, s);
 }
 
 }  // namespace pdb

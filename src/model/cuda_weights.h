@@ -59,7 +59,7 @@ class CudaQuantStore {
   struct Launch {
     GgmlType type;
     int first = 0, count = 0;  // into the layer's segment table
-    int64_t blocks = 0;
+    int64_t groups = 0;
   };
   struct Layer {
     std::map<GgmlType, std::vector<cuda::DequantSegment>> by_type;  // block0 counted per type
