@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -267,6 +267,25 @@ stage_ggufmoe() {
   run bench_moe_ckpt $PDB bench prefill --model $Q/hf --recipe $Q/decoder-f16.gguf --label qwen3-30b-a3b-8l-checkpoint $B
   run bench_moe_gguf $PDB bench prefill --model $Q/decoder-q4_K_M.gguf --label qwen3-30b-a3b-8l-gguf-q4_K_M $B
 }
+# Issue 35's same-run comparison at equal recipes: the checkpoint path with the Q4_K_M decoder's recipe beside the
+# engine from that GGUF (and Q8_0's), for the MoE shapes (when their files are still there) and the Llama-8B shape.
+stage_ggufab() {
+  local B="--tokens ${GGUF_TOKENS:-8192,32768} --reps 2 --chunk 4096 --modes engine,engine+recipe+frames --out $R/bench_gguf.jsonl"
+  local Q=$M/qwen30b8
+  if [ -f $Q/decoder-q4_K_M.gguf ]; then
+    run bench_moe_ckpt_q4km $PDB bench prefill --model $Q/hf --recipe $Q/decoder-q4_K_M.gguf --label qwen3-30b-a3b-8l-checkpoint-recipe-q4_K_M $B
+    run bench_moe_gguf_ab $PDB bench prefill --model $Q/decoder-q4_K_M.gguf --label qwen3-30b-a3b-8l-gguf-q4_K_M $B
+    rm -rf $Q
+  fi
+  [ -f $M/llama8b/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16
+  for q in q4_K_M q8_0; do
+    [ -f $M/llama8b/decoder-$q.gguf ] || run quantize_$q $P/build/llama/bin/llama-quantize $M/llama8b/decoder-f16.gguf $M/llama8b/decoder-$q.gguf $(echo $q | tr a-z A-Z) 16
+  done
+  run bench_ckpt_q4km $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-q4_K_M.gguf --label llama8b-checkpoint-recipe-q4_K_M $B
+  run bench_gguf_q4km_ab $PDB bench prefill --model $M/llama8b/decoder-q4_K_M.gguf --label llama8b-gguf-q4_K_M $B
+  run bench_ckpt_q8 $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-q8_0.gguf --label llama8b-checkpoint-recipe-q8_0 $B
+  run bench_gguf_q8 $PDB bench prefill --model $M/llama8b/decoder-q8_0.gguf --label llama8b-gguf-q8_0 $B
+}
 # A short re-check of the engines after a change that the full stages already covered: the test models, the CUDA
 # engine's tests, tensor parallel on one GPU and DeepSeek-V4's GPU engine and bridge.
 stage_recheck() {
@@ -288,7 +307,7 @@ stage_link() {
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac
