@@ -11,6 +11,11 @@
 
 #include "formats/ggml_types.h"
 #include "ggml.h"
+#include "numerics/decoder_numerics.h"
+
+// ggml-quants.c (libggml-base): the reference Q8_K quantizer (its block type is internal to ggml).
+extern "C" void quantize_row_q8_K_ref(const float* x, void* y, int64_t k);
+extern "C" void dequantize_row_q8_K(const void* x, float* y, int64_t k);
 
 namespace pdb {
 namespace {
@@ -70,4 +75,26 @@ TEST(GgmlDequant, EveryWeightTypeDecodesBitForBitAsGgmlsToFloat) {
 }
 
 }  // namespace
+}  // namespace pdb
+
+namespace pdb {
+// The CPU engine's activations before a product with K-quant or IQ weights (numerics/decoder_numerics.h): the values
+// of ggml's own Q8_K quantization of the row (quantize_row_q8_K_ref, then dequantize_row_q8_K), bit for bit.
+TEST(GgmlDequant, ActivationsRoundThroughQ8KAsGgmlQuantizesThem) {
+  std::mt19937 g(std::random_device{}());
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  const int64_t n = 1024;
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<float> x(static_cast<size_t>(n)), ours;
+    for (auto& v : x) v = d(g) * (trial % 3 == 0 ? 1e-3f : trial % 3 == 1 ? 1.0f : 40.0f);
+    if (trial == 5) std::fill(x.begin(), x.begin() + 256, 0.0f);  // an all-zero block stays zero
+    ours = x;
+    ggmlnum::round_through(ggmlnum::ActQuant::q8_k, ours.data(), 1, n);
+    std::vector<uint8_t> q(ggml_row_size(GGML_TYPE_Q8_K, n));
+    quantize_row_q8_K_ref(x.data(), q.data(), n);
+    std::vector<float> want(static_cast<size_t>(n));
+    dequantize_row_q8_K(q.data(), want.data(), n);
+    EXPECT_EQ(std::memcmp(ours.data(), want.data(), size_t(n) * 4), 0) << "trial " << trial;
+  }
+}
 }  // namespace pdb

@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "formats/gguf.h"
 #include "formats/weight_source.h"
+#include "prefill/server.h"
 #include "model/cpu_engine.h"
 #include "support/stack.h"
 #include "support/test_env.h"
@@ -103,5 +105,25 @@ TEST(GgufModel, PrefillServerFromTheDecodersGgufAloneBridgesAndAnswersAsNative) 
   }
 }
 
+}  // namespace
+}  // namespace pdb
+
+namespace pdb {
+namespace {
+// The config check with a GGUF as the model (issue 35): the recipe's GGUF must hold the same weights, tensor by tensor
+// (the same file is not read again); another quantization or other weights are named.
+TEST(GgufModel, TheModelGgufMustHoldTheRecipesWeights) {
+  const std::string d = test::models_dir();
+  auto open = [](const std::string& p) { return GgufFile::open(p); };
+  EXPECT_TRUE(gguf_weight_differences(*open(d + "/llama-tiny/decoder-q8_0.gguf"), *open(d + "/llama-tiny/decoder-q8_0.gguf")).empty());
+  const auto types = gguf_weight_differences(*open(d + "/llama-tiny/decoder-q8_0.gguf"), *open(d + "/llama-tiny/decoder-q4_0.gguf"));
+  ASSERT_FALSE(types.empty());
+  EXPECT_NE(types[0].find("q8_0"), std::string::npos) << types[0];
+  const auto other = gguf_weight_differences(*open(d + "/llama-tiny/decoder-f32.gguf"), *open(d + "/llama-tiny-other/decoder-f32.gguf"));
+  ASSERT_FALSE(other.empty());
+  EXPECT_NE(other[0].find("other weights"), std::string::npos) << other[0];
+  EXPECT_TRUE(config_mismatches(d + "/llama-tiny/decoder-q8_0.gguf", d + "/llama-tiny/decoder-q8_0.gguf").empty());
+  EXPECT_FALSE(config_mismatches(d + "/llama-tiny/decoder-f32.gguf", d + "/llama-tiny-other/decoder-f32.gguf").empty());
+}
 }  // namespace
 }  // namespace pdb

@@ -14,6 +14,7 @@
 #include "formats/deepseek4_config.h"
 #include "formats/hf_config.h"
 #include "formats/hf_deepseek4.h"
+#include "formats/weight_source.h"
 #include "model/cpu_engine.h"
 #include "recipes/deepseek4.h"
 
@@ -30,6 +31,9 @@ std::vector<std::string> hf_config_mismatches(const std::string& hf_dir, const G
     if (std::fabs(hf - dec) > tol * std::max(1.0, std::fabs(hf))) out.push_back(fmt::format("{}: config.json {} vs GGUF {}", what, hf, dec));
   };
   if (hc.arch != ri.arch) out.push_back(fmt::format("architecture: config.json {} vs GGUF {}", hc.arch, ri.arch));
+  if (is_gguf_path(hf_dir)) {  // a GGUF as the model: the same weights as the recipe's file, tensor by tensor
+    for (auto& d : gguf_weight_differences(*GgufFile::open(hf_dir), gguf)) out.push_back(std::move(d));
+  }
   differ("layers", double(hc.num_layers), double(ri.n_layer), 0);
   differ("hidden size", double(hc.hidden_size), double(ri.n_embd), 0);
   if (hc.mla()) {  // the decoder caches one latent row: kv_lora_rank + rope dims, one "head"

@@ -22,6 +22,7 @@ struct Tuning {
   std::string dsv4_indexer;      // PDBRIDGE_DSV4_INDEXER=bf16|gemm: the indexer's scores in bf16, or GEMM + sum
   std::string dsv4_attn;         // PDBRIDGE_DSV4_ATTN=gather: the gathered sparse attention
   std::string dsv4_expand;       // PDBRIDGE_DSV4_EXPAND=inline: FP4 experts expanded in the MoE, not on a side stream
+  std::string act_quant;         // PDBRIDGE_ACT_QUANT=0: the CPU engine's products with a GGUF's quantized weights in f32
 
   static Tuning from_env();
 };
@@ -39,7 +40,7 @@ inline const std::vector<TuningSwitch>& tuning_switches() {
       {"PDBRIDGE_FP8KV_FUSED", &Tuning::fp8kv_fused},       {"PDBRIDGE_RECIPE_STREAM", &Tuning::recipe_stream},
       {"PDBRIDGE_DSV4_EXPERTS", &Tuning::dsv4_experts},     {"PDBRIDGE_DSV4_EXPERTS_FP8", &Tuning::dsv4_experts_fp8},
       {"PDBRIDGE_DSV4_INDEXER", &Tuning::dsv4_indexer},     {"PDBRIDGE_DSV4_ATTN", &Tuning::dsv4_attn},
-      {"PDBRIDGE_DSV4_EXPAND", &Tuning::dsv4_expand},
+      {"PDBRIDGE_DSV4_EXPAND", &Tuning::dsv4_expand},       {"PDBRIDGE_ACT_QUANT", &Tuning::act_quant},
   };
   return s;
 }

@@ -2,6 +2,7 @@
 // through llama.cpp's conversion table (formats/hf_to_gguf.h) read backwards, dequantized bit for bit as ggml does
 // (formats/ggml_types.h), llama's Q/K rows put back in HF's order (the engines' faithful path permutes them again).
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <stdexcept>
@@ -9,6 +10,8 @@
 #include <unordered_map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <xxhash.h>
 
 #include "common/parallel.h"
 #include "formats/ggml_types.h"
@@ -63,6 +66,9 @@ class GgufWeights final : public WeightSource {
     const GgufTensorInfo& t = g_->tensor(w.gguf_name);
     if (t.n_elements() != n) throw std::runtime_error(fmt::format("{} ({}): {} elements, expected {}", name, w.gguf_name, t.n_elements(), n));
     return g_->to_f32(t);
+  }
+  GgmlType storage_type(const std::string& name) const override {
+    return kv_b_.count(name) ? GgmlType::F32 : g_->tensor(find(name).gguf_name).type;
   }
   int weight_bits(const std::string& name) const override {
     const GgmlType t = g_->tensor(find(name).gguf_name).type;
@@ -164,6 +170,26 @@ void read_deepseek2(const GgufFile& g, HfConfig& c) {
   rs.mscale = rs.mscale_all_dim;
 }
 }  // namespace
+
+std::vector<std::string> gguf_weight_differences(const GgufFile& a, const GgufFile& b, size_t max) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (std::filesystem::equivalent(a.path(), b.path(), ec)) return out;
+  auto note = [&](std::string s) { if (out.size() < max) out.push_back(std::move(s)); };
+  for (const auto& t : a.tensors()) {
+    const GgufTensorInfo* u = b.find_tensor(t.name);
+    if (!u) { note(fmt::format("{} is in {} but not in {}", t.name, a.path(), b.path())); continue; }
+    if (u->type != t.type || u->ne != t.ne) {
+      note(fmt::format("{}: {} [{}] in {} vs {} [{}] in {}", t.name, ggml_type_name(t.type), fmt::join(t.ne, ","), a.path(), ggml_type_name(u->type),
+                       fmt::join(u->ne, ","), b.path()));
+      continue;
+    }
+    if (XXH3_64bits(a.data(t), t.n_bytes()) != XXH3_64bits(b.data(*u), u->n_bytes())) note(fmt::format("{}: other weights in {} than in {}", t.name, a.path(), b.path()));
+  }
+  for (const auto& t : b.tensors())
+    if (!a.find_tensor(t.name)) note(fmt::format("{} is in {} but not in {}", t.name, b.path(), a.path()));
+  return out;
+}
 
 bool is_gguf_path(const std::string& path) { return path.size() > 5 && path.compare(path.size() - 5, 5, ".gguf") == 0; }
 

@@ -32,6 +32,8 @@ class WeightSource {
   virtual std::vector<float> vector(const std::string& name, int64_t n) const = 0;
   // 16 / 17 / 32: the float type the decoder multiplies this weight in (f16, bf16; 32 for f32 and quantized types).
   virtual int weight_bits(const std::string& name) const = 0;
+  // The type the weight is stored in (F32 for a checkpoint's: its products are float products).
+  virtual GgmlType storage_type(const std::string& /*name*/) const { return GgmlType::F32; }
   virtual std::string describe() const = 0;
   // The weights' storage types ("q4_K x 145, q6_K x 25"; "" where there is one dtype to tell).
   virtual std::string type_summary() const { return ""; }
@@ -46,6 +48,9 @@ struct GgufModel {
 };
 GgufModel gguf_weights(const std::string& path);
 bool is_gguf_path(const std::string& path);
+// Where two GGUFs hold different weights ("" for none): a tensor missing from one, or another type, shape or content
+// (xxh3 of its bytes), at most `max` of them. The same file is not read.
+std::vector<std::string> gguf_weight_differences(const GgufFile& a, const GgufFile& b, size_t max = 3);
 // The config of a model path: an HF checkpoint's config.json, or a GGUF's keys.
 HfConfig model_config(const std::string& model);
 // The HfConfig of a decoder GGUF's keys; throws naming what it cannot express yet (llama3/linear RoPE scaling, deepseek4).

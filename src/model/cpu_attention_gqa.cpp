@@ -53,6 +53,7 @@ class GqaAttentionCpu final : public CpuAttention {
   GgmlRopeParams ggml_rope_;  // the decoder's view of the same RoPE (what llama.cpp derives from the converted GGUF)
   bool faithful_ok_ = true;
   int weight_bits_ = 32;
+  ggmlnum::ActQuant aq_[4] = {};  // q, k, v, o: the activations as ggml-cpu quantizes them for each weight's type
 };
 
 GqaAttentionCpu::GqaAttentionCpu(const ModelDefinition& d, const WeightSource& ws, const HfConfig& c, int64_t layer)
@@ -64,6 +65,7 @@ GqaAttentionCpu::GqaAttentionCpu(const ModelDefinition& d, const WeightSource& w
   wk_ = ws.matrix(p + "k_proj.weight", kvd_, H);
   wv_ = ws.matrix(p + "v_proj.weight", kvd_, H);
   wo_ = ws.matrix(p + "o_proj.weight", H, qd_);
+  for (int i = 0; i < 4; ++i) aq_[i] = ggmlnum::act_quant_for(ws.storage_type(p + std::string("qkvo").substr(size_t(i), 1) + "_proj.weight"));
   if (d.qk_norm) {
     q_norm_ = ws.vector(p + "q_norm.weight", hd_);
     k_norm_ = ws.vector(p + "k_norm.weight", hd_);
@@ -135,9 +137,9 @@ void GqaAttentionCpu::forward(const float* x, int64_t n, int64_t p0, const CpuPa
   s.k.resize(size_t(n * kvd));
   s.v.resize(size_t(n * kvd));
   const bool permuted = p.faithful && !wq_perm_.empty();
-  cpu_matmul(p, x, permuted ? wq_perm_ : wq_, n, H, qd, s.q.data());
-  cpu_matmul(p, x, permuted ? wk_perm_ : wk_, n, H, kvd, s.k.data());
-  cpu_matmul(p, x, wv_, n, H, kvd, s.v.data());
+  cpu_matmul(p, x, permuted ? wq_perm_ : wq_, n, H, qd, s.q.data(), aq_[0]);
+  cpu_matmul(p, x, permuted ? wk_perm_ : wk_, n, H, kvd, s.k.data(), aq_[1]);
+  cpu_matmul(p, x, wv_, n, H, kvd, s.v.data(), aq_[2]);
   if (!q_norm_.empty()) {
     rmsnorm_rows(s.q.data(), q_norm_.data(), s.q.data(), n * nh_, hd_, eps_);
     rmsnorm_rows(s.k.data(), k_norm_.data(), s.k.data(), n * nkv_, hd_, eps_);
@@ -164,7 +166,7 @@ void GqaAttentionCpu::forward(const float* x, int64_t n, int64_t p0, const CpuPa
   std::copy(s.v.begin(), s.v.end(), cache.v.begin() + p0 * kvd);
   s.att.assign(size_t(n * qd), 0.0f);
   attend(s.q.data(), n, p0, p, cache, s.att.data());
-  cpu_matmul(p, s.att.data(), wo_, n, qd, H, out);
+  cpu_matmul(p, s.att.data(), wo_, n, qd, H, out, aq_[3]);
 }
 
 // causal attention, keys [0, p0 + n)

@@ -43,6 +43,8 @@ class MlaAttentionCpu final : public CpuAttention {
   std::vector<std::vector<float>> k_b_;      // per head [kv_lora x nope]: the absorbed query's weight (W_UK_h^T)
   std::vector<std::vector<float>> v_b_;      // per head [v x kv_lora]: W_UV_h
   std::vector<float> wo_;                    // [hidden x n_head*v]
+  // the activations as ggml-cpu quantizes them for each weight's type
+  ggmlnum::ActQuant aq_q_a_ = {}, aq_q_b_ = {}, aq_q_ = {}, aq_kv_a_ = {}, aq_o_ = {};
 };
 
 MlaAttentionCpu::MlaAttentionCpu(const WeightSource& ws, const HfConfig& c, int64_t layer)
@@ -69,6 +71,12 @@ MlaAttentionCpu::MlaAttentionCpu(const WeightSource& ws, const HfConfig& c, int6
     v_b_.emplace_back(head + nope * kvl, head + (nope + vd) * kvl);
   }
   wo_ = ws.matrix(p + "o_proj.weight", H, nh * vd);
+  auto aq = [&](const char* w) { return ggmlnum::act_quant_for(ws.storage_type(p + w)); };
+  aq_q_a_ = ql_ ? aq("q_a_proj.weight") : ggmlnum::ActQuant::none;
+  aq_q_b_ = ql_ ? aq("q_b_proj.weight") : ggmlnum::ActQuant::none;
+  aq_q_ = ql_ ? ggmlnum::ActQuant::none : aq("q_proj.weight");
+  aq_kv_a_ = aq("kv_a_proj_with_mqa.weight");
+  aq_o_ = aq("o_proj.weight");
 }
 
 // a[n x row]: the cached rows; qabs[n x heads x row]: the absorbed queries [W_UK_h^T q_nope | RoPE(q_pe)].
@@ -78,13 +86,13 @@ void MlaAttentionCpu::queries_and_rows(const float* x, int64_t n, int64_t p0, co
   q.resize(size_t(n * nh * qk));
   if (ql_) {
     std::vector<float> qa(size_t(n * ql_));
-    cpu_matmul(p, x, wq_a_, n, H, ql_, qa.data());
+    cpu_matmul(p, x, wq_a_, n, H, ql_, qa.data(), aq_q_a_);
     rmsnorm_rows(qa.data(), q_a_norm_.data(), qa.data(), n, ql_, eps_);
-    cpu_matmul(p, qa.data(), wq_b_, n, ql_, nh * qk, q.data());
+    cpu_matmul(p, qa.data(), wq_b_, n, ql_, nh * qk, q.data(), aq_q_b_);
   } else {
-    cpu_matmul(p, x, wq_, n, H, nh * qk, q.data());
+    cpu_matmul(p, x, wq_, n, H, nh * qk, q.data(), aq_q_);
   }
-  cpu_matmul(p, x, wkv_a_, n, H, row, a);
+  cpu_matmul(p, x, wkv_a_, n, H, row, a, aq_kv_a_);
   parallel_for(n, p.threads, [&](int64_t b, int64_t e) {
     std::vector<float> rc(static_cast<size_t>(rope));
     for (int64_t r = b; r < e; ++r) {
@@ -133,7 +141,7 @@ void MlaAttentionCpu::forward(const float* x, int64_t n, int64_t p0, const CpuPa
       }
     }
   });
-  cpu_matmul(p, s.att.data(), wo_, n, nh * vd, hidden_, out);
+  cpu_matmul(p, s.att.data(), wo_, n, nh * vd, hidden_, out, aq_o_);
 }
 
 }  // namespace

@@ -22,8 +22,14 @@ std::unique_ptr<CpuAttention> load_cpu_attention(const ModelDefinition& d, const
   throw std::logic_error("load_cpu_attention: unknown attention kind");
 }
 
-void cpu_matmul(const CpuPass& p, const float* x, const std::vector<float>& w, int64_t rows, int64_t in, int64_t out, float* y) {
-  if (p.act_precision != 32) {
+void cpu_matmul(const CpuPass& p, const float* x, const std::vector<float>& w, int64_t rows, int64_t in, int64_t out, float* y,
+                ggmlnum::ActQuant aq) {
+  if (aq != ggmlnum::ActQuant::none && p.quantize_activations) {
+    std::vector<float>& xr = p.scratch->rounded;
+    xr.assign(x, x + rows * in);
+    ggmlnum::round_through(aq, xr.data(), rows, in);
+    x = xr.data();
+  } else if (p.act_precision != 32) {
     std::vector<float>& xr = p.scratch->rounded;
     xr.assign(x, x + rows * in);
     for (auto& e : xr) e = p.act_precision == 16 ? round_f16(e) : round_bf16(e);

@@ -5,6 +5,7 @@
 //   cpu_attention_mla.cpp — multi-head latent attention in llama.cpp's absorbed form (deepseek2)
 //   cpu_ffn.cpp           — SwiGLU, routed experts (model/moe_ffn.h), shared + routed experts
 #pragma once
+#include "numerics/decoder_numerics.h"
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -36,6 +37,7 @@ struct CpuPass {
   int lanes = 0;           // 4/8/16: every product summed in tinyBLAS order (batch-independent); 0: OpenBLAS
   bool faithful = false;   // lanes, and a RoPE the decoder shares: ggml's RoPE, flash attention and SwiGLU
   int act_precision = 32;  // 16 / 17: product inputs rounded to f16 / bf16 first
+  bool quantize_activations = true;  // products with quantized weights take the activations as ggml-cpu quantizes them
   int threads = 1;
   KvRounding kv_round;     // the engine's own K/V rounded as the decoder's cache holds them
   DecoderCacheSpec cache;
@@ -43,7 +45,8 @@ struct CpuPass {
 };
 
 // y[rows x out] = x[rows x in] W^T (W in HF's [out x in] layout), summed as the pass says.
-void cpu_matmul(const CpuPass& p, const float* x, const std::vector<float>& w, int64_t rows, int64_t in, int64_t out, float* y);
+void cpu_matmul(const CpuPass& p, const float* x, const std::vector<float>& w, int64_t rows, int64_t in, int64_t out, float* y,
+                ggmlnum::ActQuant aq = ggmlnum::ActQuant::none);
 
 // One layer's cache for the whole prompt, as its attention reads it.
 struct CpuLayerCache {

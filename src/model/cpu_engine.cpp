@@ -89,6 +89,7 @@ CpuPass CpuEngine::pass(int lanes, const KvRounding& kv_round, const DecoderCach
   p.lanes = lanes;
   p.faithful = lanes && faithful_ok_;
   p.act_precision = act_precision_;
+  p.quantize_activations = quantize_activations_;
   p.threads = threads_;
   p.kv_round = kv_round;
   p.cache = cache;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/tuning.h"
 #include "definitions/definition.h"
 #include "formats/hf_config.h"
 #include "model/cpu_blocks.h"
@@ -87,6 +88,9 @@ class CpuEngine {
   std::vector<float> embed_;
   std::vector<Layer> layers_;
   int act_precision_ = 32;
+  // Products with quantized weights take the activations as ggml-cpu quantizes them (the decoder's own numbers where it
+  // is llama.cpp on a CPU; PDBRIDGE_ACT_QUANT=0: f32 activations).
+  bool quantize_activations_ = Tuning::from_env().act_quant != "0";
   bool faithful_ok_ = true;  // every layer's RoPE can follow the decoder's
 };
 

@@ -3,6 +3,7 @@
 #include "formats/numeric.h"
 #include "numerics/gemm_lanes.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -221,6 +222,53 @@ void flash_attn_row_q8(const uint8_t* q_q8, const uint8_t* k_q8, int64_t k_strid
   }
   const float inv = S == 0.0f ? 0.0f : 1.0f / S;
   for (int64_t d = 0; d < hd; ++d) out[d] = acc[size_t(d)] * inv;
+}
+
+ActQuant act_quant_for(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0: case GgmlType::IQ4_NL:
+    case GgmlType::MXFP4: return ActQuant::q8_0;
+    case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: case GgmlType::IQ4_XS:
+    case GgmlType::IQ2_XXS: case GgmlType::IQ2_XS: case GgmlType::IQ2_S: case GgmlType::IQ3_XXS: case GgmlType::IQ3_S: case GgmlType::IQ1_S:
+    case GgmlType::IQ1_M: return ActQuant::q8_k;
+    default: return ActQuant::none;
+  }
+}
+
+namespace {
+// ggml's nearest_int: round half to even through the float's mantissa.
+inline int nearest_int(float v) {
+  const float val = v + 12582912.f;
+  int i;
+  std::memcpy(&i, &val, 4);
+  return (i & 0x007fffff) - 0x00400000;
+}
+
+void round_q8_0(float* x, int64_t n) {
+  for (int64_t b = 0; b + 32 <= n; b += 32) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b + j]));
+    const float d = round_f16(amax / 127.0f), id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    for (int j = 0; j < 32; ++j) x[b + j] = d * std::nearbyint(x[b + j] * id);
+  }
+}
+
+void round_q8_k(float* x, int64_t n) {
+  for (int64_t b = 0; b + 256 <= n; b += 256) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 256; ++j)
+      if (std::fabs(x[b + j]) > amax) { amax = std::fabs(x[b + j]); max = x[b + j]; }
+    if (amax == 0.0f) continue;
+    const float iscale = -127.0f / max, d = 1.0f / iscale;
+    for (int j = 0; j < 256; ++j) x[b + j] = d * float(std::min(127, nearest_int(iscale * x[b + j])));
+  }
+}
+}  // namespace
+
+void round_through(ActQuant q, float* x, int64_t rows, int64_t cols) {
+  const int64_t block = q == ActQuant::q8_0 ? 32 : 256;
+  if (q == ActQuant::none || cols % block) return;
+  for (int64_t r = 0; r < rows; ++r) q == ActQuant::q8_0 ? round_q8_0(x + r * cols, cols) : round_q8_k(x + r * cols, cols);
 }
 
 }  // namespace pdb::ggmlnum

@@ -9,7 +9,19 @@
 #pragma once
 #include <cstdint>
 
+#include "formats/ggml_types.h"
+
 namespace pdb::ggmlnum {
+
+// What ggml-cpu makes of the activations before a product with quantized weights (its type traits' vec_dot_type):
+// Q8_0 blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4: Q8_1's values are Q8_0's), Q8_K super-blocks (the
+// K-quants and IQ types), or nothing (float weights: f16/bf16 rounding is the engine's activation precision).
+enum class ActQuant { none, q8_0, q8_k };
+ActQuant act_quant_for(GgmlType weight_type);
+// Each row of x [rows x cols] replaced by the values its quantization holds (code times scale): ggml-cpu's x86 Q8_0
+// (scale amax/127 stored as f16, codes x * 127/amax rounded to even) or Q8_K (scale -max/127 in f32 with max the
+// element of largest magnitude, codes rounded to even, at most 127). Rows not whole blocks are left as they are.
+void round_through(ActQuant q, float* x, int64_t rows, int64_t cols);
 
 float v_expf(float x, int lanes = 8);  // ggml_v_expf, one lane
 float silu(float x, int lanes = 8);    // ggml_v_silu: x / (1 + v_expf(-x))
