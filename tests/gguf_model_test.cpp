@@ -102,6 +102,11 @@ TEST(GgufModel, PrefillServerFromTheDecodersGgufAloneBridgesAndAnswersAsNative) 
     auto n = st.post_decoder("/completion", body);
     ASSERT_EQ(n.status, 200) << n.body;
     EXPECT_EQ(bridged, n.json().value("content", "")) << type;
+    if (type == "q8_0") {  // doctor reads the prefill's model from /health: a GGUF holding the decoder's weights
+      std::string out;
+      st.run_doctor(&out);
+      EXPECT_NE(out.find("holds the decoder GGUF's weights and keys"), std::string::npos) << out;
+    }
   }
 }
 

@@ -126,7 +126,7 @@ void register_doctor(CLI::App& app) {
   cmd->add_option("--prefill", o->prefill_url, "Prefill server URL");
   cmd->add_option("--decoder-gguf", o->decoder_gguf, "The GGUF the decoder runs");
   cmd->add_option("--slot-dir", o->slot_dir, "The decoder's slot directory");
-  cmd->add_option("--model", o->model_dir, "The prefill engine's HF checkpoint directory");
+  cmd->add_option("--model", o->model_dir, "The prefill engine's model: its HF checkpoint directory, or the GGUF it runs");
   cmd->add_option("--memory-limit-mb", o->memory_limit_mb, "Memory the prefill box must have available")->capture_default_str();
   cmd->add_option("--fidelity-json", o->fidelity_json, "Write the decoder calibration's fidelity numbers (class, ISA, layer-0 errors) to this file");
   cmd->add_option("--server-bin", o->server_bin, "llama-server for the load check when no decoder answers (default: the pinned build)")

@@ -1,5 +1,7 @@
 #include "tools/doctor.h"
 
+#include "formats/weight_source.h"
+
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -220,10 +222,12 @@ int run_doctor(const DoctorOptions& in) {
 #if defined(PDBRIDGE_DECODE_SIDE_ONLY)
   if (!o.model_dir.empty()) rep.warn("HF config vs GGUF", "not checked here: the decode-side build has no checkpoint reader (the prefill server's /health has it)");
 #else
-  if (!o.model_dir.empty() && fs::exists(o.model_dir + "/config.json")) {
+  const bool model_gguf = is_gguf_path(o.model_dir) && fs::exists(o.model_dir);  // the prefill's model is a GGUF
+  if (!o.model_dir.empty() && (model_gguf || fs::exists(o.model_dir + "/config.json"))) {
     try {
       auto mism = config_mismatches(o.model_dir, o.decoder_gguf);
-      if (mism.empty()) rep.ok("HF config vs GGUF", o.model_dir + "/config.json agrees with the decoder GGUF");
+      if (mism.empty() && model_gguf) rep.ok("HF config vs GGUF", o.model_dir + " (the prefill's model) holds the decoder GGUF's weights and keys");
+      else if (mism.empty()) rep.ok("HF config vs GGUF", o.model_dir + "/config.json agrees with the decoder GGUF");
       for (const auto& m : mism) rep.fail("HF config vs GGUF", m, "fix config.json (or the GGUF) so both engines use the same RoPE/window");
     } catch (const std::exception& e) {
       rep.fail("HF config vs GGUF", e.what(), "point --model at the prefill engine's checkpoint");
