@@ -132,3 +132,30 @@ TEST(GgufModel, TheModelGgufMustHoldTheRecipesWeights) {
 }
 }  // namespace
 }  // namespace pdb
+
+namespace pdb {
+namespace {
+// DeepSeek-V4 from its GGUF alone (its engines read a GGUF's weights; issue 35's fifth architecture): F32, and
+// MXFP4 experts (llama-quantize's MXFP4_MOE) whose engine keeps them FP4. Bridged, complete, the answer as native.
+TEST(GgufModel, Deepseek4BridgesFromItsGgufAlone) {
+  struct Case { const char* model; const char* type; };
+  for (const Case& c : {Case{"deepseek4-tiny", "f32"}, Case{"deepseek4-tiny-fp8", "mxfp4_moe"}}) {
+    test::StackOptions so;
+    so.model_dir = test::models_dir() + "/" + c.model;
+    so.decoder_type = c.type;
+    so.hf_dir = so.model_dir + "/decoder-" + c.type + ".gguf";
+    so.recipe_gguf = "-";
+    test::Stack st(so);
+    nlohmann::json body = {{"prompt", test::random_text(4100, 600)}, {"n_predict", 12}, {"temperature", 0}};
+    auto r = st.post_front("/completion", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.verdict().value("verdict", ""), "complete") << c.model << " " << r.verdict().dump() << st.logs();
+    body["cache_prompt"] = false;
+    body["id_slot"] = 0;
+    auto n = st.post_decoder("/completion", body);
+    ASSERT_EQ(n.status, 200) << n.body;
+    EXPECT_EQ(r.json().value("content", ""), n.json().value("content", "")) << c.model;
+  }
+}
+}  // namespace
+}  // namespace pdb
