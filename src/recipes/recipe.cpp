@@ -14,6 +14,7 @@
 #include "common/parallel.h"
 #include "formats/gguf.h"
 #include "formats/numeric.h"
+#include "numerics/decoder_numerics.h"
 #include "numerics/gemm_lanes.h"
 #include "numerics/rmsnorm.h"
 
@@ -256,12 +257,12 @@ void Recipe::project(const RecipeWeight& w, const float* x, int64_t rows, int si
         add_bias(w, rows, y);
         return;
       }
-      // Q8_0 activation for other block weights (Q8_K for K-quants is within the same rounding budget).
+      // other block weights: the activation as ggml-cpu quantizes it for the weight's dot type (Q8_0, or Q8_K for
+      // the K-quants and IQ types), then an f32 GEMM
       if (K % 32 != 0) throw std::runtime_error("quantized weight with a row not a multiple of 32");
-      convert([K](const float* s, float* d) {
-        std::vector<uint8_t> q(ggml_row_bytes(GgmlType::Q8_0, K));
-        quantize_row(GgmlType::Q8_0, s, q.data(), K, Q8Rounding::TiesEven);
-        dequantize_row(GgmlType::Q8_0, q.data(), d, K);
+      convert([K, aq = ggmlnum::act_quant_for(w.type)](const float* s, float* d) {
+        std::copy_n(s, K, d);
+        ggmlnum::round_through(aq, d, 1, K);
       });
   }
   const bool lanes = (simd_width == 4 || simd_width == 8 || simd_width == 16) && K % simd_width == 0 &&
