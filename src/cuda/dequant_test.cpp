@@ -13,9 +13,11 @@
 #include "cuda/device.h"
 #include "formats/ggml_types.h"
 #include "formats/numeric.h"
+#include "numerics/decoder_numerics.h"
 #ifdef PDBRIDGE_HAVE_CUDA
 #include "cuda/common.cuh"
 #include "cuda/dequant.cuh"
+#include "cuda/elementwise.cuh"
 #include "model/cuda_weights.h"
 #endif
 
@@ -124,6 +126,30 @@ TEST(CudaDequant, TokenRowsOfAQuantizedTableAreTheHostsRows) {
       if (std::memcmp(&got[i], &want[i], 4) != 0 && !(std::isnan(got[i]) && std::isnan(want[i]))) ++bad;
     EXPECT_EQ(bad, 0u) << ggml_type_name(t);
   }
+#endif
+}
+
+// The GPU recipe's activations before a product with K-quant or IQ weights: Q8_K values, as its CPU twin makes them
+// (itself ggml's quantize_row_q8_K_ref then dequantize_row_q8_K bit for bit: tests/ggml_dequant_test.cpp), including
+// ties for the largest magnitude and an all-zero block.
+TEST(CudaDequant, Q8KRoundTripIsTheCpuTwinsBitForBit) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  std::mt19937 g(std::random_device{}());
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  const int64_t n = 256 * 40;
+  std::vector<float> x(static_cast<size_t>(n));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = d(g) * (i / 256 % 3 == 0 ? 1e-3f : 3.0f);
+  std::fill(x.begin() + 256, x.begin() + 512, 0.0f);
+  x[600] = 9.0f; x[700] = -9.0f;  // equal magnitudes: the first one sets the sign of the scale
+  auto want = x;
+  ggmlnum::round_through(ggmlnum::ActQuant::q8_k, want.data(), 1, n);
+  cuda::DeviceBuffer dx(x.size() * 4);
+  dx.upload(x.data(), x.size() * 4);
+  cuda::q8_k_round_trip(dx.as<float>(), n, nullptr);
+  std::vector<float> got(x.size());
+  dx.download(got.data(), got.size() * 4);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0);
 #endif
 }
 

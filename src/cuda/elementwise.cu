@@ -76,6 +76,26 @@ __global__ void q8_0_kernel(float* __restrict__ x, int64_t n_blocks) {
   x[b * 32 + lane] = __fmul_rn(float(e.code), __half2float(__float2half_rn(e.scale)));
 }
 
+// One warp per 256-value block: the first element of largest magnitude by a (magnitude, -index) reduction.
+__global__ void q8_k_kernel(float* __restrict__ x, int64_t n_blocks) {
+  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (b >= n_blocks) return;
+  float* v = x + b * 256;
+  float amax = 0.0f, max = 0.0f;
+  int at = 256;
+  for (int j = lane; j < 256; j += 32)
+    if (fabsf(v[j]) > amax) { amax = fabsf(v[j]); max = v[j]; at = j; }  // a lane's first, in index order
+  for (int o = 16; o > 0; o /= 2) {
+    const float a2 = __shfl_xor_sync(0xffffffffu, amax, o), m2 = __shfl_xor_sync(0xffffffffu, max, o);
+    const int at2 = __shfl_xor_sync(0xffffffffu, at, o);
+    if (a2 > amax || (a2 == amax && at2 < at)) { amax = a2; max = m2; at = at2; }
+  }
+  if (amax == 0.0f) return;
+  const float iscale = __fdiv_rn(-127.0f, max), d = __fdiv_rn(1.0f, iscale);
+  for (int j = lane; j < 256; j += 32) v[j] = __fmul_rn(d, float(min(127, __float2int_rn(__fmul_rn(iscale, v[j])))));
+}
+
 __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t rows, int64_t cols) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * cols; i += int64_t(gridDim.x) * blockDim.x)
     y[i] += bias[i % cols];
@@ -117,6 +137,14 @@ void q8_0_round_trip(float* x, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   const int64_t nb = n / 32;
   q8_0_kernel<<<unsigned((nb * 32 + kThreads - 1) / kThreads), kThreads, 0, s>>>(x, nb);
+  PDB_CUDA_LAUNCHED();
+}
+
+void q8_k_round_trip(float* x, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  if (n % 256) throw std::invalid_argument("q8_k_round_trip: not whole 256-value blocks");
+  const int64_t nb = n / 256;
+  q8_k_kernel<<<unsigned((nb * 32 + kThreads - 1) / kThreads), kThreads, 0, s>>>(x, nb);
   PDB_CUDA_LAUNCHED();
 }
 

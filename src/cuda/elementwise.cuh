@@ -20,6 +20,9 @@ void f16_to_f32(const __half* x, float* y, int64_t n, cudaStream_t s);
 // x <- dequantize(quantize_q8_0(x)) per 32-element block, with ggml-cpu's x86 quantizer
 // (d = amax/127, q = round-half-even(x * 127/amax), d stored as f16).
 void q8_0_round_trip(float* x, int64_t n, cudaStream_t s);
+// x [n] (n a multiple of 256) replaced by its Q8_K values, as ggml's quantize_row_q8_K_ref: scale -max/127 (max the
+// block's first element of largest magnitude), codes rounded to even, at most 127. CPU twin: ggmlnum::round_through.
+void q8_k_round_trip(float* x, int64_t n, cudaStream_t s);
 // y[r][c] += bias[c]
 void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
 

@@ -14,6 +14,7 @@
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope.cuh"
 #include "formats/numeric.h"
+#include "numerics/decoder_numerics.h"
 #include "numerics/q8_dot.h"
 
 namespace pdb {
@@ -122,7 +123,9 @@ void GpuRecipe::project(const Weight& w, const float* x, int64_t rows, cudaStrea
       if (w.cols % 32) throw std::runtime_error("quantized weight with a row not a multiple of 32");
       if (!converted) {
         PDB_CUDA_CHECK(cudaMemcpyAsync(xa_.get(), x, size_t(n) * 4, cudaMemcpyDeviceToDevice, s));
-        cuda::q8_0_round_trip(xa_.as<float>(), n, s);
+        // the activation as ggml-cpu quantizes it for the weight's dot type (Q8_K: the K-quants and IQ types)
+        if (ggmlnum::act_quant_for(w.type) == ggmlnum::ActQuant::q8_k && w.cols % 256 == 0) cuda::q8_k_round_trip(xa_.as<float>(), n, s);
+        else cuda::q8_0_round_trip(xa_.as<float>(), n, s);
       }
       gemm_.xwt(cuda::DType::F32, xa_.get(), w.w.get(), cuda::DType::F32, y, rows, w.cols, w.rows, 0.0f, s);
   }
