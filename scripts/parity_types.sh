@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Issue 35's parity table: the shipped needle model quantized by the pinned llama-quantize into every weight type
+# (an importance matrix from the pinned llama-imatrix on this repository's docs), then for each type the output parity
+# of the bridge against the decoder's own prefill (scripts/fidelity_stack.sh, CPU decoder, f16 cache), with the GGUF
+# itself as the prefill's model and, with LEGS="gguf ckpt", the bf16 checkpoint too. Same prompts for every cell.
+# Usage: scripts/parity_types.sh OUTDIR [TYPE ...]   (env: PARITY_SEED, LEGS, PROMPTS, CHARS)
+set -euo pipefail
+OUT=${1:?outdir}; shift
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TYPES=("$@"); [ ${#TYPES[@]} -gt 0 ] || TYPES=(Q8_0 Q6_K Q5_K_M Q5_0 Q5_1 Q4_K_M Q4_0 Q4_1 IQ4_NL IQ4_XS Q3_K_M Q2_K IQ3_S IQ3_XXS IQ2_S IQ2_XS IQ2_XXS IQ1_M IQ1_S)
+export PARITY_SEED=${PARITY_SEED:-$(date +%s)}
+LLAMA_BUILD=$(dirname "$(readlink -f "$ROOT/build/llama/bin/llama-quantize")")/../build
+SRC=$ROOT/build/models/needle/decoder-f16.gguf
+mkdir -p "$OUT"
+[ -x "$LLAMA_BUILD/bin/llama-imatrix" ] || cmake --build "$LLAMA_BUILD" --target llama-imatrix -j "$(nproc)" > "$OUT/imatrix-build.log"
+cat "$ROOT"/docs/*.md "$ROOT/README.md" > "$OUT/calib.txt"
+[ -f "$OUT/imatrix.gguf" ] || "$LLAMA_BUILD/bin/llama-imatrix" -m "$SRC" -f "$OUT/calib.txt" -o "$OUT/imatrix.gguf" -c 512 > "$OUT/imatrix.log" 2>&1
+for T in "${TYPES[@]}"; do
+  t=$(echo "$T" | tr A-Z a-z); g=$OUT/decoder-$t.gguf
+  [ -f "$g" ] || "$ROOT/build/llama/bin/llama-quantize" --imatrix "$OUT/imatrix.gguf" "$SRC" "$g" "$T" > "$OUT/quantize-$t.log" 2>&1
+  for leg in ${LEGS:-gguf}; do
+    model=$g; [ "$leg" = ckpt ] && model=$ROOT/models/needle-llama
+    "$ROOT/scripts/fidelity_stack.sh" "$t-$leg" "$OUT" "$g" "$model" cpu f16 --cold 0 0 --parity "${PROMPTS:-6}" "${CHARS:-6000}" > "$OUT/$t-$leg.run.log" 2>&1 || true
+    python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['bridged_vs_native']; print(sys.argv[2], 'KL %.5f top1 %.2f greedy %.2f' % (r['mean_kl_first_token'], r['top1_agreement'], r['greedy_match_rate']))" \
+      "$OUT/$t-$leg.parity_report.json" "$t-$leg" 2>/dev/null || echo "$t-$leg: no report ($OUT/$t-$leg.run.log)"
+  done
+done
