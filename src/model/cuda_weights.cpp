@@ -36,7 +36,7 @@ void CudaQuantStore::finish() {
     std::vector<cuda::DequantSegment> table;
     for (auto& [type, segs] : L.by_type) {
       Launch l{type, int(table.size()), int(segs.size()), 0};
-      for (auto sg : segs) {  // block0 held the stretch's block count until now
+      for (auto sg : segs) {  // block0 held the stretch's group count until now
         const int64_t groups = sg.block0;
         sg.block0 = l.groups;
         l.groups += groups;
