@@ -11,12 +11,13 @@
 #   --parity N CHARS    eval parity prompts and length (default: 8 8000; 0 skips); PARITY_SEED=S: its first seed (two runs on the same fresh prompts)
 #   --ctx N             tokens per decoder slot (default: 20000)
 #   --decoder-cpu       hide CUDA devices from the decoder alone (a CUDA-built llama-server on the CPU; also DECODER_CPU=1)
+#   --prefill-arg ARG   one more argument for `pdbridge prefill` (repeat: --prefill-arg --kv-rows --prefill-arg engine)
 # Output: OUTDIR/LABEL.{doctor.txt,fidelity.json,cold.jsonl,parity.jsonl,parity_report.json,summary.txt} and the servers' logs.
 set -uo pipefail
 LABEL=${1:?label}; OUTD=${2:?outdir}; G=${3:?gguf}; HF=${4:?hf dir}; DEVICE=${5:?cpu|cuda}; CACHE=${6:?cache type}; shift 6
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="$ROOT/build/pdbridge"
-DENV=(); SERVER_BIN=${SERVER_BIN:-}; COLD_CHARS=8000,16000; COLD_RUNS=2; SKIP_NATIVE=""; PAR_N=8; PAR_CHARS=8000; CTX=20000
+DENV=(); PARGS=(); SERVER_BIN=${SERVER_BIN:-}; COLD_CHARS=8000,16000; COLD_RUNS=2; SKIP_NATIVE=""; PAR_N=8; PAR_CHARS=8000; CTX=20000
 [[ ${DECODER_CPU:-0} == 1 ]] && DENV=(env CUDA_VISIBLE_DEVICES=)
 while (($#)); do
   case $1 in
@@ -26,6 +27,7 @@ while (($#)); do
     --parity) PAR_N=$2; PAR_CHARS=$3; shift 3 ;;
     --ctx) CTX=$2; shift 2 ;;
     --decoder-cpu) DENV=(env CUDA_VISIBLE_DEVICES=); shift ;;
+    --prefill-arg) PARGS+=("$2"); shift 2 ;;
     --) shift; break ;;
     *) echo "fidelity_stack.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -42,7 +44,7 @@ mkdir -p "$WORK/slots"
 "${DENV[@]}" "$BIN" decoder --gguf "$G" --port "$D" --slot-dir "$WORK/slots" --ctx "$CTX" --parallel 2 --cache-type "$CACHE" \
   ${SERVER_BIN:+--server-bin "$SERVER_BIN"} -- "$@" >"$WORK/$LABEL.decoder.log" 2>&1 &
 PIDS+=($!); wait_ok "http://127.0.0.1:$D/health" "${PIDS[-1]}" "$WORK/$LABEL.decoder.log" || { echo "$LABEL: decoder did not start"; exit 1; }
-"$BIN" prefill --model "$HF" --recipe "$G" --port "$P" --device "$DEVICE" >"$WORK/$LABEL.prefill.log" 2>&1 &
+"$BIN" prefill --model "$HF" --recipe "$G" --port "$P" --device "$DEVICE" "${PARGS[@]}" >"$WORK/$LABEL.prefill.log" 2>&1 &
 PIDS+=($!); wait_ok "http://127.0.0.1:$P/health" "${PIDS[-1]}" "$WORK/$LABEL.prefill.log" || { echo "$LABEL: prefill did not start"; exit 1; }
 "$BIN" front --decoder "http://127.0.0.1:$D" --decoder-gguf "$G" --slot-dir "$WORK/slots" --prefill "http://127.0.0.1:$P" \
   --port "$F" --min-tokens 1024 >"$WORK/$LABEL.front.log" 2>&1 &

@@ -3,7 +3,10 @@
 # (an importance matrix from the pinned llama-imatrix on this repository's docs), then for each type the output parity
 # of the bridge against the decoder's own prefill (scripts/fidelity_stack.sh, CPU decoder, f16 cache), with the GGUF
 # itself as the prefill's model and, with LEGS="gguf ckpt", the bf16 checkpoint too. Same prompts for every cell.
-# Usage: scripts/parity_types.sh OUTDIR [TYPE ...]   (env: PARITY_SEED, LEGS, PROMPTS, CHARS)
+# Legs: gguf (the GGUF as the model, the recipe's rows), ckpt (the bf16 checkpoint), engine (the GGUF on the GPU with
+# --kv-rows engine: the engine's own K/V as the rows). DEVICE=cuda runs the gguf and ckpt legs' prefill on the GPU;
+# IMATRIX=0 quantizes without an importance matrix (the IQ1/IQ2/IQ3 types need one).
+# Usage: scripts/parity_types.sh OUTDIR [TYPE ...]   (env: PARITY_SEED, LEGS, PROMPTS, CHARS, DEVICE, IMATRIX)
 set -euo pipefail
 OUT=${1:?outdir}; shift
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,15 +15,21 @@ export PARITY_SEED=${PARITY_SEED:-$(date +%s)}
 LLAMA_BUILD=$(dirname "$(readlink -f "$ROOT/build/llama/bin/llama-quantize")")/../build
 SRC=$ROOT/build/models/needle/decoder-f16.gguf
 mkdir -p "$OUT"
-[ -x "$LLAMA_BUILD/bin/llama-imatrix" ] || cmake --build "$LLAMA_BUILD" --target llama-imatrix -j "$(nproc)" > "$OUT/imatrix-build.log"
-cat "$ROOT"/docs/*.md "$ROOT/README.md" > "$OUT/calib.txt"
-[ -f "$OUT/imatrix.gguf" ] || "$LLAMA_BUILD/bin/llama-imatrix" -m "$SRC" -f "$OUT/calib.txt" -o "$OUT/imatrix.gguf" -c 512 > "$OUT/imatrix.log" 2>&1
+QARGS=()
+if [ "${IMATRIX:-1}" = 1 ]; then
+  [ -x "$LLAMA_BUILD/bin/llama-imatrix" ] || cmake --build "$LLAMA_BUILD" --target llama-imatrix -j "$(nproc)" > "$OUT/imatrix-build.log"
+  cat "$ROOT"/docs/*.md "$ROOT/README.md" > "$OUT/calib.txt"
+  [ -f "$OUT/imatrix.gguf" ] || "$LLAMA_BUILD/bin/llama-imatrix" -m "$SRC" -f "$OUT/calib.txt" -o "$OUT/imatrix.gguf" -c 512 > "$OUT/imatrix.log" 2>&1
+  QARGS=(--imatrix "$OUT/imatrix.gguf")
+fi
 for T in "${TYPES[@]}"; do
   t=$(echo "$T" | tr A-Z a-z); g=$OUT/decoder-$t.gguf
-  [ -f "$g" ] || "$ROOT/build/llama/bin/llama-quantize" --imatrix "$OUT/imatrix.gguf" "$SRC" "$g" "$T" > "$OUT/quantize-$t.log" 2>&1
+  [ -f "$g" ] || { [ "$t" = f16 ] && cp "$SRC" "$g"; } || "$ROOT/build/llama/bin/llama-quantize" "${QARGS[@]}" "$SRC" "$g" "$T" > "$OUT/quantize-$t.log" 2>&1
   for leg in ${LEGS:-gguf}; do
-    model=$g; [ "$leg" = ckpt ] && model=$ROOT/models/needle-llama
-    "$ROOT/scripts/fidelity_stack.sh" "$t-$leg" "$OUT" "$g" "$model" cpu f16 --cold 0 0 --parity "${PROMPTS:-6}" "${CHARS:-6000}" > "$OUT/$t-$leg.run.log" 2>&1 || true
+    model=$g; dev=${DEVICE:-cpu}; extra=()
+    [ "$leg" = ckpt ] && model=$ROOT/models/needle-llama
+    [ "$leg" = engine ] && { dev=cuda; extra=(--prefill-arg --kv-rows --prefill-arg engine); }
+    "$ROOT/scripts/fidelity_stack.sh" "$t-$leg" "$OUT" "$g" "$model" "$dev" f16 --cold 0 0 --parity "${PROMPTS:-6}" "${CHARS:-6000}" "${extra[@]}" > "$OUT/$t-$leg.run.log" 2>&1 || true
     python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['bridged_vs_native']; print(sys.argv[2], 'KL %.5f top1 %.2f greedy %.2f' % (r['mean_kl_first_token'], r['top1_agreement'], r['greedy_match_rate']))" \
       "$OUT/$t-$leg.parity_report.json" "$t-$leg" 2>/dev/null || echo "$t-$leg: no report ($OUT/$t-$leg.run.log)"
   done

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "arch/architectures.h"
 #include "arch/backends.h"
 #include "cuda/device.h"
 #include "formats/numeric.h"
@@ -397,6 +398,60 @@ TEST(CudaParity, BridgedStateAgainstTheDecodersOwn) {
     EXPECT_GE(layer0.pct_identical(), 99.0);
     EXPECT_LE(worst_rel, 0.05) << worst_tensor;
   }
+}
+
+// --kv-rows engine: the engine's own K/V products (of the decoder's GGUF) as the cache rows, against the decoder's own
+// state and against the recipe's rows in the same run. The engine's products take bf16 activations and bf16-expanded
+// weights where the CPU decoder takes Q8/f16 ones: the tolerance class (rel RMS), not the mirrored one. Bounds: layer
+// 0 within 1% RMS of the decoder's (bf16 rounding of the normed rows and the weights is ~0.3% per element), every
+// layer within parity's 5%.
+TEST(CudaParity, EngineKvRowsFromTheDecodersGguf) {
+  PDB_SKIP_WITHOUT_GPU();
+  struct Case { std::string model, gguf, cache; };
+  for (const Case& c : {Case{"llama-tiny", "q4_0", "f16"}, Case{"qwen3-tiny", "q8_0", "f16"}, Case{"llama-tiny", "f16", "q8_0"},
+                       Case{"qwen3moe-tiny", "q8_0", "f16"}}) {
+    const std::string mdir = test::models_dir() + "/" + c.model;
+    test::Stack st(test::parity_stack_options(mdir, c.gguf, c.cache));
+    const int T = 700;
+    auto tokens = test::random_token_ids(std::random_device{}(), T, 100000);
+    std::shared_ptr<const Recipe> recipe = Recipe::load(st.decoder_gguf, 2);
+    double rel[2][2] = {};  // [decoder rows, engine rows][layer 0, worst layer]
+    for (int engine_rows = 0; engine_rows < 2; ++engine_rows) {
+      auto backend = make_cuda_backend(st.decoder_gguf, recipe, 2, 256, false, 1, false, 0, engine_rows == 1);
+      if (engine_rows) EXPECT_NE(backend->weights().find("engine's K/V products"), std::string::npos) << backend->weights();
+      auto [native, ours, fid] = test::native_and_bridged_states(st, *backend, tokens, 256);
+      const auto layer0 = diff_states(native, ours, 1), all = diff_states(native, ours);
+      ASSERT_TRUE(all.same_layout) << all.layout_note;
+      for (const auto& t : layer0.tensors) rel[engine_rows][0] = std::max(rel[engine_rows][0], t.rel_rms());
+      for (const auto& t : all.tensors) rel[engine_rows][1] = std::max(rel[engine_rows][1], t.rel_rms());
+      std::printf("CUDA KV ROWS %s %s cache=%s rows from the %s: layer0 %.4f%% identical, rel RMS %.3g | worst layer rel RMS %.3g\n",
+                  c.model.c_str(), c.gguf.c_str(), c.cache.c_str(), engine_rows ? "engine" : "recipe", layer0.pct_identical(),
+                  rel[engine_rows][0], rel[engine_rows][1]);
+    }
+    EXPECT_LE(rel[1][0], 0.01) << c.model << " " << c.gguf;
+    EXPECT_LE(rel[1][1], 0.05) << c.model << " " << c.gguf;
+  }
+}
+
+// --kv-rows engine is refused where the engine's K/V are not the decoder's rows, before anything loads onto a GPU.
+TEST(CudaBridge, EngineKvRowsOnlyFromTheDecodersGguf) {
+  const std::string mdir = test::models_dir() + "/llama-tiny";
+  BackendOptions o{.model = mdir + "/hf", .recipe = mdir + "/decoder-q8_0.gguf", .device = "cuda", .kv_rows = "engine"};
+  auto refused = [&](const std::string& needle) {
+    try {
+      architecture("llama").make_backend(o);
+      ADD_FAILURE() << "accepted " << o.model << " " << o.device;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused("needs --model to be the decoder's GGUF");
+  o.model = mdir + "/decoder-q4_0.gguf";
+  refused("not the decoder's");
+  o.device = "cpu";
+  refused("for --device cuda");
+  o.kv_rows = "mine";
+  refused("decoder or engine");
 }
 
 }  // namespace pdb

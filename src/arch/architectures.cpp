@@ -91,16 +91,34 @@ std::vector<std::string> deepseek4_config_mismatches(const std::string& model, c
   return out;
 }
 
+// --kv-rows: the engine's own K/V are the decoder's rows only when its weights are the decoder's: the same GGUF, or
+// one whose tensors equal it (type, shape, hash).
+bool kv_rows_from_engine(const BackendOptions& o) {
+  if (o.kv_rows == "decoder") return false;
+  if (o.kv_rows != "engine") throw std::invalid_argument(fmt::format("--kv-rows {}: decoder or engine", o.kv_rows));
+  if (o.device != "cuda") throw std::invalid_argument("--kv-rows engine is for --device cuda (the CPU engine's rows are the recipe's arithmetic already)");
+  if (!is_gguf_path(o.model))
+    throw std::invalid_argument("--kv-rows engine needs --model to be the decoder's GGUF: a checkpoint's K/V are not the decoder's rows");
+  if (o.model != o.recipe) {
+    const auto diff = gguf_weight_differences(*GgufFile::open(o.model), *GgufFile::open(o.recipe));
+    if (!diff.empty()) throw std::invalid_argument(fmt::format("--kv-rows engine: the model's weights are not the decoder's ({})", diff[0]));
+  }
+  return true;
+}
+
 // llama, qwen3, qwen3moe, deepseek2: the HF checkpoint's forward (model/cpu_engine, model/cuda_engine) with the
 // decoder's K/V recipe on its per-layer hook.
 std::unique_ptr<PrefillBackend> checkpoint_backend(const BackendOptions& o) {
+  const bool engine_rows = kv_rows_from_engine(o);
   std::shared_ptr<const Recipe> recipe = Recipe::load(o.recipe, o.threads);
-  if (o.device == "cuda") return make_cuda_backend(o.model, recipe, o.threads, o.chunk, o.kv_dtype == "fp8", o.tp, o.tp_one_gpu, o.max_gpu_mem_gib);
+  if (o.device == "cuda")
+    return make_cuda_backend(o.model, recipe, o.threads, o.chunk, o.kv_dtype == "fp8", o.tp, o.tp_one_gpu, o.max_gpu_mem_gib, engine_rows);
   return make_cpu_backend(std::make_shared<CpuEngine>(o.model, o.threads), recipe, o.faithful);
 }
 
 // DeepSeek-V4: its own engines, the recipe's pooled sections inside them.
 std::unique_ptr<PrefillBackend> deepseek4_backend(const BackendOptions& o) {
+  if (o.kv_rows != "decoder") throw std::invalid_argument("--kv-rows engine: DeepSeek-V4 caches pooled sections only its recipe computes");
   return o.device == "cuda" ? make_cuda_dsv4_backend(o.recipe, o.model) : make_cpu_dsv4_backend(o.recipe, o.model);
 }
 

@@ -20,6 +20,9 @@ struct BackendOptions {
   bool tp_one_gpu = false;
   double max_gpu_mem_gib = 0;  // the CUDA engine's cap on the device's memory in use (0: none)
   bool faithful = true;  // CPU engine: the decoder's arithmetic (false: OpenBLAS, --cpu-fast)
+  // CUDA: where the cache rows come from. "decoder": the recipe's products of the decoder's weights with its
+  // arithmetic; "engine": the engine's own K/V products (the model must be the decoder's GGUF).
+  std::string kv_rows = "decoder";
 };
 
 struct Architecture {

@@ -21,10 +21,12 @@ std::unique_ptr<PrefillBackend> make_cpu_backend(std::shared_ptr<CpuEngine> engi
 // Loads the HF checkpoint onto the GPU; `recipe` supplies the decoder's weights. kv_fp8: the engine's
 // own K/V in fp8 (cuda_engine.h). tp: tensor parallel over GPUs 0..tp-1 (model/cuda_engine_tp.h), or with
 // tp_shared_device every rank on the current GPU (the sharded forward checked on one GPU). Throws where CUDA
-// is not built in or no GPU is present.
+// is not built in or no GPU is present. engine_kv_rows (--kv-rows engine): the cache rows are the engine's own K/V
+// products, RoPE'd and typed by the recipe, instead of the recipe's products of the decoder's weights with its
+// arithmetic; for an engine running the decoder's GGUF (the caller checks), not MLA.
 std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads,
                                                   int64_t max_chunk, bool kv_fp8 = false, int tp = 1, bool tp_shared_device = false,
-                                                  double max_gpu_mem_gib = 0);
+                                                  double max_gpu_mem_gib = 0, bool engine_kv_rows = false);
 bool cuda_backend_available();
 // DeepSeek-V4 on the CPU (model/cpu_engine_dsv4 + recipes/deepseek4): the decoder GGUF gives the recipe's
 // weights; the engine's come from `weights`: an HF checkpoint directory (DeepSeek's FP8 / FP4 layout or f32),

@@ -37,21 +37,25 @@ constexpr int kSlots = 6;
 class CudaBackend final : public PrefillBackend {
  public:
   CudaBackend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads, int64_t max_chunk, bool kv_fp8, int tp,
-              bool tp_shared_device)
-      : recipe_(std::move(recipe)), engine_(hf_dir, threads, kv_fp8, tp, tp_shared_device), gpu_recipe_(*recipe_, recipe_gemm_, max_chunk), max_chunk_(max_chunk),
-        threads_(threads) {
+              bool tp_shared_device, bool engine_rows)
+      : recipe_(std::move(recipe)), engine_(hf_dir, threads, kv_fp8, tp, tp_shared_device),
+        gpu_recipe_(*recipe_, recipe_gemm_, max_chunk, !engine_rows), max_chunk_(max_chunk), threads_(threads), engine_rows_(engine_rows) {
+    if (engine_rows_) {  // every capture's rows from the engine's own K/V products (CudaEngine::KvTap)
+      if (recipe_->info().mla()) throw std::invalid_argument("--kv-rows engine: deepseek2 caches a latent only the recipe computes");
+      engine_.rank0().enable_kv_rows();
+    }
     PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     if (Tuning::from_env().recipe_stream == "1")
       PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&recipe_stream_, cudaStreamNonBlocking));
     for (int i = 0; i < kNormBuffers; ++i) {
-      normed_[i].resize(size_t(max_chunk * recipe_->info().n_embd) * 4);
+      if (!engine_rows_) normed_[i].resize(size_t(max_chunk * recipe_->info().n_embd) * 4);
       PDB_CUDA_CHECK(cudaEventCreateWithFlags(&normed_ready_[i], cudaEventDisableTiming));
       PDB_CUDA_CHECK(cudaEventCreateWithFlags(&normed_free_[i], cudaEventDisableTiming));
     }
     const int64_t C = recipe_->info().n_embd_kv();
-    embed_dev_.resize(size_t(max_chunk * recipe_->info().n_embd) * 4);
+    if (!engine_rows_) embed_dev_.resize(size_t(max_chunk * recipe_->info().n_embd) * 4);
     for (int b = 0; b < 2; ++b) {
-      embed_pinned_[b].resize(size_t(max_chunk * recipe_->info().n_embd) * 4);
+      if (!engine_rows_) embed_pinned_[b].resize(size_t(max_chunk * recipe_->info().n_embd) * 4);
       PDB_CUDA_CHECK(cudaEventCreateWithFlags(&embed_uploaded_[b], cudaEventDisableTiming | cudaEventBlockingSync));
     }
     for (auto& s : slots_) {
@@ -82,7 +86,9 @@ class CudaBackend final : public PrefillBackend {
   const HfConfig& config() const override { return engine_.config(); }
   const RecipeInfo& info() const override { return recipe_->info(); }
   std::string device() const override { return "cuda: " + cuda::device_summary(); }
-  std::string weights() const override { return engine_.weights_note(); }
+  std::string weights() const override {
+    return engine_.weights_note() + (engine_rows_ ? "; cache rows from the engine's K/V products" : "; cache rows recomputed by the decoder's recipe");
+  }
   void check_fits(int64_t tokens, int64_t chunk) const override { engine_.check_fits(tokens, std::min(chunk, max_chunk_)); }
   // After the recipe's and the slots' buffers: what the device holds then counts against the cap.
   void set_memory_cap(size_t bytes) { engine_.set_memory_cap(bytes); }
@@ -140,8 +146,7 @@ class CudaBackend final : public PrefillBackend {
     // is the engine's own unless PDBRIDGE_RECIPE_STREAM=1 gives it a stream of its own (an A/B switch
     // until it is measured: the recipe's products then fill the engine's gaps instead of queueing
     // behind them). A ring of normalized buffers lets the recipe stream lag a layer or two.
-    auto emit = [&](int layer, const float* src, int64_t rows, int64_t pos0, cudaStream_t st) {
-      const cudaStream_t rs = recipe_stream_ ? recipe_stream_ : st;
+    auto next_slot = [&](int layer, int64_t rows, int64_t pos0) -> Slot& {
       Slot& s = slots_[next_fill % kSlots];
       {
         std::unique_lock<std::mutex> l(mu);
@@ -150,13 +155,11 @@ class CudaBackend final : public PrefillBackend {
       s.layer = layer;
       s.pos0 = pos0;
       s.rows = rows;
-      const int nb = int(next_fill % kNormBuffers);
-      PDB_CUDA_CHECK(cudaStreamWaitEvent(st, normed_free_[nb], 0));
-      gpu_recipe_.normalize(layer, src, rows, st, normed_[nb].as<float>());
-      PDB_CUDA_CHECK(cudaEventRecord(normed_ready_[nb], st));
-      PDB_CUDA_CHECK(cudaStreamWaitEvent(rs, normed_ready_[nb], 0));
-      gpu_recipe_.kv_from_normed(layer, normed_[nb].as<float>(), rows, rs, s.dk.as<float>(), s.dv.as<float>());
-      PDB_CUDA_CHECK(cudaEventRecord(normed_free_[nb], rs));
+      return s;
+    };
+    // A slot's f32 rows (computed on rs) encoded and out to pinned host memory on the copy stream.
+    auto send = [&](Slot& s, cudaStream_t rs) {
+      const int64_t rows = s.rows;
       const size_t kbytes = encode(spec.k_type, rot_k, k_rotation_size(info.head_dim), s.dk, s.dkq, rows, C, rs);
       const size_t vbytes = has_v ? encode(spec.v_type, spec.rot_v, kVRotationSize, s.dv, s.dvq, rows, C, rs) : 0;
       PDB_CUDA_CHECK(cudaEventRecord(s.computed, rs));
@@ -169,6 +172,26 @@ class CudaBackend final : public PrefillBackend {
       s.state = Slot::Enqueued;
       ++next_fill;
       cv.notify_all();
+    };
+    auto emit = [&](int layer, const float* src, int64_t rows, int64_t pos0, cudaStream_t st) {
+      const cudaStream_t rs = recipe_stream_ ? recipe_stream_ : st;
+      Slot& s = next_slot(layer, rows, pos0);
+      const int nb = int(next_fill % kNormBuffers);
+      PDB_CUDA_CHECK(cudaStreamWaitEvent(st, normed_free_[nb], 0));
+      gpu_recipe_.normalize(layer, src, rows, st, normed_[nb].as<float>());
+      PDB_CUDA_CHECK(cudaEventRecord(normed_ready_[nb], st));
+      PDB_CUDA_CHECK(cudaStreamWaitEvent(rs, normed_ready_[nb], 0));
+      gpu_recipe_.kv_from_normed(layer, normed_[nb].as<float>(), rows, rs, s.dk.as<float>(), s.dv.as<float>());
+      PDB_CUDA_CHECK(cudaEventRecord(normed_free_[nb], rs));
+      send(s, rs);
+    };
+    // --kv-rows engine: on the engine's stream (its K/V buffers are rewritten at the next layer), RoPE and type only.
+    CudaEngine::KvTap engine_rows = [&](int layer, const float* k, const float* v, int64_t rows, int64_t pos0, cudaStream_t st) {
+      if (stopped) return;
+      if (layer == 0) gpu_recipe_.set_positions(pos0, rows, st);
+      Slot& s = next_slot(layer, rows, pos0);
+      gpu_recipe_.rows_from_engine(layer, k, v, rows, st, s.dk.as<float>(), s.dv.as<float>());
+      send(s, st);
     };
 
     // Layer 0 starts from the decoder's own (possibly quantized) embedding rows, dequantized on the
@@ -210,7 +233,7 @@ class CudaBackend final : public PrefillBackend {
     };
     const bool resume = reuse && resumable();
     const ResumePoint from = resume ? ResumePoint{reuse->resume_state.get(), reuse->resume_tokens} : ResumePoint{};
-    job = start_embedding(from.tokens, 0);
+    if (!engine_rows_) job = start_embedding(from.tokens, 0);
     // Layer 0's rows of the chunk in flight not yet out. They go out at the first later hook that finds
     // the helper's embedding rows ready, at the latest at the last layer's (whose rows mark the chunk
     // complete), so the GPU does not wait on the host: for the first chunk there was no chunk ahead to
@@ -224,28 +247,29 @@ class CudaBackend final : public PrefillBackend {
     int64_t done = 0;
     std::exception_ptr engine_error;
     try {
-      done = engine_.prefill(
-          tokens, chunk,
-          [&](int layer, const float* d_h, int64_t rows, int64_t pos0, cudaStream_t st) {
-            if (stopped) return;
-            if (layer == 0) {
-              gpu_recipe_.set_positions(pos0, rows, recipe_stream_ ? recipe_stream_ : st);  // the stream RoPE runs on
-              chunk_pos0 = pos0;
-              chunk_rows = rows;
-              layer0_due = true;
-              if (layers > 1) return;
-            }
-            if (layer0_due && (layer == layers - 1 || layer0_ready())) {
-              emit_layer0(st);
-              layer0_due = false;
-            }
-            if (layer > 0) emit(layer, d_h, rows, pos0, st);
-          },
-          [&] { return stopped.load() || (stop && stop()); }, false, false, from, resume ? &reuse->kept : nullptr,
-          resume ? reuse->keep_max_bytes : SIZE_MAX);
+      if (engine_rows_) engine_.rank0().set_kv_tap(engine_rows);
+      CudaEngine::DeviceHook recipe_hook = [&](int layer, const float* d_h, int64_t rows, int64_t pos0, cudaStream_t st) {
+        if (stopped) return;
+        if (layer == 0) {
+          gpu_recipe_.set_positions(pos0, rows, recipe_stream_ ? recipe_stream_ : st);  // the stream RoPE runs on
+          chunk_pos0 = pos0;
+          chunk_rows = rows;
+          layer0_due = true;
+          if (layers > 1) return;
+        }
+        if (layer0_due && (layer == layers - 1 || layer0_ready())) {
+          emit_layer0(st);
+          layer0_due = false;
+        }
+        if (layer > 0) emit(layer, d_h, rows, pos0, st);
+      };
+      done = engine_.prefill(tokens, chunk, engine_rows_ ? CudaEngine::DeviceHook{} : recipe_hook,
+                             [&] { return stopped.load() || (stop && stop()); }, false, false, from, resume ? &reuse->kept : nullptr,
+                             resume ? reuse->keep_max_bytes : SIZE_MAX);
     } catch (...) {
       engine_error = std::current_exception();
     }
+    if (engine_rows_) engine_.rank0().set_kv_tap(nullptr);
     {
       std::lock_guard<std::mutex> l(mu);
       finished = true;
@@ -324,6 +348,7 @@ class CudaBackend final : public PrefillBackend {
   cuda::PinnedBuffer embed_pinned_[2];  // the decoder's embedding rows of a chunk, made one chunk ahead
   cudaEvent_t embed_uploaded_[2] = {nullptr, nullptr};
   cuda::DeviceBuffer embed_dev_;
+  bool engine_rows_ = false;  // --kv-rows engine
   std::mutex capture_mu_;
 };
 
@@ -332,9 +357,10 @@ class CudaBackend final : public PrefillBackend {
 bool cuda_backend_available() { return cuda::device_count() > 0; }
 
 std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads,
-                                                  int64_t max_chunk, bool kv_fp8, int tp, bool tp_shared_device, double max_gpu_mem_gib) {
+                                                  int64_t max_chunk, bool kv_fp8, int tp, bool tp_shared_device, double max_gpu_mem_gib,
+                                                  bool engine_kv_rows) {
   if (cuda::device_count() == 0) throw std::runtime_error("--device cuda: " + cuda::device_summary());
-  auto b = std::make_unique<CudaBackend>(hf_dir, std::move(recipe), threads, max_chunk, kv_fp8, tp, tp_shared_device);
+  auto b = std::make_unique<CudaBackend>(hf_dir, std::move(recipe), threads, max_chunk, kv_fp8, tp, tp_shared_device, engine_kv_rows);
   if (max_gpu_mem_gib > 0) b->set_memory_cap(size_t(max_gpu_mem_gib * double(size_t(1) << 30)));
   return b;
 }

@@ -39,6 +39,10 @@ void register_make_model(CLI::App& app) {
   });
 }
 
+constexpr const char* KV_ROWS_HELP =
+    "CUDA: the cache rows' source. decoder: recomputed from the residual with the decoder's weights and arithmetic; engine: the "
+    "engine's own K/V products, RoPE'd and typed as the decoder does (needs --model to be the decoder's GGUF; not deepseek2/4)";
+
 void register_prefill(CLI::App& app) {
   auto* cmd = app.add_subcommand("prefill", "Run the prefill engine: HF checkpoint + the decoder's recipe, wire protocol over HTTP");
   auto o = std::make_shared<PrefillServerOptions>();
@@ -57,6 +61,7 @@ void register_prefill(CLI::App& app) {
   cmd->add_flag("--tp-one-gpu", o->tp_one_gpu, "With --tp N: every rank on GPU 0 (checks the sharded forward on one GPU; not faster)");
   cmd->add_option("--max-gpu-mem", o->max_gpu_mem_gib, "GiB of GPU memory the prefill may hold (weights, recipe and buffers; a prompt that needs more is refused, saying so)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-rows", o->kv_rows, KV_ROWS_HELP)->check(CLI::IsMember({"decoder", "engine"}))->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)");
   cmd->add_option("--api-key", o->api_key, "Require Authorization: Bearer <key> (default: $PDBRIDGE_API_KEY)")->envname("PDBRIDGE_API_KEY");
   cmd->add_option("--max-queue", o->max_queue, "Captures allowed to wait behind the running one")->capture_default_str();
@@ -126,6 +131,7 @@ void register_bench_prefill(CLI::App& app) {
   pre->add_flag("--tp-one-gpu", po->tp_one_gpu, "With --tp N: every rank on GPU 0 (the sharding's overhead, not a speed-up)");
   pre->add_option("--max-gpu-mem", po->max_gpu_mem_gib, "GiB of GPU memory the prefill may hold (a 24 GB card's budget on a larger one)")->check(CLI::PositiveNumber);
   pre->add_option("--cache-type", po->cache_type, "Decoder cache type for the recipe's rows");
+  pre->add_option("--kv-rows", po->kv_rows, KV_ROWS_HELP)->check(CLI::IsMember({"decoder", "engine"}));
   pre->add_option("--modes", po->modes, "Only these modes (full-forward, engine, engine-no-attention, engine+recipe, engine+recipe+frames)")
       ->delimiter(',');
   pre->add_option("--threads", po->threads, "Host threads");

@@ -36,7 +36,11 @@ class GqaAttentionCuda final : public CudaAttention {
   }
   void forward(int64_t layer, const bf16* x, float* h, const CudaChunk& c) override;
   CudaKvCache& kv() override { return kv_; }
-  size_t buffer_bytes() const override { return kv_.bytes() + kx_.bytes() + vx_.bytes() + qkv_.bytes() + q_.bytes() + att_.bytes(); }
+  std::string enable_kv_rows() override;
+  void kv_rows(int64_t layer, const bf16* x, const CudaChunk& c, const float** k, const float** v) override;
+  size_t buffer_bytes() const override {
+    return kv_.bytes() + kx_.bytes() + vx_.bytes() + qkv_.bytes() + q_.bytes() + att_.bytes() + kf_.bytes() + vf_.bytes();
+  }
   size_t weight_bytes() const override { return weight_bytes_; }
 
  private:
@@ -54,6 +58,9 @@ class GqaAttentionCuda final : public CudaAttention {
   CudaKvCache kv_;
   DeviceBuffer kx_, vx_;  // kv_fp8, expanded: one layer's rows as bf16 [kv_heads x capacity x head_dim]
   DeviceBuffer qkv_, q_, att_;
+  bool kv_rows_ = false;
+  int world_ = 1;
+  DeviceBuffer kf_, vf_;  // --kv-rows engine: the chunk's K and V rows as f32 products [rows x kv_heads * head_dim]
   cuda::QkvRopeArgs ra_;  // kernel arguments that change only per chunk (rows, positions) or per layer (qwen3's norms)
   cuda::AttentionShape as_;
   size_t weight_bytes_ = 0;
@@ -61,7 +68,7 @@ class GqaAttentionCuda final : public CudaAttention {
 
 GqaAttentionCuda::GqaAttentionCuda(const CudaLoad& ld, const CudaAttentionOptions& o, CudaMatmul& mm)
     : mm_(mm), H_(ld.c.hidden_size), hd_(ld.c.head_dim), nh_(ld.shard.q_heads), nkv_(ld.shard.kv_heads), kv_fp8_(o.kv_fp8),
-      fp8kv_fused_(o.fp8kv_fused) {
+      fp8kv_fused_(o.fp8kv_fused), world_(ld.world) {
   const auto& c = ld.c;
   if (kv_fp8_) {
     cuda::AttentionShape probe;
@@ -115,6 +122,7 @@ size_t GqaAttentionCuda::prompt_bytes(int64_t T, int64_t chunk, int64_t cache_la
   size_t kv = size_t(2) * size_t(cache_layers) * size_t(nkv * T) * per_row;
   if (kv_fp8_ && !fp8kv_fused_) kv += size_t(2) * size_t(nkv * T * hd) * 2;  // one layer's rows expanded to bf16
   const int64_t rows = mm_.padded_rows(chunk);
+  if (kv_rows_) kv += size_t(2) * size_t(chunk * nkv * hd) * 4;
   return kv + size_t(chunk) * size_t((nh + 2 * nkv) * hd * 2 + 2 * nh * hd * 2) + size_t(rows - chunk) * size_t((nh + 2 * nkv) * hd * 2 + nh * hd * 2);
 }
 
@@ -143,6 +151,30 @@ void GqaAttentionCuda::reserve(int64_t T, int64_t chunk, int64_t cache_layers) {
   qkv_.resize(size_t(rows_cap * (nh_ + 2 * nkv) * hd) * 2);
   q_.resize(size_t(chunk * nh_ * hd) * 2);
   att_.resize(size_t(rows_cap * nh_ * hd) * 2);
+  if (kv_rows_) {
+    kf_.resize(size_t(chunk * nkv * hd) * 4);
+    vf_.resize(size_t(chunk * nkv * hd) * 4);
+  }
+}
+
+std::string GqaAttentionCuda::enable_kv_rows() {
+  if (mm_.fp8()) return "the engine multiplies in FP8 (a checkpoint's weights, not the decoder's)";
+  if (world_ > 1) return "tensor parallel: a rank holds only its heads' rows";
+  kv_rows_ = true;
+  return "";
+}
+
+// Two products beside the fused q|k|v one, whose bf16 output would round the rows 4x coarser than an f16 cache: the
+// k and v slices of the same weight (rows nh*hd.. of [out x in]) with f32 output.
+void GqaAttentionCuda::kv_rows(int64_t l, const bf16* x, const CudaChunk& c, const float** k, const float** v) {
+  if (!kv_rows_) throw std::logic_error("kv_rows: enable_kv_rows was not called");
+  const bf16* w = layers_[size_t(l)].wqkv.as<bf16>();
+  const int64_t C = nkv_ * hd_;
+  cuda::Gemm& g = mm_.gemm();
+  g.xwt(cuda::DType::BF16, x, w + nh_ * hd_ * H_, cuda::DType::F32, kf_.get(), c.n, H_, C, 0.0f, c.s);
+  g.xwt(cuda::DType::BF16, x, w + (nh_ * hd_ + C) * H_, cuda::DType::F32, vf_.get(), c.n, H_, C, 0.0f, c.s);
+  *k = kf_.as<float>();
+  *v = vf_.as<float>();
 }
 
 void GqaAttentionCuda::forward(int64_t l, const bf16* x, float* h, const CudaChunk& c) {

@@ -93,6 +93,12 @@ class CudaAttention {
   // h[n x hidden] += attention(x) W_o^T, layer `layer` (this rank's heads); x the normed rows (bf16).
   virtual void forward(int64_t layer, const __nv_bfloat16* x, float* h, const CudaChunk& c) = 0;
   virtual CudaKvCache& kv() = 0;
+  // The decoder's cache rows from the engine's own products (--kv-rows engine): K and V of the normed rows x as f32
+  // products with this layer's weights, before RoPE and qwen3's k norm. They are the decoder's rows up to the
+  // products' rounding only when the engine runs the decoder's GGUF. enable_kv_rows before reserve: "" when this
+  // attention has such rows, else why not (MLA caches a latent the recipe computes; FP8 products; a rank's heads).
+  virtual std::string enable_kv_rows() { return "this attention has no separate K/V rows"; }
+  virtual void kv_rows(int64_t /*layer*/, const __nv_bfloat16* /*x*/, const CudaChunk& /*c*/, const float** /*k*/, const float** /*v*/) {}
   virtual size_t buffer_bytes() const = 0;
   virtual size_t weight_bytes() const = 0;
 };

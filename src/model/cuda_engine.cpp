@@ -250,6 +250,17 @@ void CudaEngine::keep_state(int64_t processed, std::shared_ptr<EngineState>* kee
   }
 }
 
+void CudaEngine::enable_kv_rows() {
+  if (const std::string why = attention_->enable_kv_rows(); !why.empty())
+    throw std::invalid_argument(fmt::format("--kv-rows engine: {} ({})", why, def_.name));
+  kv_rows_ = true;
+}
+
+void CudaEngine::set_kv_tap(KvTap tap) {
+  if (tap && !kv_rows_) throw std::logic_error("set_kv_tap before enable_kv_rows");
+  kv_tap_ = std::move(tap);
+}
+
 int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, const DeviceHook& hook,
                             const std::function<bool()>& cancelled, bool full_last_layer, bool skip_attention, ResumePoint resume,
                             std::shared_ptr<EngineState>* keep, size_t keep_max_bytes) {
@@ -298,9 +309,16 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
         return p0;
       }
       if (hook) hook(int(l), h, ch.n, p0, s);
-      if (l == L - 1 && !full_last_layer) break;
+      const bool last = l == L - 1 && !full_last_layer;
+      if (last && !kv_tap_) break;
       if (quant_) quant_->expand(l, s);
       cuda::rmsnorm_rows_bf16(h, in_norm_[size_t(l)].as<float>(), x, ch.n, H, eps, s);
+      if (kv_tap_) {
+        const float *k = nullptr, *v = nullptr;
+        attention_->kv_rows(l, x, ch, &k, &v);
+        kv_tap_(int(l), k, v, ch.n, p0, s);
+        if (last) break;
+      }
       partial_residual();
       attention_->forward(l, x, h, ch);
       reduce_residual();

@@ -33,6 +33,10 @@ class CudaEngine {
   // (layer, d_h: [rows x hidden] f32 on the device, rows, first position, stream). Work the hook
   // enqueues on `stream` sees d_h as it enters the layer; d_h changes after the hook returns.
   using DeviceHook = std::function<void(int layer, const float* d_h, int64_t rows, int64_t pos0, cudaStream_t stream)>;
+  // (layer, d_k, d_v: [rows x kv_heads * head_dim] f32 on the device, before RoPE, rows, first position, stream): the
+  // layer's K/V rows as the engine's own products (CudaAttention::kv_rows), valid for work enqueued on `stream`
+  // during the call. Every layer's, the last included.
+  using KvTap = std::function<void(int layer, const float* d_k, const float* d_v, int64_t rows, int64_t pos0, cudaStream_t stream)>;
 
   // kv_fp8: the engine keeps its own K/V as e4m3 rows with one scale per head row (about half of bf16's
   // memory, for very long prompts); needs head_dim 128 on an sm_90 GPU (the wgmma attention kernel).
@@ -74,6 +78,11 @@ class CudaEngine {
                   const std::function<bool()>& cancelled = {}, bool full_last_layer = false, bool skip_attention = false,
                   ResumePoint resume = {}, std::shared_ptr<EngineState>* keep = nullptr, size_t keep_max_bytes = SIZE_MAX);
   bool resumable() const { return def_.resumable; }
+  // --kv-rows engine: enable_kv_rows (before the first prompt: it sizes the prompt's buffers) throws
+  // std::invalid_argument where the attention has no such rows (CudaAttention::enable_kv_rows says why); then prefill
+  // calls the tap set (null: none, and no products for it) at every layer.
+  void enable_kv_rows();
+  void set_kv_tap(KvTap tap);
   const TpShard& shard() const { return shard_; }
   // A new group's comm for the same rank (the old group was aborted after a rank failed).
   void set_tp_comm(cuda::TpComm* tp) { tp_ = tp; }
@@ -102,6 +111,8 @@ class CudaEngine {
   std::unique_ptr<CudaQuantStore> quant_;             // a GGUF's quantized weights (expanded per layer); null otherwise
   std::vector<cuda::DeviceBuffer> in_norm_, post_norm_;  // f32, per layer
   std::unique_ptr<CudaAttention> attention_;
+  bool kv_rows_ = false;
+  KvTap kv_tap_;
   std::vector<std::unique_ptr<CudaFfn>> ffns_;
   CudaFfnScratch ffn_scratch_;
   cuda::DeviceBuffer tokens_, h_, x_;  // per prompt, grown on demand and kept for the next one

@@ -19,7 +19,8 @@
 
 namespace pdb {
 
-GpuRecipe::GpuRecipe(const Recipe& cpu, cuda::Gemm& gemm, int64_t max_rows) : cpu_(cpu), gemm_(gemm), max_rows_(max_rows) {
+GpuRecipe::GpuRecipe(const Recipe& cpu, cuda::Gemm& gemm, int64_t max_rows, bool with_weights)
+    : cpu_(cpu), gemm_(gemm), max_rows_(max_rows), with_weights_(with_weights) {
   const auto& in = cpu.info();
   const int64_t E = in.n_embd;
   auto upload = [&](const RecipeWeight& rw) {
@@ -60,12 +61,12 @@ GpuRecipe::GpuRecipe(const Recipe& cpu, cuda::Gemm& gemm, int64_t max_rows) : cp
     return w;
   };
   for (int64_t l = 0; l < cpu.loaded_layers(); ++l) {
-    wk_.push_back(upload(cpu.k_weight(int(l))));
+    if (with_weights) wk_.push_back(upload(cpu.k_weight(int(l))));
     if (in.mla()) {
       cuda::DeviceBuffer lb(size_t(in.kv_lora_rank) * 4);
       lb.upload(cpu.k_latent_norm(int(l)), size_t(in.kv_lora_rank) * 4);
       latent_norm_.push_back(std::move(lb));
-    } else {
+    } else if (with_weights) {
       wv_.push_back(upload(cpu.v_weight(int(l))));
     }
     cuda::DeviceBuffer nb(size_t(E) * 4);
@@ -77,10 +78,12 @@ GpuRecipe::GpuRecipe(const Recipe& cpu, cuda::Gemm& gemm, int64_t max_rows) : cp
       k_norm_.push_back(std::move(kb));
     }
   }
-  x_.resize(size_t(max_rows * E) * 4);
-  xa_.resize(size_t(max_rows * E) * 4);
-  xq_.resize(size_t(max_rows * E));
-  xd_.resize(size_t(max_rows * E / 32 + 1) * 4);
+  if (with_weights) {  // the products' activations
+    x_.resize(size_t(max_rows * E) * 4);
+    xa_.resize(size_t(max_rows * E) * 4);
+    xq_.resize(size_t(max_rows * E));
+    xd_.resize(size_t(max_rows * E / 32 + 1) * 4);
+  }
   cs_.resize(size_t(max_rows * in.rope.n_dims) * 4);
   bytes_ += x_.bytes() + xa_.bytes() + cs_.bytes() + xq_.bytes() + xd_.bytes();
 }
@@ -138,7 +141,7 @@ void GpuRecipe::kv_f32(int layer, const float* d_h, int64_t rows, cudaStream_t s
 }
 
 void GpuRecipe::check(int layer, int64_t rows) const {
-  if (layer < 0 || layer >= int64_t(wk_.size())) throw std::out_of_range(fmt::format("GPU recipe layer {} not loaded", layer));
+  if (layer < 0 || layer >= int64_t(norm_.size())) throw std::out_of_range(fmt::format("GPU recipe layer {} not loaded", layer));
   if (rows > max_rows_) throw std::invalid_argument(fmt::format("GPU recipe: {} rows, sized for {}", rows, max_rows_));
 }
 
@@ -152,14 +155,30 @@ void GpuRecipe::normalize(int layer, const float* d_h, int64_t rows, cudaStream_
 void GpuRecipe::kv_from_normed(int layer, const float* d_x, int64_t rows, cudaStream_t s, float* d_k, float* d_v) {
   const auto& in = cpu_.info();
   check(layer, rows);
+  if (!with_weights_) throw std::logic_error("GPU recipe made without its K/V weights: the rows come from the engine");
   const Weight& wk = wk_[size_t(layer)];
   project(wk, d_x, rows, s, d_k);
   if (in.mla()) return deepseek2_row(layer, d_k, rows, s);  // recipes/deepseek2_gpu.cpp
   const Weight& wv = wv_[size_t(layer)];
   project(wv, d_x, rows, s, d_v, same_activations(wk, wv));
+  rope_k(layer, d_k, rows, s);
+}
+
+void GpuRecipe::rope_k(int layer, float* d_k, int64_t rows, cudaStream_t s) {
+  const auto& in = cpu_.info();
   const float* kn = k_norm_.empty() ? nullptr : k_norm_[size_t(layer)].as<float>();
   cuda::rope_ggml_rows(d_k, cs_.as<float>(), rows, int(in.n_head_kv), int(in.head_dim), in.rope.n_dims, in.rope.mode == RopeMode::Neox, kn,
                        in.norm_eps, s);
+}
+
+void GpuRecipe::rows_from_engine(int layer, const float* k, const float* v, int64_t rows, cudaStream_t s, float* d_k, float* d_v) {
+  const auto& in = cpu_.info();
+  check(layer, rows);
+  if (in.mla()) throw std::logic_error("rows_from_engine: MLA caches a latent the recipe computes");
+  const size_t bytes = size_t(rows * in.n_embd_kv()) * 4;
+  PDB_CUDA_CHECK(cudaMemcpyAsync(d_k, k, bytes, cudaMemcpyDeviceToDevice, s));
+  PDB_CUDA_CHECK(cudaMemcpyAsync(d_v, v, bytes, cudaMemcpyDeviceToDevice, s));
+  rope_k(layer, d_k, rows, s);
 }
 
 }  // namespace pdb

@@ -22,7 +22,9 @@ namespace cuda { class Gemm; }
 
 class GpuRecipe {
  public:
-  GpuRecipe(const Recipe& cpu, cuda::Gemm& gemm, int64_t max_rows);
+  // with_weights false: the rows come from the engine's own products (rows_from_engine); the K/V weights stay on the
+  // host and kv_f32/kv_from_normed are not available.
+  GpuRecipe(const Recipe& cpu, cuda::Gemm& gemm, int64_t max_rows, bool with_weights = true);
   ~GpuRecipe();
   const Recipe& cpu() const { return cpu_; }
   const RecipeInfo& info() const { return cpu_.info(); }
@@ -38,6 +40,9 @@ class GpuRecipe {
   // this object's scratch: calls of it must be ordered (one stream).
   void normalize(int layer, const float* d_h, int64_t rows, cudaStream_t s, float* d_x);
   void kv_from_normed(int layer, const float* d_x, int64_t rows, cudaStream_t s, float* d_k, float* d_v);
+  // The engine's K/V rows (CudaEngine::KvTap: products before RoPE) into d_k/d_v as kv_f32 leaves them: qwen3's K
+  // norm and the decoder's RoPE on K. Not for MLA, whose cached latent only the recipe computes.
+  void rows_from_engine(int layer, const float* k, const float* v, int64_t rows, cudaStream_t s, float* d_k, float* d_v);
 
  private:
   struct Weight {
@@ -51,12 +56,14 @@ class GpuRecipe {
   void project(const Weight& w, const float* d_x, int64_t rows, cudaStream_t s, float* d_y, bool converted = false);
   static bool same_activations(const Weight& a, const Weight& b);
   void check(int layer, int64_t rows) const;  // a loaded layer, rows within the buffers
+  void rope_k(int layer, float* d_k, int64_t rows, cudaStream_t s);  // qwen3's K norm, then the decoder's RoPE
   // deepseek2's row from its projection in d_k (recipes/deepseek2_gpu.cpp)
   void deepseek2_row(int layer, float* d_k, int64_t rows, cudaStream_t s);
 
   const Recipe& cpu_;
   cuda::Gemm& gemm_;
   int64_t max_rows_ = 0;
+  bool with_weights_ = true;
   size_t bytes_ = 0;
   std::vector<Weight> wk_, wv_;
   std::vector<cuda::DeviceBuffer> norm_, k_norm_, latent_norm_;  // latent_norm_: MLA's kv_a_norm
