@@ -287,14 +287,17 @@ stage_ggufab() {
   run bench_gguf_q8 $PDB bench prefill --model $M/llama8b/decoder-q8_0.gguf --label llama8b-gguf-q8_0 $B
 }
 # Issue 35's cache rows from the engine's own K/V products (--kv-rows engine) against the recipe's (decoder): the GPU
-# tests, bench prefill on the Llama-8B shape as Q4_K_M / Q8_0 / F16 GGUFs both ways beside the checkpoint path at the
-# Q4_K_M recipe, then output parity on this host's CPU decoder, GPU prefill, both ways on the same prompts.
+# tests, output parity on this host's CPU decoder (GPU prefill, both ways on the same prompts), then bench prefill on
+# the Llama-8B shape as Q4_K_M / Q8_0 / F16 GGUFs both ways beside the checkpoint path at the Q4_K_M recipe.
 stage_kvrows() {
   TM=$P/build/test-models
   [ -f $TM/llama-tiny/decoder-q4_0.gguf ] || run test_models bash -c "set -e; $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0,q4_0; \
+    $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny-h16 --hf-dtype f16 --gguf-types f16; \
     $PDB make-model --arch qwen3 --preset tiny --seed 2 --out $TM/qwen3-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
     $PDB make-model --arch qwen3moe --preset tiny --seed 3 --out $TM/qwen3moe-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0"
+  run unit_kvrows timeout 180 $P/build/tests/unit_tests --gtest_filter='CudaKernels.QkRows*:CudaKernels.QkvRope*'
   run integration_kvrows timeout 420 $P/build/tests/integration_tests --gtest_filter='CudaParity.EngineKv*:CudaBridge.*:CudaEngine.FromTheGguf*'
+  run parity_kvrows env IMATRIX=0 DEVICE=cuda LEGS="gguf engine" PARITY_SEED=${PARITY_SEED:-2026120402} bash $REPO/scripts/parity_types.sh $R/parity ${PARITY_TYPES:-Q4_K_M Q8_0 Q6_K}
   [ -f $M/llama8b/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16
   for q in q4_K_M q8_0; do
     [ -f $M/llama8b/decoder-$q.gguf ] || run quantize_$q $P/build/llama/bin/llama-quantize $M/llama8b/decoder-f16.gguf $M/llama8b/decoder-$q.gguf $(echo $q | tr a-z A-Z) 16
@@ -302,11 +305,10 @@ stage_kvrows() {
   local B="--tokens ${GGUF_TOKENS:-8192,32768} --reps 2 --chunk 4096 --modes engine,engine+recipe+frames --out $R/bench_kvrows.jsonl"
   run bench_ckpt_q4km $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-q4_K_M.gguf --label llama8b-checkpoint-recipe-q4_K_M $B
   for g in ${KVROWS_TYPES:-q4_K_M q8_0 f16}; do
-    for rows in decoder engine; do
+    for rows in ${KVROWS_LEGS:-decoder engine}; do
       run bench_${g}_$rows $PDB bench prefill --model $M/llama8b/decoder-$g.gguf --kv-rows $rows --label llama8b-gguf-$g-rows-$rows $B
     done
   done
-  run parity_kvrows env IMATRIX=0 DEVICE=cuda LEGS="gguf engine" PARITY_SEED=${PARITY_SEED:-2026120402} bash $REPO/scripts/parity_types.sh $R/parity ${PARITY_TYPES:-Q4_K_M Q8_0 Q6_K}
 }
 # A short re-check of the engines after a change that the full stages already covered: the test models, the CUDA
 # engine's tests, tensor parallel on one GPU and DeepSeek-V4's GPU engine and bridge.

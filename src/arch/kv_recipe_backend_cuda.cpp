@@ -24,6 +24,7 @@
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/gemm.cuh"
+#include "definitions/definition.h"
 #include "model/cuda_engine.h"
 #include "model/cuda_engine_tp.h"
 #include "arch/backends.h"
@@ -186,11 +187,12 @@ class CudaBackend final : public PrefillBackend {
       send(s, rs);
     };
     // --kv-rows engine: on the engine's stream (its K/V buffers are rewritten at the next layer), RoPE and type only.
+    const bool hf_k_order = model_definition(info.arch).gguf_permutes_qk;  // the engine's K rows are in HF's order
     CudaEngine::KvTap engine_rows = [&](int layer, const float* k, const float* v, int64_t rows, int64_t pos0, cudaStream_t st) {
       if (stopped) return;
       if (layer == 0) gpu_recipe_.set_positions(pos0, rows, st);
       Slot& s = next_slot(layer, rows, pos0);
-      gpu_recipe_.rows_from_engine(layer, k, v, rows, st, s.dk.as<float>(), s.dv.as<float>());
+      gpu_recipe_.rows_from_engine(layer, k, v, rows, hf_k_order, st, s.dk.as<float>(), s.dv.as<float>());
       send(s, st);
     };
 

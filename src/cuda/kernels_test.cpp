@@ -10,6 +10,7 @@
 
 #include "cuda/device.h"
 #include "formats/ggml_types.h"
+#include "formats/hf_to_gguf.h"
 #include "formats/numeric.h"
 #include "numerics/reference_ops.h"
 #include "numerics/rmsnorm.h"
@@ -533,6 +534,23 @@ TEST(ReferenceOps, Fp8ActivationQuantizationRoundTripsWithinE4m3Precision) {
       }
       if (amax > 0) { EXPECT_EQ(qmax, 448.0f); }
     }
+}
+
+// --kv-rows engine: llama's K rows from the engine's HF order into the GGUF's, exactly as the converter permutes rows.
+TEST(CudaKernels, QkRowsToGgufOrderIsTheConvertersPermutation) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  const int64_t rows = 33, heads = 8, hd = 128;
+  auto x = randn(size_t(rows * heads * hd), 1.0f);
+  std::vector<float> ref(x.size());
+  for (int64_t r = 0; r < rows; ++r) permute_qk_rows(x.data() + r * heads * hd, ref.data() + r * heads * hd, heads, hd, 1);
+  auto dx = to_device_f32(x);
+  auto dy = poisoned(x.size() * 4);
+  cuda::qk_rows_to_gguf_order(dx.as<float>(), dy.as<float>(), rows, int(heads), int(hd), nullptr);
+  PDB_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(from_device_f32(dy, x.size()), ref);
+  EXPECT_THROW(cuda::qk_rows_to_gguf_order(nullptr, nullptr, 1, 1, 7, nullptr), std::invalid_argument);
+#endif
 }
 
 }  // namespace pdb

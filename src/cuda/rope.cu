@@ -161,6 +161,23 @@ void rope_ggml_rows(float* k, const float* cs, int64_t rows, int n_heads, int he
   PDB_CUDA_LAUNCHED();
 }
 
+namespace {
+__global__ void qk_rows_to_gguf_order_kernel(const float* __restrict__ in, float* __restrict__ out, int64_t n, int head_dim) {
+  const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // the output element
+  if (k >= n) return;
+  const int j = int(k % head_dim), half = head_dim / 2;
+  out[k] = in[k - j + (j % 2) * half + j / 2];
+}
+}  // namespace
+
+void qk_rows_to_gguf_order(const float* in, float* out, int64_t rows, int n_heads, int head_dim, cudaStream_t s) {
+  if (head_dim % 2) throw std::invalid_argument("qk_rows_to_gguf_order: odd head_dim");
+  const int64_t n = rows * n_heads * head_dim;
+  if (n == 0) return;
+  qk_rows_to_gguf_order_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(in, out, n, head_dim);
+  PDB_CUDA_LAUNCHED();
+}
+
 void rope_tail(float* x, const float* cs, int64_t n, int heads, int width, int r, int64_t row_stride, cudaStream_t s, int64_t cs_stride) {
   if (n <= 0) return;
   if (r % 2 || r > width) throw std::invalid_argument("rope_tail: r must be even and <= width");

@@ -45,6 +45,10 @@ void qkv_rope_to_cache(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, __nv_bflo
 void rope_ggml_rows(float* k, const float* cs, int64_t rows, int n_heads, int head_dim, int n_dims, bool neox,
                     const float* k_norm, float eps, cudaStream_t s, int64_t row_stride = 0);
 
+// Q/K rows from HF's order into the order convert_hf_to_gguf permutes llama's rows into (per head, element 2i + a is
+// HF's a * head_dim/2 + i): the CPU twin is formats/hf_to_gguf.h's permute_qk_rows. in and out must not overlap.
+void qk_rows_to_gguf_order(const float* in, float* out, int64_t rows, int n_heads, int head_dim, cudaStream_t s);
+
 // ggml's NORM RoPE on the last r dims of each of `heads` groups of `width` per row (rows row_stride apart, 0:
 // heads * width): pair i0 of row t by cs[t * r + i0], cs[t * r + i0 + 1] (cos, sin).
 // cs_stride: floats from one row's cos/sin to the next (0: r; the pools read every ratio-th row of the chunk's table).

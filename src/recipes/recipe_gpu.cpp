@@ -171,12 +171,14 @@ void GpuRecipe::rope_k(int layer, float* d_k, int64_t rows, cudaStream_t s) {
                        in.norm_eps, s);
 }
 
-void GpuRecipe::rows_from_engine(int layer, const float* k, const float* v, int64_t rows, cudaStream_t s, float* d_k, float* d_v) {
+void GpuRecipe::rows_from_engine(int layer, const float* k, const float* v, int64_t rows, bool hf_k_order, cudaStream_t s, float* d_k,
+                                 float* d_v) {
   const auto& in = cpu_.info();
   check(layer, rows);
   if (in.mla()) throw std::logic_error("rows_from_engine: MLA caches a latent the recipe computes");
   const size_t bytes = size_t(rows * in.n_embd_kv()) * 4;
-  PDB_CUDA_CHECK(cudaMemcpyAsync(d_k, k, bytes, cudaMemcpyDeviceToDevice, s));
+  if (hf_k_order) cuda::qk_rows_to_gguf_order(k, d_k, rows, int(in.n_head_kv), int(in.head_dim), s);
+  else PDB_CUDA_CHECK(cudaMemcpyAsync(d_k, k, bytes, cudaMemcpyDeviceToDevice, s));
   PDB_CUDA_CHECK(cudaMemcpyAsync(d_v, v, bytes, cudaMemcpyDeviceToDevice, s));
   rope_k(layer, d_k, rows, s);
 }

@@ -40,9 +40,10 @@ class GpuRecipe {
   // this object's scratch: calls of it must be ordered (one stream).
   void normalize(int layer, const float* d_h, int64_t rows, cudaStream_t s, float* d_x);
   void kv_from_normed(int layer, const float* d_x, int64_t rows, cudaStream_t s, float* d_k, float* d_v);
-  // The engine's K/V rows (CudaEngine::KvTap: products before RoPE) into d_k/d_v as kv_f32 leaves them: qwen3's K
-  // norm and the decoder's RoPE on K. Not for MLA, whose cached latent only the recipe computes.
-  void rows_from_engine(int layer, const float* k, const float* v, int64_t rows, cudaStream_t s, float* d_k, float* d_v);
+  // The engine's K/V rows (CudaEngine::KvTap: products before RoPE) into d_k/d_v as kv_f32 leaves them: K in the
+  // GGUF's row order where the converter permuted it (hf_k_order: the engine's K is in HF's), qwen3's K norm and the
+  // decoder's RoPE on K. Not for MLA, whose cached latent only the recipe computes.
+  void rows_from_engine(int layer, const float* k, const float* v, int64_t rows, bool hf_k_order, cudaStream_t s, float* d_k, float* d_v);
 
  private:
   struct Weight {
