@@ -126,6 +126,32 @@ TEST(Deepseek4Cuda, TracksTheCpuEngineSectionBySection) {
 // complete (T-1 tokens restored, the last computed), and the answer tracks the native one: the first token
 // equal, the greedy continuation and the top-10 log-probabilities reported (the GPU engine's bf16 products put
 // the deeper layers' sections within ~1e-2 of the CPU engine's: a random model's near-ties may part later tokens).
+// Issue 35 on the GPU: `pdbridge prefill --device cuda --model decoder.gguf` with no checkpoint and no --recipe, the
+// FP4 experts from the GGUF's MXFP4 tensors: complete, and the 12-token greedy answer equal to the decoder's own.
+TEST(Deepseek4CudaBridge, FromItsGgufAlone) {
+  PDB_SKIP_WITHOUT_GPU();
+  struct Case { const char* model; const char* type; };
+  for (const Case& c : {Case{"deepseek4-tiny", "f32"}, Case{"deepseek4-tiny-fp8", "mxfp4_moe"}}) {
+    test::StackOptions so;
+    so.model_dir = test::models_dir() + "/" + c.model;
+    so.decoder_type = c.type;
+    so.hf_dir = so.model_dir + "/decoder-" + c.type + ".gguf";
+    so.recipe_gguf = "-";
+    so.ctx = 4096;
+    so.prefill_extra = {"--device", "cuda"};
+    test::Stack st(so);
+    json body = {{"prompt", test::random_text(4101, 600)}, {"n_predict", 12}, {"temperature", 0}};
+    auto r = st.post_front("/completion", body);
+    ASSERT_EQ(r.status, 200) << r.body << st.logs();
+    EXPECT_EQ(r.verdict().value("verdict", ""), "complete") << c.model << " " << r.verdict().dump() << st.logs();
+    body["cache_prompt"] = false;
+    body["id_slot"] = 0;
+    auto n = st.post_decoder("/completion", body);
+    ASSERT_EQ(n.status, 200) << n.body;
+    EXPECT_EQ(r.json().value("content", ""), n.json().value("content", "")) << c.model;
+  }
+}
+
 TEST(Deepseek4CudaBridge, CompleteWithTheGpuPrefillAndAnswersAsNative) {
   PDB_SKIP_WITHOUT_GPU();
   struct Case { std::string model, decoder, cache; };

@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -310,6 +310,19 @@ stage_kvrows() {
     done
   done
 }
+# Issue 35's re-check after a change the kvrows and gguf stages measured: every GGUF-related GPU test, DeepSeek-V4 from
+# its GGUF on the GPU, and the golden hashes on this host's CPU (another ISA than the build machine's).
+stage_recheck35() {
+  TM=$P/build/test-models
+  run test_models bash -c "set -e; $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0,q4_0; \
+    $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny-h16 --hf-dtype f16 --gguf-types f16; \
+    $PDB make-model --arch qwen3 --preset tiny --seed 2 --out $TM/qwen3-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
+    $PDB make-model --arch qwen3moe --preset tiny --seed 3 --out $TM/qwen3moe-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
+    $PDB make-model --arch deepseek2 --preset tiny --seed 4 --out $TM/deepseek2-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0"
+  run unit_dequant timeout 180 $P/build/tests/unit_tests --gtest_filter='CudaDequant*:CudaKernels*'
+  run integration_35 timeout 480 $P/build/tests/integration_tests --gtest_filter='CudaEngine.*:CudaBridge.*:CudaParity.EngineKv*:GgufModel.*'
+  stage_golden
+}
 # A short re-check of the engines after a change that the full stages already covered: the test models, the CUDA
 # engine's tests, tensor parallel on one GPU and DeepSeek-V4's GPU engine and bridge.
 stage_recheck() {
@@ -331,7 +344,7 @@ stage_link() {
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -18,45 +18,15 @@ constexpr bool float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlTy
 // A launch's unit: 32 weights of a quantized type (its decoders' group), 8 of a float type.
 constexpr int64_t group_elements(GgmlType t) { return float_type(t) ? 8 : 32; }
 
-constexpr int64_t block_bytes(GgmlType t) {
-  switch (t) {
-    case GgmlType::F32: return 4;
-    case GgmlType::F16: case GgmlType::BF16: return 2;
-    case GgmlType::Q8_0: return 34;
-    case GgmlType::Q4_0: return 18;
-    case GgmlType::Q4_1: return 20;
-    case GgmlType::Q5_0: return 22;
-    case GgmlType::Q5_1: return 24;
-    case GgmlType::MXFP4: return 17;
-    case GgmlType::IQ4_NL: return 18;
-    case GgmlType::Q2_K: return 84;
-    case GgmlType::Q3_K: return 110;
-    case GgmlType::Q4_K: return 144;
-    case GgmlType::Q5_K: return 176;
-    case GgmlType::Q6_K: return 210;
-    case GgmlType::IQ4_XS: return 136;
-    case GgmlType::IQ2_XXS: return 66;
-    case GgmlType::IQ2_XS: return 74;
-    case GgmlType::IQ2_S: return 82;
-    case GgmlType::IQ3_XXS: return 98;
-    case GgmlType::IQ3_S: return 110;
-    case GgmlType::IQ1_S: return 50;
-    case GgmlType::IQ1_M: return 56;
-    default: return 0;
-  }
-}
-
-// Group k of a run of type T's blocks starting at src (float types: elements 8k..8k+7).
+// Group k of a run of type T's blocks (block_bytes each: the host's traits(T).type_size) starting at src (float types:
+// elements 8k..8k+7).
 template <GgmlType T>
-__device__ __forceinline__ void decode_group(const uint8_t* src, int64_t k, float* y) {
+__device__ __forceinline__ void decode_group(const uint8_t* src, int64_t k, int64_t block_bytes, float* y) {
   if constexpr (float_type(T)) {
     for (int j = 0; j < 8; ++j) y[j] = gd::float_element(T, src, 8 * k + j);
   } else {
-    constexpr int G = T == GgmlType::Q8_0 || T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::Q5_0 || T == GgmlType::Q5_1 ||
-                              T == GgmlType::MXFP4 || T == GgmlType::IQ4_NL
-                          ? 1
-                          : 8;
-    gd::group(T, src + (k / G) * block_bytes(T), int(k % G), y);
+    const int G = gd::groups_per_block(T);
+    gd::group(T, src + (k / G) * block_bytes, int(k % G), y);
   }
 }
 
@@ -80,26 +50,27 @@ __device__ __forceinline__ int find_segment(const DequantSegment* segs, int n, i
 
 // One thread per group: consecutive threads write consecutive 64-byte runs (a warp, 2 KiB of one weight's rows).
 template <GgmlType T>
-__global__ void expand_kernel(const DequantSegment* segs, int n_segs, int64_t total, __nv_bfloat16* dst) {
+__global__ void expand_kernel(const DequantSegment* segs, int n_segs, int64_t total, int64_t block_bytes, __nv_bfloat16* dst) {
   constexpr int GS = int(group_elements(T));
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
   const DequantSegment& sg = segs[find_segment(segs, n_segs, i)];
   const int64_t k = i - sg.block0;
   float y[GS];
-  decode_group<T>(sg.src, k, y);
+  decode_group<T>(sg.src, k, block_bytes, y);
   store_bf16<GS>(dst + sg.dst_offset + k * GS, y);
 }
 
 // One thread per (row, group), the values written as f32.
 template <GgmlType T>
-__global__ void rows_kernel(const uint8_t* table, int64_t row_bytes, const int32_t* tokens, int64_t rows, int64_t groups_per_row, float* h) {
+__global__ void rows_kernel(const uint8_t* table, int64_t row_bytes, const int32_t* tokens, int64_t rows, int64_t groups_per_row,
+                            int64_t block_bytes, float* h) {
   constexpr int GS = int(group_elements(T));
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * groups_per_row) return;
   const int64_t r = i / groups_per_row, k = i % groups_per_row;
   float y[GS];
-  decode_group<T>(table + int64_t(tokens[r]) * row_bytes, k, y);
+  decode_group<T>(table + int64_t(tokens[r]) * row_bytes, k, block_bytes, y);
   float4* o = reinterpret_cast<float4*>(h + (r * groups_per_row + k) * GS);
   for (int c = 0; c < GS / 4; ++c) o[c] = make_float4(y[4 * c], y[4 * c + 1], y[4 * c + 2], y[4 * c + 3]);
 }
@@ -122,13 +93,14 @@ constexpr int kThreads = 256;
 
 int64_t dequant_group_elements(GgmlType t) { return group_elements(t); }
 
-bool can_dequantize_on_device(GgmlType t) { return block_bytes(t) > 0; }
+bool can_dequantize_on_device(GgmlType t) { return can_dequantize(t); }  // the host's decoders are these kernels' (ggml_decode.h)
 
 void dequantize_segments_bf16(GgmlType t, const DequantSegment* segments, int n_segments, int64_t total_groups, __nv_bfloat16* dst,
                               cudaStream_t s) {
   if (total_groups <= 0 || n_segments <= 0) return;
   dispatch(t, [&](auto tc) {
-    expand_kernel<decltype(tc)::value><<<unsigned((total_groups + kThreads - 1) / kThreads), kThreads, 0, s>>>(segments, n_segments, total_groups, dst);
+    expand_kernel<decltype(tc)::value><<<unsigned((total_groups + kThreads - 1) / kThreads), kThreads, 0, s>>>(segments, n_segments, total_groups,
+                                                                                                            traits(t).type_size, dst);
   });
   PDB_CUDA_LAUNCHED();
 }
@@ -139,7 +111,8 @@ void dequantize_rows_f32(GgmlType t, const uint8_t* table, int64_t row_bytes, co
   if (dim % group_elements(t)) throw std::invalid_argument("dequantize_rows_f32: the row is not whole groups");
   const int64_t gpr = dim / group_elements(t), n = rows * gpr;
   dispatch(t, [&](auto tc) {
-    rows_kernel<decltype(tc)::value><<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, s>>>(table, row_bytes, tokens, rows, gpr, h);
+    rows_kernel<decltype(tc)::value><<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, s>>>(table, row_bytes, tokens, rows, gpr,
+                                                                                                  traits(t).type_size, h);
   });
   PDB_CUDA_LAUNCHED();
 }

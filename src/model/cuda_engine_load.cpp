@@ -21,6 +21,14 @@ using cuda::DeviceBuffer;
 
 namespace cuda_load {
 
+namespace {
+std::vector<uint16_t> rounded_to_bf16(const float* w, int64_t n, int threads) {
+  std::vector<uint16_t> out(static_cast<size_t>(n));
+  parallel_for(n, threads, [&](int64_t b, int64_t e) { for (int64_t i = b; i < e; ++i) out[size_t(i)] = f32_to_bf16(w[i]); });
+  return out;
+}
+}  // namespace
+
 // HF tensor -> bf16 bytes (bf16 as is; f32/f16 rounded; block FP8 dequantized with its scales).
 std::vector<uint16_t> to_bf16(const SafetensorsCheckpoint& ck, const HfConfig& c, const std::string& name, int64_t rows, int64_t cols,
                               int threads) {
@@ -37,19 +45,14 @@ std::vector<uint16_t> to_bf16(const SafetensorsCheckpoint& ck, const HfConfig& c
         for (int64_t i = b; i < e; ++i) out[size_t(i)] = f32_to_bf16(fp16_to_f32(s[i]));
       });
       break;
-    case StDtype::F32:
-      parallel_for(n, threads, [&](int64_t b, int64_t e) {
-        const auto* s = reinterpret_cast<const float*>(t.data);
-        for (int64_t i = b; i < e; ++i) out[size_t(i)] = f32_to_bf16(s[i]);
-      });
-      break;
+    case StDtype::F32: out = rounded_to_bf16(reinterpret_cast<const float*>(t.data), n, threads); break;
     case StDtype::F8_E4M3: {
       const std::string sname = name.substr(0, name.size() - 6) + "weight_scale_inv";
       if (!ck.find(sname)) throw std::runtime_error(name + " is FP8 but " + sname + " is missing");
       auto s = ck.to_f32(sname);
       std::vector<float> w(static_cast<size_t>(n));
       dequantize_block_fp8(t.data, rows, cols, s.data(), c.fp8_block_rows, c.fp8_block_cols, w.data());
-      parallel_for(n, threads, [&](int64_t b, int64_t e) { for (int64_t i = b; i < e; ++i) out[size_t(i)] = f32_to_bf16(w[size_t(i)]); });
+      out = rounded_to_bf16(w.data(), n, threads);
       break;
     }
     default: throw std::runtime_error(fmt::format("{}: dtype {} not supported by the CUDA engine", name, st_dtype_name(t.dtype)));
@@ -141,8 +144,7 @@ DeviceBuffer gguf_resident(const CudaLoad& ld, const std::vector<RowSlice>& part
   size_t off = 0;
   for (const auto& p : parts) {
     const auto w = ld.gguf->matrix(p.name, p.rows, cols);
-    std::vector<uint16_t> h(w.size());
-    parallel_for(int64_t(w.size()), ld.threads, [&](int64_t b0, int64_t e) { for (int64_t i = b0; i < e; ++i) h[size_t(i)] = f32_to_bf16(w[size_t(i)]); });
+    const auto h = rounded_to_bf16(w.data(), int64_t(w.size()), ld.threads);
     b.upload(h.data(), h.size() * 2, off);
     off += h.size() * 2;
   }
@@ -155,16 +157,18 @@ CudaWeight weight(const CudaLoad& ld, int64_t layer, const std::vector<RowSlice>
                   size_t& total) {
   if (ld.ck) return upload_sliced(*ld.ck, ld.c, parts, full_cols, col0, cols, ld.threads, total);
   if (col0 != 0 || cols != full_cols) throw std::logic_error("a GGUF's weights are not sliced (tensor parallel reads checkpoints)");
-  std::vector<RawRows> raw;
   bool quantized = false;
   for (const auto& p : parts) {
     if (p.row0 != 0 || p.rows != p.full_rows) throw std::logic_error("a GGUF's weights are not sliced (tensor parallel reads checkpoints)");
-    auto r = ld.gguf->raw_rows(p.name, p.rows, cols);
-    if (!r) return gguf_resident(ld, parts, cols, total);
-    quantized |= !float_type(r->type);
-    raw.push_back(std::move(*r));
+    quantized |= !float_type(ld.gguf->storage_type(p.name));
   }
   if (!quantized || !ld.quant) return gguf_resident(ld, parts, cols, total);
+  std::vector<RawRows> raw;
+  for (const auto& p : parts) {
+    auto r = ld.gguf->raw_rows(p.name, p.rows, cols);
+    if (!r) return gguf_resident(ld, parts, cols, total);  // a weight the source rebuilds (deepseek2's kv_b_proj)
+    raw.push_back(std::move(*r));
+  }
   std::vector<CudaQuantStore::Part> qp;
   for (size_t i = 0; i < parts.size(); ++i) qp.push_back({raw[i].type, raw[i].bytes.data(), parts[i].rows, cols});
   CudaWeight w = ld.quant->add(layer, qp);
