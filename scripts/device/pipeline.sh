@@ -30,15 +30,20 @@ run device_info_$DONE_MARK $PDB device-info || { ts "pdbridge does not run here"
 if [ -f $DEV/train_needle.py ] && has train; then
   ( PYTHONUNBUFFERED=1 python3 $DEV/train_needle.py /tmp/needle --minutes ${TRAIN_MINUTES:-5} > $R/train.log 2>&1; echo $? > $R/train.rc ) &
 fi
-stage_tests() {
-  # Time limits: a kernel that hangs must not take the session's device time with it (these ran in 7-25 s).
-  run unit_cuda timeout 180 $P/build/tests/unit_tests --gtest_filter='Cuda*'
+# The GPU suites' test models (what `make` builds here under build/test-models).
+make_test_models() {
   TM=$P/build/test-models
   run test_models bash -c "set -e; $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0,q4_0; \
     $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny-h16 --hf-dtype f16 --gguf-types f16; \
     $PDB make-model --arch qwen3 --preset tiny --seed 2 --out $TM/qwen3-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
     $PDB make-model --arch qwen3moe --preset tiny --seed 3 --out $TM/qwen3moe-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
     $PDB make-model --arch deepseek2 --preset tiny --seed 4 --out $TM/deepseek2-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0"
+}
+stage_tests() {
+  # Time limits: a kernel that hangs must not take the session's device time with it (these ran in 7-25 s).
+  run unit_cuda timeout 180 $P/build/tests/unit_tests --gtest_filter='Cuda*'
+  TM=$P/build/test-models
+  make_test_models
   run integration_cuda timeout 480 $P/build/tests/integration_tests --gtest_filter='GpuRecipe*:CudaEngine*:CudaBridge*:CudaParity*'
   [ "${AB:-0}" = 1 ] && PDBRIDGE_RECIPE_STREAM=1 run integration_cuda_recipe_stream timeout 300 $P/build/tests/integration_tests --gtest_filter='CudaBridge*:CudaParity*'
 }
@@ -314,11 +319,7 @@ stage_kvrows() {
 # its GGUF on the GPU, and the golden hashes on this host's CPU (another ISA than the build machine's).
 stage_recheck35() {
   TM=$P/build/test-models
-  run test_models bash -c "set -e; $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0,q4_0; \
-    $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny-h16 --hf-dtype f16 --gguf-types f16; \
-    $PDB make-model --arch qwen3 --preset tiny --seed 2 --out $TM/qwen3-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
-    $PDB make-model --arch qwen3moe --preset tiny --seed 3 --out $TM/qwen3moe-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
-    $PDB make-model --arch deepseek2 --preset tiny --seed 4 --out $TM/deepseek2-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0"
+  make_test_models
   run unit_dequant timeout 180 $P/build/tests/unit_tests --gtest_filter='CudaDequant*:CudaKernels*'
   run integration_35 timeout 480 $P/build/tests/integration_tests --gtest_filter='CudaEngine.*:CudaBridge.*:CudaParity.EngineKv*:GgufModel.*'
   stage_golden
