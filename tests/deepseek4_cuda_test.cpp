@@ -127,7 +127,9 @@ TEST(Deepseek4Cuda, TracksTheCpuEngineSectionBySection) {
 // equal, the greedy continuation and the top-10 log-probabilities reported (the GPU engine's bf16 products put
 // the deeper layers' sections within ~1e-2 of the CPU engine's: a random model's near-ties may part later tokens).
 // Issue 35 on the GPU: `pdbridge prefill --device cuda --model decoder.gguf` with no checkpoint and no --recipe, the
-// FP4 experts from the GGUF's MXFP4 tensors: complete, and the 12-token greedy answer equal to the decoder's own.
+// FP4 experts from the GGUF's MXFP4 tensors: complete, the decoder's cache hit real, and the first answer token the
+// decoder's own. The GPU engine is the tolerance class: later greedy tokens of a random tiny model may part (measured
+// on the H200: 6 of 12 equal on one prompt), so they are reported, not asserted.
 TEST(Deepseek4CudaBridge, FromItsGgufAlone) {
   PDB_SKIP_WITHOUT_GPU();
   struct Case { const char* model; const char* type; };
@@ -140,15 +142,22 @@ TEST(Deepseek4CudaBridge, FromItsGgufAlone) {
     so.ctx = 4096;
     so.prefill_extra = {"--device", "cuda"};
     test::Stack st(so);
-    json body = {{"prompt", test::random_text(4101, 600)}, {"n_predict", 12}, {"temperature", 0}};
+    json body = {{"prompt", test::random_text(4101, 600)}, {"n_predict", 12}, {"temperature", 0}, {"return_tokens", true}};
     auto r = st.post_front("/completion", body);
     ASSERT_EQ(r.status, 200) << r.body << st.logs();
     EXPECT_EQ(r.verdict().value("verdict", ""), "complete") << c.model << " " << r.verdict().dump() << st.logs();
+    EXPECT_GE(r.json()["timings"]["cache_n"].get<int64_t>(), r.verdict()["tokens"].get<int64_t>() - 1) << r.json()["timings"].dump();
     body["cache_prompt"] = false;
     body["id_slot"] = 0;
     auto n = st.post_decoder("/completion", body);
     ASSERT_EQ(n.status, 200) << n.body;
-    EXPECT_EQ(r.json().value("content", ""), n.json().value("content", "")) << c.model;
+    const auto ours = r.json()["tokens"], native = n.json()["tokens"];
+    ASSERT_FALSE(ours.empty()) << r.body;
+    ASSERT_FALSE(native.empty()) << n.body;
+    EXPECT_EQ(ours[0], native[0]) << c.model;
+    size_t same = 0;
+    while (same < ours.size() && same < native.size() && ours[same] == native[same]) ++same;
+    std::printf("DSV4 GPU bridge from %s's GGUF alone: complete, first %zu of %zu greedy tokens as native\n", c.model, same, native.size());
   }
 }
 

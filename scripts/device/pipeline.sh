@@ -318,11 +318,13 @@ stage_kvrows() {
 # Issue 35's re-check after a change the kvrows and gguf stages measured: every GGUF-related GPU test, DeepSeek-V4 from
 # its GGUF on the GPU, and the golden hashes on this host's CPU (another ISA than the build machine's).
 stage_recheck35() {
-  TM=$P/build/test-models
   make_test_models
+  run more_models bash -c "set -e; $PDB make-model --arch llama --preset tiny --seed 9 --out $TM/llama-tiny-other --hf-dtype f32 --gguf-types f32; \
+    $PDB make-model --arch deepseek4 --preset tiny --seed 5 --out $TM/deepseek4-tiny; \
+    $PDB make-model --arch deepseek4 --preset tiny --seed 5 --hf-dtype fp8 --out $TM/deepseek4-tiny-fp8"
   run unit_dequant timeout 180 $P/build/tests/unit_tests --gtest_filter='CudaDequant*:CudaKernels*'
-  run integration_35 timeout 480 $P/build/tests/integration_tests --gtest_filter='CudaEngine.*:CudaBridge.*:CudaParity.EngineKv*:GgufModel.*'
-  stage_golden
+  run integration_35 timeout 480 $P/build/tests/integration_tests --gtest_filter='CudaEngine.*:CudaBridge.*:CudaParity.EngineKv*:GgufModel.*:Deepseek4CudaBridge.FromItsGgufAlone'
+  [ "${GOLDEN:-1}" = 1 ] && stage_golden
 }
 # A short re-check of the engines after a change that the full stages already covered: the test models, the CUDA
 # engine's tests, tensor parallel on one GPU and DeepSeek-V4's GPU engine and bridge.
