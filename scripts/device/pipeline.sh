@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -326,6 +326,11 @@ stage_recheck35() {
   run integration_35 timeout 480 $P/build/tests/integration_tests --gtest_filter='CudaEngine.*:CudaBridge.*:CudaParity.EngineKv*:GgufModel.*:Deepseek4CudaBridge.FromItsGgufAlone'
   [ "${GOLDEN:-1}" = 1 ] && stage_golden
 }
+# The CUDA backend's row path after a change to it: the bridge end to end and the bridged state against the decoder's.
+stage_rowpath() {
+  make_test_models
+  run integration_rowpath timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaBridge.*:CudaParity.*:GpuRecipe*'
+}
 # A short re-check of the engines after a change that the full stages already covered: the test models, the CUDA
 # engine's tests, tensor parallel on one GPU and DeepSeek-V4's GPU engine and bridge.
 stage_recheck() {
@@ -347,7 +352,7 @@ stage_link() {
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

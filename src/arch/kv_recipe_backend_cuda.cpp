@@ -1,9 +1,11 @@
 // The CUDA backend: the GPU engine's forward with the GPU recipe on its hook. Rows leave the GPU
 // without stalling the forward: the decoder's norm of the residual runs on the engine's stream (it
 // must read the residual before the layer changes it), the rest of the recipe on the same stream or,
-// with PDBRIDGE_RECIPE_STREAM=1, on a stream of its own; each layer's rows go to a ring of pinned host
-// slots on a copy stream, and a delivery thread hands finished slots to the sink in order. The engine only
-// waits when every slot is still on its way out (backpressure from the wire). Rows of F32, F16, Q8_0
+// with PDBRIDGE_RECIPE_STREAM=1, on a stream of its own; each layer's rows are computed into one of two
+// device stagings and copied to a ring of pinned host slots on a copy stream, and a delivery thread hands
+// finished slots to the sink in order. The engine only waits when every slot is still on its way out
+// (backpressure from the wire). With --kv-rows engine the rows are the engine's own K/V products (its KvTap)
+// and the recipe only ropes and types them. Rows of F32, F16, Q8_0
 // and Q4_0 caches are rotated and encoded on the GPU and leave in their final bytes; other cache
 // types leave as f32 and are rotated and quantized on the host by the CPU recipe's code.
 #include <condition_variable>
@@ -59,11 +61,14 @@ class CudaBackend final : public PrefillBackend {
       if (!engine_rows_) embed_pinned_[b].resize(size_t(max_chunk * recipe_->info().n_embd) * 4);
       PDB_CUDA_CHECK(cudaEventCreateWithFlags(&embed_uploaded_[b], cudaEventDisableTiming | cudaEventBlockingSync));
     }
+    for (auto& g : staging_) {
+      g.dk.resize(size_t(max_chunk * C) * 4);
+      g.dv.resize(size_t(max_chunk * C) * 4);
+      g.dkq.resize(size_t(max_chunk * C) * 2);  // F16, Q8_0, Q4_0 rows: at most 2 bytes per element (F32 leaves from dk/dv)
+      g.dvq.resize(size_t(max_chunk * C) * 2);
+      PDB_CUDA_CHECK(cudaEventCreateWithFlags(&g.copied_out, cudaEventDisableTiming));
+    }
     for (auto& s : slots_) {
-      s.dk.resize(size_t(max_chunk * C) * 4);
-      s.dv.resize(size_t(max_chunk * C) * 4);
-      s.dkq.resize(size_t(max_chunk * C) * 4);  // any GPU-encoded row is at most 4 bytes per element
-      s.dvq.resize(size_t(max_chunk * C) * 4);
       s.hk.resize(size_t(max_chunk * C) * 4);
       s.hv.resize(size_t(max_chunk * C) * 4);
       PDB_CUDA_CHECK(cudaEventCreateWithFlags(&s.computed, cudaEventDisableTiming));
@@ -75,6 +80,7 @@ class CudaBackend final : public PrefillBackend {
       cudaEventDestroy(s.computed);
       cudaEventDestroy(s.copied);
     }
+    for (auto& g : staging_) cudaEventDestroy(g.copied_out);
     for (auto e : embed_uploaded_) cudaEventDestroy(e);
     for (int i = 0; i < kNormBuffers; ++i) {
       cudaEventDestroy(normed_ready_[i]);
@@ -147,7 +153,9 @@ class CudaBackend final : public PrefillBackend {
     // is the engine's own unless PDBRIDGE_RECIPE_STREAM=1 gives it a stream of its own (an A/B switch
     // until it is measured: the recipe's products then fill the engine's gaps instead of queueing
     // behind them). A ring of normalized buffers lets the recipe stream lag a layer or two.
-    auto next_slot = [&](int layer, int64_t rows, int64_t pos0) -> Slot& {
+    // The next host slot once delivered, and the device staging its rows are computed in: stream rs waits (on the
+    // GPU, the host does not) until the staging's previous rows have left for their slot.
+    auto next_slot = [&](int layer, int64_t rows, int64_t pos0, cudaStream_t rs) -> Slot& {
       Slot& s = slots_[next_fill % kSlots];
       {
         std::unique_lock<std::mutex> l(mu);
@@ -156,18 +164,22 @@ class CudaBackend final : public PrefillBackend {
       s.layer = layer;
       s.pos0 = pos0;
       s.rows = rows;
+      PDB_CUDA_CHECK(cudaStreamWaitEvent(rs, staging_[next_fill % kStaging].copied_out, 0));
       return s;
     };
-    // A slot's f32 rows (computed on rs) encoded and out to pinned host memory on the copy stream.
+    auto staged = [&]() -> Staging& { return staging_[next_fill % kStaging]; };
+    // The staged f32 rows (computed on rs) encoded and out to the slot's pinned host memory on the copy stream.
     auto send = [&](Slot& s, cudaStream_t rs) {
+      Staging& g = staged();
       const int64_t rows = s.rows;
-      const size_t kbytes = encode(spec.k_type, rot_k, k_rotation_size(info.head_dim), s.dk, s.dkq, rows, C, rs);
-      const size_t vbytes = has_v ? encode(spec.v_type, spec.rot_v, kVRotationSize, s.dv, s.dvq, rows, C, rs) : 0;
+      const size_t kbytes = encode(spec.k_type, rot_k, k_rotation_size(info.head_dim), g.dk, g.dkq, rows, C, rs);
+      const size_t vbytes = has_v ? encode(spec.v_type, spec.rot_v, kVRotationSize, g.dv, g.dvq, rows, C, rs) : 0;
       PDB_CUDA_CHECK(cudaEventRecord(s.computed, rs));
       PDB_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, s.computed, 0));
-      PDB_CUDA_CHECK(cudaMemcpyAsync(s.hk.as<uint8_t>(), outgoing(spec.k_type, s.dk, s.dkq), kbytes, cudaMemcpyDeviceToHost, copy_stream_));
+      PDB_CUDA_CHECK(cudaMemcpyAsync(s.hk.as<uint8_t>(), outgoing(spec.k_type, g.dk, g.dkq), kbytes, cudaMemcpyDeviceToHost, copy_stream_));
       if (has_v)
-        PDB_CUDA_CHECK(cudaMemcpyAsync(s.hv.as<uint8_t>(), outgoing(spec.v_type, s.dv, s.dvq), vbytes, cudaMemcpyDeviceToHost, copy_stream_));
+        PDB_CUDA_CHECK(cudaMemcpyAsync(s.hv.as<uint8_t>(), outgoing(spec.v_type, g.dv, g.dvq), vbytes, cudaMemcpyDeviceToHost, copy_stream_));
+      PDB_CUDA_CHECK(cudaEventRecord(g.copied_out, copy_stream_));
       PDB_CUDA_CHECK(cudaEventRecord(s.copied, copy_stream_));
       std::lock_guard<std::mutex> l(mu);
       s.state = Slot::Enqueued;
@@ -176,13 +188,13 @@ class CudaBackend final : public PrefillBackend {
     };
     auto emit = [&](int layer, const float* src, int64_t rows, int64_t pos0, cudaStream_t st) {
       const cudaStream_t rs = recipe_stream_ ? recipe_stream_ : st;
-      Slot& s = next_slot(layer, rows, pos0);
+      Slot& s = next_slot(layer, rows, pos0, rs);
       const int nb = int(next_fill % kNormBuffers);
       PDB_CUDA_CHECK(cudaStreamWaitEvent(st, normed_free_[nb], 0));
       gpu_recipe_.normalize(layer, src, rows, st, normed_[nb].as<float>());
       PDB_CUDA_CHECK(cudaEventRecord(normed_ready_[nb], st));
       PDB_CUDA_CHECK(cudaStreamWaitEvent(rs, normed_ready_[nb], 0));
-      gpu_recipe_.kv_from_normed(layer, normed_[nb].as<float>(), rows, rs, s.dk.as<float>(), s.dv.as<float>());
+      gpu_recipe_.kv_from_normed(layer, normed_[nb].as<float>(), rows, rs, staged().dk.as<float>(), staged().dv.as<float>());
       PDB_CUDA_CHECK(cudaEventRecord(normed_free_[nb], rs));
       send(s, rs);
     };
@@ -191,8 +203,8 @@ class CudaBackend final : public PrefillBackend {
     CudaEngine::KvTap engine_rows = [&](int layer, const float* k, const float* v, int64_t rows, int64_t pos0, cudaStream_t st) {
       if (stopped) return;
       if (layer == 0) gpu_recipe_.set_positions(pos0, rows, st);
-      Slot& s = next_slot(layer, rows, pos0);
-      gpu_recipe_.rows_from_engine(layer, k, v, rows, hf_k_order, st, s.dk.as<float>(), s.dv.as<float>());
+      Slot& s = next_slot(layer, rows, pos0, st);
+      gpu_recipe_.rows_from_engine(layer, k, v, rows, hf_k_order, st, staged().dk.as<float>(), staged().dv.as<float>());
       send(s, st);
     };
 
@@ -295,9 +307,14 @@ class CudaBackend final : public PrefillBackend {
     enum State { Free, Enqueued } state = Free;
     int layer = 0;
     int64_t pos0 = 0, rows = 0;
-    cuda::DeviceBuffer dk, dv, dkq, dvq;  // f32 rows; their cache-type bytes when the GPU encodes them
-    cuda::PinnedBuffer hk, hv;
+    cuda::PinnedBuffer hk, hv;  // the rows as they leave: cache-type bytes, or f32 for the host to convert
     cudaEvent_t computed = nullptr, copied = nullptr;
+  };
+  // Device rows between their computation and their copy to a slot: two are enough (the copy of one overlaps the
+  // computation of the next); the host slots are the ring that absorbs the wire's backpressure.
+  struct Staging {
+    cuda::DeviceBuffer dk, dv, dkq, dvq;  // f32 rows; their cache-type bytes when the GPU encodes them
+    cudaEvent_t copied_out = nullptr;     // its rows have left for their slot
   };
 
   // On the engine's stream: rotation and encoding of one slot's rows where the GPU encodes the type.
@@ -344,6 +361,8 @@ class CudaBackend final : public PrefillBackend {
   cudaStream_t copy_stream_ = nullptr;
   cudaStream_t recipe_stream_ = nullptr;  // null: the recipe runs on the engine's stream
   Slot slots_[kSlots];
+  static constexpr int kStaging = 2;
+  Staging staging_[kStaging];
   static constexpr int kNormBuffers = 3;
   cuda::DeviceBuffer normed_[kNormBuffers];  // the decoder's norm of a layer's input, for the recipe stream
   cudaEvent_t normed_ready_[kNormBuffers] = {}, normed_free_[kNormBuffers] = {};

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -14,6 +15,7 @@
 
 #include "common/parallel.h"
 #include "cuda/device.h"
+#include "formats/weight_source.h"
 #include "prefill/backend.h"
 #include "prefill/capture.h"
 
@@ -143,6 +145,15 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
                   // the engine's buffers grow and stay: what the device holds after the runs is their peak
                   {"gpu_gib_loaded", double(loaded_bytes) / double(1 << 30)}, {"gpu_gib_in_use", double(cuda::device_bytes_in_use()) / double(1 << 30)}};
       out << row.dump() << "\n";
+    }
+    if (o.device == "cuda" && is_gguf_path(o.model) && !c.mla()) {
+      // issue 35's memory target: the GGUF's size plus the caches (the engine's own K/V at T, as it keeps them), +10%
+      const double gib = double(1 << 30), file = double(std::filesystem::file_size(o.model)) / gib;
+      const double kv = 2.0 * (L - 1) * KV * D * double(T) * (o.kv_dtype == "fp8" ? 1.0 + 4.0 / D : 2.0) / gib;
+      const double in_use = double(cuda::device_bytes_in_use()) / gib;
+      std::printf("#        memory at %lld: %.2f GiB in use; the GGUF %.2f GiB + the engine's K/V %.2f GiB = %.2f GiB (+10%%: %.2f)\n", (long long)T,
+                  in_use, file, kv, file + kv, 1.1 * (file + kv));
+      out << json{{"label", o.label}, {"tokens", T}, {"mode", "memory"}, {"gpu_gib_in_use", in_use}, {"gguf_gib", file}, {"engine_kv_gib", kv}}.dump() << "\n";
     }
     if (median_s.count("engine-no-attention")) {
       const double attn_s = median_s["engine"] - median_s["engine-no-attention"];
