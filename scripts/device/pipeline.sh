@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -326,6 +326,15 @@ stage_recheck35() {
   run integration_35 timeout 480 $P/build/tests/integration_tests --gtest_filter='CudaEngine.*:CudaBridge.*:CudaParity.EngineKv*:GgufModel.*:Deepseek4CudaBridge.FromItsGgufAlone'
   [ "${GOLDEN:-1}" = 1 ] && stage_golden
 }
+# Issue 35's 24 GB row: all 48 layers of Qwen3-30B-A3B's shapes as a Q4_K_M GGUF (made without a checkpoint, from a
+# Q8_0 GGUF written by make-model: 32 + 18.6 GB on the 64 GB disk) under --max-gpu-mem 24, the engine's rows.
+stage_moe48() {
+  local Q=$M/qwen30b48
+  [ -f $Q/decoder-q4_K_M.gguf ] || run make_qwen30b48 $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --seed 9 --out $Q --no-hf \
+    --quantize-from q8_0 --gguf-types q4_K_M
+  run bench_moe48 $PDB bench prefill --model $Q/decoder-q4_K_M.gguf --kv-rows engine --max-gpu-mem 24 --tokens ${GGUF_TOKENS:-8192,32768} \
+    --reps 2 --chunk 4096 --modes engine,engine+recipe+frames --label qwen3-30b-a3b-48l-gguf-q4_K_M-24g --out $R/bench_moe48.jsonl
+}
 # The CUDA backend's row path after a change to it: the bridge end to end and the bridged state against the decoder's.
 stage_rowpath() {
   make_test_models
@@ -352,7 +361,7 @@ stage_link() {
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -32,6 +32,10 @@ void register_make_model(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "Threads (default: all cores)");
   cmd->add_option("--context-length", o->context_length, "Declared training context (max_position_embeddings; default: the preset's)");
   cmd->add_option("--layers", o->layers, "Number of layers (default: the preset's; real layer shapes with fewer layers, for benchmarks)");
+  cmd->add_flag("--no-hf", o->no_hf, "Only the decoder GGUFs, no HF checkpoint (a model larger than the disk holds twice)");
+  cmd->add_option("--quantize-from", o->quantize_from, "What llama-quantize starts from: f32 (exact) or q8_0 (written here, byte for byte llama-quantize's; a 30B model's K-quants on a small disk)")
+      ->check(CLI::IsMember({"f32", "q8_0"}))
+      ->capture_default_str();
   cmd->add_option("--compress-ratios", o->compress_ratios, "deepseek4: the layers' compress ratios (0, 4, 128; comma separated), replacing the preset's")
       ->delimiter(',');
   cmd->callback([o, types] {

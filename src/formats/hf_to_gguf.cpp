@@ -190,14 +190,15 @@ std::vector<float> llama3_rope_factors(const HfConfig& c) {
 }
 
 void write_decoder_gguf(const HfConfig& c, const HfWeightSource& src, const GgufConvertOptions& o, const std::string& path) {
-  if (o.type != GgmlType::F32 && o.type != GgmlType::F16 && o.type != GgmlType::BF16)
-    throw std::invalid_argument("write_decoder_gguf writes f32, f16 or bf16; use llama-quantize for quantized types");
+  if (o.type != GgmlType::F32 && o.type != GgmlType::F16 && o.type != GgmlType::BF16 && o.type != GgmlType::Q8_0)
+    throw std::invalid_argument("write_decoder_gguf writes f32, f16, bf16 or q8_0; use llama-quantize for other types");
   auto vocab = GgufFile::open(o.vocab_gguf);
   GgufWriter w;
   const std::string a = c.arch;
   w.set("general.architecture", GgufValue::of_str(a));
   w.set("general.name", GgufValue::of_str(o.name.empty() ? "pdbridge-model" : o.name));
-  w.set("general.file_type", GgufValue::of_u32(o.type == GgmlType::F32 ? 0 : o.type == GgmlType::F16 ? 1 : 32));
+  // llama_ftype: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q8_0 7, MOSTLY_BF16 32
+  w.set("general.file_type", GgufValue::of_u32(o.type == GgmlType::F32 ? 0 : o.type == GgmlType::F16 ? 1 : o.type == GgmlType::Q8_0 ? 7 : 32));
   w.set(a + ".block_count", GgufValue::of_u32(uint32_t(c.num_layers)));
   w.set(a + ".context_length", GgufValue::of_u32(uint32_t(c.max_position_embeddings)));
   w.set(a + ".embedding_length", GgufValue::of_u32(uint32_t(c.hidden_size)));

@@ -37,7 +37,7 @@ std::vector<HfTensorSpec> hf_tensor_specs(const HfConfig& c);
 void permute_qk_rows(const float* hf, float* gguf, int64_t n_heads, int64_t head_dim, int64_t cols);
 
 struct GgufConvertOptions {
-  GgmlType type = GgmlType::F16;  // f32, f16 or bf16 for 2-D weights; norms stay f32
+  GgmlType type = GgmlType::F16;  // f32, f16, bf16 or q8_0 for 2-D weights; norms stay f32
   std::string vocab_gguf;         // tokenizer source (llama.cpp models/ggml-vocab-*.gguf)
   std::string name;               // general.name
   int threads = 1;

@@ -1,5 +1,6 @@
 #include "tools/make_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -125,13 +126,15 @@ float master_weight(uint64_t seed, const std::string& name, int64_t i, int64_t n
 }
 
 void write_decoder_ggufs(const HfConfig& c, const HfWeightSource& master, const std::string& vocab, const std::vector<std::string>& types,
-                         const std::string& out, const std::string& name, int threads, const std::string& llama_bin, const std::string& tool) {
+                         const std::string& out, const std::string& name, int threads, const std::string& llama_bin, const std::string& tool,
+                         GgmlType quantize_from) {
+  if (quantize_from != GgmlType::F32 && quantize_from != GgmlType::Q8_0) throw std::invalid_argument("quantize from f32 or q8_0");
   // Decoder GGUFs: float types written directly from the master, quantized ones by llama-quantize
   // from the most precise float GGUF written here (as users do: convert, then quantize).
     std::string source_gguf;
   std::vector<std::string> quantized, temporary;
   for (const auto& t : types) {
-    if (t == "f32" || t == "f16" || t == "bf16") {
+    if (t == "f32" || t == "f16" || t == "bf16" || (t == "q8_0" && quantize_from == GgmlType::Q8_0)) {
       GgufConvertOptions co;
       co.type = *ggml_type_from_name(t);
       co.vocab_gguf = vocab;
@@ -140,13 +143,23 @@ void write_decoder_ggufs(const HfConfig& c, const HfWeightSource& master, const 
       const std::string path = fmt::format("{}/decoder-{}.gguf", out, t);
       spdlog::info("{}: writing {}", tool, path);
       write_decoder_gguf(c, master, co, path);
+      if (t == "q8_0") continue;
       if (t == "f32" || source_gguf.empty() || (t == "f16" && source_gguf.find("bf16") != std::string::npos)) source_gguf = path;
     } else {
       quantized.push_back(t);
     }
   }
   if (!quantized.empty()) {
-    if (source_gguf.empty() || source_gguf.find("-f32") == std::string::npos) {
+    if (quantize_from == GgmlType::Q8_0) {
+      source_gguf = out + "/decoder-q8_0.gguf";
+      if (std::find(types.begin(), types.end(), "q8_0") == types.end()) {
+        source_gguf = out + "/.decoder-q8_0-source.gguf";
+        GgufConvertOptions co;
+        co.type = GgmlType::Q8_0; co.vocab_gguf = vocab; co.name = name; co.threads = threads;
+        write_decoder_gguf(c, master, co, source_gguf);
+        temporary.push_back(source_gguf);
+      }
+    } else if (source_gguf.empty() || source_gguf.find("-f32") == std::string::npos) {
       // Quantize from F32 for exactness; keep it only if asked for.
       source_gguf = out + "/.decoder-f32-source.gguf";
       GgufConvertOptions co;
@@ -161,7 +174,9 @@ void write_decoder_ggufs(const HfConfig& c, const HfWeightSource& master, const 
       for (auto& ch : upper) ch = char(std::toupper(ch));
       const std::string path = fmt::format("{}/decoder-{}.gguf", out, t);
       spdlog::info("{}: llama-quantize {} -> {}", tool, upper, path);
-      auto r = run_capture({bin, source_gguf, path, upper, std::to_string(threads)});
+      std::vector<std::string> args = {bin, source_gguf, path, upper, std::to_string(threads)};
+      if (quantize_from == GgmlType::Q8_0) args.insert(args.begin() + 1, "--allow-requantize");
+      auto r = run_capture(args);
       if (r.exit_code != 0) {
         for (auto& tmp : temporary) fs::remove(tmp);
         throw std::runtime_error(fmt::format("llama-quantize {} failed (exit {}):\n{}", upper, r.exit_code,
@@ -198,7 +213,7 @@ void make_model(const MakeModelOptions& o) {
   else if (o.hf_dtype == "f32") c.torch_dtype = "float32";
   else throw std::invalid_argument("--hf-dtype must be f32, f16, bf16 or fp8");
 
-  fs::create_directories(o.out + "/hf");
+  fs::create_directories(o.no_hf ? o.out : o.out + "/hf");
   const uint64_t seed = o.seed;
   const int64_t L = c.num_layers;
   const std::vector<bool> emit_ok = printable_tokens(*GgufFile::open(vocab));
@@ -220,7 +235,8 @@ void make_model(const MakeModelOptions& o) {
   HfWeightSource master = [&](const std::string& name, float* dst) { fill_master(by_name.at(name), dst); };
 
   // HF checkpoint
-  spdlog::info("make-model: {} {} seed {} -> {}/hf ({}, vocab {})", o.arch, o.preset, seed, o.out, o.hf_dtype, c.vocab_size);
+  spdlog::info("make-model: {} {} seed {} -> {} ({}, vocab {})", o.arch, o.preset, seed, o.no_hf ? o.out : o.out + "/hf",
+               o.no_hf ? "the decoder GGUFs only" : o.hf_dtype, c.vocab_size);
   SafetensorsWriter sw;
   for (const auto& sp : specs) {
     if (sp.hf_name.empty()) continue;  // a GGUF-only stack of HF tensors (MoE experts)
@@ -270,10 +286,12 @@ void make_model(const MakeModelOptions& o) {
         }
     });
   }
-  sw.write(o.out + "/hf", size_t(4) << 30, 1);
-  std::ofstream(o.out + "/hf/config.json") << c.to_json().dump(2) << "\n";
-  nlohmann::json gen = {{"bos_token_id", nullptr}, {"do_sample", false}};
-  std::ofstream(o.out + "/hf/generation_config.json") << gen.dump(2) << "\n";
+  if (!o.no_hf) {
+    sw.write(o.out + "/hf", size_t(4) << 30, 1);
+    std::ofstream(o.out + "/hf/config.json") << c.to_json().dump(2) << "\n";
+    nlohmann::json gen = {{"bos_token_id", nullptr}, {"do_sample", false}};
+    std::ofstream(o.out + "/hf/generation_config.json") << gen.dump(2) << "\n";
+  }
 
   // The GGUFs are what converting this checkpoint gives: its f16/bf16 values, not the f32 master's
   // (norms stay F32 in a GGUF but hold the checkpoint's rounded values). Block-FP8 checkpoints convert
@@ -289,9 +307,11 @@ void make_model(const MakeModelOptions& o) {
       for (int64_t i = b; i < e; ++i) dst[i] = f16 ? round_f16(dst[i]) : round_bf16(dst[i]);
     });
   };
+  const auto from = ggml_type_from_name(o.quantize_from);
+  if (!from) throw std::invalid_argument("--quantize-from: unknown type " + o.quantize_from);
   write_decoder_ggufs(c, converted, vocab, o.gguf_types, o.out, fmt::format("pdbridge-{}-{}-seed{}", o.arch, o.preset, seed), threads,
-                      o.llama_bin, "make-model");
-  nlohmann::json manifest = {{"arch", o.arch}, {"preset", o.preset}, {"seed", seed}, {"hf_dtype", o.hf_dtype},
+                      o.llama_bin, "make-model", *from);
+  nlohmann::json manifest = {{"arch", o.arch}, {"preset", o.preset}, {"seed", seed}, {"hf_dtype", o.no_hf ? "none" : o.hf_dtype},
                              {"gguf_types", o.gguf_types}, {"vocab", vocab_name_for_arch(o.arch)}, {"vocab_size", c.vocab_size}};
   std::ofstream(o.out + "/pdbridge-model.json") << manifest.dump(2) << "\n";
   spdlog::info("make-model: done");

@@ -25,6 +25,11 @@ struct MakeModelOptions {
   // deepseek4: the layers' compress ratios (0, 4, 128), replacing the preset's (and its layer count): real
   // layer shapes of every kind in a few layers.
   std::vector<int> compress_ratios;
+  // Only the decoder GGUFs, no HF checkpoint: models larger than the disk holds twice (the prefill then runs the GGUF).
+  bool no_hf = false;
+  // What llama-quantize starts from, written here: "f32" (exact), or "q8_0" (half the bytes of f16: a 30B model's
+  // K-quants on a 64 GB disk; llama-quantize --allow-requantize, as users requantize a Q8_0 download).
+  std::string quantize_from = "f32";
 };
 
 void make_model(const MakeModelOptions& o);
@@ -46,9 +51,11 @@ void convert_model(const ConvertOptions& o);
 //  "unknown_token_id", "add_bos_token", "add_eos_token", "add_space_prefix", "chat_template"}.
 void write_vocab_gguf_from_json(const std::string& json_path, const std::string& gguf_path);
 
-// The float and quantized decoder GGUFs (decoder-<type>.gguf) of one set of weights.
+// The float and quantized decoder GGUFs (decoder-<type>.gguf) of one set of weights. quantize_from: the type of the
+// GGUF llama-quantize starts from (F32, or Q8_0: written here, byte for byte what llama-quantize writes).
 void write_decoder_ggufs(const HfConfig& c, const HfWeightSource& src, const std::string& vocab, const std::vector<std::string>& types,
-                         const std::string& out, const std::string& name, int threads, const std::string& llama_bin, const std::string& tool);
+                         const std::string& out, const std::string& name, int threads, const std::string& llama_bin, const std::string& tool,
+                         GgmlType quantize_from = GgmlType::F32);
 
 class GgufFile;
 // Which tokens a random test model may emit (normal tokens of whole UTF-8): the others' head rows are zero.
