@@ -134,11 +134,7 @@ TEST(Deepseek4CudaBridge, FromItsGgufAlone) {
   PDB_SKIP_WITHOUT_GPU();
   struct Case { const char* model; const char* type; };
   for (const Case& c : {Case{"deepseek4-tiny", "f32"}, Case{"deepseek4-tiny-fp8", "mxfp4_moe"}}) {
-    test::StackOptions so;
-    so.model_dir = test::models_dir() + "/" + c.model;
-    so.decoder_type = c.type;
-    so.hf_dir = so.model_dir + "/decoder-" + c.type + ".gguf";
-    so.recipe_gguf = "-";
+    test::StackOptions so = test::gguf_alone_stack_options(c.model, c.type);
     so.ctx = 4096;
     so.prefill_extra = {"--device", "cuda"};
     test::Stack st(so);

@@ -85,11 +85,7 @@ TEST(GgufModel, AQuantizedGgufRunsOnItsOwnWeightsAndWhatCannotBeReadIsRefused) {
 // through the real front door and llama-server completes and answers as the decoder does natively.
 TEST(GgufModel, PrefillServerFromTheDecodersGgufAloneBridgesAndAnswersAsNative) {
   for (const std::string type : {"f16", "q8_0"}) {
-    test::StackOptions so;
-    so.model_dir = test::models_dir() + "/llama-tiny";
-    so.decoder_type = type;
-    so.hf_dir = so.model_dir + "/decoder-" + type + ".gguf";  // --model; --recipe defaults to it
-    so.recipe_gguf = "-";  // no --recipe
+    test::StackOptions so = test::gguf_alone_stack_options("llama-tiny", type);
     test::Stack st(so);
     const std::string prompt = test::random_text(3500 + int(type.size()), 700);
     nlohmann::json body = {{"prompt", prompt}, {"n_predict", 16}, {"temperature", 0}};
@@ -140,11 +136,7 @@ namespace {
 TEST(GgufModel, Deepseek4BridgesFromItsGgufAlone) {
   struct Case { const char* model; const char* type; };
   for (const Case& c : {Case{"deepseek4-tiny", "f32"}, Case{"deepseek4-tiny-fp8", "mxfp4_moe"}}) {
-    test::StackOptions so;
-    so.model_dir = test::models_dir() + "/" + c.model;
-    so.decoder_type = c.type;
-    so.hf_dir = so.model_dir + "/decoder-" + c.type + ".gguf";
-    so.recipe_gguf = "-";
+    test::StackOptions so = test::gguf_alone_stack_options(c.model, c.type);
     test::Stack st(so);
     nlohmann::json body = {{"prompt", test::random_text(4100, 600)}, {"n_predict", 12}, {"temperature", 0}};
     auto r = st.post_front("/completion", body);

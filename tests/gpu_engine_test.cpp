@@ -343,11 +343,7 @@ TEST(CudaBridge, ServesTheBridgeEndToEndWithARealCacheHit) {
 TEST(CudaBridge, ServesTheBridgeFromTheDecodersGgufAlone) {
   PDB_SKIP_WITHOUT_GPU();
   for (const std::string type : {"q4_0", "q8_0"}) {
-    test::StackOptions so;
-    so.model_dir = test::models_dir() + "/llama-tiny";
-    so.decoder_type = type;
-    so.hf_dir = so.model_dir + "/decoder-" + type + ".gguf";
-    so.recipe_gguf = "-";
+    test::StackOptions so = test::gguf_alone_stack_options("llama-tiny", type);
     so.prefill_extra = {"--device", "cuda"};
     test::Stack st(so);
     const std::string prompt = test::random_text(std::random_device{}(), 1500);

@@ -207,6 +207,15 @@ StackOptions parity_stack_options(const std::string& model_dir, const std::strin
   return so;
 }
 
+StackOptions gguf_alone_stack_options(const std::string& model, const std::string& decoder_type) {
+  StackOptions so;
+  so.model_dir = models_dir() + "/" + model;
+  so.decoder_type = decoder_type;
+  so.hf_dir = so.model_dir + "/decoder-" + decoder_type + ".gguf";  // --model; --recipe defaults to it
+  so.recipe_gguf = "-";                                             // no --recipe
+  return so;
+}
+
 StatePair native_and_bridged_states(Stack& st, PrefillBackend& backend, const std::vector<int32_t>& tokens, int64_t chunk) {
   auto r = st.post_decoder("/completion", {{"prompt", tokens}, {"n_predict", 0}, {"id_slot", 0}, {"cache_prompt", true}});
   if (r.status != 200) throw std::runtime_error("native prefill failed: " + r.body);

@@ -85,6 +85,8 @@ std::string make_hf_checkpoint(const std::string& name, const std::string& arch,
 
 // A one-slot decoder without a prefill server: what the parity tests compare states on.
 StackOptions parity_stack_options(const std::string& model_dir, const std::string& decoder_type, const std::string& cache_type);
+// A stack whose prefill runs the decoder's GGUF alone: --model <models_dir>/<model>/decoder-<type>.gguf, no --recipe.
+StackOptions gguf_alone_stack_options(const std::string& model, const std::string& decoder_type);
 
 // The decoder's own state for `tokens` (slot 0 prefilled, saved as native.bin) and the state the
 // backend bridges for the same tokens in the decoder's layout (bridged.bin, assembled in-process by
