@@ -4,9 +4,12 @@
 # of the bridge against the decoder's own prefill (scripts/fidelity_stack.sh, CPU decoder, f16 cache), with the GGUF
 # itself as the prefill's model and, with LEGS="gguf ckpt", the bf16 checkpoint too. Same prompts for every cell.
 # Legs: gguf (the GGUF as the model, the recipe's rows), ckpt (the bf16 checkpoint), engine (the GGUF on the GPU with
-# --kv-rows engine: the engine's own K/V as the rows). DEVICE=cuda runs the gguf and ckpt legs' prefill on the GPU;
+# --kv-rows engine: the engine's own K/V as the rows), half / cpu / cuda (the GGUF on the GPU with that --numerics: the
+# engine's products rounded as that decoder class rounds them), and joins of them (engine+cpu). DEVICE=cuda runs the
+# gguf and ckpt legs' prefill on the GPU;
 # IMATRIX=0 quantizes without an importance matrix (the IQ1/IQ2/IQ3 types need one).
-# Usage: scripts/parity_types.sh OUTDIR [TYPE ...]   (env: PARITY_SEED, LEGS, PROMPTS, CHARS, DEVICE, IMATRIX)
+# GGUF_DIR keeps the quantized files apart from the reports (default: OUTDIR).
+# Usage: scripts/parity_types.sh OUTDIR [TYPE ...]   (env: PARITY_SEED, LEGS, PROMPTS, CHARS, DEVICE, IMATRIX, GGUF_DIR)
 set -euo pipefail
 OUT=${1:?outdir}; shift
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,7 +17,8 @@ TYPES=("$@"); [ ${#TYPES[@]} -gt 0 ] || TYPES=(Q8_0 Q6_K Q5_K_M Q5_0 Q5_1 Q4_K_M
 export PARITY_SEED=${PARITY_SEED:-$(date +%s)}
 LLAMA_BUILD=$(dirname "$(readlink -f "$ROOT/build/llama/bin/llama-quantize")")/../build
 SRC=$ROOT/build/models/needle/decoder-f16.gguf
-mkdir -p "$OUT"
+GD=${GGUF_DIR:-$OUT}
+mkdir -p "$OUT" "$GD"
 QARGS=()
 if [ "${IMATRIX:-1}" = 1 ]; then
   [ -x "$LLAMA_BUILD/bin/llama-imatrix" ] || cmake --build "$LLAMA_BUILD" --target llama-imatrix -j "$(nproc)" > "$OUT/imatrix-build.log"
@@ -23,12 +27,17 @@ if [ "${IMATRIX:-1}" = 1 ]; then
   QARGS=(--imatrix "$OUT/imatrix.gguf")
 fi
 for T in "${TYPES[@]}"; do
-  t=$(echo "$T" | tr A-Z a-z); g=$OUT/decoder-$t.gguf
+  t=$(echo "$T" | tr A-Z a-z); g=$GD/decoder-$t.gguf
   [ -f "$g" ] || { [ "$t" = f16 ] && cp "$SRC" "$g"; } || "$ROOT/build/llama/bin/llama-quantize" "${QARGS[@]}" "$SRC" "$g" "$T" > "$OUT/quantize-$t.log" 2>&1
   for leg in ${LEGS:-gguf}; do
     model=$g; dev=${DEVICE:-cpu}; extra=()
     [ "$leg" = ckpt ] && model=$ROOT/models/needle-llama
-    [ "$leg" = engine ] && { dev=cuda; extra=(--prefill-arg --kv-rows --prefill-arg engine); }
+    for part in ${leg//+/ }; do
+      case $part in
+        engine) dev=cuda; extra+=(--prefill-arg --kv-rows --prefill-arg engine) ;;
+        half|cpu|cuda) dev=cuda; extra+=(--prefill-arg --numerics --prefill-arg "$part") ;;
+      esac
+    done
     "$ROOT/scripts/fidelity_stack.sh" "$t-$leg" "$OUT" "$g" "$model" "$dev" f16 --cold 0 0 --parity "${PROMPTS:-6}" "${CHARS:-6000}" "${extra[@]}" > "$OUT/$t-$leg.run.log" 2>&1 || true
     python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['bridged_vs_native']; print(sys.argv[2], 'KL %.5f top1 %.2f greedy %.2f' % (r['mean_kl_first_token'], r['top1_agreement'], r['greedy_match_rate']))" \
       "$OUT/$t-$leg.parity_report.json" "$t-$leg" 2>/dev/null || echo "$t-$leg: no report ($OUT/$t-$leg.run.log)"

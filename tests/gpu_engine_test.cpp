@@ -429,6 +429,61 @@ TEST(CudaParity, EngineKvRowsFromTheDecodersGguf) {
   }
 }
 
+// --numerics: the engine's products of the decoder's GGUF rounded as each decoder class rounds them, against the CPU
+// decoder's own state (llama-server on this host's CPU: ggml-cpu's class) and against bf16 products in the same run.
+// The cpu class quantizes the activations as ggml-cpu does (Q8_0 here) and multiplies half weights: its deeper
+// layers must come closer to the decoder's than bf16's (both within parity's 5%). The F16 GGUF with half products:
+// the decoder's own weights exactly, activations in half as ggml-cpu converts them for F16 weights.
+TEST(CudaParity, DecoderNumericsFollowTheCpuDecoder) {
+  PDB_SKIP_WITHOUT_GPU();
+  struct Case { std::string model, gguf, cache, numerics; };
+  for (const Case& c : {Case{"llama-tiny", "q8_0", "f16", "cpu"}, Case{"llama-tiny", "q4_0", "f16", "cpu"}, Case{"qwen3-tiny", "q8_0", "f16", "cpu"},
+                       Case{"llama-tiny-h16", "f16", "f16", "half"}, Case{"qwen3moe-tiny", "q8_0", "f16", "cpu"}}) {
+    const std::string mdir = test::models_dir() + "/" + c.model;
+    test::Stack st(test::parity_stack_options(mdir, c.gguf, c.cache));
+    auto tokens = test::random_token_ids(std::random_device{}(), 700, 100000);
+    std::shared_ptr<const Recipe> recipe = Recipe::load(st.decoder_gguf, 2);
+    double worst[2] = {}, mean[2] = {};
+    for (int follow = 0; follow < 2; ++follow) {
+      const ProductNumerics n = follow ? parse_product_numerics(c.numerics) : ProductNumerics::bf16;
+      auto backend = make_cuda_backend(st.decoder_gguf, recipe, 2, 256, false, 1, false, 0, false, n);
+      if (follow) EXPECT_NE(backend->weights().find("products ("), std::string::npos) << backend->weights();
+      auto [native, ours, fid] = test::native_and_bridged_states(st, *backend, tokens, 256);
+      const auto all = diff_states(native, ours);
+      ASSERT_TRUE(all.same_layout) << all.layout_note;
+      for (const auto& t : all.tensors) {
+        worst[follow] = std::max(worst[follow], t.rel_rms());
+        mean[follow] += t.rel_rms() / double(all.tensors.size());
+      }
+      std::printf("CUDA NUMERICS %s %s cache=%s %s products: mean rel RMS %.3g, worst %.3g\n", c.model.c_str(), c.gguf.c_str(),
+                  c.cache.c_str(), product_numerics_name(n), mean[follow], worst[follow]);
+    }
+    EXPECT_LT(mean[1], mean[0]) << c.model << " " << c.gguf << ": the decoder's numerics are no closer to it than bf16's";
+    EXPECT_LE(worst[1], 0.05) << c.model << " " << c.gguf;
+  }
+}
+
+// --numerics is refused where it cannot follow the decoder, before anything loads onto a GPU.
+TEST(CudaBridge, DecoderNumericsOnlyFromTheDecodersGguf) {
+  const std::string mdir = test::models_dir() + "/llama-tiny";
+  BackendOptions o{.model = mdir + "/hf", .recipe = mdir + "/decoder-q8_0.gguf", .device = "cuda", .numerics = "cpu"};
+  auto refused = [&](const std::string& needle) {
+    try {
+      architecture("llama").make_backend(o);
+      ADD_FAILURE() << "accepted " << o.model << " " << o.device << " " << o.numerics;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  refused("needs --model to be the decoder's GGUF");
+  o.model = o.recipe;
+  o.device = "cpu";
+  refused("is for --device cuda");
+  o.device = "cuda";
+  o.numerics = "metal";
+  refused("bf16, half (Metal), cpu (ggml-cpu) or cuda (ggml-cuda)");
+}
+
 // --kv-rows engine is refused where the engine's K/V are not the decoder's rows, before anything loads onto a GPU.
 TEST(CudaBridge, EngineKvRowsOnlyFromTheDecodersGguf) {
   const std::string mdir = test::models_dir() + "/llama-tiny";

@@ -335,6 +335,16 @@ stage_moe48() {
   run bench_moe48 $PDB bench prefill --model $Q/decoder-q4_K_M.gguf --kv-rows engine --max-gpu-mem 24 --tokens ${GGUF_TOKENS:-8192,32768} \
     --reps 2 --chunk 4096 --modes engine,engine+recipe+frames --label qwen3-30b-a3b-48l-gguf-q4_K_M-24g --out $R/bench_moe48.jsonl
 }
+# Issue 35's numerics that follow the decoder (--numerics): the kernels against their CPU twins, the bridged state
+# against the CPU decoder's with bf16 and the decoder's numerics, then output parity on this host's CPU decoder for
+# the needle model's types (GPU prefill from the GGUF; legs NUM_LEGS, the quantized files kept out of the results).
+stage_numerics() {
+  make_test_models
+  run unit_numerics timeout 180 $P/build/tests/unit_tests --gtest_filter='CudaDequant*:CudaKernels.ProductInputs*:CudaKernels.Swiglu*:ProductNumerics*'
+  run integration_numerics timeout 480 $P/build/tests/integration_tests --gtest_filter='CudaParity.DecoderNumerics*:CudaParity.EngineKv*:CudaEngine.*:CudaBridge.ServesTheBridgeFromTheDecodersGgufAlone:CudaBridge.DecoderNumerics*'
+  run parity_numerics env IMATRIX=0 DEVICE=cuda LEGS="${NUM_LEGS:-gguf cpu}" GGUF_DIR=/tmp/ptab PARITY_SEED=${PARITY_SEED:-2026120402} \
+    bash $REPO/scripts/parity_types.sh $R/parity ${PARITY_TYPES:-F16 Q8_0 Q4_K_M Q6_K Q4_0}
+}
 # The CUDA backend's row path after a change to it: the bridge end to end and the bridged state against the decoder's.
 stage_rowpath() {
   make_test_models
@@ -361,7 +371,7 @@ stage_link() {
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

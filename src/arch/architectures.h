@@ -23,6 +23,8 @@ struct BackendOptions {
   // CUDA: where the cache rows come from. "decoder": the recipe's products of the decoder's weights with its
   // arithmetic; "engine": the engine's own K/V products (the model must be the decoder's GGUF).
   std::string kv_rows = "decoder";
+  // CUDA, from the decoder's GGUF: how the engine's products round their operands (model/product_numerics.h).
+  std::string numerics = "bf16";
 };
 
 struct Architecture {

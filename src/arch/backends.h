@@ -6,6 +6,7 @@
 #include <string>
 
 #include "model/cpu_engine.h"
+#include "model/product_numerics.h"
 #include "prefill/backend.h"
 #include "prefill/capture.h"
 #include "recipes/recipe.h"
@@ -23,10 +24,12 @@ std::unique_ptr<PrefillBackend> make_cpu_backend(std::shared_ptr<CpuEngine> engi
 // tp_shared_device every rank on the current GPU (the sharded forward checked on one GPU). Throws where CUDA
 // is not built in or no GPU is present. engine_kv_rows (--kv-rows engine): the cache rows are the engine's own K/V
 // products, RoPE'd and typed by the recipe, instead of the recipe's products of the decoder's weights with its
-// arithmetic; for an engine running the decoder's GGUF (the caller checks), not MLA.
+// arithmetic; for an engine running the decoder's GGUF (the caller checks), not MLA. numerics: how the engine's
+// products of the GGUF's weights round their operands (model/product_numerics.h).
 std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads,
                                                   int64_t max_chunk, bool kv_fp8 = false, int tp = 1, bool tp_shared_device = false,
-                                                  double max_gpu_mem_gib = 0, bool engine_kv_rows = false);
+                                                  double max_gpu_mem_gib = 0, bool engine_kv_rows = false,
+                                                  ProductNumerics numerics = ProductNumerics::bf16);
 bool cuda_backend_available();
 // DeepSeek-V4 on the CPU (model/cpu_engine_dsv4 + recipes/deepseek4): the decoder GGUF gives the recipe's
 // weights; the engine's come from `weights`: an HF checkpoint directory (DeepSeek's FP8 / FP4 layout or f32),

@@ -40,8 +40,8 @@ constexpr int kSlots = 6;
 class CudaBackend final : public PrefillBackend {
  public:
   CudaBackend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads, int64_t max_chunk, bool kv_fp8, int tp,
-              bool tp_shared_device, bool engine_rows)
-      : recipe_(std::move(recipe)), engine_(hf_dir, threads, kv_fp8, tp, tp_shared_device),
+              bool tp_shared_device, bool engine_rows, ProductNumerics numerics)
+      : recipe_(std::move(recipe)), engine_(hf_dir, threads, kv_fp8, tp, tp_shared_device, numerics),
         gpu_recipe_(*recipe_, recipe_gemm_, max_chunk, !engine_rows), max_chunk_(max_chunk), threads_(threads), engine_rows_(engine_rows) {
     if (engine_rows_) {  // every capture's rows from the engine's own K/V products (CudaEngine::KvTap)
       if (recipe_->info().mla()) throw std::invalid_argument("--kv-rows engine: deepseek2 caches a latent only the recipe computes");
@@ -379,9 +379,9 @@ bool cuda_backend_available() { return cuda::device_count() > 0; }
 
 std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads,
                                                   int64_t max_chunk, bool kv_fp8, int tp, bool tp_shared_device, double max_gpu_mem_gib,
-                                                  bool engine_kv_rows) {
+                                                  bool engine_kv_rows, ProductNumerics numerics) {
   if (cuda::device_count() == 0) throw std::runtime_error("--device cuda: " + cuda::device_summary());
-  auto b = std::make_unique<CudaBackend>(hf_dir, std::move(recipe), threads, max_chunk, kv_fp8, tp, tp_shared_device, engine_kv_rows);
+  auto b = std::make_unique<CudaBackend>(hf_dir, std::move(recipe), threads, max_chunk, kv_fp8, tp, tp_shared_device, engine_kv_rows, numerics);
   if (max_gpu_mem_gib > 0) b->set_memory_cap(size_t(max_gpu_mem_gib * double(size_t(1) << 30)));
   return b;
 }

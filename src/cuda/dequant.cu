@@ -1,5 +1,7 @@
 #include "cuda/dequant.cuh"
 
+#include <cuda_fp16.h>
+
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -30,11 +32,14 @@ __device__ __forceinline__ void decode_group(const uint8_t* src, int64_t k, int6
   }
 }
 
-template <int N>
-__device__ __forceinline__ void store_bf16(__nv_bfloat16* out, const float* y) {
+__device__ __forceinline__ void round_to(float v, __nv_bfloat16& o) { o = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void round_to(float v, __half& o) { o = __float2half_rn(v); }
+
+template <int N, class Out>
+__device__ __forceinline__ void store_rounded(Out* out, const float* y) {
   for (int c = 0; c < N / 8; ++c) {
-    alignas(16) __nv_bfloat16 v[8];
-    for (int j = 0; j < 8; ++j) v[j] = __float2bfloat16_rn(y[8 * c + j]);
+    alignas(16) Out v[8];
+    for (int j = 0; j < 8; ++j) round_to(y[8 * c + j], v[j]);
     reinterpret_cast<uint4*>(out)[c] = *reinterpret_cast<const uint4*>(v);
   }
 }
@@ -49,8 +54,8 @@ __device__ __forceinline__ int find_segment(const DequantSegment* segs, int n, i
 }
 
 // One thread per group: consecutive threads write consecutive 64-byte runs (a warp, 2 KiB of one weight's rows).
-template <GgmlType T>
-__global__ void expand_kernel(const DequantSegment* segs, int n_segs, int64_t total, int64_t block_bytes, __nv_bfloat16* dst) {
+template <GgmlType T, class Out>
+__global__ void expand_kernel(const DequantSegment* segs, int n_segs, int64_t total, int64_t block_bytes, Out* dst) {
   constexpr int GS = int(group_elements(T));
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
@@ -58,7 +63,7 @@ __global__ void expand_kernel(const DequantSegment* segs, int n_segs, int64_t to
   const int64_t k = i - sg.block0;
   float y[GS];
   decode_group<T>(sg.src, k, block_bytes, y);
-  store_bf16<GS>(dst + sg.dst_offset + k * GS, y);
+  store_rounded<GS>(dst + sg.dst_offset + k * GS, y);
 }
 
 // One thread per (row, group), the values written as f32.
@@ -95,12 +100,15 @@ int64_t dequant_group_elements(GgmlType t) { return group_elements(t); }
 
 bool can_dequantize_on_device(GgmlType t) { return can_dequantize(t); }  // the host's decoders are these kernels' (ggml_decode.h)
 
-void dequantize_segments_bf16(GgmlType t, const DequantSegment* segments, int n_segments, int64_t total_groups, __nv_bfloat16* dst,
-                              cudaStream_t s) {
+void dequantize_segments(GgmlType t, const DequantSegment* segments, int n_segments, int64_t total_groups, void* dst, bool half, cudaStream_t s) {
   if (total_groups <= 0 || n_segments <= 0) return;
+  const unsigned blocks = unsigned((total_groups + kThreads - 1) / kThreads);
   dispatch(t, [&](auto tc) {
-    expand_kernel<decltype(tc)::value><<<unsigned((total_groups + kThreads - 1) / kThreads), kThreads, 0, s>>>(segments, n_segments, total_groups,
-                                                                                                            traits(t).type_size, dst);
+    constexpr GgmlType T = decltype(tc)::value;
+    if (half)
+      expand_kernel<T><<<blocks, kThreads, 0, s>>>(segments, n_segments, total_groups, traits(t).type_size, static_cast<__half*>(dst));
+    else
+      expand_kernel<T><<<blocks, kThreads, 0, s>>>(segments, n_segments, total_groups, traits(t).type_size, static_cast<__nv_bfloat16*>(dst));
   });
   PDB_CUDA_LAUNCHED();
 }

@@ -46,20 +46,22 @@ std::vector<uint8_t> random_rows(GgmlType t, int64_t rows, int64_t cols, std::mt
   return b;
 }
 
-bool same_bf16(uint16_t a, uint16_t b) {
-  const bool na = (a & 0x7f80) == 0x7f80 && (a & 0x7f), nb = (b & 0x7f80) == 0x7f80 && (b & 0x7f);
+bool same_bits(uint16_t a, uint16_t b, bool half) {
+  const uint16_t e = half ? 0x7c00 : 0x7f80;
+  const bool na = (a & e) == e && (a & ~e & 0x7fff), nb = (b & e) == e && (b & ~e & 0x7fff);
   return a == b || (na && nb);
 }
 
 }  // namespace
 
-TEST(CudaDequant, EveryWeightTypeExpandsToTheHostsValuesInBf16) {
+// Each weight twice: bf16, and half (the decoder's numerics, model/product_numerics.h).
+TEST(CudaDequant, EveryWeightTypeExpandsToTheHostsValuesInBf16AndHalf) {
   SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA
   std::mt19937 g(std::random_device{}());
   const int64_t cols = 512;
   CudaQuantStore store;
-  struct Want { CudaWeight w; std::vector<uint16_t> bf16; std::string what; };
+  struct Want { CudaWeight w; std::vector<uint16_t> bits; bool half; std::string what; };
   std::vector<Want> wants;
   std::vector<std::vector<uint8_t>> keep;
   for (int layer = 0; layer < 2; ++layer) {
@@ -67,21 +69,22 @@ TEST(CudaDequant, EveryWeightTypeExpandsToTheHostsValuesInBf16) {
     std::vector<std::vector<GgmlType>> weights;
     for (GgmlType t : kTypes) weights.push_back({t});
     weights.push_back({GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_K});
-    for (const auto& types : weights) {
-      std::vector<CudaQuantStore::Part> parts;
-      std::vector<uint16_t> want;
-      std::string what;
-      for (GgmlType t : types) {
-        const int64_t rows = 3 + int64_t(g() % 5);
-        keep.push_back(random_rows(t, rows, cols, g));
-        parts.push_back({t, keep.back().data(), rows, cols});
-        std::vector<float> f(size_t(rows * cols));
-        for (int64_t r = 0; r < rows; ++r) dequantize_row(t, keep.back().data() + size_t(r) * ggml_row_bytes(t, cols), f.data() + r * cols, cols);
-        for (float v : f) want.push_back(f32_to_bf16(v));
-        what += ggml_type_name(t) + " ";
+    for (const auto& types : weights)
+      for (const bool half : {false, true}) {
+        std::vector<CudaQuantStore::Part> parts;
+        std::vector<uint16_t> want;
+        std::string what;
+        for (GgmlType t : types) {
+          const int64_t rows = 3 + int64_t(g() % 5);
+          keep.push_back(random_rows(t, rows, cols, g));
+          parts.push_back({t, keep.back().data(), rows, cols});
+          std::vector<float> f(size_t(rows * cols));
+          for (int64_t r = 0; r < rows; ++r) dequantize_row(t, keep.back().data() + size_t(r) * ggml_row_bytes(t, cols), f.data() + r * cols, cols);
+          for (float v : f) want.push_back(half ? f32_to_fp16(v) : f32_to_bf16(v));
+          what += ggml_type_name(t) + " ";
+        }
+        wants.push_back({store.add(layer, parts, half), std::move(want), half, fmt::format("layer {}: {}{}", layer, what, half ? "(half) " : "")});
       }
-      wants.push_back({store.add(layer, parts), std::move(want), fmt::format("layer {}: {}", layer, what)});
-    }
   }
   store.finish();
   EXPECT_GT(store.quant_bytes(), 0u);
@@ -92,13 +95,13 @@ TEST(CudaDequant, EveryWeightTypeExpandsToTheHostsValuesInBf16) {
     PDB_CUDA_CHECK(cudaDeviceSynchronize());
     for (const Want& w : wants) {
       if (w.what.rfind(fmt::format("layer {}:", layer), 0) != 0) continue;
-      std::vector<uint16_t> got(w.bf16.size());
+      std::vector<uint16_t> got(w.bits.size());
       PDB_CUDA_CHECK(cudaMemcpy(got.data(), w.w.get(), got.size() * 2, cudaMemcpyDeviceToHost));
       size_t bad = 0, first = got.size();
       for (size_t i = 0; i < got.size(); ++i)
-        if (!same_bf16(got[i], w.bf16[i])) { if (!bad++) first = i; }
+        if (!same_bits(got[i], w.bits[i], w.half)) { if (!bad++) first = i; }
       EXPECT_EQ(bad, 0u) << w.what << "first at " << first << ": got 0x" << std::hex << (first < got.size() ? got[first] : 0) << " want 0x"
-                         << (first < got.size() ? w.bf16[first] : 0);
+                         << (first < got.size() ? w.bits[first] : 0);
     }
   }
 #endif

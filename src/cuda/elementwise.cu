@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/device_helpers.cuh"
@@ -96,6 +97,64 @@ __global__ void q8_k_kernel(float* __restrict__ x, int64_t n_blocks) {
   for (int j = lane; j < 256; j += 32) v[j] = __fmul_rn(d, float(min(127, __float2int_rn(__fmul_rn(iscale, v[j])))));
 }
 
+__global__ void swiglu_f32_kernel(const float* __restrict__ gu, float* __restrict__ out, int64_t rows, int64_t ff) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * ff; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / ff, c = i % ff;
+    const float g = gu[r * 2 * ff + c], u = gu[r * 2 * ff + ff + c];
+    out[i] = g / (1.0f + expf(-g)) * u;
+  }
+}
+
+template <bool F32>
+__device__ __forceinline__ float load_act(const void* x, int64_t i) {
+  if constexpr (F32) return static_cast<const float*>(x)[i];
+  else return __bfloat162float(static_cast<const __nv_bfloat16*>(x)[i]);
+}
+
+template <bool F32>
+__global__ void act_half_kernel(const void* __restrict__ x, int64_t n, __half* __restrict__ y) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[i] = __float2half_rn(load_act<F32>(x, i));
+}
+
+// One warp per 32-value block (q8_0_kernel's rounding), the values written as half.
+template <bool F32>
+__global__ void act_q8_0_half_kernel(const void* __restrict__ x, int64_t n_blocks, __half* __restrict__ y) {
+  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (b >= n_blocks) return;
+  const Q8Lane e = q8_0_lane(load_act<F32>(x, b * 32 + lane));
+  y[b * 32 + lane] = __float2half_rn(__fmul_rn(float(e.code), __half2float(__float2half_rn(e.scale))));
+}
+
+// One warp per 256-value block (q8_k_kernel's rounding), the values written as half.
+template <bool F32>
+__global__ void act_q8_k_half_kernel(const void* __restrict__ x, int64_t n_blocks, __half* __restrict__ y) {
+  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (b >= n_blocks) return;
+  float v[8];
+  float amax = 0.0f, max = 0.0f;
+  int at = 256;
+  for (int k = 0; k < 8; ++k) {
+    const int j = lane + 32 * k;
+    v[k] = load_act<F32>(x, b * 256 + j);
+    if (fabsf(v[k]) > amax) { amax = fabsf(v[k]); max = v[k]; at = j; }
+  }
+  for (int o = 16; o > 0; o /= 2) {
+    const float a2 = __shfl_xor_sync(0xffffffffu, amax, o), m2 = __shfl_xor_sync(0xffffffffu, max, o);
+    const int at2 = __shfl_xor_sync(0xffffffffu, at, o);
+    if (a2 > amax || (a2 == amax && at2 < at)) { amax = a2; max = m2; at = at2; }
+  }
+  if (amax == 0.0f) {
+    for (int k = 0; k < 8; ++k) y[b * 256 + lane + 32 * k] = __float2half_rn(v[k]);
+    return;
+  }
+  const float iscale = __fdiv_rn(-127.0f, max), d = __fdiv_rn(1.0f, iscale);
+  for (int k = 0; k < 8; ++k)
+    y[b * 256 + lane + 32 * k] = __float2half_rn(__fmul_rn(d, float(min(127, __float2int_rn(__fmul_rn(iscale, v[k]))))));
+}
+
 __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t rows, int64_t cols) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * cols; i += int64_t(gridDim.x) * blockDim.x)
     y[i] += bias[i % cols];
@@ -114,6 +173,27 @@ void swiglu_rows(const __nv_bfloat16* gu, __nv_bfloat16* out, int64_t rows, int6
   if (ff % 8) throw std::invalid_argument("swiglu_rows: the intermediate size must be a multiple of 8");
   const dim3 grid(unsigned((ff / 8 + kThreads - 1) / kThreads), unsigned(std::min<int64_t>(rows, 65535)));
   swiglu_kernel<<<grid, kThreads, 0, s>>>(gu, out, rows, ff);
+  PDB_CUDA_LAUNCHED();
+}
+
+void swiglu_rows_f32(const float* gu, float* out, int64_t rows, int64_t ff, cudaStream_t s) {
+  if (rows * ff == 0) return;
+  swiglu_f32_kernel<<<blocks_for(rows * ff), kThreads, 0, s>>>(gu, out, rows, ff);
+  PDB_CUDA_LAUNCHED();
+}
+
+void product_input_half(const void* x, bool x_f32, int64_t n, int block, __half* y, cudaStream_t s) {
+  if (n <= 0) return;
+  if (block != 0 && block != 32 && block != 256) throw std::invalid_argument("product_input_half: block 0, 32 or 256");
+  if (block && n % block) throw std::invalid_argument("product_input_half: not whole blocks");
+  auto launch = [&](auto f32) {
+    constexpr bool F = decltype(f32)::value;
+    if (block == 0) act_half_kernel<F><<<blocks_for(n), kThreads, 0, s>>>(x, n, y);
+    else if (block == 32) act_q8_0_half_kernel<F><<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, s>>>(x, n / 32, y);
+    else act_q8_k_half_kernel<F><<<unsigned((n / 256 * 32 + kThreads - 1) / kThreads), kThreads, 0, s>>>(x, n / 256, y);
+  };
+  if (x_f32) launch(std::true_type{});
+  else launch(std::false_type{});
   PDB_CUDA_LAUNCHED();
 }
 

@@ -13,6 +13,12 @@ namespace pdb::cuda {
 void embed_rows(const float* table, const int32_t* tokens, int64_t rows, int64_t dim, float* h, cudaStream_t s);
 // out[r][i] = silu(gu[r][i]) * gu[r][ff + i]   with gu = [gate | up] per row; f32 math, bf16 result
 void swiglu_rows(const __nv_bfloat16* gu, __nv_bfloat16* out, int64_t rows, int64_t ff, cudaStream_t s);
+// The same in f32 throughout (the decoder's; model/product_numerics.h).
+void swiglu_rows_f32(const float* gu, float* out, int64_t rows, int64_t ff, cudaStream_t s);
+// A product's activations as the decoder rounds them (model/product_numerics.h), as half: x [n] (f32, or bf16 when
+// !x_f32; n a multiple of `block`) quantized per block first (0: none; 32: Q8_0 values as q8_0_round_trip; 256: Q8_K
+// values as q8_k_round_trip), then rounded to half. CPU twin: the round trips' host twins, then f32 -> f16.
+void product_input_half(const void* x, bool x_f32, int64_t n, int block, __half* y, cudaStream_t s);
 // Round-to-nearest-even conversions (what F16C and ggml's bf16 conversion do).
 void f32_to_f16(const float* x, __half* y, int64_t n, cudaStream_t s);
 void f32_to_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t s);

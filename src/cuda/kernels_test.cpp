@@ -12,6 +12,7 @@
 #include "formats/ggml_types.h"
 #include "formats/hf_to_gguf.h"
 #include "formats/numeric.h"
+#include "numerics/decoder_numerics.h"
 #include "numerics/reference_ops.h"
 #include "numerics/rmsnorm.h"
 #include "numerics/q8_dot.h"
@@ -333,6 +334,55 @@ TEST(CudaKernels, SwigluRmsnormAndQ8RoundTripMatchTheirTwins) {
     for (size_t i = 0; i < y.size(); ++i) same += y[i] == ref[i];
     std::printf("q8_0 round trip: %zu/%zu identical\n", same, y.size());
     EXPECT_EQ(same, y.size());
+  }
+#endif
+}
+
+// The decoder's numerics (model/product_numerics.h): a product's activations as the decoder rounds them, from f32
+// rows and from bf16 rows, bit for bit against the host's round trips (ggml-cpu's x86 Q8_0 and Q8_K quantizers, held to
+// ggml's by tests/ggml_dequant_test.cpp) then f32 -> half; and SwiGLU in f32 against its twin.
+TEST(CudaKernels, ProductInputsAreRoundedAsTheDecoderRoundsThem) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  const int64_t rows = 7, cols = 1024, n = rows * cols;
+  for (const bool from_f32 : {true, false}) {
+    auto x = randn(size_t(n), 4.0f);
+    for (int i = 0; i < 256; ++i) x[size_t(512 + i)] = 0.0f;  // an all-zero Q8_K block (and eight Q8_0 ones)
+    x[1100] = 9.0f, x[1200] = -9.0f;                       // equal magnitudes: the first sets the Q8_K scale's sign
+    if (!from_f32) x = round_bf16(x);
+    auto dx = from_f32 ? to_device_f32(x) : to_device_bf16(x);
+    for (const auto& [block, q] : {std::pair{0, ggmlnum::ActQuant::none}, {32, ggmlnum::ActQuant::q8_0}, {256, ggmlnum::ActQuant::q8_k}}) {
+      auto want = x;
+      ggmlnum::round_through(q, want.data(), rows, cols);
+      auto dy = poisoned(size_t(n) * 2);
+      cuda::product_input_half(dx.get(), from_f32, n, block, dy.as<__half>(), nullptr);
+      PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<uint16_t> got(static_cast<size_t>(n));
+      dy.download(got.data(), got.size() * 2);
+      size_t bad = 0, first = 0;
+      for (size_t i = 0; i < got.size(); ++i)
+        if (got[i] != f32_to_fp16(want[i]) && !bad++) first = i;
+      EXPECT_EQ(bad, 0u) << "block " << block << (from_f32 ? " f32" : " bf16") << " rows, first at " << first;
+    }
+  }
+  EXPECT_THROW(cuda::product_input_half(nullptr, true, 100, 32, nullptr, nullptr), std::invalid_argument);
+  EXPECT_THROW(cuda::product_input_half(nullptr, true, 256, 64, nullptr, nullptr), std::invalid_argument);
+  {
+    const int64_t r = 5, ff = 3000;
+    auto gu = randn(size_t(r * 2 * ff), 3.0f);
+    std::vector<float> ref(size_t(r * ff));
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t c = 0; c < ff; ++c) {
+        const float g = gu[size_t(i * 2 * ff + c)], u = gu[size_t(i * 2 * ff + ff + c)];
+        ref[size_t(i * ff + c)] = g / (1.0f + std::exp(-g)) * u;
+      }
+    auto dgu = to_device_f32(gu);
+    auto dout = poisoned(ref.size() * 4);
+    cuda::swiglu_rows_f32(dgu.as<float>(), dout.as<float>(), r, ff, nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    const double e = ref::rel_error(from_device_f32(dout, ref.size()), ref);
+    std::printf("swiglu f32 rel err %.2e\n", e);
+    EXPECT_LT(e, 1e-6);
   }
 #endif
 }

@@ -110,8 +110,8 @@ void GqaAttentionCuda::load_layer(const CudaLoad& ld, int64_t l) {
     cuda_load::upload_sliced_fp8(*ld.ck, qkv, H, 0, H, *ld.fp8, L.wqkv.resident(), L.wqkv_s, total);
     cuda_load::upload_sliced_fp8(*ld.ck, out, nh * hd, sh.q_head0 * hd, sh.q_heads * hd, *ld.fp8, L.wo.resident(), L.wo_s, total);
   } else {
-    L.wqkv = cuda_load::weight(ld, l, qkv, H, 0, H, total);
-    L.wo = cuda_load::weight(ld, l, out, nh * hd, sh.q_head0 * hd, sh.q_heads * hd, total);
+    L.wqkv = cuda_load::weight(ld, l, qkv, H, 0, H, total, true);
+    L.wo = cuda_load::weight(ld, l, out, nh * hd, sh.q_head0 * hd, sh.q_heads * hd, total, true);
   }
   layers_.push_back(std::move(L));
 }
@@ -168,18 +168,28 @@ std::string GqaAttentionCuda::enable_kv_rows() {
 // k and v slices of the same weight (rows nh*hd.. of [out x in]) with f32 output.
 void GqaAttentionCuda::kv_rows(int64_t l, const bf16* x, const CudaChunk& c, const float** k, const float** v) {
   if (!kv_rows_) throw std::logic_error("kv_rows: enable_kv_rows was not called");
-  const bf16* w = layers_[size_t(l)].wqkv.as<bf16>();
+  const CudaWeight& wqkv = layers_[size_t(l)].wqkv;
+  const auto* w = wqkv.as<uint16_t>();  // bf16, or half under the decoder's numerics
   const int64_t C = nkv_ * hd_;
+  cuda::DType ab = cuda::DType::BF16;
+  const void* xin = x;
+  if (wqkv.products().half) {
+    xin = mm_.half_input(c.xf ? static_cast<const void*>(c.xf) : x, c.xf ? cuda::DType::F32 : cuda::DType::BF16, wqkv, c.n, H_, c.s);
+    ab = cuda::DType::F16;
+  }
   cuda::Gemm& g = mm_.gemm();
-  g.xwt(cuda::DType::BF16, x, w + nh_ * hd_ * H_, cuda::DType::F32, kf_.get(), c.n, H_, C, 0.0f, c.s);
-  g.xwt(cuda::DType::BF16, x, w + (nh_ * hd_ + C) * H_, cuda::DType::F32, vf_.get(), c.n, H_, C, 0.0f, c.s);
+  g.xwt(ab, xin, w + nh_ * hd_ * H_, cuda::DType::F32, kf_.get(), c.n, H_, C, 0.0f, c.s);
+  g.xwt(ab, xin, w + (nh_ * hd_ + C) * H_, cuda::DType::F32, vf_.get(), c.n, H_, C, 0.0f, c.s);
   *k = kf_.as<float>();
   *v = vf_.as<float>();
 }
 
 void GqaAttentionCuda::forward(int64_t l, const bf16* x, float* h, const CudaChunk& c) {
   const Layer& Lw = layers_[size_t(l)];
-  mm_(x, Lw.wqkv, Lw.wqkv_s, c.n, H_, (nh_ + 2 * nkv_) * hd_, cuda::DType::BF16, qkv_.get(), 0.0f, c.s);
+  if (c.xf)
+    mm_(c.xf, cuda::DType::F32, Lw.wqkv, Lw.wqkv_s, c.n, H_, (nh_ + 2 * nkv_) * hd_, cuda::DType::BF16, qkv_.get(), 0.0f, c.s);
+  else
+    mm_(x, Lw.wqkv, Lw.wqkv_s, c.n, H_, (nh_ + 2 * nkv_) * hd_, cuda::DType::BF16, qkv_.get(), 0.0f, c.s);
   ra_.q_norm = Lw.q_norm.bytes() ? Lw.q_norm.as<float>() : nullptr;
   ra_.k_norm = Lw.k_norm.bytes() ? Lw.k_norm.as<float>() : nullptr;
   attend(l, c);

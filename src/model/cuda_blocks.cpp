@@ -51,13 +51,19 @@ std::string cuda_fp8_unsupported(const ModelDefinition& d, const HfConfig& c, co
   return "";
 }
 
-size_t CudaMatmul::scratch_bytes_for(int64_t chunk, int64_t max_in, int64_t hidden) const {
-  if (!fp8_) return 0;
+size_t CudaMatmul::scratch_bytes_for(int64_t chunk, int64_t max_in, int64_t hidden, int64_t max_out) const {
+  size_t b = 0;
+  if (numerics_ != ProductNumerics::bf16) b += size_t(chunk * max_in) * 2 + size_t(chunk * max_out) * 4;
+  if (!fp8_) return b;
   const int64_t rows = fp8_->padded_rows(chunk);
-  return size_t(rows * max_in) + cuda::fp8_scale_bytes(rows, max_in, *fp8_) + size_t(rows * hidden) * 2;
+  return b + size_t(rows * max_in) + cuda::fp8_scale_bytes(rows, max_in, *fp8_) + size_t(rows * hidden) * 2;
 }
 
-void CudaMatmul::reserve(int64_t chunk, int64_t max_in, int64_t hidden) {
+void CudaMatmul::reserve(int64_t chunk, int64_t max_in, int64_t hidden, int64_t max_out) {
+  if (numerics_ != ProductNumerics::bf16) {
+    xh_.resize(size_t(chunk * max_in) * 2);
+    yf_.resize(size_t(chunk * max_out) * 4);
+  }
   if (!fp8_) return;
   const int64_t rows = fp8_->padded_rows(chunk);
   xq_.resize(size_t(rows * max_in));
@@ -65,9 +71,30 @@ void CudaMatmul::reserve(int64_t chunk, int64_t max_in, int64_t hidden) {
   if (!fp8_->f32_accumulate) ybf_.resize(size_t(rows * hidden) * 2);
 }
 
-void CudaMatmul::operator()(const void* x, const CudaWeight& w, const cuda::DeviceBuffer& ws, int64_t n, int64_t in, int64_t out,
-                            cuda::DType yt, void* y, float beta, cudaStream_t s) {
+const void* CudaMatmul::half_input(const void* x, cuda::DType xt, const CudaWeight& w, int64_t n, int64_t in, cudaStream_t s) {
+  const int block = w.products().act_block;
+  if (block && in % block) throw std::logic_error(fmt::format("CudaMatmul: rows of {} values are not whole q8 blocks of {}", in, block));
+  if (xh_.bytes() < size_t(n * in) * 2) throw std::logic_error("CudaMatmul: reserve before a product under the decoder's numerics");
+  cuda::product_input_half(x, xt == cuda::DType::F32, n * in, block, xh_.as<__half>(), s);
+  return xh_.get();
+}
+
+void CudaMatmul::operator()(const void* x, cuda::DType xt, const CudaWeight& w, const cuda::DeviceBuffer& ws, int64_t n, int64_t in,
+                            int64_t out, cuda::DType yt, void* y, float beta, cudaStream_t s) {
   using bf16 = __nv_bfloat16;
+  if (w.products().half) {
+    const void* xh = half_input(x, xt, w, n, in, s);
+    if (yt == cuda::DType::F32) return gemm_.xwt(cuda::DType::F16, xh, w.get(), yt, y, n, in, out, beta, s);
+    // cuBLASLt has no half x half -> bf16 product: made in f32, then rounded
+    if (beta != 0.0f || yf_.bytes() < size_t(n * out) * 4) throw std::logic_error("CudaMatmul: a half product's bf16 result without its scratch");
+    gemm_.xwt(cuda::DType::F16, xh, w.get(), cuda::DType::F32, yf_.get(), n, in, out, 0.0f, s);
+    return cuda::f32_to_bf16(yf_.as<float>(), static_cast<bf16*>(y), n * out, s);
+  }
+  if (xt == cuda::DType::F32) {  // bf16 weights among the decoder's (a BF16 GGUF tensor): the rows as bf16
+    if (fp8_ || xh_.bytes() < size_t(n * in) * 2) throw std::logic_error("CudaMatmul: f32 rows into a bf16 product without its scratch");
+    cuda::f32_to_bf16(static_cast<const float*>(x), xh_.as<bf16>(), n * in, s);
+    x = xh_.get();
+  }
   if (!fp8_) return gemm_.xwt(cuda::DType::BF16, x, w.get(), yt, y, n, in, out, beta, s);
   n = fp8_->padded_rows(n);
   cuda::quantize_rows_fp8(static_cast<const bf16*>(x), n, in, xq_.as<uint8_t>(), xs_.as<float>(), *fp8_, s);

@@ -21,6 +21,7 @@
 #include "formats/hf_config.h"
 #include "model/cuda_moe_ffn.h"
 #include "model/cuda_weights.h"
+#include "model/product_numerics.h"
 #include "model/tensor_parallel.h"
 
 namespace pdb {
@@ -33,28 +34,45 @@ struct CudaChunk {
   int64_t n = 0, p0 = 0;
   cudaStream_t s = nullptr;
   bool skip_attention = false;  // bench prefill's engine-no-attention (the layers' outputs are then not the model's)
+  // Under the decoder's numerics (model/product_numerics.h): the block's normed rows in f32 [n x hidden], what the
+  // decoder quantizes its activations from (the bf16 rows beside them serve the blocks that keep bf16 products).
+  const float* xf = nullptr;
 };
 
-// Y = X W^T for a bf16 activation X [n x in]: a bf16 product, or on the FP8 path X quantized per 1x128 block and a
-// block-scaled FP8 product. beta = 1 adds into the f32 residual.
+// Y = X W^T for an activation X [n x in]: a bf16 product; on the FP8 path X quantized per 1x128 block and a
+// block-scaled FP8 product; for a weight that follows the decoder's numerics (CudaWeight::products, half values) X
+// rounded as the decoder rounds it (f32 or bf16 rows in, model/product_numerics.h) and a half product. beta = 1 adds
+// into the f32 residual.
 class CudaMatmul {
  public:
-  CudaMatmul(cuda::Gemm& gemm, std::optional<cuda::Fp8ScaleLayout> fp8) : gemm_(gemm), fp8_(std::move(fp8)) {}
+  CudaMatmul(cuda::Gemm& gemm, std::optional<cuda::Fp8ScaleLayout> fp8, ProductNumerics numerics = ProductNumerics::bf16)
+      : gemm_(gemm), fp8_(std::move(fp8)), numerics_(numerics) {}
   const std::optional<cuda::Fp8ScaleLayout>& fp8() const { return fp8_; }
+  ProductNumerics numerics() const { return numerics_; }
   cuda::Gemm& gemm() { return gemm_; }
   // FP8 products may need their rows padded: the buffers they read and write hold the padded rows (the extra rows
   // carry stale values whose results are never read).
   int64_t padded_rows(int64_t rows) const { return fp8_ ? fp8_->padded_rows(rows) : rows; }
-  size_t scratch_bytes_for(int64_t chunk, int64_t max_in, int64_t hidden) const;
-  void reserve(int64_t chunk, int64_t max_in, int64_t hidden);
+  // max_out: the widest product with a bf16 result (under the decoder's numerics it is made in f32 first).
+  size_t scratch_bytes_for(int64_t chunk, int64_t max_in, int64_t hidden, int64_t max_out) const;
+  void reserve(int64_t chunk, int64_t max_in, int64_t hidden, int64_t max_out);
+  void operator()(const void* x, cuda::DType xt, const CudaWeight& w, const cuda::DeviceBuffer& ws, int64_t n, int64_t in, int64_t out,
+                  cuda::DType yt, void* y, float beta, cudaStream_t s);
   void operator()(const void* x, const CudaWeight& w, const cuda::DeviceBuffer& ws, int64_t n, int64_t in, int64_t out, cuda::DType yt,
-                  void* y, float beta, cudaStream_t s);
-  size_t scratch_bytes() const { return xq_.bytes() + xs_.bytes() + ybf_.bytes(); }
+                  void* y, float beta, cudaStream_t s) {
+    (*this)(x, cuda::DType::BF16, w, ws, n, in, out, yt, y, beta, s);
+  }
+  // X [n x in] (f32 or bf16) rounded for a half product with weights of w's kind, in this matmul's scratch (valid
+  // until its next product).
+  const void* half_input(const void* x, cuda::DType xt, const CudaWeight& w, int64_t n, int64_t in, cudaStream_t s);
+  size_t scratch_bytes() const { return xq_.bytes() + xs_.bytes() + ybf_.bytes() + xh_.bytes() + yf_.bytes(); }
 
  private:
   cuda::Gemm& gemm_;
   std::optional<cuda::Fp8ScaleLayout> fp8_;
+  ProductNumerics numerics_;
   cuda::DeviceBuffer xq_, xs_, ybf_;  // quantized activations, their scales, bf16 product for the residual add
+  cuda::DeviceBuffer xh_, yf_;        // the decoder's numerics: rounded activations (2 bytes each), an f32 product
 };
 
 // The engine's own K/V for a prompt: [layer][head][capacity rows] of K and of V (fp8: e4m3 codes with one f32
@@ -79,6 +97,7 @@ struct CudaLoad {
   int world = 1;
   int threads = 1;
   const std::optional<cuda::Fp8ScaleLayout>& fp8;
+  ProductNumerics numerics = ProductNumerics::bf16;  // the products' rounding for the blocks that follow the decoder's
 };
 // A model's attention, every layer's weights (loaded layer by layer, beside the layer's FFN: the weights lie in device
 // memory in the order the forward reads them).

@@ -25,13 +25,16 @@ namespace pdb {
 using cuda::DeviceBuffer;
 using bf16 = __nv_bfloat16;
 
-CudaEngine::CudaEngine(const std::string& model, int threads, bool kv_fp8, cuda::TpComm* tp)
-    : cfg_(model_config(model)), def_(model_definition(cfg_.arch)), kv_fp8_(kv_fp8), tp_(tp) {
+CudaEngine::CudaEngine(const std::string& model, int threads, bool kv_fp8, cuda::TpComm* tp, ProductNumerics numerics)
+    : cfg_(model_config(model)), def_(model_definition(cfg_.arch)), numerics_(numerics), kv_fp8_(kv_fp8), tp_(tp) {
   const auto& c = cfg_;
   const int world = tp ? tp->world() : 1;
   if (const std::string why = cuda_blocks_unsupported(def_, c, kv_fp8, world); !why.empty()) throw std::runtime_error("CUDA engine: " + why);
   const bool gguf = is_gguf_path(model);
   if (gguf && world > 1) throw std::runtime_error("CUDA engine: tensor parallel from a GGUF is not implemented (give the HF checkpoint)");
+  if (decoder_numerics() && !gguf)
+    throw std::invalid_argument(fmt::format("--numerics {}: the decoder's numerics need its GGUF as --model (a checkpoint's weights are not the decoder's)",
+                                            product_numerics_name(numerics)));
   // FP8 weights are cut on their 128x128 scale blocks
   shard_ = tp_shard(c, tp ? tp->rank() : 0, world, world > 1 && c.fp8 ? 128 : 8);
   if (cuda::device_count() == 0) throw std::runtime_error("CUDA engine: no CUDA device");
@@ -57,8 +60,9 @@ CudaEngine::CudaEngine(const std::string& model, int threads, bool kv_fp8, cuda:
       weights_note_ = fp8_ ? report : "block-FP8 weights dequantized to bf16 (" + why + ")";
     }
   }
-  matmul_ = std::make_unique<CudaMatmul>(*gemm_, fp8_);
-  const CudaLoad ld{ck.get(), g.weights.get(), quant_.get(), c, def_, shard_, world, threads, fp8_};
+  if (decoder_numerics()) weights_note_ += "; " + product_numerics_description(numerics_);
+  matmul_ = std::make_unique<CudaMatmul>(*gemm_, fp8_, numerics_);
+  const CudaLoad ld{ck.get(), g.weights.get(), quant_.get(), c, def_, shard_, world, threads, fp8_, numerics_};
   size_t total = load_embedding(ld);
   attention_ = load_cuda_attention(ld, CudaAttentionOptions{kv_fp8, fp8kv_fused_}, *matmul_);
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -122,8 +126,10 @@ bool CudaEngine::any_routed() const {
 
 int64_t CudaEngine::widest_product_input() const { return std::max({cfg_.hidden_size, shard_.q_heads * cfg_.head_dim, shard_.ff}); }
 
+int64_t CudaEngine::widest_bf16_product() const { return (shard_.q_heads + 2 * shard_.kv_heads) * cfg_.head_dim; }
+
 size_t CudaEngine::buffer_bytes() const {
-  return tokens_.bytes() + h_.bytes() + x_.bytes() + attention_->buffer_bytes() + ffn_scratch_.bytes() + matmul_->scratch_bytes();
+  return tokens_.bytes() + h_.bytes() + x_.bytes() + xf_.bytes() + attention_->buffer_bytes() + ffn_scratch_.bytes() + matmul_->scratch_bytes();
 }
 
 size_t CudaEngine::bytes_for_prompt(int64_t T, int64_t chunk) const {
@@ -131,9 +137,11 @@ size_t CudaEngine::bytes_for_prompt(int64_t T, int64_t chunk) const {
   chunk = std::min(chunk, T);
   const int64_t rows = matmul_->padded_rows(chunk);
   size_t b = attention_->prompt_bytes(T, chunk, std::max<int64_t>(cfg_.num_layers - 1, 1));
-  b += size_t(chunk) * size_t(4 + H * 4 + H * 2) + size_t(rows - chunk) * size_t(H * 4 + H * 2) + size_t(rows) * size_t(6 * F);
+  const size_t act = decoder_numerics() ? 4 : 2;  // the SwiGLU's gate|up and output: f32 under the decoder's numerics
+  b += size_t(chunk) * size_t(4 + H * 4 + H * 2) + size_t(rows - chunk) * size_t(H * 4 + H * 2) + size_t(rows) * size_t(3 * F) * act;
+  if (decoder_numerics()) b += size_t(chunk * H) * 4;
   if (any_routed()) b += CudaMoeFfn::bytes_for(cfg_, chunk);  // (the whole experts' width: an upper bound for a rank)
-  return b + matmul_->scratch_bytes_for(chunk, widest_product_input(), H);
+  return b + matmul_->scratch_bytes_for(chunk, widest_product_input(), H, widest_bf16_product());
 }
 
 void CudaEngine::check_fits(int64_t T, int64_t chunk, size_t extra) const {
@@ -170,11 +178,13 @@ void CudaEngine::reserve(int64_t T, int64_t chunk, int64_t cache_layers) {
   tokens_.resize(size_t(chunk) * 4);
   h_.resize(size_t(rows_cap * H) * 4);
   x_.resize(size_t(rows_cap * H) * 2);
+  if (decoder_numerics()) xf_.resize(size_t(rows_cap * H) * 4);
+  const size_t act = decoder_numerics() ? 4 : 2;
   if (F > 0) {
-    ffn_scratch_.gu.resize(size_t(rows_cap * 2 * F) * 2);
-    ffn_scratch_.act.resize(size_t(rows_cap * F) * 2);
+    ffn_scratch_.gu.resize(size_t(rows_cap * 2 * F) * act);
+    ffn_scratch_.act.resize(size_t(rows_cap * F) * act);
   }
-  matmul_->reserve(chunk, widest_product_input(), H);
+  matmul_->reserve(chunk, widest_product_input(), H, widest_bf16_product());
 }
 
 namespace {
@@ -250,6 +260,17 @@ void CudaEngine::keep_state(int64_t processed, std::shared_ptr<EngineState>* kee
   }
 }
 
+// A block's normed rows: bf16 for the products; under the decoder's numerics f32 first (CudaChunk::xf), what the
+// decoder rounds its activations from, and bf16 from them for the blocks that keep bf16 products.
+void CudaEngine::norm_rows(const float* h, const cuda::DeviceBuffer& w, const CudaChunk& ch) const {
+  const int64_t H = cfg_.hidden_size;
+  const float eps = float(cfg_.rms_norm_eps);
+  auto* x = const_cast<bf16*>(x_.as<bf16>());
+  if (!ch.xf) return cuda::rmsnorm_rows_bf16(h, w.as<float>(), x, ch.n, H, eps, ch.s);
+  cuda::rmsnorm_rows(h, w.as<float>(), const_cast<float*>(ch.xf), ch.n, H, eps, ch.s);
+  cuda::f32_to_bf16(ch.xf, x, ch.n * H, ch.s);
+}
+
 void CudaEngine::enable_kv_rows() {
   if (const std::string why = attention_->enable_kv_rows(); !why.empty())
     throw std::invalid_argument(fmt::format("--kv-rows engine: {} ({})", why, def_.name));
@@ -277,7 +298,6 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
   reserve(T, chunk, full_last_layer ? L : std::max<int64_t>(L - 1, 1));
   resume_from(resume, T);
   cudaStream_t s = stream_;
-  const float eps = float(c.rms_norm_eps);
   // Tensor parallel: once a block's normed input is taken, rank 0 keeps the residual and the other ranks
   // zero theirs; each adds its heads' (its columns') part of o_proj's (down_proj's) product into it, and the
   // sum over the ranks is the unsharded residual, on every rank. The rows past n (FP8 padding) are never read.
@@ -287,6 +307,7 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
   CudaChunk ch;
   ch.s = s;
   ch.skip_attention = skip_attention;
+  ch.xf = decoder_numerics() ? xf_.as<float>() : nullptr;
   auto partial_residual = [&] {
     if (tp && tp_->rank() != 0) PDB_CUDA_CHECK(cudaMemsetAsync(h, 0, size_t(ch.n * H) * 4, s));
   };
@@ -312,7 +333,7 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
       const bool last = l == L - 1 && !full_last_layer;
       if (last && !kv_tap_) break;
       if (quant_) quant_->expand(l, s);
-      cuda::rmsnorm_rows_bf16(h, in_norm_[size_t(l)].as<float>(), x, ch.n, H, eps, s);
+      norm_rows(h, in_norm_[size_t(l)], ch);
       if (kv_tap_) {
         const float *k = nullptr, *v = nullptr;
         attention_->kv_rows(l, x, ch, &k, &v);
@@ -322,7 +343,7 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
       partial_residual();
       attention_->forward(l, x, h, ch);
       reduce_residual();
-      cuda::rmsnorm_rows_bf16(h, post_norm_[size_t(l)].as<float>(), x, ch.n, H, eps, s);
+      norm_rows(h, post_norm_[size_t(l)], ch);
       partial_residual();
       ffns_[size_t(l)]->forward(x, h, ffn_scratch_, *matmul_, ch);
       reduce_residual();

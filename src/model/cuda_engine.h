@@ -21,6 +21,7 @@
 #include "formats/hf_config.h"
 #include "model/cuda_blocks.h"
 #include "model/engine_state.h"
+#include "model/product_numerics.h"
 #include "model/tensor_parallel.h"
 
 namespace pdb {
@@ -43,8 +44,10 @@ class CudaEngine {
   // tp: this engine is one rank of a tensor-parallel group (model/tensor_parallel.h: its heads and FFN
   // columns; the residual stream all-reduced after o_proj and down_proj), on the current device. Null: whole.
   // model: an HF checkpoint directory, or the decoder's GGUF (its quantized weights stay quantized in device memory and
-  // are expanded to bf16 one layer at a time: model/cuda_weights.h).
-  CudaEngine(const std::string& model, int threads, bool kv_fp8 = false, cuda::TpComm* tp = nullptr);
+  // are expanded to bf16 one layer at a time: model/cuda_weights.h). numerics: how the products of a GGUF's weights
+  // round their operands (model/product_numerics.h; anything but bf16 needs a GGUF).
+  CudaEngine(const std::string& model, int threads, bool kv_fp8 = false, cuda::TpComm* tp = nullptr,
+             ProductNumerics numerics = ProductNumerics::bf16);
   ~CudaEngine();
   const HfConfig& config() const { return cfg_; }
   cuda::Gemm& gemm() { return *gemm_; }
@@ -93,6 +96,9 @@ class CudaEngine {
   int64_t widest_swiglu() const;
   bool any_routed() const;
   int64_t widest_product_input() const;  // the FP8 path's activation scratch
+  int64_t widest_bf16_product() const;   // the decoder's numerics: the widest product with a bf16 result (q|k|v)
+  bool decoder_numerics() const { return numerics_ != ProductNumerics::bf16; }
+  void norm_rows(const float* h, const cuda::DeviceBuffer& w, const CudaChunk& ch) const;
   size_t buffer_bytes() const;
   void keep_state(int64_t processed, std::shared_ptr<EngineState>* keep, size_t keep_max_bytes);
   void resume_from(ResumePoint resume, int64_t tokens);
@@ -116,6 +122,8 @@ class CudaEngine {
   std::vector<std::unique_ptr<CudaFfn>> ffns_;
   CudaFfnScratch ffn_scratch_;
   cuda::DeviceBuffer tokens_, h_, x_;  // per prompt, grown on demand and kept for the next one
+  ProductNumerics numerics_ = ProductNumerics::bf16;
+  cuda::DeviceBuffer xf_;  // the decoder's numerics: the normed rows in f32 (CudaChunk::xf)
   bool kv_fp8_ = false;
   // kv_fp8: the attention converts each fp8 tile itself (PDBRIDGE_FP8KV_FUSED=1) instead of reading one
   // layer's rows expanded to bf16 beforehand (a buffer of one layer's bf16 K/V).

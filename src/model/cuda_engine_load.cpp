@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "common/parallel.h"
 #include "formats/ggml_types.h"
@@ -22,9 +23,11 @@ using cuda::DeviceBuffer;
 namespace cuda_load {
 
 namespace {
-std::vector<uint16_t> rounded_to_bf16(const float* w, int64_t n, int threads) {
+std::vector<uint16_t> rounded_to_bf16(const float* w, int64_t n, int threads, bool half = false) {
   std::vector<uint16_t> out(static_cast<size_t>(n));
-  parallel_for(n, threads, [&](int64_t b, int64_t e) { for (int64_t i = b; i < e; ++i) out[size_t(i)] = f32_to_bf16(w[i]); });
+  parallel_for(n, threads, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) out[size_t(i)] = half ? f32_to_fp16(w[i]) : f32_to_bf16(w[i]);
+  });
   return out;
 }
 }  // namespace
@@ -136,15 +139,15 @@ void upload_sliced_fp8(const SafetensorsCheckpoint& ck, const std::vector<RowSli
 namespace {
 bool float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 
-// A GGUF weight as resident bf16: its float tensors, and kv_b_proj (rebuilt from two tensors).
-DeviceBuffer gguf_resident(const CudaLoad& ld, const std::vector<RowSlice>& parts, int64_t cols, size_t& total) {
+// A GGUF weight as resident bf16 (or half): its float tensors, and kv_b_proj (rebuilt from two tensors).
+DeviceBuffer gguf_resident(const CudaLoad& ld, const std::vector<RowSlice>& parts, int64_t cols, size_t& total, bool half) {
   int64_t rows = 0;
   for (const auto& p : parts) rows += p.rows;
   DeviceBuffer b(size_t(rows * cols) * 2);
   size_t off = 0;
   for (const auto& p : parts) {
     const auto w = ld.gguf->matrix(p.name, p.rows, cols);
-    const auto h = rounded_to_bf16(w.data(), int64_t(w.size()), ld.threads);
+    const auto h = rounded_to_bf16(w.data(), int64_t(w.size()), ld.threads, half);
     b.upload(h.data(), h.size() * 2, off);
     off += h.size() * 2;
   }
@@ -153,8 +156,27 @@ DeviceBuffer gguf_resident(const CudaLoad& ld, const std::vector<RowSlice>& part
 }
 }  // namespace
 
+namespace {
+// One product's rounding for a weight whose parts may differ in type: the largest part's (a Q4_K_M q|k|v is
+// q4_K, q4_K, q6_K: one activation type under every mode). Parts that disagree are named in the log.
+WeightProducts products_of(const CudaLoad& ld, const std::vector<RowSlice>& parts, int64_t cols) {
+  WeightProducts p;
+  int64_t largest = -1;
+  std::vector<std::string> differ;
+  for (const auto& part : parts) {
+    const WeightProducts q = weight_products(ld.numerics, ld.gguf->storage_type(part.name));
+    if (largest >= 0 && !(q == p)) differ.push_back(part.name);
+    if (part.rows > largest) { p = q; largest = part.rows; }
+  }
+  if (!differ.empty())
+    spdlog::warn("cuda engine: {} fused with weights of another activation type: its product takes the largest part's ({} values, {})",
+                 differ.front(), cols, p.act_block ? fmt::format("q8 blocks of {}", p.act_block) : std::string("no quantization"));
+  return p;
+}
+}  // namespace
+
 CudaWeight weight(const CudaLoad& ld, int64_t layer, const std::vector<RowSlice>& parts, int64_t full_cols, int64_t col0, int64_t cols,
-                  size_t& total) {
+                  size_t& total, bool follow_decoder) {
   if (ld.ck) return upload_sliced(*ld.ck, ld.c, parts, full_cols, col0, cols, ld.threads, total);
   if (col0 != 0 || cols != full_cols) throw std::logic_error("a GGUF's weights are not sliced (tensor parallel reads checkpoints)");
   bool quantized = false;
@@ -162,16 +184,23 @@ CudaWeight weight(const CudaLoad& ld, int64_t layer, const std::vector<RowSlice>
     if (p.row0 != 0 || p.rows != p.full_rows) throw std::logic_error("a GGUF's weights are not sliced (tensor parallel reads checkpoints)");
     quantized |= !float_type(ld.gguf->storage_type(p.name));
   }
-  if (!quantized || !ld.quant) return gguf_resident(ld, parts, cols, total);
+  const WeightProducts products = follow_decoder ? products_of(ld, parts, cols) : WeightProducts{};
+  auto resident = [&] {
+    CudaWeight w = gguf_resident(ld, parts, cols, total, products.half);
+    w.set_products(products);
+    return w;
+  };
+  if (!quantized || !ld.quant) return resident();
   std::vector<RawRows> raw;
   for (const auto& p : parts) {
     auto r = ld.gguf->raw_rows(p.name, p.rows, cols);
-    if (!r) return gguf_resident(ld, parts, cols, total);  // a weight the source rebuilds (deepseek2's kv_b_proj)
+    if (!r) return resident();  // a weight the source rebuilds (deepseek2's kv_b_proj)
     raw.push_back(std::move(*r));
   }
   std::vector<CudaQuantStore::Part> qp;
   for (size_t i = 0; i < parts.size(); ++i) qp.push_back({raw[i].type, raw[i].bytes.data(), parts[i].rows, cols});
-  CudaWeight w = ld.quant->add(layer, qp);
+  CudaWeight w = ld.quant->add(layer, qp, products.half);
+  w.set_products(products);
   total += w.bytes();
   return w;
 }

@@ -35,9 +35,10 @@ void upload_sliced_fp8(const SafetensorsCheckpoint& ck, const std::vector<RowSli
                        const cuda::Fp8ScaleLayout& L, cuda::DeviceBuffer& w, cuda::DeviceBuffer& scales, size_t& total);
 // The loaders' weights from either source (CudaLoad): row slices stacked along the output dimension, restricted to the
 // input columns [col0, col0 + cols), as layer `layer`'s weight: bf16 resident from a checkpoint or a GGUF's float
-// tensors; a GGUF's quantized tensors kept quantized (ld.quant). Adds its device bytes to total.
+// tensors; a GGUF's quantized tensors kept quantized (ld.quant). Adds its device bytes to total. follow_decoder: the
+// products of this weight take ld.numerics (half values where it says so; CudaWeight::products); else bf16.
 CudaWeight weight(const CudaLoad& ld, int64_t layer, const std::vector<RowSlice>& parts, int64_t full_cols, int64_t col0, int64_t cols,
-                  size_t& total);
+                  size_t& total, bool follow_decoder = false);
 // A norm's (or any vector's) values as f32.
 std::vector<float> vector(const CudaLoad& ld, const std::string& name, int64_t n);
 }  // namespace cuda_load

@@ -67,15 +67,17 @@ struct DeviceScope {
 
 }  // namespace
 
-CudaTpEngine::CudaTpEngine(const std::string& hf_dir, int threads, bool kv_fp8, int world, bool shared_device) : shared_device_(shared_device) {
+CudaTpEngine::CudaTpEngine(const std::string& hf_dir, int threads, bool kv_fp8, int world, bool shared_device, ProductNumerics numerics)
+    : shared_device_(shared_device) {
   if (world < 1) throw std::invalid_argument("--tp must be at least 1");
   int dev0 = 0;
   PDB_CUDA_CHECK(cudaGetDevice(&dev0));
   if (world == 1) {
-    ranks_.push_back(std::make_unique<CudaEngine>(hf_dir, threads, kv_fp8));
+    ranks_.push_back(std::make_unique<CudaEngine>(hf_dir, threads, kv_fp8, nullptr, numerics));
     devices_ = {dev0};
     return;
   }
+  if (numerics != ProductNumerics::bf16) throw std::invalid_argument("--numerics: tensor parallel runs a checkpoint's bf16 products");
   if (shared_device) {
     devices_.assign(size_t(world), dev0);
   } else {

@@ -19,7 +19,8 @@ class CudaTpEngine {
  public:
   // world > 1: ranks on GPUs 0..world-1 over NCCL, or (shared_device) all on the current GPU: the sharded
   // forward checked on a machine of one GPU, not faster.
-  CudaTpEngine(const std::string& hf_dir, int threads, bool kv_fp8 = false, int world = 1, bool shared_device = false);
+  CudaTpEngine(const std::string& hf_dir, int threads, bool kv_fp8 = false, int world = 1, bool shared_device = false,
+               ProductNumerics numerics = ProductNumerics::bf16);
   ~CudaTpEngine();
   int world() const { return int(ranks_.size()); }
   CudaEngine& rank0() { return *ranks_[0]; }

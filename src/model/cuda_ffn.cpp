@@ -31,13 +31,19 @@ class SwigluFfnCuda final : public CudaFfn {
       cuda_load::upload_sliced_fp8(*ld.ck, gu, H_, 0, H_, *ld.fp8, wgu_.resident(), wgu_s_, bytes_);
       cuda_load::upload_sliced_fp8(*ld.ck, d, width, ff0, ff, *ld.fp8, wd_.resident(), wd_s_, bytes_);
     } else {
-      wgu_ = cuda_load::weight(ld, layer, gu, H_, 0, H_, bytes_);
-      wd_ = cuda_load::weight(ld, layer, d, width, ff0, ff, bytes_);
+      wgu_ = cuda_load::weight(ld, layer, gu, H_, 0, H_, bytes_, true);
+      wd_ = cuda_load::weight(ld, layer, d, width, ff0, ff, bytes_, true);
     }
   }
   int64_t swiglu_width() const override { return ff_; }
   bool routed() const override { return false; }
   void forward(const bf16* x, float* h, CudaFfnScratch& sc, CudaMatmul& mm, const CudaChunk& c) override {
+    if (c.xf) {  // the decoder's numerics: gate, up and their SwiGLU in f32, the products' inputs rounded as it rounds them
+      mm(c.xf, cuda::DType::F32, wgu_, wgu_s_, c.n, H_, 2 * ff_, cuda::DType::F32, sc.gu.get(), 0.0f, c.s);
+      cuda::swiglu_rows_f32(sc.gu.as<float>(), sc.act.as<float>(), c.n, ff_, c.s);
+      mm(sc.act.get(), cuda::DType::F32, wd_, wd_s_, c.n, ff_, H_, cuda::DType::F32, h, 1.0f, c.s);
+      return;
+    }
     mm(x, wgu_, wgu_s_, c.n, H_, 2 * ff_, cuda::DType::BF16, sc.gu.get(), 0.0f, c.s);
     cuda::swiglu_rows(sc.gu.as<bf16>(), sc.act.as<bf16>(), c.n, ff_, c.s);
     mm(sc.act.get(), wd_, wd_s_, c.n, ff_, H_, cuda::DType::F32, h, 1.0f, c.s);

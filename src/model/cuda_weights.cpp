@@ -6,7 +6,7 @@
 
 namespace pdb {
 
-CudaWeight CudaQuantStore::add(int64_t layer, const std::vector<Part>& parts) {
+CudaWeight CudaQuantStore::add(int64_t layer, const std::vector<Part>& parts, bool half) {
   if (layer < int64_t(layers_.size()) - 1 || layer < 0) throw std::logic_error("CudaQuantStore::add: layers are added in order");
   if (layer >= int64_t(layers_.size())) layers_.resize(size_t(layer + 1));
   Layer& L = layers_[size_t(layer)];
@@ -19,7 +19,7 @@ CudaWeight CudaQuantStore::add(int64_t layer, const std::vector<Part>& parts) {
     if (!cuda::can_dequantize_on_device(p.type)) throw std::runtime_error(fmt::format("no GPU decoder for ggml type {}", ggml_type_name(p.type)));
     const size_t n = ggml_row_bytes(p.type, p.cols) * size_t(p.rows);
     dev.upload(p.host, n, src);
-    auto& segs = L.by_type[p.type];
+    auto& segs = L.by_type[{p.type, half}];
     const int64_t elements = p.rows * p.cols, groups = elements / cuda::dequant_group_elements(p.type);
     segs.push_back(cuda::DequantSegment{dev.as<uint8_t>() + src, int64_t(L.bytes / 2), groups});  // block0: the count, until finish()
     L.bytes += size_t(elements) * 2;
@@ -34,8 +34,8 @@ void CudaQuantStore::finish() {
   for (Layer& L : layers_) {
     widest = std::max(widest, L.bytes);
     std::vector<cuda::DequantSegment> table;
-    for (auto& [type, segs] : L.by_type) {
-      Launch l{type, int(table.size()), int(segs.size()), 0};
+    for (auto& [key, segs] : L.by_type) {
+      Launch l{key.first, key.second, int(table.size()), int(segs.size()), 0};
       for (auto sg : segs) {  // block0 held the stretch's group count until now
         const int64_t groups = sg.block0;
         sg.block0 = l.groups;
@@ -54,9 +54,9 @@ void CudaQuantStore::finish() {
 void CudaQuantStore::expand(int64_t layer, cudaStream_t s) const {
   if (layer >= int64_t(layers_.size())) return;
   const Layer& L = layers_[size_t(layer)];
-  auto* dst = reinterpret_cast<__nv_bfloat16*>(const_cast<uint8_t*>(scratch()));
+  void* dst = const_cast<uint8_t*>(scratch());
   for (const Launch& l : L.launches)
-    cuda::dequantize_segments_bf16(l.type, L.table.as<cuda::DequantSegment>() + l.first, l.count, l.groups, dst, s);
+    cuda::dequantize_segments(l.type, L.table.as<cuda::DequantSegment>() + l.first, l.count, l.groups, dst, l.half, s);
 }
 
 }  // namespace pdb

@@ -1,4 +1,5 @@
-// A weight matrix in device memory as the CUDA products read it (bf16 [out x in], or e4m3 on the FP8 path): resident,
+// A weight matrix in device memory as the CUDA products read it (bf16 [out x in]; half under the decoder's numerics,
+// model/product_numerics.h; or e4m3 on the FP8 path): resident,
 // or kept as the GGUF's quantized blocks and expanded into a scratch the size of one layer's weights just before the
 // layer runs (CudaQuantStore::expand, cuda/dequant.cuh). The products read `get()` either way.
 #pragma once
@@ -7,11 +8,13 @@
 
 #include <cstdint>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "cuda/common.cuh"
 #include "cuda/dequant.cuh"
 #include "formats/ggml_types.h"
+#include "model/product_numerics.h"
 
 namespace pdb {
 
@@ -27,8 +30,12 @@ class CudaWeight {
   // Device bytes the weight holds: the resident buffer, or its quantized blocks (the scratch is the store's).
   size_t bytes() const { return store_ ? quant_bytes_ : resident_.bytes(); }
   cuda::DeviceBuffer& resident() { return resident_; }  // the FP8 loaders write the e4m3 bytes here
+  // How its products run: half weights (else bf16) and the activations' quantization block (CudaMatmul).
+  const WeightProducts& products() const { return products_; }
+  void set_products(WeightProducts p) { products_ = p; }
 
  private:
+  WeightProducts products_;
   cuda::DeviceBuffer resident_;
   const CudaQuantStore* store_ = nullptr;
   size_t offset_ = 0;  // bytes into the store's scratch
@@ -44,8 +51,9 @@ class CudaQuantStore {
     const uint8_t* host;
     int64_t rows, cols;
   };
-  // The parts, stacked along the output dimension, as one weight of layer `layer` (layers added in order).
-  CudaWeight add(int64_t layer, const std::vector<Part>& parts);
+  // The parts, stacked along the output dimension, as one weight of layer `layer` (layers added in order), expanded
+  // to bf16 or (half) to half.
+  CudaWeight add(int64_t layer, const std::vector<Part>& parts, bool half = false);
   // Allocates the scratch (the largest layer's bf16 weights) and uploads the segment tables. After the last add.
   void finish();
   // Expands layer `layer`'s weights into the scratch, on s (the products that read them follow on s).
@@ -58,12 +66,13 @@ class CudaQuantStore {
  private:
   struct Launch {
     GgmlType type;
+    bool half = false;
     int first = 0, count = 0;  // into the layer's segment table
     int64_t groups = 0;
   };
   struct Layer {
-    std::map<GgmlType, std::vector<cuda::DequantSegment>> by_type;  // block0 counted per type
-    size_t bytes = 0;                                               // bf16 bytes of the layer's weights
+    std::map<std::pair<GgmlType, bool>, std::vector<cuda::DequantSegment>> by_type;  // (type, half); block0 counted per key
+    size_t bytes = 0;  // expanded bytes of the layer's weights (2 per value)
     std::vector<Launch> launches;
     cuda::DeviceBuffer table;
   };

@@ -383,7 +383,8 @@ int run_prefill_server(const PrefillServerOptions& o) {
   const int64_t default_chunk = o.chunk > 0 ? o.chunk : o.device == "cuda" ? 4096 : 512;
   std::shared_ptr<PrefillBackend> engine = arch.make_backend({.model = o.model, .recipe = o.recipe, .device = o.device, .kv_dtype = o.kv_dtype,
                                                                .threads = threads, .chunk = default_chunk, .tp = o.tp, .tp_one_gpu = o.tp_one_gpu,
-                                                               .max_gpu_mem_gib = o.max_gpu_mem_gib, .faithful = !o.cpu_fast, .kv_rows = o.kv_rows});
+                                                               .max_gpu_mem_gib = o.max_gpu_mem_gib, .faithful = !o.cpu_fast, .kv_rows = o.kv_rows,
+                                                               .numerics = o.numerics});
   spdlog::info("prefill: engine on {} ({})", engine->device(), engine->weights().empty() ? "weights as loaded" : engine->weights());
 
   PrefillService service(o, engine, mism, default_chunk);

@@ -10,7 +10,8 @@
 namespace pdb {
 
 struct BenchPrefillOptions {
-  std::string model, recipe, device = "cuda", out = "bench-prefill.jsonl", cache_type = "f16", label, kv_dtype = "bf16", kv_rows = "decoder";
+  std::string model, recipe, device = "cuda", out = "bench-prefill.jsonl", cache_type = "f16", label, kv_dtype = "bf16", kv_rows = "decoder",
+              numerics = "bf16";
   std::vector<int64_t> tokens = {8192, 32768};
   int64_t chunk = 4096;
   int reps = 3, threads = 0;
