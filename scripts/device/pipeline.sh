@@ -344,6 +344,14 @@ stage_numerics() {
   run integration_numerics timeout 480 $P/build/tests/integration_tests --gtest_filter='CudaParity.DecoderNumerics*:CudaParity.EngineKv*:CudaEngine.*:CudaBridge.ServesTheBridgeFromTheDecodersGgufAlone:CudaBridge.DecoderNumerics*'
   run parity_numerics env IMATRIX=0 DEVICE=cuda LEGS="${NUM_LEGS:-gguf cpu}" GGUF_DIR=/tmp/ptab PARITY_SEED=${PARITY_SEED:-2026120402} \
     bash $REPO/scripts/parity_types.sh $R/parity ${PARITY_TYPES:-F16 Q8_0 Q4_K_M Q6_K Q4_0}
+  [ "${NUM_BENCH:-0}" = 1 ] || return 0
+  # what the decoder's numerics cost: the Llama-8B shape as Q4_K_M (made without a checkpoint), each mode
+  local G=$M/llama8b-gguf
+  [ -f $G/decoder-q4_K_M.gguf ] || run make_llama8b_q4km $PDB make-model --arch llama --preset 8b --seed 7 --out $G --no-hf --quantize-from q8_0 --gguf-types q4_K_M
+  for n in ${NUM_MODES:-bf16 half cpu}; do
+    run bench_numerics_$n $PDB bench prefill --model $G/decoder-q4_K_M.gguf --numerics $n --tokens ${GGUF_TOKENS:-8192,32768} --reps 2 --chunk 4096 \
+      --modes engine,engine+recipe+frames --label llama8b-gguf-q4_K_M-numerics-$n --out $R/bench_numerics.jsonl
+  done
 }
 # The CUDA backend's row path after a change to it: the bridge end to end and the bridged state against the decoder's.
 stage_rowpath() {

@@ -236,14 +236,6 @@ ActQuant act_quant_for(GgmlType t) {
 }
 
 namespace {
-// ggml's nearest_int: round half to even through the float's mantissa.
-inline int nearest_int(float v) {
-  const float val = v + 12582912.f;
-  int i;
-  std::memcpy(&i, &val, 4);
-  return (i & 0x007fffff) - 0x00400000;
-}
-
 void round_q8_0(float* x, int64_t n) {
   for (int64_t b = 0; b + 32 <= n; b += 32) {
     float amax = 0.0f;
@@ -260,7 +252,11 @@ void round_q8_k(float* x, int64_t n) {
       if (std::fabs(x[b + j]) > amax) { amax = std::fabs(x[b + j]); max = x[b + j]; }
     if (amax == 0.0f) continue;
     const float iscale = -127.0f / max, d = 1.0f / iscale;
-    for (int j = 0; j < 256; ++j) x[b + j] = d * float(std::min(127, nearest_int(iscale * x[b + j])));
+    // ggml's nearest_int(iscale * x) rounds the f32 product half to even. Not written as its `+ 12582912.f`: this
+    // file is compiled with FMA contraction (for ggml-cpu's), which would fuse that add into the product and round
+    // the exact value instead (ggml-base is built without FMA: the ties at half the largest value, common in bf16 rows,
+    // differ).
+    for (int j = 0; j < 256; ++j) x[b + j] = d * float(std::min(127, int(std::nearbyint(iscale * x[b + j]))));
   }
 }
 }  // namespace
