@@ -464,7 +464,7 @@ TEST(CudaParity, DecoderNumericsFollowTheCpuDecoder) {
   }
 }
 
-// --numerics is refused where it cannot follow the decoder, before anything loads onto a GPU.
+// --numerics is refused where it cannot follow the decoder, before anything loads onto a GPU; auto resolves per GGUF.
 TEST(CudaBridge, DecoderNumericsOnlyFromTheDecodersGguf) {
   const std::string mdir = test::models_dir() + "/llama-tiny";
   BackendOptions o{.model = mdir + "/hf", .recipe = mdir + "/decoder-q8_0.gguf", .device = "cuda", .numerics = "cpu"};
@@ -483,6 +483,18 @@ TEST(CudaBridge, DecoderNumericsOnlyFromTheDecodersGguf) {
   o.device = "cuda";
   o.numerics = "metal";
   refused("bf16, half (Metal), cpu (ggml-cpu) or cuda (ggml-cuda)");
+  // auto: half products for a GGUF of float layer weights, bf16 for a quantized one, a checkpoint or the CPU
+  o.numerics = "auto";
+  EXPECT_EQ(resolve_numerics(o), ProductNumerics::bf16);  // q8_0
+  o.model = mdir + "/decoder-f16.gguf";
+  EXPECT_EQ(resolve_numerics(o), ProductNumerics::half);
+  o.model = mdir + "/decoder-f32.gguf";
+  EXPECT_EQ(resolve_numerics(o), ProductNumerics::half);
+  o.device = "cpu";
+  EXPECT_EQ(resolve_numerics(o), ProductNumerics::bf16);
+  o.device = "cuda";
+  o.model = mdir + "/hf";
+  EXPECT_EQ(resolve_numerics(o), ProductNumerics::bf16);
 }
 
 // --kv-rows engine is refused where the engine's K/V are not the decoder's rows, before anything loads onto a GPU.

@@ -106,20 +106,11 @@ bool kv_rows_from_engine(const BackendOptions& o) {
   return true;
 }
 
-// --numerics: the decoder's arithmetic classes are for an engine that runs the decoder's GGUF on the GPU.
-ProductNumerics engine_numerics(const BackendOptions& o) {
-  const ProductNumerics n = parse_product_numerics(o.numerics);
-  if (n == ProductNumerics::bf16) return n;
-  if (o.device != "cuda") throw std::invalid_argument(fmt::format("--numerics {} is for --device cuda (the CPU engine's faithful mode is the decoder's arithmetic)", o.numerics));
-  if (!is_gguf_path(o.model)) throw std::invalid_argument(fmt::format("--numerics {} needs --model to be the decoder's GGUF", o.numerics));
-  return n;
-}
-
 // llama, qwen3, qwen3moe, deepseek2: the HF checkpoint's forward (model/cpu_engine, model/cuda_engine) with the
 // decoder's K/V recipe on its per-layer hook.
 std::unique_ptr<PrefillBackend> checkpoint_backend(const BackendOptions& o) {
   const bool engine_rows = kv_rows_from_engine(o);
-  const ProductNumerics numerics = engine_numerics(o);
+  const ProductNumerics numerics = resolve_numerics(o);
   std::shared_ptr<const Recipe> recipe = Recipe::load(o.recipe, o.threads);
   if (o.device == "cuda")
     return make_cuda_backend(o.model, recipe, o.threads, o.chunk, o.kv_dtype == "fp8", o.tp, o.tp_one_gpu, o.max_gpu_mem_gib, engine_rows, numerics);
@@ -129,7 +120,8 @@ std::unique_ptr<PrefillBackend> checkpoint_backend(const BackendOptions& o) {
 // DeepSeek-V4: its own engines, the recipe's pooled sections inside them.
 std::unique_ptr<PrefillBackend> deepseek4_backend(const BackendOptions& o) {
   if (o.kv_rows != "decoder") throw std::invalid_argument("--kv-rows engine: DeepSeek-V4 caches pooled sections only its recipe computes");
-  if (o.numerics != "bf16") throw std::invalid_argument("--numerics: the DeepSeek-V4 engine has its own products (its recipe's arithmetic)");
+  if (o.numerics != "bf16" && o.numerics != "auto")
+    throw std::invalid_argument("--numerics: the DeepSeek-V4 engine has its own products (its recipe's arithmetic)");
   return o.device == "cuda" ? make_cuda_dsv4_backend(o.recipe, o.model) : make_cpu_dsv4_backend(o.recipe, o.model);
 }
 
@@ -142,6 +134,27 @@ const Architecture kArchitectures[] = {
 };
 
 }  // namespace
+
+// --numerics auto: the mode that measured closest to the decoders for this GGUF's weights (docs/RESULTS.md, "Numerics
+// that follow the decoder"): half products for float layer weights (F16/F32: the decoder's own values, 4x lower
+// KL than bf16's), bf16 for quantized ones (no mode came closer on the K-quants people run, and bf16 is the fastest).
+static ProductNumerics auto_numerics(const BackendOptions& o) {
+  if (o.device != "cuda" || !is_gguf_path(o.model)) return ProductNumerics::bf16;
+  const auto gguf = GgufFile::open(o.model);  // held: a temporary's tensors() would dangle in the loop
+  for (const auto& t : gguf->tensors())
+    if (t.name.rfind("blk.", 0) == 0 && t.ne.size() >= 2 && t.type != GgmlType::F16 && t.type != GgmlType::F32) return ProductNumerics::bf16;
+  return ProductNumerics::half;
+}
+
+// --numerics: the decoder's arithmetic classes are for an engine that runs the decoder's GGUF on the GPU.
+ProductNumerics resolve_numerics(const BackendOptions& o) {
+  if (o.numerics == "auto") return auto_numerics(o);
+  const ProductNumerics n = parse_product_numerics(o.numerics);
+  if (n == ProductNumerics::bf16) return n;
+  if (o.device != "cuda") throw std::invalid_argument(fmt::format("--numerics {} is for --device cuda (the CPU engine's faithful mode is the decoder's arithmetic)", o.numerics));
+  if (!is_gguf_path(o.model)) throw std::invalid_argument(fmt::format("--numerics {} needs --model to be the decoder's GGUF", o.numerics));
+  return n;
+}
 
 const Architecture& architecture(const std::string& name) {
   for (const auto& a : kArchitectures)

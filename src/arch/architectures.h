@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "formats/gguf.h"
+#include "model/product_numerics.h"
 #include "prefill/backend.h"
 #include "recipes/recipe.h"
 
@@ -23,8 +24,9 @@ struct BackendOptions {
   // CUDA: where the cache rows come from. "decoder": the recipe's products of the decoder's weights with its
   // arithmetic; "engine": the engine's own K/V products (the model must be the decoder's GGUF).
   std::string kv_rows = "decoder";
-  // CUDA, from the decoder's GGUF: how the engine's products round their operands (model/product_numerics.h).
-  std::string numerics = "bf16";
+  // CUDA, from the decoder's GGUF: how the engine's products round their operands (model/product_numerics.h); auto:
+  // the mode measured closest to the decoders for the GGUF's weight types (half for F16/F32 weights, else bf16).
+  std::string numerics = "auto";
 };
 
 struct Architecture {
@@ -37,6 +39,9 @@ struct Architecture {
 
 // Throws std::invalid_argument naming the known ones.
 const Architecture& architecture(const std::string& name);
+// The products' rounding BackendOptions::numerics asks for ("auto" resolved for its model); throws
+// std::invalid_argument where the mode cannot follow a decoder (not CUDA, not a GGUF, an unknown name).
+ProductNumerics resolve_numerics(const BackendOptions& o);
 std::string tensor_parallel_architectures();  // "llama, qwen3, qwen3moe"
 
 }  // namespace pdb

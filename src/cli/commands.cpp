@@ -50,7 +50,8 @@ constexpr const char* KV_ROWS_HELP =
 constexpr const char* NUMERICS_HELP =
     "CUDA, --model the decoder's GGUF: how the engine's products round their operands. bf16 (fastest); half (Metal's "
     "products: half weights and activations); cpu (ggml-cpu's: activations quantized to the weight type's Q8_0/Q8_K, half "
-    "weights); cuda (ggml-cuda's MMQ: activations as q8_1). The decoder's class gives its residual stream (docs/RESULTS.md)";
+    "weights); cuda (ggml-cuda's MMQ: activations as q8_1); auto: half for F16/F32 GGUF weights, else bf16 (closest as "
+    "measured, docs/RESULTS.md)";
 
 void register_prefill(CLI::App& app) {
   auto* cmd = app.add_subcommand("prefill", "Run the prefill engine: HF checkpoint + the decoder's recipe, wire protocol over HTTP");
@@ -71,7 +72,7 @@ void register_prefill(CLI::App& app) {
   cmd->add_option("--max-gpu-mem", o->max_gpu_mem_gib, "GiB of GPU memory the prefill may hold (weights, recipe and buffers; a prompt that needs more is refused, saying so)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--kv-rows", o->kv_rows, KV_ROWS_HELP)->check(CLI::IsMember({"decoder", "engine"}))->capture_default_str();
-  cmd->add_option("--numerics", o->numerics, NUMERICS_HELP)->check(CLI::IsMember({"bf16", "half", "cpu", "cuda"}))->capture_default_str();
+  cmd->add_option("--numerics", o->numerics, NUMERICS_HELP)->check(CLI::IsMember({"auto", "bf16", "half", "cpu", "cuda"}))->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)");
   cmd->add_option("--api-key", o->api_key, "Require Authorization: Bearer <key> (default: $PDBRIDGE_API_KEY)")->envname("PDBRIDGE_API_KEY");
   cmd->add_option("--max-queue", o->max_queue, "Captures allowed to wait behind the running one")->capture_default_str();
@@ -142,7 +143,7 @@ void register_bench_prefill(CLI::App& app) {
   pre->add_option("--max-gpu-mem", po->max_gpu_mem_gib, "GiB of GPU memory the prefill may hold (a 24 GB card's budget on a larger one)")->check(CLI::PositiveNumber);
   pre->add_option("--cache-type", po->cache_type, "Decoder cache type for the recipe's rows");
   pre->add_option("--kv-rows", po->kv_rows, KV_ROWS_HELP)->check(CLI::IsMember({"decoder", "engine"}));
-  pre->add_option("--numerics", po->numerics, NUMERICS_HELP)->check(CLI::IsMember({"bf16", "half", "cpu", "cuda"}));
+  pre->add_option("--numerics", po->numerics, NUMERICS_HELP)->check(CLI::IsMember({"auto", "bf16", "half", "cpu", "cuda"}));
   pre->add_option("--modes", po->modes, "Only these modes (full-forward, engine, engine-no-attention, engine+recipe, engine+recipe+frames)")
       ->delimiter(',');
   pre->add_option("--threads", po->threads, "Host threads");

@@ -11,7 +11,7 @@ namespace pdb {
 
 struct BenchPrefillOptions {
   std::string model, recipe, device = "cuda", out = "bench-prefill.jsonl", cache_type = "f16", label, kv_dtype = "bf16", kv_rows = "decoder",
-              numerics = "bf16";
+              numerics = "auto";
   std::vector<int64_t> tokens = {8192, 32768};
   int64_t chunk = 4096;
   int reps = 3, threads = 0;
