@@ -17,6 +17,8 @@
 // ggml-quants.c (libggml-base): the reference Q8_K quantizer (its block type is internal to ggml).
 extern "C" void quantize_row_q8_K_ref(const float* x, void* y, int64_t k);
 extern "C" void dequantize_row_q8_K(const void* x, float* y, int64_t k);
+// ggml-cpu (libggml-cpu): the activation quantizer its Q4_1/Q5_1 products use (this CPU's SIMD version).
+extern "C" void quantize_row_q8_1(const float* x, void* y, int64_t k);
 
 namespace pdb {
 namespace {
@@ -101,3 +103,40 @@ TEST(GgmlDequant, ActivationsRoundThroughQ8KAsGgmlQuantizesThem) {
   }
 }
 }  // namespace pdb
+
+namespace pdb {
+// The recipe's Q4_1/Q5_1 term (ggmlnum::q8_1_sum_corrections) against ggml-cpu's own Q8_1 blocks: f16(d) * sum q plus
+// the correction is the block sum ggml stores (its `s`, f16 at bytes 2-3 of each 36-byte block), bit for bit, and
+// the codes are round_through's Q8_0 codes (its `d` at bytes 0-1 is f16(amax/127)).
+TEST(GgmlDequant, Q81BlockSumsAreGgmlCpusOwn) {
+  std::mt19937 g(std::random_device{}());
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  const int64_t n = 1024, nb = n / 32;
+  int64_t nonzero = 0;
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (auto& v : x) v = d(g) * (trial % 2 ? 1.0f : 30.0f);
+    if (trial >= 10) for (auto& v : x) v = round_bf16(v);
+    std::vector<uint8_t> q(static_cast<size_t>(nb * 36));
+    quantize_row_q8_1(x.data(), q.data(), n);
+    std::vector<float> c(static_cast<size_t>(nb)), vals = x;
+    ggmlnum::q8_1_sum_corrections(x.data(), 1, n, c.data());
+    ggmlnum::round_through(ggmlnum::ActQuant::q8_0, vals.data(), 1, n);
+    for (int64_t b = 0; b < nb; ++b) {
+      uint16_t dh, sh;
+      std::memcpy(&dh, &q[size_t(b * 36)], 2);
+      std::memcpy(&sh, &q[size_t(b * 36 + 2)], 2);
+      int sum = 0;
+      for (int j = 0; j < 32; ++j) {
+        const int8_t code = int8_t(q[size_t(b * 36 + 4 + j)]);
+        sum += code;
+        ASSERT_EQ(vals[size_t(b * 32 + j)], fp16_to_f32(dh) * float(code)) << "trial " << trial << " block " << b << " value " << j;
+      }
+      EXPECT_EQ(fp16_to_f32(dh) * float(sum) + c[size_t(b)], fp16_to_f32(sh)) << "trial " << trial << " block " << b;
+      nonzero += c[size_t(b)] != 0.0f;
+    }
+  }
+  EXPECT_GT(nonzero, 20 * nb / 4);  // the f16 rounding of the sums is there to be mirrored
+}
+}  // namespace pdb
+

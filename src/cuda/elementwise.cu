@@ -155,6 +155,20 @@ __global__ void act_q8_k_half_kernel(const void* __restrict__ x, int64_t n_block
     y[b * 256 + lane + 32 * k] = __float2half_rn(__fmul_rn(d, float(min(127, __float2int_rn(__fmul_rn(iscale, v[k]))))));
 }
 
+// One warp per 32-value block: q8_0_lane's codes (Q8_1's are the same), their sum, the f16 rounding of d * sum.
+__global__ void q8_1_sum_kernel(const float* __restrict__ x, int64_t n_blocks, float* __restrict__ c) {
+  const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (b >= n_blocks) return;
+  const Q8Lane e = q8_0_lane(x[b * 32 + lane]);
+  int sum = e.code;
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) {
+    const float s = float(sum);
+    c[b] = __fsub_rn(__half2float(__float2half_rn(__fmul_rn(e.scale, s))), __fmul_rn(__half2float(__float2half_rn(e.scale)), s));
+  }
+}
+
 __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t rows, int64_t cols) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * cols; i += int64_t(gridDim.x) * blockDim.x)
     y[i] += bias[i % cols];
@@ -225,6 +239,13 @@ void q8_k_round_trip(float* x, int64_t n, cudaStream_t s) {
   if (n % 256) throw std::invalid_argument("q8_k_round_trip: not whole 256-value blocks");
   const int64_t nb = n / 256;
   q8_k_kernel<<<unsigned((nb * 32 + kThreads - 1) / kThreads), kThreads, 0, s>>>(x, nb);
+  PDB_CUDA_LAUNCHED();
+}
+
+void q8_1_sum_corrections(const float* x, int64_t n, float* c, cudaStream_t s) {
+  if (n <= 0) return;
+  if (n % 32) throw std::invalid_argument("q8_1_sum_corrections: not whole 32-value blocks");
+  q8_1_sum_kernel<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0, s>>>(x, n / 32, c);
   PDB_CUDA_LAUNCHED();
 }
 

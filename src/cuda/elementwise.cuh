@@ -29,6 +29,9 @@ void q8_0_round_trip(float* x, int64_t n, cudaStream_t s);
 // x [n] (n a multiple of 256) replaced by its Q8_K values, as ggml's quantize_row_q8_K_ref: scale -max/127 (max the
 // block's first element of largest magnitude), codes rounded to even, at most 127. CPU twin: ggmlnum::round_through.
 void q8_k_round_trip(float* x, int64_t n, cudaStream_t s);
+// Q4_1/Q5_1 weights' Q8_1 block sums (ggmlnum::q8_1_sum_corrections, its CPU twin): per 32-block of x [n] (f32),
+// c = f16(d * sum q) - f16(d) * sum q with ggml-cpu's x86 Q8_1 codes and d = amax/127.
+void q8_1_sum_corrections(const float* x, int64_t n, float* c, cudaStream_t s);
 // y[r][c] += bias[c]
 void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
 

@@ -389,6 +389,31 @@ TEST(CudaKernels, ProductInputsAreRoundedAsTheDecoderRoundsThem) {
 #endif
 }
 
+// The GPU recipe's Q4_1/Q5_1 term: each 32-block's f16 Q8_1 sum minus its exact value, bit for bit as the host twin.
+TEST(CudaKernels, Q81BlockSumCorrectionsMatchTheirTwin) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  const int64_t rows = 9, cols = 512, n = rows * cols;
+  auto x = randn(size_t(n), 3.0f);
+  for (int i = 0; i < 32; ++i) x[size_t(64 + i)] = 0.0f;  // an all-zero block
+  std::vector<float> want(size_t(n / 32));
+  ggmlnum::q8_1_sum_corrections(x.data(), rows, cols, want.data());
+  auto dx = to_device_f32(x);
+  auto dc = poisoned(want.size() * 4);
+  cuda::q8_1_sum_corrections(dx.as<float>(), n, dc.as<float>(), nullptr);
+  PDB_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto got = from_device_f32(dc, want.size());
+  size_t same = 0, nonzero = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    same += got[i] == want[i];
+    nonzero += want[i] != 0.0f;
+  }
+  std::printf("q8_1 block-sum corrections: %zu/%zu identical, %zu nonzero\n", same, got.size(), nonzero);
+  EXPECT_EQ(same, got.size());
+  EXPECT_GT(nonzero, got.size() / 4);  // the term is there to be mirrored
+#endif
+}
+
 TEST(CudaKernels, GemmsMatchTheF64TwinInEveryPrecision) {
   SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA

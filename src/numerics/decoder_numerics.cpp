@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 namespace pdb::ggmlnum {
@@ -265,6 +266,36 @@ void round_through(ActQuant q, float* x, int64_t rows, int64_t cols) {
   const int64_t block = q == ActQuant::q8_0 ? 32 : 256;
   if (q == ActQuant::none || cols % block) return;
   for (int64_t r = 0; r < rows; ++r) q == ActQuant::q8_0 ? round_q8_0(x + r * cols, cols) : round_q8_k(x + r * cols, cols);
+}
+
+bool carries_q8_1_sums(GgmlType t) { return t == GgmlType::Q4_1 || t == GgmlType::Q5_1; }
+
+void q8_1_sum_corrections(const float* x, int64_t rows, int64_t cols, float* c) {
+  const int64_t nb = cols / 32;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* v = x + r * cols + b * 32;
+      float amax = 0.0f;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
+      const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+      int sum = 0;
+      for (int j = 0; j < 32; ++j) sum += int(std::nearbyint(v[j] * id));
+      const float s = float(sum);
+      c[r * nb + b] = round_f16(d * s) - round_f16(d) * s;
+    }
+}
+
+std::vector<float> q8_1_block_mins(GgmlType t, const uint8_t* blocks, int64_t rows, int64_t cols) {
+  if (!carries_q8_1_sums(t)) throw std::invalid_argument("q8_1_block_mins: Q4_1 or Q5_1");
+  const int64_t nb = rows * (cols / 32);
+  const size_t bytes = traits(t).type_size;
+  std::vector<float> m(static_cast<size_t>(nb));
+  for (int64_t i = 0; i < nb; ++i) {
+    uint16_t h;
+    std::memcpy(&h, blocks + size_t(i) * bytes + 2, 2);
+    m[size_t(i)] = fp16_to_f32(h);
+  }
+  return m;
 }
 
 }  // namespace pdb::ggmlnum

@@ -8,6 +8,7 @@
 // double total (16 or 8 lanes folded in halves; NEON's vaddvq adds adjacent pairs).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "formats/ggml_types.h"
 
@@ -22,6 +23,15 @@ ActQuant act_quant_for(GgmlType weight_type);
 // (scale amax/127 stored as f16, codes x * 127/amax rounded to even) or Q8_K (scale -max/127 in f32 with max the
 // element of largest magnitude, codes rounded to even, at most 127). Rows not whole blocks are left as they are.
 void round_through(ActQuant q, float* x, int64_t rows, int64_t cols);
+
+// Q4_1 and Q5_1 weights (w = d * q + m per 32-block) multiply ggml-cpu's Q8_1 activations, which carry each block's
+// sum as f16(d * sum q) with d = amax/127 in f32: the min's term is m * that sum, where a product with the activations'
+// exact values (round_through's Q8_0 values: the same codes) sums f16(d) * q. Per block of each row of x [rows x cols]
+// (cols a multiple of 32): c = f16(d * sum q) - f16(d) * sum q, what m * c adds to the exact product.
+bool carries_q8_1_sums(GgmlType weight_type);
+void q8_1_sum_corrections(const float* x, int64_t rows, int64_t cols, float* c);
+// A Q4_1 or Q5_1 weight's block mins m [rows x cols/32] as f32 (the f16 at bytes 2-3 of each block).
+std::vector<float> q8_1_block_mins(GgmlType t, const uint8_t* blocks, int64_t rows, int64_t cols);
 
 float v_expf(float x, int lanes = 8);  // ggml_v_expf, one lane
 float silu(float x, int lanes = 8);    // ggml_v_silu: x / (1 + v_expf(-x))

@@ -74,6 +74,7 @@ RecipeWeight Recipe::load_weight(const GgufFile& g, const std::string& name, con
   if (has_q8_path(t.type)) {  // integer path: codes and scales only (a quarter of the f32 copy)
     w.q8 = unpack_q8_blocks(t.type, g.data(t), w.rows, w.cols);
   } else {
+    if (ggmlnum::carries_q8_1_sums(t.type)) w.block_min = ggmlnum::q8_1_block_mins(t.type, g.data(t), w.rows, w.cols);
     w.w.resize(size_t(w.rows * w.cols));
     parallel_for(w.rows, threads_, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) dequantize_row(t.type, g.data(t) + r * rb, w.w.data() + r * w.cols, w.cols);
@@ -234,7 +235,7 @@ void Recipe::project(const RecipeWeight& w, const float* x, int64_t rows, int si
   // The decoder does not multiply the f32 activation with a reduced-precision weight: it first
   // converts the activation to the weight's dot type. Do the same, then an f32 GEMM (Q8_0/Q4_0:
   // integer block sums, as ggml-cpu).
-  std::vector<float> xa;
+  std::vector<float> xa, q8_1_corrections;
   const float* xs = x;
   const int64_t K = w.cols;
   auto convert = [&](auto fn) {
@@ -260,6 +261,12 @@ void Recipe::project(const RecipeWeight& w, const float* x, int64_t rows, int si
       // other block weights: the activation as ggml-cpu quantizes it for the weight's dot type (Q8_0, or Q8_K for
       // the K-quants and IQ types), then an f32 GEMM
       if (K % 32 != 0) throw std::runtime_error("quantized weight with a row not a multiple of 32");
+      if (!w.block_min.empty()) {  // Q4_1/Q5_1: the min's term as ggml-cpu's Q8_1 block sums make it, added after
+        q8_1_corrections.resize(size_t(rows * (K / 32)));
+        parallel_for(rows, threads_, [&](int64_t b, int64_t e) {
+          ggmlnum::q8_1_sum_corrections(x + b * K, e - b, K, q8_1_corrections.data() + b * (K / 32));
+        });
+      }
       convert([K, aq = ggmlnum::act_quant_for(w.type)](const float* s, float* d) {
         std::copy_n(s, K, d);
         ggmlnum::round_through(aq, d, 1, K);
@@ -288,6 +295,18 @@ void Recipe::project(const RecipeWeight& w, const float* x, int64_t rows, int si
 #else
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(w.rows), int(K), 1.0f, xs, int(K), w.w.data(), int(K), 0.0f, y, int(w.rows));
 #endif
+  }
+  if (!q8_1_corrections.empty()) {  // y[r][o] += sum over blocks of m[o][b] * c[r][b] (ggml-cpu adds the mins' sum last)
+    const int64_t nb = K / 32;
+    parallel_for(rows, threads_, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r)
+        for (int64_t o = 0; o < w.rows; ++o) {
+          const float *m = w.block_min.data() + o * nb, *c = q8_1_corrections.data() + r * nb;
+          float acc = 0.0f;
+          for (int64_t k = 0; k < nb; ++k) acc += m[k] * c[k];
+          y[r * w.rows + o] += acc;
+        }
+    });
   }
   add_bias(w, rows, y);
 }

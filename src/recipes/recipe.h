@@ -37,6 +37,7 @@ struct RecipeWeight {
   std::vector<float> w;           // dequantized [rows x cols] (exact for F32/F16/BF16); empty for Q8_0/Q4_0, which keep q8
   std::vector<float> bias;        // empty if none
   Q8Matrix q8;                    // Q8_0/Q4_0: the GGUF's codes and scales (the integer path), else empty
+  std::vector<float> block_min;   // Q4_1/Q5_1: each 32-block's min [rows x cols/32] (the Q8_1 sums' term), else empty
 };
 
 // How the decoder caches a prompt (src/cache/decoder_cache.h): a row per token and layer, or pooled sections.

@@ -57,7 +57,11 @@ GpuRecipe::GpuRecipe(const Recipe& cpu, cuda::Gemm& gemm, int64_t max_rows, bool
       w.bias.resize(rw.bias.size() * 4);
       w.bias.upload(rw.bias.data(), rw.bias.size() * 4);
     }
-    bytes_ += w.w.bytes() + w.bias.bytes() + w.q.bytes() + w.d.bytes();
+    if (!rw.block_min.empty()) {
+      w.block_min.resize(rw.block_min.size() * 4);
+      w.block_min.upload(rw.block_min.data(), rw.block_min.size() * 4);
+    }
+    bytes_ += w.w.bytes() + w.bias.bytes() + w.q.bytes() + w.d.bytes() + w.block_min.bytes();
     return w;
   };
   for (int64_t l = 0; l < cpu.loaded_layers(); ++l) {
@@ -83,9 +87,10 @@ GpuRecipe::GpuRecipe(const Recipe& cpu, cuda::Gemm& gemm, int64_t max_rows, bool
     xa_.resize(size_t(max_rows * E) * 4);
     xq_.resize(size_t(max_rows * E));
     xd_.resize(size_t(max_rows * E / 32 + 1) * 4);
+    q81c_.resize(size_t(max_rows * E / 32 + 1) * 4);
   }
   cs_.resize(size_t(max_rows * in.rope.n_dims) * 4);
-  bytes_ += x_.bytes() + xa_.bytes() + cs_.bytes() + xq_.bytes() + xd_.bytes();
+  bytes_ += x_.bytes() + xa_.bytes() + cs_.bytes() + xq_.bytes() + xd_.bytes() + q81c_.bytes();
 }
 
 GpuRecipe::~GpuRecipe() = default;
@@ -125,12 +130,16 @@ void GpuRecipe::project(const Weight& w, const float* x, int64_t rows, cudaStrea
       }
       if (w.cols % 32) throw std::runtime_error("quantized weight with a row not a multiple of 32");
       if (!converted) {
+        if (w.block_min.bytes()) cuda::q8_1_sum_corrections(x, n, q81c_.as<float>(), s);
         PDB_CUDA_CHECK(cudaMemcpyAsync(xa_.get(), x, size_t(n) * 4, cudaMemcpyDeviceToDevice, s));
         // the activation as ggml-cpu quantizes it for the weight's dot type (Q8_K: the K-quants and IQ types)
         if (ggmlnum::act_quant_for(w.type) == ggmlnum::ActQuant::q8_k && w.cols % 256 == 0) cuda::q8_k_round_trip(xa_.as<float>(), n, s);
         else cuda::q8_0_round_trip(xa_.as<float>(), n, s);
       }
       gemm_.xwt(cuda::DType::F32, xa_.get(), w.w.get(), cuda::DType::F32, y, rows, w.cols, w.rows, 0.0f, s);
+      // Q4_1/Q5_1: the mins' term as ggml-cpu's Q8_1 block sums make it (recipe.cpp's project)
+      if (w.block_min.bytes())
+        gemm_.xwt(cuda::DType::F32, q81c_.get(), w.block_min.get(), cuda::DType::F32, y, rows, w.cols / 32, w.rows, 1.0f, s);
   }
   if (w.bias.bytes()) cuda::add_bias_rows(y, w.bias.as<float>(), rows, w.rows, s);
 }

@@ -51,6 +51,7 @@ class GpuRecipe {
     int64_t rows = 0, cols = 0;
     cuda::DeviceBuffer w, bias;
     cuda::DeviceBuffer q, d;  // Q8_0/Q4_0 with cols % 128 == 0: codes and scales for the integer path (w unused)
+    cuda::DeviceBuffer block_min;  // Q4_1/Q5_1: the blocks' mins [rows x cols/32] (their Q8_1 sums' term)
   };
   // converted: d_x's activations for w's type are already in xa_/xq_ (V after K with the same type:
   // the decoder converts its norm output once per weight type, and so can we).
@@ -69,6 +70,7 @@ class GpuRecipe {
   std::vector<Weight> wk_, wv_;
   std::vector<cuda::DeviceBuffer> norm_, k_norm_, latent_norm_;  // latent_norm_: MLA's kv_a_norm
   cuda::DeviceBuffer x_, xa_, cs_, xq_, xd_;  // xq_/xd_: the activation's Q8_0 codes and scales
+  cuda::DeviceBuffer q81c_;                   // Q4_1/Q5_1: the activation's Q8_1 block-sum corrections [rows x cols/32]
   std::vector<float> cs_host_;
 };
 

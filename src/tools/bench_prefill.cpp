@@ -42,11 +42,11 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
   const int threads = o.threads > 0 ? o.threads : default_threads();
   check_kv_dtype(o.device, o.kv_dtype);
   if (o.device != "cuda" && o.device != "cpu") throw std::invalid_argument("--device must be cuda or cpu");
-  std::unique_ptr<PrefillBackend> be = architecture(read_recipe_info(*GgufFile::open(o.recipe)).arch)
-                                           .make_backend({.model = o.model, .recipe = o.recipe, .device = o.device, .kv_dtype = o.kv_dtype,
-                                                          .threads = threads, .chunk = o.chunk, .tp = o.tp, .tp_one_gpu = o.tp_one_gpu,
-                                                          .max_gpu_mem_gib = o.max_gpu_mem_gib, .kv_rows = o.kv_rows,
-                                                          .numerics = o.numerics});
+  const BackendOptions bo{.model = o.model, .recipe = o.recipe, .device = o.device, .kv_dtype = o.kv_dtype, .threads = threads, .chunk = o.chunk,
+                          .tp = o.tp, .tp_one_gpu = o.tp_one_gpu, .max_gpu_mem_gib = o.max_gpu_mem_gib, .kv_rows = o.kv_rows, .numerics = o.numerics};
+  const std::string arch = read_recipe_info(*GgufFile::open(o.recipe)).arch;
+  const std::string numerics = arch == "deepseek4" ? "bf16" : product_numerics_name(resolve_numerics(bo));  // "auto" as resolved
+  std::unique_ptr<PrefillBackend> be = architecture(arch).make_backend(bo);
   const size_t loaded_bytes = cuda::device_bytes_in_use();
   const auto& c = be->config();
   const double H = double(c.hidden_size), F = double(c.intermediate_size), D = double(c.head_dim), NH = double(c.num_heads),
@@ -140,7 +140,7 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
       std::printf("%-8lld %-22s %10.3f %12.0f %10.1f %9.0f%%\n", (long long)T, m.name.c_str(), t, double(T) / t, tflops,
                   gemm_rate > 0 ? 100.0 * tflops / gemm_rate : 0.0);
       std::fflush(stdout);
-      json row = {{"label", o.label}, {"device", be->device()}, {"weights", be->weights()}, {"tp", o.tp}, {"kv_rows", o.kv_rows}, {"numerics", o.numerics}, {"tp_one_gpu", o.tp_one_gpu}, {"arch", c.arch}, {"model", o.model}, {"tokens", T}, {"mode", m.name},
+      json row = {{"label", o.label}, {"device", be->device()}, {"weights", be->weights()}, {"tp", o.tp}, {"kv_rows", o.kv_rows}, {"numerics", numerics}, {"tp_one_gpu", o.tp_one_gpu}, {"arch", c.arch}, {"model", o.model}, {"tokens", T}, {"mode", m.name},
                   {"chunk", o.chunk}, {"cache_type", o.cache_type}, {"seconds_median", t}, {"seconds_all", ts}, {"tok_s", double(T) / t},
                   {"tflops", tflops}, {"gemm_tflops", gemm_rate}, {"wire_bytes", bytes},
                   // the engine's buffers grow and stay: what the device holds after the runs is their peak
