@@ -262,13 +262,12 @@ void CudaEngine::keep_state(int64_t processed, std::shared_ptr<EngineState>* kee
 
 // A block's normed rows: bf16 for the products; under the decoder's numerics f32 first (CudaChunk::xf), what the
 // decoder rounds its activations from, and bf16 from them for the blocks that keep bf16 products.
-void CudaEngine::norm_rows(const float* h, const cuda::DeviceBuffer& w, const CudaChunk& ch) const {
+void CudaEngine::norm_rows(const float* h, const cuda::DeviceBuffer& w, const CudaChunk& ch) {
   const int64_t H = cfg_.hidden_size;
   const float eps = float(cfg_.rms_norm_eps);
-  auto* x = const_cast<bf16*>(x_.as<bf16>());
-  if (!ch.xf) return cuda::rmsnorm_rows_bf16(h, w.as<float>(), x, ch.n, H, eps, ch.s);
-  cuda::rmsnorm_rows(h, w.as<float>(), const_cast<float*>(ch.xf), ch.n, H, eps, ch.s);
-  cuda::f32_to_bf16(ch.xf, x, ch.n * H, ch.s);
+  if (!ch.xf) return cuda::rmsnorm_rows_bf16(h, w.as<float>(), x_.as<bf16>(), ch.n, H, eps, ch.s);
+  cuda::rmsnorm_rows(h, w.as<float>(), xf_.as<float>(), ch.n, H, eps, ch.s);
+  cuda::f32_to_bf16(xf_.as<float>(), x_.as<bf16>(), ch.n * H, ch.s);
 }
 
 void CudaEngine::enable_kv_rows() {

@@ -98,7 +98,7 @@ class CudaEngine {
   int64_t widest_product_input() const;  // the FP8 path's activation scratch
   int64_t widest_bf16_product() const;   // the decoder's numerics: the widest product with a bf16 result (q|k|v)
   bool decoder_numerics() const { return numerics_ != ProductNumerics::bf16; }
-  void norm_rows(const float* h, const cuda::DeviceBuffer& w, const CudaChunk& ch) const;
+  void norm_rows(const float* h, const cuda::DeviceBuffer& w, const CudaChunk& ch);
   size_t buffer_bytes() const;
   void keep_state(int64_t processed, std::shared_ptr<EngineState>* keep, size_t keep_max_bytes);
   void resume_from(ResumePoint resume, int64_t tokens);
