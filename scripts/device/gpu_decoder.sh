@@ -20,6 +20,9 @@ S=$LC/build/bin/llama-server
 if [ "${FID_8B:-1}" = 1 ] && [ ! -e $R/fid/make8b.rc ]; then
   ( nice -n 5 $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16 > $R/fid/make8b.log 2>&1; echo $? > $R/fid/make8b.rc ) &
 fi
+if [ ! -x $S ] && [ -f $DEV/llama-cuda.tar.xz ]; then  # carried prebuilt (make_bundle.sh with LLAMA_CUDA=1)
+  mkdir -p $LC/build/bin && tar -xJf $DEV/llama-cuda.tar.xz -C $LC/build/bin
+fi
 if [ ! -x $S ]; then
   [ -d $LC/ggml ] || tar -xJf $DEV/llama-src.tar.xz -C $LC
   ts "building llama-server with CUDA"

@@ -21,6 +21,15 @@ for f in build/pdbridge build/tests/integration_tests; do
 done
 tar -C "$b" -cJf .dev/bundle.tar.xz .
 tar -C build/llama/src --exclude=./.git --exclude='./models/*' --exclude=docs --exclude=media --exclude='*.png' --exclude='*.jpg' -cJf .dev/llama-src.tar.xz .
+# LLAMA_CUDA=1: llama.cpp's CUDA llama-server and llama-bench built on this machine (the pinned source, sm_90, static
+# ggml) instead of the source the device would build them from (~10 minutes of its time)
+if [ "${LLAMA_CUDA:-0}" = 1 ]; then
+  lc=$HOME/.cache/pdbridge/llama-cuda-$(cut -c1-12 build/llama/COMMIT)-sm90/build/bin
+  [ -x $lc/llama-server ] && [ -x $lc/llama-bench ] || { echo "no llama.cpp CUDA build at $lc"; exit 1; }
+  cp $lc/llama-server $lc/llama-bench "$b/" && strip "$b/llama-server" "$b/llama-bench"
+  tar -C "$b" -cJf .dev/llama-cuda.tar.xz llama-server llama-bench
+  rm -f .dev/llama-src.tar.xz  # not needed beside it (and the carry limit is 64 MiB)
+fi
 [ -f ../shared/peers/torch_prefill_peer.py ] && cp ../shared/peers/torch_prefill_peer.py .dev/ || true
 cp scripts/device/env.sh scripts/device/amx_check.sh scripts/device/pipeline.sh scripts/device/drive.sh scripts/device/scale.sh scripts/device/pace.sh scripts/device/million8b.sh scripts/device/gpu_decoder.sh scripts/device/torch_qwen3_peer.py scripts/device/torch_moe_peer.py scripts/device/torch_peer_timing.py scripts/device/moe_stack.sh scripts/device/convert_compare.py scripts/device/dsv4_real.sh scripts/device/dsv4_gpu.sh scripts/device/conversation.sh scripts/device/conversation.py scripts/device/conv_job.sh scripts/device/conv_drive.sh scripts/device/bg.sh scripts/device/dsv4_profile.sh scripts/device/ncu_summary.py scripts/train/train_needle.py .dev/
 du -sh .dev
