@@ -9,6 +9,7 @@
 #include <cmath>
 #include <memory>
 #include <stdexcept>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -54,6 +55,7 @@ class GqaAttentionCpu final : public CpuAttention {
   bool faithful_ok_ = true;
   int weight_bits_ = 32;
   ggmlnum::ActQuant aq_[4] = {};  // q, k, v, o: the activations as ggml-cpu quantizes them for each weight's type
+  std::vector<float> mins_[4], mq_perm_, mk_perm_;  // Q4_1/Q5_1 weights' block mins (cpu_matmul), q/k in the GGUF's order too
 };
 
 GqaAttentionCpu::GqaAttentionCpu(const ModelDefinition& d, const WeightSource& ws, const HfConfig& c, int64_t layer)
@@ -66,6 +68,10 @@ GqaAttentionCpu::GqaAttentionCpu(const ModelDefinition& d, const WeightSource& w
   wv_ = ws.matrix(p + "v_proj.weight", kvd_, H);
   wo_ = ws.matrix(p + "o_proj.weight", H, qd_);
   for (int i = 0; i < 4; ++i) aq_[i] = ggmlnum::act_quant_for(ws.storage_type(p + std::string("qkvo").substr(size_t(i), 1) + "_proj.weight"));
+  mins_[0] = cpu_q8_1_mins(ws, p + "q_proj.weight", qd_, H);
+  mins_[1] = cpu_q8_1_mins(ws, p + "k_proj.weight", kvd_, H);
+  mins_[2] = cpu_q8_1_mins(ws, p + "v_proj.weight", kvd_, H);
+  mins_[3] = cpu_q8_1_mins(ws, p + "o_proj.weight", H, qd_);
   if (d.qk_norm) {
     q_norm_ = ws.vector(p + "q_norm.weight", hd_);
     k_norm_ = ws.vector(p + "k_norm.weight", hd_);
@@ -95,6 +101,11 @@ GqaAttentionCpu::GqaAttentionCpu(const ModelDefinition& d, const WeightSource& w
     wk_perm_.resize(wk_.size());
     permute_qk_rows(wq_.data(), wq_perm_.data(), nh_, hd_, H);
     permute_qk_rows(wk_.data(), wk_perm_.data(), nkv_, hd_, H);
+    for (auto [mins, perm, heads] : {std::tuple{&mins_[0], &mq_perm_, nh_}, std::tuple{&mins_[1], &mk_perm_, nkv_}})
+      if (!mins->empty()) {
+        perm->resize(mins->size());
+        permute_qk_rows(mins->data(), perm->data(), heads, hd_, H / 32);
+      }
   }
 }
 
@@ -137,9 +148,9 @@ void GqaAttentionCpu::forward(const float* x, int64_t n, int64_t p0, const CpuPa
   s.k.resize(size_t(n * kvd));
   s.v.resize(size_t(n * kvd));
   const bool permuted = p.faithful && !wq_perm_.empty();
-  cpu_matmul(p, x, permuted ? wq_perm_ : wq_, n, H, qd, s.q.data(), aq_[0]);
-  cpu_matmul(p, x, permuted ? wk_perm_ : wk_, n, H, kvd, s.k.data(), aq_[1]);
-  cpu_matmul(p, x, wv_, n, H, kvd, s.v.data(), aq_[2]);
+  cpu_matmul(p, x, permuted ? wq_perm_ : wq_, n, H, qd, s.q.data(), aq_[0], permuted ? &mq_perm_ : &mins_[0]);
+  cpu_matmul(p, x, permuted ? wk_perm_ : wk_, n, H, kvd, s.k.data(), aq_[1], permuted ? &mk_perm_ : &mins_[1]);
+  cpu_matmul(p, x, wv_, n, H, kvd, s.v.data(), aq_[2], &mins_[2]);
   if (!q_norm_.empty()) {
     rmsnorm_rows(s.q.data(), q_norm_.data(), s.q.data(), n * nh_, hd_, eps_);
     rmsnorm_rows(s.k.data(), k_norm_.data(), s.k.data(), n * nkv_, hd_, eps_);
@@ -166,7 +177,7 @@ void GqaAttentionCpu::forward(const float* x, int64_t n, int64_t p0, const CpuPa
   std::copy(s.v.begin(), s.v.end(), cache.v.begin() + p0 * kvd);
   s.att.assign(size_t(n * qd), 0.0f);
   attend(s.q.data(), n, p0, p, cache, s.att.data());
-  cpu_matmul(p, s.att.data(), wo_, n, qd, H, out, aq_[3]);
+  cpu_matmul(p, s.att.data(), wo_, n, qd, H, out, aq_[3], &mins_[3]);
 }
 
 // causal attention, keys [0, p0 + n)

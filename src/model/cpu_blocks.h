@@ -44,9 +44,13 @@ struct CpuPass {
   CpuScratch* scratch = nullptr;
 };
 
-// y[rows x out] = x[rows x in] W^T (W in HF's [out x in] layout), summed as the pass says.
+// y[rows x out] = x[rows x in] W^T (W in HF's [out x in] layout), summed as the pass says. q8_1_mins: a Q4_1/Q5_1
+// weight's block mins [out x in/32] (cpu_q8_1_mins): with quantized activations, their term as ggml-cpu's Q8_1 block
+// sums make it is added (ggmlnum::q8_1_sum_corrections).
 void cpu_matmul(const CpuPass& p, const float* x, const std::vector<float>& w, int64_t rows, int64_t in, int64_t out, float* y,
-                ggmlnum::ActQuant aq = ggmlnum::ActQuant::none);
+                ggmlnum::ActQuant aq = ggmlnum::ActQuant::none, const std::vector<float>* q8_1_mins = nullptr);
+// A Q4_1/Q5_1 weight's block mins in HF's row order ([rows x cols/32]); empty for every other type.
+std::vector<float> cpu_q8_1_mins(const WeightSource& ws, const std::string& name, int64_t rows, int64_t cols);
 
 // One layer's cache for the whole prompt, as its attention reads it.
 struct CpuLayerCache {

@@ -22,17 +22,20 @@ class SwigluFfnCpu final : public CpuFfn {
     wd_ = ws.matrix(prefix + "down_proj.weight", hidden_, ff_);
     for (int i = 0; i < 3; ++i)
       aq_[i] = ggmlnum::act_quant_for(ws.storage_type(prefix + (i == 0 ? "gate" : i == 1 ? "up" : "down") + "_proj.weight"));
+    mins_[0] = cpu_q8_1_mins(ws, prefix + "gate_proj.weight", ff_, hidden_);
+    mins_[1] = cpu_q8_1_mins(ws, prefix + "up_proj.weight", ff_, hidden_);
+    mins_[2] = cpu_q8_1_mins(ws, prefix + "down_proj.weight", hidden_, ff_);
   }
   void forward(const float* x, int64_t n, const CpuPass& p, float* out) override {
     std::vector<float>& g = p.scratch->g;
     std::vector<float>& u = p.scratch->u;
     g.resize(size_t(n * ff_));
     u.resize(size_t(n * ff_));
-    cpu_matmul(p, x, wg_, n, hidden_, ff_, g.data(), aq_[0]);
-    cpu_matmul(p, x, wu_, n, hidden_, ff_, u.data(), aq_[1]);
+    cpu_matmul(p, x, wg_, n, hidden_, ff_, g.data(), aq_[0], &mins_[0]);
+    cpu_matmul(p, x, wu_, n, hidden_, ff_, u.data(), aq_[1], &mins_[1]);
     if (p.faithful) ggmlnum::swiglu(n, ff_, g.data(), g.data(), u.data(), p.lanes);
     else for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-    cpu_matmul(p, g.data(), wd_, n, ff_, hidden_, out, aq_[2]);
+    cpu_matmul(p, g.data(), wd_, n, ff_, hidden_, out, aq_[2], &mins_[2]);
   }
   bool accepts_lanes(int lanes) const override { return hidden_ % lanes == 0 && ff_ % lanes == 0; }
   void round_weights(const WeightRounding& round) override {
@@ -43,6 +46,7 @@ class SwigluFfnCpu final : public CpuFfn {
   int64_t hidden_, ff_;
   std::vector<float> wg_, wu_, wd_;  // HF layout [out x in]
   ggmlnum::ActQuant aq_[3] = {};     // gate, up, down: the activations as ggml-cpu quantizes them for each weight's type
+  std::vector<float> mins_[3];       // Q4_1/Q5_1 weights' block mins (cpu_matmul)
 };
 
 class RoutedFfnCpu final : public CpuFfn {
