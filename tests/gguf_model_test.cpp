@@ -140,8 +140,9 @@ TEST(GgufModel, Q41AndQ51RowsTakeTheDecodersQ81BlockSums) {
     std::printf("%s decoder: layer 0 %.4f%% identical, max ulp %lld, class %s | all layers %.4f%% identical, worst rel RMS %.3g\n", type.c_str(),
                 layer0.pct_identical(), (long long)layer0.max_ulp(), to_string(fid.cls), all.pct_identical(), worst);
     EXPECT_GE(layer0.pct_identical(), 99.0) << type;
-    // the CPU engine's own products take the term too: every layer follows (without it 52% identical, rel RMS 4.8e-3)
-    EXPECT_GE(all.pct_identical(), 90.0) << type;
+    // the CPU engine's own products take the term too: every layer follows (without it 52% identical, rel RMS 4.8e-3;
+    // with it 97% on an AVX-512 EPYC, the only ISA measured: the bound leaves room for another summation order)
+    EXPECT_GE(all.pct_identical(), 80.0) << type;
     EXPECT_LE(worst, 2e-3) << type;
     EXPECT_NE(fid.cls, FidelityClass::mismatch) << fid.note;
   }
