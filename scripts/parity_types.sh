@@ -9,6 +9,8 @@
 # gguf and ckpt legs' prefill on the GPU;
 # IMATRIX=0 quantizes without an importance matrix (the IQ1/IQ2/IQ3 types need one).
 # GGUF_DIR keeps the quantized files apart from the reports (default: OUTDIR).
+# REF_SERVER_BIN (and REF_FLAGS): a second build of the same llama.cpp (another ISA, OpenBLAS, CUDA) beside the decoder
+# in every cell; its native answers against the decoder's ("ref") are the decoder's own reproducibility across builds.
 # Usage: scripts/parity_types.sh OUTDIR [TYPE ...]   (env: PARITY_SEED, LEGS, PROMPTS, CHARS, DEVICE, IMATRIX, GGUF_DIR)
 set -euo pipefail
 OUT=${1:?outdir}; shift
@@ -38,8 +40,14 @@ for T in "${TYPES[@]}"; do
         half|cpu|cuda) dev=cuda; extra+=(--prefill-arg --numerics --prefill-arg "$part") ;;
       esac
     done
+    [ -n "${REF_SERVER_BIN:-}" ] && extra+=(--ref-server-bin "$REF_SERVER_BIN" --ref-flags "${REF_FLAGS:-}")
     "$ROOT/scripts/fidelity_stack.sh" "$t-$leg" "$OUT" "$g" "$model" "$dev" f16 --cold 0 0 --parity "${PROMPTS:-6}" "${CHARS:-6000}" "${extra[@]}" > "$OUT/$t-$leg.run.log" 2>&1 || true
-    python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['bridged_vs_native']; print(sys.argv[2], 'KL %.5f top1 %.2f greedy %.2f' % (r['mean_kl_first_token'], r['top1_agreement'], r['greedy_match_rate']))" \
-      "$OUT/$t-$leg.parity_report.json" "$t-$leg" 2>/dev/null || echo "$t-$leg: no report ($OUT/$t-$leg.run.log)"
+    python3 -c "
+import json,sys
+j=json.load(open(sys.argv[1]))
+for key,name in (('bridged_vs_native',sys.argv[2]),('reference_vs_native',sys.argv[2]+' ref')):
+    r=j.get(key)
+    if r: print(name, 'KL %.5f top1 %.2f greedy %.2f' % (r['mean_kl_first_token'], r['top1_agreement'], r['greedy_match_rate']))
+" "$OUT/$t-$leg.parity_report.json" "$t-$leg" 2>/dev/null || echo "$t-$leg: no report ($OUT/$t-$leg.run.log)"
   done
 done

@@ -12,6 +12,7 @@ struct Tuning {
   // causal attention (cuda/attention.cu): PDBRIDGE_ATTN_WARPS=4 / PDBRIDGE_ATTN_KTILE=128 pick an mma.sync shape;
   // PDBRIDGE_ATTN_WGMMA=0 the mma.sync kernel, =1 the wgmma kernel's lockstep schedule
   std::string attn_warps, attn_ktile, attn_wgmma;
+  std::string attn;              // PDBRIDGE_ATTN=cudnn|ours: cuDNN's fused attention (attention_cudnn.cpp) or our kernels
   std::string moe_gemm;          // PDBRIDGE_MOE_GEMM=loop|grouped: one product per expert, or one grouped call
   std::string state_pwrite;      // PDBRIDGE_STATE_PWRITE=1: the state writer's pwrite path instead of mmap
   std::string fp8;               // PDBRIDGE_FP8=0: block-FP8 checkpoints as bf16 products
@@ -35,7 +36,8 @@ struct TuningSwitch {
 inline const std::vector<TuningSwitch>& tuning_switches() {
   static const std::vector<TuningSwitch> s = {
       {"PDBRIDGE_ATTN_WARPS", &Tuning::attn_warps},         {"PDBRIDGE_ATTN_KTILE", &Tuning::attn_ktile},
-      {"PDBRIDGE_ATTN_WGMMA", &Tuning::attn_wgmma},         {"PDBRIDGE_MOE_GEMM", &Tuning::moe_gemm},
+      {"PDBRIDGE_ATTN_WGMMA", &Tuning::attn_wgmma},         {"PDBRIDGE_ATTN", &Tuning::attn},
+      {"PDBRIDGE_MOE_GEMM", &Tuning::moe_gemm},
       {"PDBRIDGE_STATE_PWRITE", &Tuning::state_pwrite},     {"PDBRIDGE_FP8", &Tuning::fp8},
       {"PDBRIDGE_FP8KV_FUSED", &Tuning::fp8kv_fused},       {"PDBRIDGE_RECIPE_STREAM", &Tuning::recipe_stream},
       {"PDBRIDGE_DSV4_EXPERTS", &Tuning::dsv4_experts},     {"PDBRIDGE_DSV4_EXPERTS_FP8", &Tuning::dsv4_experts_fp8},

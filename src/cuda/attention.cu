@@ -1,7 +1,11 @@
 #include "cuda/attention.cuh"
+#include "cuda/attention_cudnn.h"
 #include "common/tuning.h"
 
+#include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -211,6 +215,21 @@ void launch_tuned(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfl
                               " keys per tile (4 x 64, 8 x 64, 8 x 128)");
 }
 
+// cuDNN where it loads and has an engine for this shape; otherwise false (said once per reason) and our kernels run.
+bool try_cudnn(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out, const AttentionShape& s,
+               cudaStream_t stream) {
+  static std::mutex mu;
+  static std::set<std::string> said;
+  try {
+    causal_attention_cudnn(q, k, v, out, s, stream);
+    return true;
+  } catch (const std::runtime_error& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (said.insert(e.what()).second) std::fprintf(stderr, "attention: our kernels instead of cuDNN's: %s\n", e.what());
+    return false;
+  }
+}
+
 }  // namespace
 
 AttentionTuning AttentionTuning::from_env() {
@@ -222,6 +241,8 @@ AttentionTuning AttentionTuning::from_env() {
     if (t.attn_ktile == "128") r.key_tile = 128, r.wgmma = false;
     if (t.attn_wgmma == "0") r.wgmma = false;
     if (t.attn_wgmma == "1") r.schedule = WgmmaSchedule::kLockstep;
+    if (t.attn == "cudnn") r.cudnn = true;
+    else if (!t.attn.empty() && t.attn != "ours") throw std::invalid_argument("PDBRIDGE_ATTN: cudnn or ours, not " + t.attn);
     return r;
   }();
   return t;
@@ -232,6 +253,7 @@ void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv
   if (s.n_q <= 0) return;
   if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0) throw std::invalid_argument("attention: heads not a multiple of kv heads");
   if (s.pos0 + s.n_q > s.kv_capacity) throw std::invalid_argument("attention: keys past the cache capacity");
+  if (tuning.cudnn && try_cudnn(q, k, v, out, s, stream)) return;
   const int dv = s.v_dim();
   if (dv != s.head_dim) {
     if (s.head_dim == 192 && dv == 128) return launch_tuned<192, 128>(q, k, v, out, s, tuning, stream);

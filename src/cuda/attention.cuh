@@ -34,6 +34,7 @@ struct AttentionTuning {
   int warps = 8, key_tile = 64;
   bool wgmma = true;  // head_dim 128 on sm_90: attention_wgmma.cu; elsewhere (and when false) the mma.sync kernel
   WgmmaSchedule schedule = WgmmaSchedule::kPingPong;
+  bool cudnn = false;  // cuDNN's fused attention (attention_cudnn.h) where it loads and has an engine for the shape
   static AttentionTuning from_env();
 };
 
