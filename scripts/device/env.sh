@@ -10,6 +10,11 @@ if [ ! -e /usr/local/cuda/lib64/libnccl.so.2 ] && ! ldconfig -p 2>/dev/null | gr
   [ -n "$NCCL_DIR" ] && [ -e "$NCCL_DIR/libnccl.so.2" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$NCCL_DIR
 fi
 export NCCL_NVLS_ENABLE=0
+# cuDNN (loaded by PDBRIDGE_ATTN=cudnn at run time): the toolkit's where installed, else the one PyTorch ships.
+if [ ! -e /usr/local/cuda/lib64/libcudnn.so.9 ] && ! ldconfig -p 2>/dev/null | grep -q libcudnn.so.9; then
+  CUDNN_DIR=$(python3 -c "import nvidia.cudnn, os; print(os.path.join(list(nvidia.cudnn.__path__)[0], 'lib'))" 2>/dev/null)
+  [ -n "$CUDNN_DIR" ] && [ -e "$CUDNN_DIR/libcudnn.so.9" ] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$CUDNN_DIR
+fi
 # The bundle carries the build machine's libcurl (pdbridge reads the prefill stream with it). The device's own
 # curl binary is newer and cannot load against it ("undefined symbol: curl_global_trace"), which on
 # 2026-11-30 left every health check failing for 450 s: curl runs without the bundle's libraries.
