@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -132,6 +132,24 @@ stage_ab() {
   [ -n "${AB_ENV:-}" ] && run ab_variant env "$AB_ENV" $PDB bench $args --label "llama8b-$AB_ENV"
   run ab_default_16k $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 32768 --reps 3 --chunk 16384 --out $R/bench.jsonl --label llama8b-default-chunk16k
   [ "${PEERS:-1}" = 1 ] && [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
+}
+# Issue 36's attention A/B: the attention alone (our kernel and cuDNN's, the unit bench), then Llama-8B engine + recipe
+# + frames with PDBRIDGE_ATTN=ours against the default (cuDNN) at 8K, 32K and 128K, the PyTorch peer (PEERS=1), then
+# the GPU suites under the default. CUDNN_TESTS=0 leaves the suites out.
+stage_cudnn() {
+  run attn_alone env PDBRIDGE_BENCH_ATTN=1 PDBRIDGE_BENCH_OUT=$R/attn.jsonl timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaAttention*'
+  stage_models
+  local args="prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --reps 3 --chunk 4096 --out $R/bench.jsonl"
+  PDBRIDGE_ATTN=ours run bench_ours $PDB bench $args --tokens 8192,32768 --label llama8b-attn-ours
+  run bench_cudnn $PDB bench $args --tokens 8192,32768 --label llama8b-attn-cudnn
+  [ "${LONG:-1}" = 1 ] && PDBRIDGE_ATTN=ours run bench_ours_128k $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 131072 --reps 1 --chunk 8192 --out $R/bench.jsonl --label llama8b-attn-ours
+  [ "${LONG:-1}" = 1 ] && run bench_cudnn_128k $PDB bench prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 131072 --reps 1 --chunk 8192 --out $R/bench.jsonl --label llama8b-attn-cudnn
+  [ "${PEERS:-1}" = 1 ] && [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
+  if [ "${CUDNN_TESTS:-1}" = 1 ]; then
+    run unit_cuda timeout 300 $P/build/tests/unit_tests --gtest_filter='Cuda*'
+    make_test_models
+    run integration_cuda timeout 480 $P/build/tests/integration_tests --gtest_filter='GpuRecipe*:CudaEngine*:CudaBridge*:CudaParity*'
+  fi
 }
 # Issue 4's Qwen3-8B rows with the current kernels (the disk holds one 8B model: the Llama one goes first, so run
 # this stage after the stages that use it).
@@ -380,7 +398,7 @@ stage_link() {
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -340,6 +340,7 @@ void causal_attention_cudnn(const __nv_bfloat16* q, const __nv_bfloat16* k, cons
   const PlanKey key{s.n_q, s.pos0, s.n_heads, s.n_kv_heads, s.head_dim, s.v_dim(), s.kv_capacity, scale_bits};
   auto it = ds.plans.find(key);
   if (it == ds.plans.end()) {
+    if (ds.plans.size() >= 1024) ds.plans.clear();  // every ragged last chunk is a shape: keep the cache bounded
     const auto t0 = std::chrono::steady_clock::now();
     it = ds.plans.emplace(key, build_plan(ds.handle, s)).first;
     g_stats.plans++;

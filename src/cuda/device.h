@@ -12,5 +12,8 @@ bool compiled_with_cuda();
 double measure_bf16_gemm_tflops(int64_t n = 8192);
 // Bytes allocated on the current device now (every process's; total - free). 0 without CUDA.
 size_t device_bytes_in_use();
+// Which causal attention the engines run: "cudnn 91900" (cuDNN's, the default where it loads), "ours (PDBRIDGE_ATTN=ours)",
+// or "ours (cuDNN: why not)". "none" without CUDA.
+std::string attention_kernel_summary();
 
 }  // namespace pdb::cuda

@@ -230,7 +230,7 @@ PrefixCacheStats PrefillService::sync_prefix_metrics() {
 void PrefillService::health(httplib::Response& res) {
   res.set_content(json{{"ok", true}, {"role", "prefill"}, {"device", engine_->device()}, {"arch", ri_.arch}, {"fingerprint", fingerprint_},
                        {"geometry", recipe_geometry(ri_)}, {"model", o_.model}, {"recipe", o_.recipe}, {"weights", engine_->weights()},
-                       {"active", m_active_.Value()}, {"queue", gate_.depth()}, {"mem_available_mb", mem_available_mb()},
+                       {"attention", o_.device == "cuda" ? cuda::attention_kernel_summary() : "cpu"}, {"active", m_active_.Value()}, {"queue", gate_.depth()}, {"mem_available_mb", mem_available_mb()},
                        {"config_mismatches", mismatches_}, {"prefix_cache", [&] {
                           const auto s = sync_prefix_metrics();
                           return json{{"enabled", prefix_cache_.enabled()}, {"max_bytes", s.max_bytes}, {"bytes", s.bytes}, {"entries", s.entries},

@@ -140,7 +140,7 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
       std::printf("%-8lld %-22s %10.3f %12.0f %10.1f %9.0f%%\n", (long long)T, m.name.c_str(), t, double(T) / t, tflops,
                   gemm_rate > 0 ? 100.0 * tflops / gemm_rate : 0.0);
       std::fflush(stdout);
-      json row = {{"label", o.label}, {"device", be->device()}, {"weights", be->weights()}, {"tp", o.tp}, {"kv_rows", o.kv_rows}, {"numerics", numerics}, {"tp_one_gpu", o.tp_one_gpu}, {"arch", c.arch}, {"model", o.model}, {"tokens", T}, {"mode", m.name},
+      json row = {{"label", o.label}, {"device", be->device()}, {"weights", be->weights()}, {"tp", o.tp}, {"kv_rows", o.kv_rows}, {"numerics", numerics}, {"attention", o.device == "cuda" ? cuda::attention_kernel_summary() : "cpu"}, {"tp_one_gpu", o.tp_one_gpu}, {"arch", c.arch}, {"model", o.model}, {"tokens", T}, {"mode", m.name},
                   {"chunk", o.chunk}, {"cache_type", o.cache_type}, {"seconds_median", t}, {"seconds_all", ts}, {"tok_s", double(T) / t},
                   {"tflops", tflops}, {"gemm_tflops", gemm_rate}, {"wire_bytes", bytes},
                   // the engine's buffers grow and stay: what the device holds after the runs is their peak
