@@ -12,7 +12,8 @@ struct Tuning {
   // causal attention (cuda/attention.cu): PDBRIDGE_ATTN_WARPS=4 / PDBRIDGE_ATTN_KTILE=128 pick an mma.sync shape;
   // PDBRIDGE_ATTN_WGMMA=0 the mma.sync kernel, =1 the wgmma kernel's lockstep schedule
   std::string attn_warps, attn_ktile, attn_wgmma;
-  std::string attn;              // PDBRIDGE_ATTN=cudnn|ours: cuDNN's fused attention (attention_cudnn.cpp) or our kernels
+  std::string attn;              // PDBRIDGE_ATTN=cudnn|ours: cuDNN's fused attention (the default where it loads) or our
+                                 // kernels (also chosen by naming one of the three switches above)
   std::string moe_gemm;          // PDBRIDGE_MOE_GEMM=loop|grouped: one product per expert, or one grouped call
   std::string state_pwrite;      // PDBRIDGE_STATE_PWRITE=1: the state writer's pwrite path instead of mmap
   std::string fp8;               // PDBRIDGE_FP8=0: block-FP8 checkpoints as bf16 products

@@ -233,21 +233,21 @@ bool try_cudnn(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat
 
 }  // namespace
 
+// Read at every call (a handful of getenv beside a kernel launch), so that a test can switch kernels between engines.
 AttentionTuning AttentionTuning::from_env() {
-  static const AttentionTuning t = [] {
-    AttentionTuning r;
-    // Naming a shape of the mma.sync kernel selects that kernel.
-    const Tuning t = Tuning::from_env();
-    if (t.attn_warps == "4") r.warps = 4, r.wgmma = false;
-    if (t.attn_ktile == "128") r.key_tile = 128, r.wgmma = false;
-    if (t.attn_wgmma == "0") r.wgmma = false;
-    if (t.attn_wgmma == "1") r.schedule = WgmmaSchedule::kLockstep;
-    // cuDNN's fused attention by default: 1.45x our wgmma kernel in the same run on the H200 (docs/RESULTS.md)
-    if (!t.attn.empty() && t.attn != "ours" && t.attn != "cudnn") throw std::invalid_argument("PDBRIDGE_ATTN: cudnn or ours, not " + t.attn);
-    r.cudnn = t.attn != "ours";
-    return r;
-  }();
-  return t;
+  AttentionTuning r;
+  // Naming a shape of the mma.sync kernel selects that kernel.
+  const Tuning t = Tuning::from_env();
+  if (t.attn_warps == "4") r.warps = 4, r.wgmma = false;
+  if (t.attn_ktile == "128") r.key_tile = 128, r.wgmma = false;
+  if (t.attn_wgmma == "0") r.wgmma = false;
+  if (t.attn_wgmma == "1") r.schedule = WgmmaSchedule::kLockstep;
+  // cuDNN's fused attention by default: 1.45x our wgmma kernel in the same run on the H200 (docs/RESULTS.md)
+  if (!t.attn.empty() && t.attn != "ours" && t.attn != "cudnn") throw std::invalid_argument("PDBRIDGE_ATTN: cudnn or ours, not " + t.attn);
+  // naming one of our kernel's shapes or schedules selects our kernels too
+  const bool ours_named = !t.attn_warps.empty() || !t.attn_ktile.empty() || !t.attn_wgmma.empty();
+  r.cudnn = t.attn == "cudnn" || (t.attn.empty() && !ours_named);
+  return r;
 }
 
 void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,

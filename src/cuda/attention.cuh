@@ -20,7 +20,9 @@ struct AttentionShape {
   int v_dim() const { return v_head_dim ? v_head_dim : head_dim; }
 };
 
-// Kernel variants for same-run A/B measurements: warps per block (4: one head per block; 8: a GQA
+// Which kernel runs: cuDNN's fused attention (attention_cudnn.h) by default where libcudnn.so.9 loads and has an
+// engine for the shape (same run on the H200: 1.37-1.49x our wgmma kernel, docs/RESULTS.md); PDBRIDGE_ATTN=ours selects
+// ours. Our kernel variants for same-run A/B measurements: warps per block (4: one head per block; 8: a GQA
 // group's heads packed per block) and keys per shared-memory tile (64 or 128). The default comes
 // from PDBRIDGE_ATTN_WARPS / PDBRIDGE_ATTN_KTILE (8 x 64 when unset; either selects the mma.sync kernel). Head_dim 128 on sm_90 runs the
 // wgmma kernel unless PDBRIDGE_ATTN_WGMMA=0 (measured on the H200: 22,118 vs 18,364 tok/s at 32K), in its
