@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -150,6 +150,26 @@ stage_cudnn() {
     make_test_models
     run integration_cuda timeout 480 $P/build/tests/integration_tests --gtest_filter='GpuRecipe*:CudaEngine*:CudaBridge*:CudaParity*'
   fi
+}
+# Issue 36's attention A/B on the MoE shapes (Qwen3-30B-A3B: GQA head 128; DeepSeek-V2-Lite: MLA's 192/128), 8
+# layers each, after the GPU tests that the cudnn stage's suites left to re-check (TESTS35=0 leaves them out).
+stage_cudnnmoe() {
+  if [ "${TESTS35:-1}" = 1 ]; then
+    make_test_models
+    run recheck_fp8kv timeout 200 $P/build/tests/integration_tests --gtest_filter='CudaEngine.Fp8Kv*:GpuRecipe*'
+    run recheck_kernels timeout 200 $P/build/tests/unit_tests --gtest_filter='CudaKernels.FlashAttention*:CudaKernels.Mla*:CudaAttention.*'
+  fi
+  for spec in "qwen3moe qwen3-30b-a3b 8 q3moe" "deepseek2 deepseek-v2-lite 8 dsv2"; do
+    set -- $spec
+    local arch=$1 preset=$2 layers=$3 dir=$M/$4
+    [ $(free_gb) -lt 45 ] && rm -rf $M/llama8b $M/llama8b_fp8 $M/qwen8b
+    [ -f $dir/decoder-f16.gguf ] || run make_$4 $PDB make-model --arch $arch --preset $preset --layers $layers --seed 11 --out $dir --hf-dtype bf16 --gguf-types f16
+    local args="prefill --model $dir/hf --recipe $dir/decoder-f16.gguf --tokens 8192,32768 --reps 2 --chunk 4096 --out $R/bench.jsonl"
+    PDBRIDGE_ATTN=ours run bench_$4_ours $PDB bench $args --label $preset-L$layers-attn-ours
+    run bench_$4_cudnn $PDB bench $args --label $preset-L$layers-attn-cudnn
+    [ "${PEERS:-1}" = 1 ] && PYTHONUNBUFFERED=1 run torch_$4 python3 $DEV/torch_moe_peer.py $arch $layers
+    rm -rf $dir
+  done
 }
 # Issue 4's Qwen3-8B rows with the current kernels (the disk holds one 8B model: the Llama one goes first, so run
 # this stage after the stages that use it).
@@ -398,7 +418,7 @@ stage_link() {
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac
