@@ -325,6 +325,7 @@ bool cudnn_attention_available(std::string* why) {
 void causal_attention_cudnn(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
                             const AttentionShape& s, cudaStream_t stream) {
   if (s.n_q <= 0) return;
+  if (!q || !k || !v || !out) throw std::invalid_argument("attention: a null tensor");
   if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0) throw std::invalid_argument("attention: heads not a multiple of kv heads");
   if (s.pos0 + s.n_q > s.kv_capacity) throw std::invalid_argument("attention: keys past the cache capacity");
   std::string why;
