@@ -9,6 +9,8 @@
 # gguf and ckpt legs' prefill on the GPU;
 # IMATRIX=0 quantizes without an importance matrix (the IQ1/IQ2/IQ3 types need one).
 # GGUF_DIR keeps the quantized files apart from the reports (default: OUTDIR).
+# SERVER_BIN and DECODER_FLAGS: the decoder's llama-server and its flags (a CUDA build with "-ngl 99"; default: the
+# pinned CPU build, no flags).
 # REF_SERVER_BIN (and REF_FLAGS): a second build of the same llama.cpp (another ISA, OpenBLAS, CUDA) beside the decoder
 # in every cell; its native answers against the decoder's ("ref") are the decoder's own reproducibility across builds.
 # Usage: scripts/parity_types.sh OUTDIR [TYPE ...]   (env: PARITY_SEED, LEGS, PROMPTS, CHARS, DEVICE, IMATRIX, GGUF_DIR)
@@ -41,7 +43,7 @@ for T in "${TYPES[@]}"; do
       esac
     done
     [ -n "${REF_SERVER_BIN:-}" ] && extra+=(--ref-server-bin "$REF_SERVER_BIN" --ref-flags "${REF_FLAGS:-}")
-    "$ROOT/scripts/fidelity_stack.sh" "$t-$leg" "$OUT" "$g" "$model" "$dev" f16 --cold 0 0 --parity "${PROMPTS:-6}" "${CHARS:-6000}" "${extra[@]}" > "$OUT/$t-$leg.run.log" 2>&1 || true
+    "$ROOT/scripts/fidelity_stack.sh" "$t-$leg" "$OUT" "$g" "$model" "$dev" f16 --cold 0 0 --parity "${PROMPTS:-6}" "${CHARS:-6000}" "${extra[@]}" -- ${DECODER_FLAGS:-} > "$OUT/$t-$leg.run.log" 2>&1 || true
     python3 -c "
 import json,sys
 j=json.load(open(sys.argv[1]))

@@ -10,13 +10,14 @@ b=$(mktemp -d)
 trap 'rm -rf "$b"' EXIT
 mkdir -p .dev "$b/build/models/needle" "$b/build/llama/bin" "$b/build/llama/src/models" "$b/build/tests" "$b/lib"
 cp build/pdbridge "$b/build/"
-cp build/tests/unit_tests build/tests/integration_tests "$b/build/tests/"
-strip "$b/build/pdbridge" "$b/build/tests/"*
+# NO_TESTS=1: without the test binaries (room beside llama-cuda.tar.xz under the 64 MiB carry limit)
+[ "${NO_TESTS:-0}" = 1 ] || cp build/tests/unit_tests build/tests/integration_tests "$b/build/tests/"
+strip "$b/build/pdbridge" "$b/build/tests/"* 2>/dev/null || strip "$b/build/pdbridge"
 cp build/llama/bin/* "$b/build/llama/bin/"
 cp build/llama/COMMIT "$b/build/llama/"
 cp build/models/needle/*.gguf build/models/needle/KEY "$b/build/models/needle/"
 cp build/llama/src/models/ggml-vocab-llama-bpe.gguf build/llama/src/models/ggml-vocab-qwen2.gguf "$b/build/llama/src/models/"
-for f in build/pdbridge build/tests/integration_tests; do
+for f in build/pdbridge $([ "${NO_TESTS:-0}" = 1 ] || echo build/tests/integration_tests); do
   ldd "$f" | awk '$3 ~ /^\// {print $3}' | grep -v -E 'cuda|cublas|libc\.so|libm\.so|libstdc|libgcc|libdl|libpthread|librt|libresolv' | xargs -r -I{} cp -L {} "$b/lib/"
 done
 tar -C "$b" -cJf .dev/bundle.tar.xz .
