@@ -23,6 +23,9 @@ fi
 if [ ! -x $S ] && [ -f $DEV/llama-cuda.tar.xz ]; then  # carried prebuilt (make_bundle.sh with LLAMA_CUDA=1)
   mkdir -p $LC/build/bin && tar -xJf $DEV/llama-cuda.tar.xz -C $LC/build/bin
 fi
+if [ ! -x $S ] && [ -x /tmp/lc/llama-server ]; then  # unpacked by an earlier call on this warm machine
+  mkdir -p $(dirname $S) && cp /tmp/lc/llama-server $S
+fi
 if [ ! -x $S ]; then
   [ -d $LC/ggml ] || tar -xJf $DEV/llama-src.tar.xz -C $LC
   ts "building llama-server with CUDA"

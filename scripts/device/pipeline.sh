@@ -22,7 +22,11 @@ mkdir -p /work/main && ln -sfn $P/build /work/main/build
 [ -e $REPO/build ] || ln -sfn $P/build $REPO/build
 run device_info_$DONE_MARK $PDB device-info || { ts "pdbridge does not run here"; touch $R/$DONE_MARK; exit 1; }
 # llama.cpp CUDA (peer): carried prebuilt (make_bundle.sh with LLAMA_CUDA=1), else built here in the background
-if [ -f $DEV/llama-cuda.tar.xz ]; then mkdir -p $LC/build/bin && tar -xJf $DEV/llama-cuda.tar.xz -C $LC/build/bin && echo 0 > $R/llama_build.rc; fi
+# (its tars, or their binaries unpacked under /tmp/lc by an earlier call on this warm machine: make_bundle.sh says why)
+mkdir -p $LC/build/bin
+for t in llama-cuda llama-bench-cuda; do [ -f $DEV/$t.tar.xz ] && tar -xJf $DEV/$t.tar.xz -C $LC/build/bin; done
+for f in llama-server llama-bench; do [ -x /tmp/lc/$f ] && [ ! -x $LC/build/bin/$f ] && cp /tmp/lc/$f $LC/build/bin/; done
+[ -x $LC/build/bin/llama-bench ] && echo 0 > $R/llama_build.rc
 [ ! -e $R/llama_build.rc ] && { has bench || has attn || has qwen || has moe || has gguf; } && [ "${PEERS:-1}" = 1 ] && [ -f $DEV/llama-src.tar.xz ] && ( tar -xJf $DEV/llama-src.tar.xz -C $LC && cd $LC && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON \
    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
    -DLLAMA_BUILD_SERVER=OFF -DGGML_CUDA_NCCL=OFF > $R/llama_cmake.log 2>&1 && nice -n 10 cmake --build build -j 8 --target llama-bench > $R/llama_build.log 2>&1
