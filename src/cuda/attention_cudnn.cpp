@@ -306,6 +306,7 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const AttentionShape& s) 
 struct DeviceState {
   cudnnHandle_t handle = nullptr;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
+  std::map<PlanKey, std::string> refused;  // shapes cuDNN had no plan for: not rebuilt at every layer and chunk
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
 };
@@ -339,11 +340,19 @@ void causal_attention_cudnn(const __nv_bfloat16* q, const __nv_bfloat16* k, cons
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &s.scale, 4);
   const PlanKey key{s.n_q, s.pos0, s.n_heads, s.n_kv_heads, s.head_dim, s.v_dim(), s.kv_capacity, scale_bits};
+  if (auto r = ds.refused.find(key); r != ds.refused.end()) throw std::runtime_error(r->second);
   auto it = ds.plans.find(key);
   if (it == ds.plans.end()) {
     if (ds.plans.size() >= 1024) ds.plans.clear();  // every ragged last chunk is a shape: keep the cache bounded
     const auto t0 = std::chrono::steady_clock::now();
-    it = ds.plans.emplace(key, build_plan(ds.handle, s)).first;
+    std::unique_ptr<Plan> plan;
+    try {
+      plan = build_plan(ds.handle, s);
+    } catch (const std::runtime_error& e) {
+      if (ds.refused.size() < 1024) ds.refused.emplace(key, e.what());
+      throw;
+    }
+    it = ds.plans.emplace(key, std::move(plan)).first;
     g_stats.plans++;
     g_stats.plan_build_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     g_stats.last_engine = it->second->engine;
