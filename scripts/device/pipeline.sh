@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -174,6 +174,54 @@ stage_cudnnmoe() {
     [ "${PEERS:-1}" = 1 ] && PYTHONUNBUFFERED=1 run torch_$4 python3 $DEV/torch_moe_peer.py $arch $layers
     rm -rf $dir
   done
+}
+# Issue 36's expert products through cuDNN's MoE grouped matmul: the kernels' and MoE engines' GPU tests, the products
+# alone every way (the unit bench, then PyTorch's grouped_mm at the same shapes), then Qwen3-30B-A3B and DeepSeek-V2-Lite
+# shapes (8 layers) with PDBRIDGE_MOE_GEMM=grouped (cuBLAS), cudnn (the default) and cudnn-gather, same run.
+stage_moecudnn() {
+  make_test_models
+  run unit_moecudnn timeout 240 $P/build/tests/unit_tests --gtest_filter='CudaGroupedGemm*:CudaKernels.Moe*:CudaAttention.Cudnn*:CudaKernels.Mla*'
+  run moe_alone env PDBRIDGE_BENCH_MOE=1 PDBRIDGE_BENCH_OUT=$R/moe.jsonl timeout 240 $P/build/tests/unit_tests --gtest_filter='CudaGroupedGemmBench*'
+  [ "${PEERS:-1}" = 1 ] && PYTHONUNBUFFERED=1 run torch_grouped_mm python3 $DEV/torch_grouped_mm_peer.py
+  run integration_moecudnn timeout 420 $P/build/tests/integration_tests --gtest_filter='CudaEngine.ForwardTracks*:CudaEngine.FromTheGguf*:CudaParity.BridgedState*:CudaBridge.ServesTheBridgeEndToEnd*'
+  for spec in ${MOE_SPECS:-"qwen3moe qwen3-30b-a3b 8 q3moe" "deepseek2 deepseek-v2-lite 8 dsv2"}; do
+    set -- $spec
+    local arch=$1 preset=$2 layers=$3 dir=$M/$4
+    [ $(free_gb) -lt 45 ] && rm -rf $M/llama8b $M/llama8b_fp8 $M/qwen8b
+    [ -f $dir/decoder-f16.gguf ] || run make_$4 $PDB make-model --arch $arch --preset $preset --layers $layers --seed 11 --out $dir --hf-dtype bf16 --gguf-types f16
+    local args="prefill --model $dir/hf --recipe $dir/decoder-f16.gguf --tokens 8192,32768 --reps 2 --chunk 4096 --out $R/bench.jsonl"
+    for way in grouped cudnn cudnn-gather; do
+      PDBRIDGE_MOE_GEMM=$way run bench_$4_$way $PDB bench $args --label $preset-L$layers-moe-$way
+    done
+    [ "${PEERS:-1}" = 1 ] && PYTHONUNBUFFERED=1 run torch_$4 python3 $DEV/torch_moe_peer.py $arch $layers
+    rm -rf $dir
+  done
+}
+# Issue 35's llama.cpp CUDA peer in the same run, on the same files: the Llama-8B shape as Q4_K_M, Q8_0 and F16 GGUFs
+# and Qwen3-30B-A3B's shapes (8 layers) as Q4_K_M; bench prefill from each GGUF (the engine's cache rows, and the
+# recipe's for Q4_K_M), then llama-bench -fa 1 (its binary carried: make_bundle.sh LLAMA_BENCH=1, unpacked under /tmp/lc).
+stage_llamapeer() {
+  local G=$M/llama8b B="--tokens ${GGUF_TOKENS:-8192,32768} --reps 2 --chunk 4096 --modes engine,engine+recipe+frames --out $R/bench_peer.jsonl"
+  local LB="-ngl 99 -fa 1 -b 4096 -ub 2048 -p 8192,32768 -n 0 -r 2 -o md"
+  [ -x $LC/build/bin/llama-bench ] || ts "no llama-bench here: the peer rows are left out"
+  [ $(free_gb) -lt 50 ] && rm -rf $M/qwen8b $M/llama8b_fp8 $M/q3moe $M/dsv2
+  [ -f $G/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $G --hf-dtype bf16 --gguf-types f16
+  rm -rf $G/hf
+  for q in q4_K_M q8_0; do
+    [ -f $G/decoder-$q.gguf ] || run quantize_$q $P/build/llama/bin/llama-quantize $G/decoder-f16.gguf $G/decoder-$q.gguf $(echo $q | tr a-z A-Z) 16
+  done
+  for q in q4_K_M q8_0 f16; do
+    run peer_gguf_$q $PDB bench prefill --model $G/decoder-$q.gguf --kv-rows engine --label llama8b-gguf-$q-rows-engine $B
+    [ $q = q4_K_M ] && run peer_gguf_${q}_decoder $PDB bench prefill --model $G/decoder-$q.gguf --label llama8b-gguf-$q-rows-decoder $B
+    [ -x $LC/build/bin/llama-bench ] && run llama_bench_$q $LC/build/bin/llama-bench -m $G/decoder-$q.gguf $LB
+  done
+  rm -rf $G
+  local Q=$M/qwen30b8
+  [ -f $Q/decoder-q4_K_M.gguf ] || run make_qwen30b8 $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 9 --out $Q --no-hf \
+    --quantize-from q8_0 --gguf-types q4_K_M
+  run peer_moe_q4_K_M $PDB bench prefill --model $Q/decoder-q4_K_M.gguf --kv-rows engine --label qwen3-30b-a3b-8l-gguf-q4_K_M-rows-engine $B
+  [ -x $LC/build/bin/llama-bench ] && run llama_bench_moe_q4_K_M $LC/build/bin/llama-bench -m $Q/decoder-q4_K_M.gguf $LB
+  rm -rf $Q
 }
 # Issue 4's Qwen3-8B rows with the current kernels (the disk holds one 8B model: the Llama one goes first, so run
 # this stage after the stages that use it).
@@ -422,7 +470,7 @@ stage_link() {
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

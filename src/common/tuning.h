@@ -14,7 +14,9 @@ struct Tuning {
   std::string attn_warps, attn_ktile, attn_wgmma;
   std::string attn;              // PDBRIDGE_ATTN=cudnn|ours: cuDNN's fused attention (the default where it loads) or our
                                  // kernels (also chosen by naming one of the three switches above)
-  std::string moe_gemm;          // PDBRIDGE_MOE_GEMM=loop|grouped: one product per expert, or one grouped call
+  std::string moe_gemm;          // PDBRIDGE_MOE_GEMM=cudnn|cudnn-gather|grouped|loop: the MoE's expert products through
+                                 // cuDNN's grouped matmul (the default where it loads; -gather: x read through the
+                                 // grouping's index), cuBLAS's grouped call, or one cuBLAS product per expert
   std::string state_pwrite;      // PDBRIDGE_STATE_PWRITE=1: the state writer's pwrite path instead of mmap
   std::string fp8;               // PDBRIDGE_FP8=0: block-FP8 checkpoints as bf16 products
   std::string fp8kv_fused;       // PDBRIDGE_FP8KV_FUSED=1: the lockstep attention reads fp8 K/V itself

@@ -1,8 +1,6 @@
-// cuDNN's fused flash attention for prefill, through its graph API, as an A/B peer of our kernels
-// (attention.cuh): same arguments, same results up to summation order. libcudnn.so.9 is loaded at first use
-// (PDBRIDGE_CUDNN_LIB names another file), so a build needs only cuDNN's headers and a box without cuDNN runs
-// our kernels. One execution plan per shape (queries, keys, heads, widths, cache capacity), built on first
-// use and kept per device; the build's time is reported by cudnn_attention_stats().
+// cuDNN's fused flash attention for prefill, through its graph API (cudnn_graph.h), as an A/B peer of our kernels
+// (attention.cuh): same arguments, same results up to summation order. One execution plan per shape (queries, keys,
+// heads, widths, cache capacity), built on first use and kept per device; cudnn_attention_stats() reports the builds.
 // CPU twin: numerics/reference_ops.h causal_attention_ref (the same as our kernels').
 #pragma once
 #include <cuda_bf16.h>
@@ -12,6 +10,7 @@
 #include <string>
 
 #include "cuda/attention.cuh"
+#include "cuda/cudnn_graph.h"
 
 namespace pdb::cuda {
 
@@ -25,11 +24,7 @@ bool cudnn_attention_available(std::string* why = nullptr);
 void causal_attention_cudnn(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
                             const AttentionShape& s, cudaStream_t stream);
 
-struct CudnnAttentionStats {
-  int64_t plans = 0;          // execution plans built
-  double plan_build_ms = 0;   // host time spent building them
-  std::string last_engine;    // the engine cuDNN's heuristics gave the last plan
-};
+using CudnnAttentionStats = CudnnPlanStats;
 CudnnAttentionStats cudnn_attention_stats();
 
 }  // namespace pdb::cuda

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <numeric>
 #include <random>
 
@@ -18,6 +20,7 @@
 
 #include "cuda/attention.cuh"
 #include "cuda/common.cuh"
+#include "cuda/cudnn_graph.h"
 #include "cuda/gemm.cuh"
 #include "cuda/mla.cuh"
 #include "cuda/moe.cuh"
@@ -167,15 +170,22 @@ TEST(CudaKernels, MoeBlockTracksTheCpuBlock) {
     std::vector<float> want(size_t(rows * H));
     moe_ffn(cw, x.data(), rows, 0, 32, 2, want.data());
     auto dx = to_device_bf16(x);
-    cuda::DeviceBuffer dh(size_t(rows * H) * 4);
-    PDB_CUDA_CHECK(cudaMemset(dh.get(), 0, dh.bytes()));
-    cuda::Gemm gemm;
-    CudaMoeFfn block;
-    block.forward(gw, dx.as<__nv_bfloat16>(), rows, dh.as<float>(), gemm, nullptr);
-    PDB_CUDA_CHECK(cudaDeviceSynchronize());
-    const double e = ref::rel_error(host<float>(dh, want.size()), want);
-    std::printf("MoE block %d experts top-%d, %lld rows: rel err vs the CPU block %.2e\n", E, k, (long long)rows, e);
-    EXPECT_LT(e, 2e-2);
+    // every way the expert products run (PDBRIDGE_MOE_GEMM): cuDNN's grouped matmul, with the gather fused, cuBLAS's
+    // grouped call, one cuBLAS product per expert
+    for (const char* way : {"cudnn", "cudnn-gather", "grouped", "loop"}) {
+      setenv("PDBRIDGE_MOE_GEMM", way, 1);
+      cuda::DeviceBuffer dh(size_t(rows * H) * 4);
+      PDB_CUDA_CHECK(cudaMemset(dh.get(), 0, dh.bytes()));
+      cuda::Gemm gemm;
+      CudaMoeFfn block;
+      block.forward(gw, dx.as<__nv_bfloat16>(), rows, dh.as<float>(), gemm, nullptr);
+      PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      const double e = ref::rel_error(host<float>(dh, want.size()), want);
+      std::printf("MoE block %d experts top-%d, %lld rows, %s: rel err vs the CPU block %.2e\n", E, k, (long long)rows, way, e);
+      EXPECT_LT(e, 2e-2) << way;
+      if (std::string(way).rfind("cudnn", 0) == 0 && cuda::cudnn_available()) EXPECT_EQ(block.cudnn_refused(), "") << way;
+    }
+    unsetenv("PDBRIDGE_MOE_GEMM");
   }
 #endif
 }

@@ -1,11 +1,14 @@
 #include "model/cuda_moe_ffn.h"
 
+#include <cstdio>
 #include <stdexcept>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "common/tuning.h"
 #include "cuda/elementwise.cuh"
+#include "cuda/grouped_gemm_cudnn.h"
 #include "cuda/moe.cuh"
 #include "formats/hf_config.h"
 #include "model/cuda_blocks.h"
@@ -69,7 +72,7 @@ CudaMoeWeights load_cuda_moe(const CudaLoad& ld, int64_t layer, const std::strin
 }
 
 size_t CudaMoeFfn::bytes_for(const HfConfig& c, int64_t rows) {
-  const int64_t E = c.num_experts, k = c.num_experts_per_tok, H = c.hidden_size, F = c.moe_intermediate_size, g = rows * k;
+  const int64_t E = c.num_experts, k = c.num_experts_per_tok, H = c.hidden_size, F = c.moe_intermediate_size, g = padded_rows(rows * k);
   return size_t(rows * E) * 4 + size_t(g) * (4 + 4 + 4 + 4) + size_t(E) * 8 + size_t(g) * size_t(H * 2 + 2 * F * 2 + F * 2 + H * 2);
 }
 
@@ -78,20 +81,34 @@ size_t CudaMoeFfn::scratch_bytes() const {
          xg_.bytes() + gu_.bytes() + act_.bytes() + y_.bytes();
 }
 
+// cuDNN's plans are per row count: the grouped rows are padded to a multiple of 256 (the padding rows are computed
+// as the last expert's and never read), so a prompt's ragged last chunk rarely needs a plan of its own.
+int64_t CudaMoeFfn::padded_rows(int64_t g) { return (g + 255) / 256 * 256; }
+
+bool CudaMoeFfn::use_cudnn(bool& gather) {
+  const std::string choice = Tuning::from_env().moe_gemm;
+  gather = choice == "cudnn-gather";
+  if (!(choice.empty() || choice == "cudnn" || gather) || !cudnn_refused_.empty()) return false;
+  std::string why;
+  if (cuda::cudnn_available(&why)) return true;
+  cudnn_refused_ = why;
+  return false;
+}
+
 void CudaMoeFfn::forward(const CudaMoeWeights& w, const bf16* x, int64_t rows, float* h, cuda::Gemm& gemm, cudaStream_t s) {
   if (rows <= 0) return;
-  const int64_t E = w.n_expert, k = w.n_used, H = w.hidden, F = w.ff, g = rows * k;
+  const int64_t E = w.n_expert, k = w.n_used, H = w.hidden, F = w.ff, g = rows * k, gp = padded_rows(g);
   logits_.resize(size_t(rows * E) * 4);
   experts_.resize(size_t(g) * 4);
   weights_.resize(size_t(g) * 4);
   counts_.resize(size_t(E) * 4);
   offsets_.resize(size_t(E) * 4);
   slot_of_.resize(size_t(g) * 4);
-  token_of_.resize(size_t(g) * 4);
-  xg_.resize(size_t(g * H) * 2);
-  gu_.resize(size_t(g * 2 * F) * 2);
-  act_.resize(size_t(g * F) * 2);
-  y_.resize(size_t(g * H) * 2);
+  token_of_.resize(size_t(gp) * 4);
+  xg_.resize(size_t(gp * H) * 2);
+  gu_.resize(size_t(gp * 2 * F) * 2);
+  act_.resize(size_t(gp * F) * 2);
+  y_.resize(size_t(gp * H) * 2);
   counts_host_.resize(size_t(E) * 4);
   gemm.xwt(cuda::DType::BF16, x, w.router.get(), cuda::DType::F32, logits_.get(), rows, H, E, 0.0f, s);
   cuda::MoeRouteArgs ra;
@@ -103,6 +120,40 @@ void CudaMoeFfn::forward(const CudaMoeWeights& w, const bf16* x, int64_t rows, f
   cuda::moe_route(logits_.as<float>(), experts_.as<int32_t>(), weights_.as<float>(), ra, s);
   cuda::moe_group(experts_.as<int32_t>(), rows, int(k), int(E), counts_.as<int32_t>(), offsets_.as<int32_t>(), slot_of_.as<int32_t>(),
                   token_of_.as<int32_t>(), s);
+  bool gather = false;
+  if (use_cudnn(gather)) {
+    try {
+      experts_cudnn(w, x, rows, gather, s);
+      cuda::moe_combine(y_.as<bf16>(), slot_of_.as<int32_t>(), weights_.as<float>(), rows, int(k), H, h, s);
+      return;
+    } catch (const std::runtime_error& e) {
+      cudnn_refused_ = e.what();
+      std::fprintf(stderr, "MoE products: cuDNN's grouped matmul refused (%s); cuBLAS's grouped products run instead\n", e.what());
+    }
+  }
+  experts_cublas(w, x, rows, s);
+  cuda::moe_combine(y_.as<bf16>(), slot_of_.as<int32_t>(), weights_.as<float>(), rows, int(k), H, h, s);
+}
+
+// gate|up, SwiGLU, down through cuDNN: the experts' first rows stay on the device (no download, no sync).
+void CudaMoeFfn::experts_cudnn(const CudaMoeWeights& w, const bf16* x, int64_t rows, bool gather, cudaStream_t s) {
+  const int64_t E = w.n_expert, H = w.hidden, F = w.ff, g = rows * w.n_used, gp = padded_rows(g);
+  const int32_t* first = offsets_.as<int32_t>();
+  cuda::MoeGroupedShape up{gp, E, H, 2 * F, rows}, down{gp, E, F, H, 0};
+  if (gather) {
+    if (gp > g) PDB_CUDA_CHECK(cudaMemsetAsync(token_of_.as<int32_t>() + g, 0, size_t(gp - g) * 4, s));  // padding rows read token 0
+    cuda::moe_grouped_xwt_cudnn(x, token_of_.as<int32_t>(), w.gu.as<bf16>(), first, gu_.as<bf16>(), up, s);
+  } else {
+    cuda::gather_rows(x, token_of_.as<int32_t>(), g, H, xg_.as<bf16>(), s);
+    cuda::moe_grouped_xwt_cudnn(xg_.as<bf16>(), nullptr, w.gu.as<bf16>(), first, gu_.as<bf16>(), up, s);
+  }
+  cuda::swiglu_rows(gu_.as<bf16>(), act_.as<bf16>(), g, F, s);
+  cuda::moe_grouped_xwt_cudnn(act_.as<bf16>(), nullptr, w.down.as<bf16>(), first, y_.as<bf16>(), down, s);
+}
+
+// The same through cuBLAS (grouped_gemm.cuh), whose group sizes are host arrays: one small synchronizing download.
+void CudaMoeFfn::experts_cublas(const CudaMoeWeights& w, const bf16* x, int64_t rows, cudaStream_t s) {
+  const int64_t E = w.n_expert, H = w.hidden, F = w.ff, g = rows * w.n_used;
   cuda::gather_rows(x, token_of_.as<int32_t>(), g, H, xg_.as<bf16>(), s);
   PDB_CUDA_CHECK(cudaMemcpyAsync(counts_host_.as<int32_t>(), counts_.get(), size_t(E) * 4, cudaMemcpyDeviceToHost, s));
   PDB_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -119,7 +170,6 @@ void CudaMoeFfn::forward(const CudaMoeWeights& w, const bf16* x, int64_t rows, f
   grouped_.xwt(up, H, 2 * F, cuda::DType::BF16, s);
   cuda::swiglu_rows(gu_.as<bf16>(), act_.as<bf16>(), g, F, s);
   grouped_.xwt(down, F, H, cuda::DType::BF16, s);
-  cuda::moe_combine(y_.as<bf16>(), slot_of_.as<int32_t>(), weights_.as<float>(), rows, int(k), H, h, s);
 }
 
 }  // namespace pdb

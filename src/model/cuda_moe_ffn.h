@@ -1,7 +1,7 @@
 // The mixture-of-experts FFN block on the GPU, shared by the architectures that route tokens to
 // experts (qwen3moe's every layer, deepseek2's layers after the dense lead): the router product, the
 // routing (cuda/moe.cuh), the (token, choice) pairs grouped by expert, gate|up as ONE grouped product
-// over all experts, SwiGLU, down as another, and the weighted sum added into the f32 residual stream.
+// over all experts (cuDNN's, grouped_gemm_cudnn.h, or cuBLAS's, grouped_gemm.cuh), SwiGLU, down as another, and the weighted sum added into the f32 residual stream.
 // The CPU twin is model/moe_ffn.h (its fast path groups tokens the same way).
 #pragma once
 #include <cuda_bf16.h>
@@ -39,13 +39,22 @@ class CudaMoeFfn {
  public:
   // Device bytes the block's scratch needs for `rows` tokens (beyond the weights).
   static size_t bytes_for(const HfConfig& c, int64_t rows);
-  // h[rows x hidden] += MoE(x[rows x hidden] bf16). Downloads the expert counts (one small
-  // synchronizing copy: cuBLAS's grouped product takes its group sizes on the host).
+  // h[rows x hidden] += MoE(x[rows x hidden] bf16). The expert products run through cuDNN's MoE grouped matmul
+  // where it loads (PDBRIDGE_MOE_GEMM=cudnn, the default; =cudnn-gather reads x's rows through the grouping's index
+  // instead of a gathered copy), else through cuBLAS (=grouped or =loop, and where cuDNN refuses: said once), which
+  // downloads the expert counts (one small synchronizing copy: cuBLAS takes its group sizes on the host).
   void forward(const CudaMoeWeights& w, const __nv_bfloat16* x, int64_t rows, float* h, cuda::Gemm& gemm, cudaStream_t s);
   size_t scratch_bytes() const;
+  static int64_t padded_rows(int64_t grouped_rows);
+  const std::string& cudnn_refused() const { return cudnn_refused_; }  // empty while cuDNN's products run
 
  private:
+  bool use_cudnn(bool& gather);
+  void experts_cudnn(const CudaMoeWeights& w, const __nv_bfloat16* x, int64_t rows, bool gather, cudaStream_t s);
+  void experts_cublas(const CudaMoeWeights& w, const __nv_bfloat16* x, int64_t rows, cudaStream_t s);
+
   cuda::GroupedGemm grouped_;
+  std::string cudnn_refused_;  // why cuDNN's products are not used (empty: they are, where chosen)
   cuda::DeviceBuffer logits_, experts_, weights_, counts_, offsets_, slot_of_, token_of_, xg_, gu_, act_, y_;
   cuda::PinnedBuffer counts_host_;
 };

@@ -1,0 +1,187 @@
+// cuDNN's MoE grouped matmul (grouped_gemm_cudnn.h) against the f64 products of each expert, and the same-run speed
+// of the expert products every way the engine can run them (issue 36's A/B). Runs where a GPU and cuDNN are present;
+// skips, saying which is missing, elsewhere.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "cuda/device.h"
+#include "numerics/reference_ops.h"
+#ifdef PDBRIDGE_HAVE_CUDA
+#include <cuda_bf16.h>
+
+#include "cuda/grouped_gemm.cuh"
+#include "cuda/grouped_gemm_cudnn.h"
+#include "cuda/kernel_test_support.h"
+#endif
+
+namespace pdb {
+namespace {
+
+#define SKIP_WITHOUT_GPU_AND_CUDNN()                                     \
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary(); \
+  if (std::string why; !cuda::cudnn_available(&why)) GTEST_SKIP() << why
+
+}  // namespace
+
+#ifdef PDBRIDGE_HAVE_CUDA
+using namespace test_kernels;
+
+namespace {
+// Expert e's rows start at first[e]; y[r] = x[index ? index[r] : r] . w[e]^T in f64.
+std::vector<float> expert_products(const std::vector<float>& x, const std::vector<int32_t>* index, const std::vector<float>& w,
+                                   const std::vector<int32_t>& first, int64_t rows, int64_t in, int64_t out) {
+  std::vector<float> y(size_t(rows * out));
+  const int64_t E = int64_t(first.size());
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t r1 = e + 1 < E ? first[size_t(e + 1)] : rows;
+    for (int64_t r = first[size_t(e)]; r < r1; ++r) {
+      const int64_t src = index ? (*index)[size_t(r)] : r;
+      for (int64_t o = 0; o < out; ++o) {
+        double acc = 0;
+        for (int64_t i = 0; i < in; ++i) acc += double(x[size_t(src * in + i)]) * double(w[size_t((e * out + o) * in + i)]);
+        y[size_t(r * out + o)] = float(acc);
+      }
+    }
+  }
+  return y;
+}
+}  // namespace
+
+// Uneven experts: empty ones (the first, the last, one between), one with a single row, the rest random; with and
+// without the gather index; widths of qwen3moe's gate|up and down at a small scale.
+TEST(CudaGroupedGemm, CudnnMatchesEachExpertsF64Product) {
+  SKIP_WITHOUT_GPU_AND_CUDNN();
+  const int64_t E = 9, in = 256, out = 384, tokens = 150;
+  const std::vector<int64_t> counts = {0, 37, 1, 120, 0, 64, 200, 29, 0};
+  std::vector<int32_t> first;
+  int64_t rows = 0;
+  for (int64_t c : counts) {
+    first.push_back(int32_t(rows));
+    rows += c;
+  }
+  auto w = round_bf16(randn(size_t(E * out * in), 0.05f));
+  auto dw = to_device_bf16(w);
+  cuda::DeviceBuffer dfirst(first.size() * 4);
+  dfirst.upload(first.data(), first.size() * 4);
+  for (const bool gather : {false, true}) {
+    std::vector<int32_t> route(static_cast<size_t>(rows));
+    for (auto& i : route) i = int32_t(rng()() % tokens);
+    auto x = round_bf16(randn(size_t((gather ? tokens : rows) * in)));
+    const auto want = expert_products(x, gather ? &route : nullptr, w, first, rows, in, out);
+    auto dx = to_device_bf16(x);
+    cuda::DeviceBuffer dindex(route.size() * 4);
+    dindex.upload(route.data(), route.size() * 4);
+    auto dy = poisoned(size_t(rows * out) * 2);
+    cuda::MoeGroupedShape s{rows, E, in, out, gather ? tokens : 0};
+    try {
+      cuda::moe_grouped_xwt_cudnn(dx.as<__nv_bfloat16>(), gather ? dindex.as<int32_t>() : nullptr, dw.as<__nv_bfloat16>(), dfirst.as<int32_t>(),
+                                  dy.as<__nv_bfloat16>(), s, nullptr);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << (gather ? "gather: " : "grouped rows: ") << e.what();
+      continue;
+    }
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    const double err = ref::rel_error(from_device_bf16(dy, want.size()), want);
+    std::printf("cudnn MoE grouped matmul %s, %lld rows over %lld experts: rel err %.2e (%s)\n", gather ? "gather" : "grouped rows", (long long)rows,
+                (long long)E, err, cuda::cudnn_moe_stats().last_engine.c_str());
+    EXPECT_LT(err, 1e-2);
+  }
+}
+
+// Same run, same inputs: the expert products of one MoE layer (gate|up then down) for a 4096-token chunk, routed
+// uniformly at random, through cuBLAS's grouped call, one cuBLAS product per expert, and cuDNN (grouped rows, and
+// reading the tokens through the index). Shapes: Qwen3-30B-A3B (128 experts, top 8, 2048 -> 2 x 768) and
+// DeepSeek-V2-Lite (64, top 6, 2048 -> 2 x 1408). Opt-in (PDBRIDGE_BENCH_MOE=1); JSON lines to PDBRIDGE_BENCH_OUT.
+TEST(CudaGroupedGemmBench, CublasAndCudnnSameRun) {
+  if (!std::getenv("PDBRIDGE_BENCH_MOE")) GTEST_SKIP() << "a benchmark: PDBRIDGE_BENCH_MOE=1 runs it";
+  SKIP_WITHOUT_GPU_AND_CUDNN();
+  std::ofstream jout;
+  if (const char* p = std::getenv("PDBRIDGE_BENCH_OUT")) jout.open(p, std::ios::app);
+  struct Shape { const char* name; int64_t E, k, H, F; };
+  const int64_t T = 4096;
+  for (const Shape sh : {Shape{"qwen3-30b-a3b", 128, 8, 2048, 768}, Shape{"deepseek-v2-lite", 64, 6, 2048, 1408}}) {
+    const int64_t g = T * sh.k;
+    std::vector<int64_t> counts(size_t(sh.E), 0);
+    std::vector<int32_t> index;  // token of each grouped row, expert after expert
+    std::vector<std::vector<int32_t>> by_expert(size_t(sh.E));
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int64_t> picks;
+      while (int64_t(picks.size()) < sh.k) {
+        const int64_t e = int64_t(rng()() % uint32_t(sh.E));
+        if (std::find(picks.begin(), picks.end(), e) == picks.end()) picks.push_back(e);
+      }
+      for (int64_t e : picks) by_expert[size_t(e)].push_back(int32_t(t));
+    }
+    std::vector<int32_t> first;
+    for (int64_t e = 0; e < sh.E; ++e) {
+      first.push_back(int32_t(index.size()));
+      counts[size_t(e)] = int64_t(by_expert[size_t(e)].size());
+      index.insert(index.end(), by_expert[size_t(e)].begin(), by_expert[size_t(e)].end());
+    }
+    auto dx = to_device_bf16(randn(size_t(T * sh.H)));
+    auto dxg = to_device_bf16(randn(size_t(g * sh.H)));
+    auto dgu = to_device_bf16(randn(size_t(sh.E * 2 * sh.F * sh.H), 0.02f));
+    auto ddown = to_device_bf16(randn(size_t(sh.E * sh.H * sh.F), 0.02f));
+    auto dact = to_device_bf16(randn(size_t(g * sh.F)));
+    cuda::DeviceBuffer dy1(size_t(g * 2 * sh.F) * 2), dy2(size_t(g * sh.H) * 2), dfirst(first.size() * 4), dindex(index.size() * 4);
+    dfirst.upload(first.data(), first.size() * 4);
+    dindex.upload(index.data(), index.size() * 4);
+    const double flops = 2.0 * double(g) * double(sh.H) * double(2 * sh.F) + 2.0 * double(g) * double(sh.F) * double(sh.H);
+    cuda::GroupedGemm grouped(false), loop(true);
+    auto run = [&](const std::string& way) {
+      if (way == "cudnn" || way == "cudnn-gather") {
+        const bool gather = way == "cudnn-gather";
+        cuda::moe_grouped_xwt_cudnn(gather ? dx.as<__nv_bfloat16>() : dxg.as<__nv_bfloat16>(), gather ? dindex.as<int32_t>() : nullptr,
+                                    dgu.as<__nv_bfloat16>(), dfirst.as<int32_t>(), dy1.as<__nv_bfloat16>(), {g, sh.E, sh.H, 2 * sh.F, gather ? T : 0}, nullptr);
+        cuda::moe_grouped_xwt_cudnn(dact.as<__nv_bfloat16>(), nullptr, ddown.as<__nv_bfloat16>(), dfirst.as<int32_t>(), dy2.as<__nv_bfloat16>(),
+                                    {g, sh.E, sh.F, sh.H, 0}, nullptr);
+        return;
+      }
+      std::vector<cuda::GroupedProduct> up(size_t(sh.E)), down(size_t(sh.E));
+      for (int64_t e = 0; e < sh.E; ++e) {
+        const int64_t off = first[size_t(e)], n = counts[size_t(e)];
+        up[size_t(e)] = {dxg.as<__nv_bfloat16>() + off * sh.H, dgu.as<__nv_bfloat16>() + e * 2 * sh.F * sh.H, dy1.as<__nv_bfloat16>() + off * 2 * sh.F, n};
+        down[size_t(e)] = {dact.as<__nv_bfloat16>() + off * sh.F, ddown.as<__nv_bfloat16>() + e * sh.H * sh.F, dy2.as<__nv_bfloat16>() + off * sh.H, n};
+      }
+      auto& gg = way == "loop" ? loop : grouped;
+      gg.xwt(up, sh.H, 2 * sh.F, cuda::DType::BF16, nullptr);
+      gg.xwt(down, sh.F, sh.H, cuda::DType::BF16, nullptr);
+    };
+    for (const std::string way : {"grouped", "loop", "cudnn", "cudnn-gather"}) {
+      try {
+        run(way);
+        run(way);
+      } catch (const std::exception& e) {
+        std::printf("MOE BENCH %s %s: refused: %s\n", sh.name, way.c_str(), e.what());
+        continue;
+      }
+      PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      const int reps = 20;
+      cudaEvent_t a, b;
+      cudaEventCreate(&a);
+      cudaEventCreate(&b);
+      cudaEventRecord(a);
+      for (int r = 0; r < reps; ++r) run(way);
+      cudaEventRecord(b);
+      PDB_CUDA_CHECK(cudaEventSynchronize(b));
+      float t = 0;
+      cudaEventElapsedTime(&t, a, b);
+      cudaEventDestroy(a);
+      cudaEventDestroy(b);
+      const double ms = t / reps, tf = flops / (ms * 1e-3) / 1e12;
+      std::printf("MOE BENCH %s %s: %.3f ms per layer's expert products, %.0f TFLOP/s%s\n", sh.name, way.c_str(), ms, tf,
+                  way.rfind("cudnn", 0) == 0 ? (" (" + cuda::cudnn_moe_stats().last_engine + ")").c_str() : "");
+      if (jout)
+        jout << "{\"bench\":\"moe_products\",\"shape\":\"" << sh.name << "\",\"tokens\":" << T << ",\"way\":\"" << way << "\",\"ms\":" << ms
+             << ",\"tflops\":" << tf << ",\"device\":\"" << cuda::device_summary() << "\"}\n";
+    }
+  }
+}
+#endif
+
+}  // namespace pdb
