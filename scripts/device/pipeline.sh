@@ -175,25 +175,26 @@ stage_cudnnmoe() {
     rm -rf $dir
   done
 }
-# Issue 36's expert products through cuDNN's MoE grouped matmul: the kernels' and MoE engines' GPU tests, the products
-# alone every way (the unit bench, then PyTorch's grouped_mm at the same shapes), then Qwen3-30B-A3B and DeepSeek-V2-Lite
-# shapes (8 layers) with PDBRIDGE_MOE_GEMM=grouped (cuBLAS), cudnn (the default) and cudnn-gather, same run.
+# Issue 36's expert products: the MoE kernels' and engines' GPU tests, the products alone every way (the unit bench:
+# cuBLAS grouped, per expert, strided batched, padded chunks, cuDNN; then PyTorch's grouped_mm at the same shapes),
+# then Qwen3-30B-A3B and DeepSeek-V2-Lite shapes (8 layers) with PDBRIDGE_MOE_GEMM=grouped against the default
+# (padded chunks), same run.
 stage_moecudnn() {
   make_test_models
-  run unit_moecudnn timeout 240 $P/build/tests/unit_tests --gtest_filter='CudaGroupedGemm*:CudaKernels.Moe*:CudaAttention.Cudnn*:CudaKernels.Mla*'
+  run unit_moecudnn timeout 240 $P/build/tests/unit_tests --gtest_filter='CudaGroupedGemm*:CudaKernels.Moe*:MoePadding*'
   run moe_alone env PDBRIDGE_BENCH_MOE=1 PDBRIDGE_BENCH_OUT=$R/moe.jsonl timeout 240 $P/build/tests/unit_tests --gtest_filter='CudaGroupedGemmBench*'
   [ "${PEERS:-1}" = 1 ] && PYTHONUNBUFFERED=1 run torch_grouped_mm python3 $DEV/torch_grouped_mm_peer.py
-  run integration_moecudnn timeout 420 $P/build/tests/integration_tests --gtest_filter='CudaEngine.ForwardTracks*:CudaEngine.FromTheGguf*:CudaParity.BridgedState*:CudaBridge.ServesTheBridgeEndToEnd*'
+  run integration_moecudnn timeout 420 $P/build/tests/integration_tests --gtest_filter='CudaEngine.ForwardTracks*:CudaEngine.FromTheGguf*'
   for spec in ${MOE_SPECS:-"qwen3moe qwen3-30b-a3b 8 q3moe" "deepseek2 deepseek-v2-lite 8 dsv2"}; do
     set -- $spec
     local arch=$1 preset=$2 layers=$3 dir=$M/$4
     [ $(free_gb) -lt 45 ] && rm -rf $M/llama8b $M/llama8b_fp8 $M/qwen8b
     [ -f $dir/decoder-f16.gguf ] || run make_$4 $PDB make-model --arch $arch --preset $preset --layers $layers --seed 11 --out $dir --hf-dtype bf16 --gguf-types f16
     local args="prefill --model $dir/hf --recipe $dir/decoder-f16.gguf --tokens 8192,32768 --reps 2 --chunk 4096 --out $R/bench.jsonl"
-    for way in grouped cudnn cudnn-gather; do
-      PDBRIDGE_MOE_GEMM=$way run bench_$4_$way $PDB bench $args --label $preset-L$layers-moe-$way
+    for way in grouped default; do
+      PDBRIDGE_MOE_GEMM=${way/default/} run bench_$4_$way $PDB bench $args --label $preset-L$layers-moe-$way
     done
-    [ "${PEERS:-1}" = 1 ] && PYTHONUNBUFFERED=1 run torch_$4 python3 $DEV/torch_moe_peer.py $arch $layers
+    [ "${PEERS:-1}" = 1 ] && [ "${MOE_TORCH:-1}" = 1 ] && PYTHONUNBUFFERED=1 run torch_$4 python3 $DEV/torch_moe_peer.py $arch $layers
     rm -rf $dir
   done
 }
@@ -201,21 +202,25 @@ stage_moecudnn() {
 # and Qwen3-30B-A3B's shapes (8 layers) as Q4_K_M; bench prefill from each GGUF (the engine's cache rows, and the
 # recipe's for Q4_K_M), then llama-bench -fa 1 (its binary carried: make_bundle.sh LLAMA_BENCH=1, unpacked under /tmp/lc).
 stage_llamapeer() {
-  local G=$M/llama8b B="--tokens ${GGUF_TOKENS:-8192,32768} --reps 2 --chunk 4096 --modes engine,engine+recipe+frames --out $R/bench_peer.jsonl"
-  local LB="-ngl 99 -fa 1 -b 4096 -ub 2048 -p 8192,32768 -n 0 -r 2 -o md"
+  local G=$M/llama8b-peer B="--tokens ${GGUF_TOKENS:-8192,32768} --reps 2 --chunk 4096 --modes engine,engine+recipe+frames --out $R/bench_peer.jsonl"
+  local LB="-ngl 99 -fa 1 -b 4096 -ub 2048 -p 8192,32768 -n 0 -r 2 -o md" types=${PEER_TYPES:-q4_K_M q8_0 f16}
   [ -x $LC/build/bin/llama-bench ] || ts "no llama-bench here: the peer rows are left out"
   [ $(free_gb) -lt 50 ] && rm -rf $M/qwen8b $M/llama8b_fp8 $M/q3moe $M/dsv2
-  [ -f $G/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $G --hf-dtype bf16 --gguf-types f16
-  rm -rf $G/hf
-  for q in q4_K_M q8_0; do
-    [ -f $G/decoder-$q.gguf ] || run quantize_$q $P/build/llama/bin/llama-quantize $G/decoder-f16.gguf $G/decoder-$q.gguf $(echo $q | tr a-z A-Z) 16
-  done
-  for q in q4_K_M q8_0 f16; do
+  if [[ " $types " == *" f16 "* ]]; then  # an F16 file: from a checkpoint (the disk holds its bf16 and the F16 GGUF)
+    [ -f $G/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $G --hf-dtype bf16 --gguf-types f16
+    rm -rf $G/hf
+    for q in $types; do
+      [ $q = f16 ] || [ -f $G/decoder-$q.gguf ] || run quantize_$q $P/build/llama/bin/llama-quantize $G/decoder-f16.gguf $G/decoder-$q.gguf $(echo $q | tr a-z A-Z) 16
+    done
+  else  # quantized files only: written without a checkpoint, K-quants from a Q8_0 written here
+    run make_llama8b_peer $PDB make-model --arch llama --preset 8b --seed 7 --out $G --no-hf --quantize-from q8_0 --gguf-types ${types// /,}
+  fi
+  for q in $types; do
     run peer_gguf_$q $PDB bench prefill --model $G/decoder-$q.gguf --kv-rows engine --label llama8b-gguf-$q-rows-engine $B
-    [ $q = q4_K_M ] && run peer_gguf_${q}_decoder $PDB bench prefill --model $G/decoder-$q.gguf --label llama8b-gguf-$q-rows-decoder $B
     [ -x $LC/build/bin/llama-bench ] && run llama_bench_$q $LC/build/bin/llama-bench -m $G/decoder-$q.gguf $LB
   done
   rm -rf $G
+  [ "${PEER_MOE:-1}" = 1 ] || return 0
   local Q=$M/qwen30b8
   [ -f $Q/decoder-q4_K_M.gguf ] || run make_qwen30b8 $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 9 --out $Q --no-hf \
     --quantize-from q8_0 --gguf-types q4_K_M

@@ -82,4 +82,48 @@ void GroupedGemm::xwt(const std::vector<GroupedProduct>& products, int64_t in, i
         "grouped gemm");
 }
 
+void GroupedGemm::xwt_padded(const void* x, const void* w, void* y, int64_t cap, int64_t experts, int64_t in, int64_t out, DType y_type,
+                             cudaStream_t s) {
+  if (cap <= 0 || experts <= 0) return;
+  if (in > INT32_MAX || out > INT32_MAX || cap > INT32_MAX || experts > INT32_MAX) throw std::invalid_argument("padded products: dimensions past int32");
+  auto h = static_cast<cublasHandle_t>(handle_);
+  check(cublasSetStream(h, s), "set stream");
+  const cudaDataType_t yt = y_type == DType::F32 ? CUDA_R_32F : y_type == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  const float alpha = 1.0f, beta = 0.0f;
+  check(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(cap), int(in), &alpha, w, CUDA_R_16BF, int(in), in * out, x, CUDA_R_16BF,
+                                   int(in), cap * in, &beta, y, yt, int(out), cap * out, int(experts), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "strided batched gemm");
+}
+
+void GroupedGemm::xwt_chunks(const void* x, const void* w, void* y, const std::vector<int32_t>& chunk_expert, int64_t cap, int64_t in,
+                             int64_t out, DType y_type, cudaStream_t s) {
+  const int64_t n = int64_t(chunk_expert.size());
+  if (n == 0 || cap <= 0) return;
+  if (in > INT32_MAX || out > INT32_MAX || cap > INT32_MAX || n > INT32_MAX) throw std::invalid_argument("chunked products: dimensions past int32");
+  auto h = static_cast<cublasHandle_t>(handle_);
+  check(cublasSetStream(h, s), "set stream");
+  const cudaDataType_t yt = y_type == DType::F32 ? CUDA_R_32F : y_type == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  const size_t ysize = y_type == DType::F32 ? 4 : 2;
+  // The pointer arrays live on the device; their host staging is reused once the last copy has left it.
+  PDB_CUDA_CHECK(cudaEventSynchronize(ptrs_copied_));
+  const size_t bytes = size_t(3 * n) * sizeof(void*);
+  host_ptrs_.resize(bytes);
+  dev_ptrs_.resize(bytes);
+  auto** hp = host_ptrs_.as<void*>();
+  for (int64_t c = 0; c < n; ++c) {
+    hp[c] = static_cast<char*>(const_cast<void*>(w)) + size_t(chunk_expert[size_t(c)]) * size_t(out * in) * 2;
+    hp[n + c] = static_cast<char*>(const_cast<void*>(x)) + size_t(c * cap * in) * 2;
+    hp[2 * n + c] = static_cast<char*>(y) + size_t(c * cap * out) * ysize;
+  }
+  PDB_CUDA_CHECK(cudaMemcpyAsync(dev_ptrs_.get(), hp, bytes, cudaMemcpyHostToDevice, s));
+  PDB_CUDA_CHECK(cudaEventRecord(ptrs_copied_, s));
+  auto** dp = dev_ptrs_.as<void*>();
+  const float alpha = 1.0f, beta = 0.0f;
+  check(cublasGemmBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(cap), int(in), &alpha, const_cast<const void* const*>(dp), CUDA_R_16BF, int(in),
+                            const_cast<const void* const*>(dp + n), CUDA_R_16BF, int(in), &beta, dp + 2 * n, yt, int(out), int(n), CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT),
+        "batched gemm");
+}
+
 }  // namespace pdb::cuda
+

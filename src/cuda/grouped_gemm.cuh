@@ -33,6 +33,13 @@ class GroupedGemm {
   // Every product shares in/out and the types. Products with no rows are left out. PDBRIDGE_MOE_GEMM=loop
   // runs them as one cuBLAS product each, =grouped as one grouped call, whatever the default (the A/B switch).
   void xwt(const std::vector<GroupedProduct>& products, int64_t in, int64_t out, DType y_type, cudaStream_t s);
+  // Every expert's rows padded to `cap` (expert e's at rows [e cap, e cap + cap) of x and y; the padding rows are
+  // computed and never read): one strided batched cuBLAS product over all experts, weights [experts x out x in].
+  void xwt_padded(const void* x, const void* w, void* y, int64_t cap, int64_t experts, int64_t in, int64_t out, DType y_type, cudaStream_t s);
+  // The rows in chunks of `cap` (model/moe_padding.h): chunk c is rows [c cap, c cap + cap) of x and y, multiplied by
+  // the weights of expert chunk_expert[c] (w + e out in, bf16). One batched cuBLAS product over every chunk.
+  void xwt_chunks(const void* x, const void* w, void* y, const std::vector<int32_t>& chunk_expert, int64_t cap, int64_t in, int64_t out,
+                  DType y_type, cudaStream_t s);
 
  private:
   void* handle_ = nullptr;

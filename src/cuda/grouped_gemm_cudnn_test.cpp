@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -17,6 +19,7 @@
 #include "cuda/grouped_gemm.cuh"
 #include "cuda/grouped_gemm_cudnn.h"
 #include "cuda/kernel_test_support.h"
+#include "model/moe_padding.h"
 #endif
 
 namespace pdb {
@@ -93,10 +96,12 @@ TEST(CudaGroupedGemm, CudnnMatchesEachExpertsF64Product) {
   }
 }
 
-// Same run, same inputs: the expert products of one MoE layer (gate|up then down) for a 4096-token chunk, routed
-// uniformly at random, through cuBLAS's grouped call, one cuBLAS product per expert, and cuDNN (grouped rows, and
-// reading the tokens through the index). Shapes: Qwen3-30B-A3B (128 experts, top 8, 2048 -> 2 x 768) and
-// DeepSeek-V2-Lite (64, top 6, 2048 -> 2 x 1408). Opt-in (PDBRIDGE_BENCH_MOE=1); JSON lines to PDBRIDGE_BENCH_OUT.
+// Same run, same inputs: the expert products of one MoE layer (gate|up then down) for a 4096-token chunk through
+// cuBLAS's grouped call, one cuBLAS product per expert, one strided batched product over experts padded to the
+// largest one's rows, and cuDNN (grouped rows, and reading the tokens through the index). Routing: uniform at random,
+// then skewed (expert e drawn with weight (e+1)^-0.6: the largest expert ~3x the mean). Shapes: Qwen3-30B-A3B (128
+// experts, top 8, 2048 -> 2 x 768) and DeepSeek-V2-Lite (64, top 6, 2048 -> 2 x 1408). TFLOP/s count the routed
+// rows only. Opt-in (PDBRIDGE_BENCH_MOE=1); JSON lines to PDBRIDGE_BENCH_OUT.
 TEST(CudaGroupedGemmBench, CublasAndCudnnSameRun) {
   if (!std::getenv("PDBRIDGE_BENCH_MOE")) GTEST_SKIP() << "a benchmark: PDBRIDGE_BENCH_MOE=1 runs it";
   SKIP_WITHOUT_GPU_AND_CUDNN();
@@ -104,31 +109,45 @@ TEST(CudaGroupedGemmBench, CublasAndCudnnSameRun) {
   if (const char* p = std::getenv("PDBRIDGE_BENCH_OUT")) jout.open(p, std::ios::app);
   struct Shape { const char* name; int64_t E, k, H, F; };
   const int64_t T = 4096;
-  for (const Shape sh : {Shape{"qwen3-30b-a3b", 128, 8, 2048, 768}, Shape{"deepseek-v2-lite", 64, 6, 2048, 1408}}) {
+  for (const Shape sh : {Shape{"qwen3-30b-a3b", 128, 8, 2048, 768}, Shape{"deepseek-v2-lite", 64, 6, 2048, 1408}})
+  for (const bool skewed : {false, true}) {
     const int64_t g = T * sh.k;
+    std::vector<double> cdf;
+    for (int64_t e = 0; e < sh.E; ++e) cdf.push_back((cdf.empty() ? 0.0 : cdf.back()) + (skewed ? std::pow(double(e + 1), -0.6) : 1.0));
     std::vector<int64_t> counts(size_t(sh.E), 0);
     std::vector<int32_t> index;  // token of each grouped row, expert after expert
     std::vector<std::vector<int32_t>> by_expert(size_t(sh.E));
     for (int64_t t = 0; t < T; ++t) {
       std::vector<int64_t> picks;
       while (int64_t(picks.size()) < sh.k) {
-        const int64_t e = int64_t(rng()() % uint32_t(sh.E));
+        const double u = double(rng()()) / 4294967296.0 * cdf.back();
+        const int64_t e = std::min<int64_t>(sh.E - 1, std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
         if (std::find(picks.begin(), picks.end(), e) == picks.end()) picks.push_back(e);
       }
       for (int64_t e : picks) by_expert[size_t(e)].push_back(int32_t(t));
     }
     std::vector<int32_t> first;
+    int64_t largest = 0;
     for (int64_t e = 0; e < sh.E; ++e) {
       first.push_back(int32_t(index.size()));
       counts[size_t(e)] = int64_t(by_expert[size_t(e)].size());
+      largest = std::max(largest, counts[size_t(e)]);
       index.insert(index.end(), by_expert[size_t(e)].begin(), by_expert[size_t(e)].end());
     }
+    const int64_t cap = (largest + 63) / 64 * 64;
+    std::vector<int32_t> counts32(counts.begin(), counts.end());
+    const PaddedExperts pad = pad_experts(counts32.data(), sh.E, INT32_MAX, 1);
+    const char* routing = skewed ? "skewed" : "uniform";
+    std::printf("MOE BENCH %s %s routing: %lld rows, largest expert %lld (mean %.0f), padded to %lld: %.0f%% padding; chunks of %lld: %.0f%%\n",
+                sh.name, routing, (long long)g, (long long)largest, double(g) / double(sh.E), (long long)cap, 100.0 * (double(cap * sh.E) / double(g) - 1),
+                (long long)pad.cap, 100.0 * (double(pad.rows) / double(g) - 1));
     auto dx = to_device_bf16(randn(size_t(T * sh.H)));
-    auto dxg = to_device_bf16(randn(size_t(g * sh.H)));
+    auto dxg = to_device_bf16(randn(size_t(std::max(g, cap * sh.E) * sh.H)));
     auto dgu = to_device_bf16(randn(size_t(sh.E * 2 * sh.F * sh.H), 0.02f));
     auto ddown = to_device_bf16(randn(size_t(sh.E * sh.H * sh.F), 0.02f));
-    auto dact = to_device_bf16(randn(size_t(g * sh.F)));
-    cuda::DeviceBuffer dy1(size_t(g * 2 * sh.F) * 2), dy2(size_t(g * sh.H) * 2), dfirst(first.size() * 4), dindex(index.size() * 4);
+    auto dact = to_device_bf16(randn(size_t(std::max(g, cap * sh.E) * sh.F)));
+    const int64_t ymax = std::max(g, cap * sh.E);
+    cuda::DeviceBuffer dy1(size_t(ymax * 2 * sh.F) * 2), dy2(size_t(ymax * sh.H) * 2), dfirst(first.size() * 4), dindex(index.size() * 4);
     dfirst.upload(first.data(), first.size() * 4);
     dindex.upload(index.data(), index.size() * 4);
     const double flops = 2.0 * double(g) * double(sh.H) * double(2 * sh.F) + 2.0 * double(g) * double(sh.F) * double(sh.H);
@@ -142,6 +161,16 @@ TEST(CudaGroupedGemmBench, CublasAndCudnnSameRun) {
                                     {g, sh.E, sh.F, sh.H, 0}, nullptr);
         return;
       }
+      if (way == "chunks") {  // the engine's default: model/moe_padding.h's chunks, one batched product each
+        grouped.xwt_chunks(dxg.get(), dgu.get(), dy1.get(), pad.chunk_expert, pad.cap, sh.H, 2 * sh.F, cuda::DType::BF16, nullptr);
+        grouped.xwt_chunks(dact.get(), ddown.get(), dy2.get(), pad.chunk_expert, pad.cap, sh.F, sh.H, cuda::DType::BF16, nullptr);
+        return;
+      }
+      if (way == "padded") {
+        grouped.xwt_padded(dxg.get(), dgu.get(), dy1.get(), cap, sh.E, sh.H, 2 * sh.F, cuda::DType::BF16, nullptr);
+        grouped.xwt_padded(dact.get(), ddown.get(), dy2.get(), cap, sh.E, sh.F, sh.H, cuda::DType::BF16, nullptr);
+        return;
+      }
       std::vector<cuda::GroupedProduct> up(size_t(sh.E)), down(size_t(sh.E));
       for (int64_t e = 0; e < sh.E; ++e) {
         const int64_t off = first[size_t(e)], n = counts[size_t(e)];
@@ -152,12 +181,12 @@ TEST(CudaGroupedGemmBench, CublasAndCudnnSameRun) {
       gg.xwt(up, sh.H, 2 * sh.F, cuda::DType::BF16, nullptr);
       gg.xwt(down, sh.F, sh.H, cuda::DType::BF16, nullptr);
     };
-    for (const std::string way : {"grouped", "loop", "cudnn", "cudnn-gather"}) {
+    for (const std::string way : {"grouped", "loop", "padded", "chunks", "cudnn", "cudnn-gather"}) {
       try {
         run(way);
         run(way);
       } catch (const std::exception& e) {
-        std::printf("MOE BENCH %s %s: refused: %s\n", sh.name, way.c_str(), e.what());
+        std::printf("MOE BENCH %s %s %s: refused: %s\n", sh.name, routing, way.c_str(), e.what());
         continue;
       }
       PDB_CUDA_CHECK(cudaDeviceSynchronize());
@@ -174,10 +203,10 @@ TEST(CudaGroupedGemmBench, CublasAndCudnnSameRun) {
       cudaEventDestroy(a);
       cudaEventDestroy(b);
       const double ms = t / reps, tf = flops / (ms * 1e-3) / 1e12;
-      std::printf("MOE BENCH %s %s: %.3f ms per layer's expert products, %.0f TFLOP/s%s\n", sh.name, way.c_str(), ms, tf,
+      std::printf("MOE BENCH %s %s %s: %.3f ms per layer's expert products, %.0f TFLOP/s%s\n", sh.name, routing, way.c_str(), ms, tf,
                   way.rfind("cudnn", 0) == 0 ? (" (" + cuda::cudnn_moe_stats().last_engine + ")").c_str() : "");
       if (jout)
-        jout << "{\"bench\":\"moe_products\",\"shape\":\"" << sh.name << "\",\"tokens\":" << T << ",\"way\":\"" << way << "\",\"ms\":" << ms
+        jout << "{\"bench\":\"moe_products\",\"shape\":\"" << sh.name << "\",\"routing\":\"" << routing << "\",\"tokens\":" << T << ",\"way\":\"" << way << "\",\"ms\":" << ms
              << ",\"tflops\":" << tf << ",\"device\":\"" << cuda::device_summary() << "\"}\n";
     }
   }

@@ -150,6 +150,14 @@ void moe_group(const int32_t* experts, int64_t rows, int n_used, int n_expert, i
   PDB_CUDA_LAUNCHED();
 }
 
+void moe_place(const int32_t* experts, int64_t rows, int n_used, int n_expert, const int32_t* offsets, int32_t* slot_of, int32_t* token_of,
+               cudaStream_t s) {
+  if (rows <= 0) return;
+  if (n_expert > kMaxExperts) throw std::invalid_argument("moe_place: more than 256 experts");
+  place_kernel<<<unsigned(n_expert), 1024, 0, s>>>(experts, rows * n_used, n_used, offsets, slot_of, token_of);
+  PDB_CUDA_LAUNCHED();
+}
+
 void gather_rows(const __nv_bfloat16* x, const int32_t* token_of, int64_t grouped_rows, int64_t dim, __nv_bfloat16* xg, cudaStream_t s) {
   if (grouped_rows <= 0) return;
   if (dim % 8) throw std::invalid_argument("gather_rows: dim must be a multiple of 8");

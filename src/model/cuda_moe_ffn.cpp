@@ -1,5 +1,7 @@
 #include "model/cuda_moe_ffn.h"
 
+#include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <stdexcept>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "formats/hf_config.h"
 #include "model/cuda_blocks.h"
 #include "model/cuda_engine_load.h"
+#include "model/moe_padding.h"
 #include "model/tensor_parallel.h"
 
 namespace pdb {
@@ -71,24 +74,27 @@ CudaMoeWeights load_cuda_moe(const CudaLoad& ld, int64_t layer, const std::strin
   return w;
 }
 
+// The grouped rows are padded at most this much (model/moe_padding.h) before the grouped products run instead.
+constexpr int64_t kPadNum = 3, kPadDen = 2;
+
 size_t CudaMoeFfn::bytes_for(const HfConfig& c, int64_t rows) {
-  const int64_t E = c.num_experts, k = c.num_experts_per_tok, H = c.hidden_size, F = c.moe_intermediate_size, g = padded_rows(rows * k);
-  return size_t(rows * E) * 4 + size_t(g) * (4 + 4 + 4 + 4) + size_t(E) * 8 + size_t(g) * size_t(H * 2 + 2 * F * 2 + F * 2 + H * 2);
+  const int64_t E = c.num_experts, k = c.num_experts_per_tok, H = c.hidden_size, F = c.moe_intermediate_size;
+  const int64_t g = std::max(padded_rows(rows * k), rows * k * kPadNum / kPadDen + 1);
+  return size_t(rows * E) * 4 + size_t(g) * (4 + 4 + 4 + 4) + size_t(E) * 12 + size_t(g) * size_t(H * 2 + 2 * F * 2 + F * 2 + H * 2);
 }
 
 size_t CudaMoeFfn::scratch_bytes() const {
-  return logits_.bytes() + experts_.bytes() + weights_.bytes() + counts_.bytes() + offsets_.bytes() + slot_of_.bytes() + token_of_.bytes() +
-         xg_.bytes() + gu_.bytes() + act_.bytes() + y_.bytes();
+  return logits_.bytes() + experts_.bytes() + weights_.bytes() + counts_.bytes() + offsets_.bytes() + pad_offsets_.bytes() + slot_of_.bytes() +
+         token_of_.bytes() + xg_.bytes() + gu_.bytes() + act_.bytes() + y_.bytes();
 }
 
 // cuDNN's plans are per row count: the grouped rows are padded to a multiple of 256 (the padding rows are computed
 // as the last expert's and never read), so a prompt's ragged last chunk rarely needs a plan of its own.
 int64_t CudaMoeFfn::padded_rows(int64_t g) { return (g + 255) / 256 * 256; }
 
-bool CudaMoeFfn::use_cudnn(bool& gather) {
-  const std::string choice = Tuning::from_env().moe_gemm;
+bool CudaMoeFfn::use_cudnn(const std::string& choice, bool& gather) {
   gather = choice == "cudnn-gather";
-  if (!(choice.empty() || choice == "cudnn" || gather) || !cudnn_refused_.empty()) return false;
+  if (!(choice == "cudnn" || gather) || !cudnn_refused_.empty()) return false;
   std::string why;
   if (cuda::cudnn_available(&why)) return true;
   cudnn_refused_ = why;
@@ -120,19 +126,54 @@ void CudaMoeFfn::forward(const CudaMoeWeights& w, const bf16* x, int64_t rows, f
   cuda::moe_route(logits_.as<float>(), experts_.as<int32_t>(), weights_.as<float>(), ra, s);
   cuda::moe_group(experts_.as<int32_t>(), rows, int(k), int(E), counts_.as<int32_t>(), offsets_.as<int32_t>(), slot_of_.as<int32_t>(),
                   token_of_.as<int32_t>(), s);
+  const std::string choice = Tuning::from_env().moe_gemm;
   bool gather = false;
-  if (use_cudnn(gather)) {
+  if (use_cudnn(choice, gather)) {
     try {
       experts_cudnn(w, x, rows, gather, s);
+      last_way_ = gather ? "cudnn-gather" : "cudnn";
       cuda::moe_combine(y_.as<bf16>(), slot_of_.as<int32_t>(), weights_.as<float>(), rows, int(k), H, h, s);
       return;
     } catch (const std::runtime_error& e) {
       cudnn_refused_ = e.what();
-      std::fprintf(stderr, "MoE products: cuDNN's grouped matmul refused (%s); cuBLAS's grouped products run instead\n", e.what());
+      std::fprintf(stderr, "MoE products: cuDNN's grouped matmul refused (%s); cuBLAS's products run instead\n", e.what());
     }
   }
-  experts_cublas(w, x, rows, s);
+  // cuBLAS takes the group sizes (and the chunks' pointers) on the host: one small synchronizing download
+  PDB_CUDA_CHECK(cudaMemcpyAsync(counts_host_.as<int32_t>(), counts_.get(), size_t(E) * 4, cudaMemcpyDeviceToHost, s));
+  PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+  PaddedExperts pad;
+  if (choice.empty()) pad = pad_experts(counts_host_.as<int32_t>(), E, kPadNum, kPadDen);
+  if (choice == "padded") pad = pad_experts(counts_host_.as<int32_t>(), E, INT32_MAX, 1);
+  if (pad.cap > 0) {
+    experts_padded(w, x, rows, pad, s);
+    last_way_ = "padded";
+  } else {
+    experts_cublas(w, x, rows, s);
+    last_way_ = choice == "loop" ? "loop" : "grouped";
+  }
   cuda::moe_combine(y_.as<bf16>(), slot_of_.as<int32_t>(), weights_.as<float>(), rows, int(k), H, h, s);
+}
+
+// The rows placed again at padded offsets (every expert's rows in whole chunks), then one batched product over the
+// chunks for gate|up and one for down; the padding rows read token 0 and are never read back.
+void CudaMoeFfn::experts_padded(const CudaMoeWeights& w, const bf16* x, int64_t rows, const PaddedExperts& pad, cudaStream_t s) {
+  const int64_t E = w.n_expert, H = w.hidden, F = w.ff, R = pad.rows;
+  token_of_.resize(size_t(R) * 4);
+  xg_.resize(size_t(R * H) * 2);
+  gu_.resize(size_t(R * 2 * F) * 2);
+  act_.resize(size_t(R * F) * 2);
+  y_.resize(size_t(R * H) * 2);
+  pad_offsets_.resize(size_t(E) * 4);
+  pad_offsets_host_.resize(size_t(E) * 4);
+  std::copy(pad.offsets.begin(), pad.offsets.end(), pad_offsets_host_.as<int32_t>());
+  PDB_CUDA_CHECK(cudaMemcpyAsync(pad_offsets_.get(), pad_offsets_host_.as<int32_t>(), size_t(E) * 4, cudaMemcpyHostToDevice, s));
+  PDB_CUDA_CHECK(cudaMemsetAsync(token_of_.get(), 0, size_t(R) * 4, s));
+  cuda::moe_place(experts_.as<int32_t>(), rows, int(w.n_used), int(E), pad_offsets_.as<int32_t>(), slot_of_.as<int32_t>(), token_of_.as<int32_t>(), s);
+  cuda::gather_rows(x, token_of_.as<int32_t>(), R, H, xg_.as<bf16>(), s);
+  grouped_.xwt_chunks(xg_.get(), w.gu.get(), gu_.get(), pad.chunk_expert, pad.cap, H, 2 * F, cuda::DType::BF16, s);
+  cuda::swiglu_rows(gu_.as<bf16>(), act_.as<bf16>(), R, F, s);
+  grouped_.xwt_chunks(act_.get(), w.down.get(), y_.get(), pad.chunk_expert, pad.cap, F, H, cuda::DType::BF16, s);
 }
 
 // gate|up, SwiGLU, down through cuDNN: the experts' first rows stay on the device (no download, no sync).
@@ -151,12 +192,10 @@ void CudaMoeFfn::experts_cudnn(const CudaMoeWeights& w, const bf16* x, int64_t r
   cuda::moe_grouped_xwt_cudnn(act_.as<bf16>(), nullptr, w.down.as<bf16>(), first, y_.as<bf16>(), down, s);
 }
 
-// The same through cuBLAS (grouped_gemm.cuh), whose group sizes are host arrays: one small synchronizing download.
+// The same through cuBLAS's grouped call (or one product per expert), its group sizes the downloaded counts.
 void CudaMoeFfn::experts_cublas(const CudaMoeWeights& w, const bf16* x, int64_t rows, cudaStream_t s) {
   const int64_t E = w.n_expert, H = w.hidden, F = w.ff, g = rows * w.n_used;
   cuda::gather_rows(x, token_of_.as<int32_t>(), g, H, xg_.as<bf16>(), s);
-  PDB_CUDA_CHECK(cudaMemcpyAsync(counts_host_.as<int32_t>(), counts_.get(), size_t(E) * 4, cudaMemcpyDeviceToHost, s));
-  PDB_CUDA_CHECK(cudaStreamSynchronize(s));
   const int32_t* cnt = counts_host_.as<int32_t>();
   std::vector<cuda::GroupedProduct> up(static_cast<size_t>(E)), down(static_cast<size_t>(E));
   int64_t off = 0;

@@ -14,6 +14,7 @@
 #include "cuda/gemm.cuh"
 #include "cuda/grouped_gemm.cuh"
 #include "model/cuda_weights.h"
+#include "model/moe_padding.h"
 
 namespace pdb {
 
@@ -39,24 +40,30 @@ class CudaMoeFfn {
  public:
   // Device bytes the block's scratch needs for `rows` tokens (beyond the weights).
   static size_t bytes_for(const HfConfig& c, int64_t rows);
-  // h[rows x hidden] += MoE(x[rows x hidden] bf16). The expert products run through cuDNN's MoE grouped matmul
-  // where it loads (PDBRIDGE_MOE_GEMM=cudnn, the default; =cudnn-gather reads x's rows through the grouping's index
-  // instead of a gathered copy), else through cuBLAS (=grouped or =loop, and where cuDNN refuses: said once), which
-  // downloads the expert counts (one small synchronizing copy: cuBLAS takes its group sizes on the host).
+  // h[rows x hidden] += MoE(x[rows x hidden] bf16). The expert products (PDBRIDGE_MOE_GEMM): by default one batched
+  // cuBLAS product over the experts' rows padded into equal chunks (model/moe_padding.h), or cuBLAS's grouped call
+  // where that would pad the rows by more than half; =padded always pads, =grouped and =loop never (one grouped call,
+  // one product per expert); all download the expert counts (one small synchronizing copy: cuBLAS takes its sizes on
+  // the host). =cudnn (=cudnn-gather: x read through the grouping's index) runs cuDNN's MoE grouped matmul, which
+  // keeps the counts on the device; where cuDNN refuses (cuDNN 9.19 on the H200 has no such descriptor), said once,
+  // cuBLAS's products run.
   void forward(const CudaMoeWeights& w, const __nv_bfloat16* x, int64_t rows, float* h, cuda::Gemm& gemm, cudaStream_t s);
   size_t scratch_bytes() const;
   static int64_t padded_rows(int64_t grouped_rows);
   const std::string& cudnn_refused() const { return cudnn_refused_; }  // empty while cuDNN's products run
+  const std::string& last_way() const { return last_way_; }            // how the last forward ran its products
 
  private:
-  bool use_cudnn(bool& gather);
+  bool use_cudnn(const std::string& choice, bool& gather);
   void experts_cudnn(const CudaMoeWeights& w, const __nv_bfloat16* x, int64_t rows, bool gather, cudaStream_t s);
   void experts_cublas(const CudaMoeWeights& w, const __nv_bfloat16* x, int64_t rows, cudaStream_t s);
+  void experts_padded(const CudaMoeWeights& w, const __nv_bfloat16* x, int64_t rows, const PaddedExperts& pad, cudaStream_t s);
 
   cuda::GroupedGemm grouped_;
   std::string cudnn_refused_;  // why cuDNN's products are not used (empty: they are, where chosen)
-  cuda::DeviceBuffer logits_, experts_, weights_, counts_, offsets_, slot_of_, token_of_, xg_, gu_, act_, y_;
-  cuda::PinnedBuffer counts_host_;
+  std::string last_way_;
+  cuda::DeviceBuffer logits_, experts_, weights_, counts_, offsets_, pad_offsets_, slot_of_, token_of_, xg_, gu_, act_, y_;
+  cuda::PinnedBuffer counts_host_, pad_offsets_host_;
 };
 
 }  // namespace pdb
