@@ -178,16 +178,17 @@ stage_cudnnmoe() {
 # Issue 36's expert products: the MoE kernels' and engines' GPU tests, the products alone every way (the unit bench:
 # cuBLAS grouped, per expert, strided batched, padded chunks, cuDNN; then PyTorch's grouped_mm at the same shapes),
 # then Qwen3-30B-A3B and DeepSeek-V2-Lite shapes (8 layers) with PDBRIDGE_MOE_GEMM=grouped against the default
-# (padded chunks), same run.
+# (padded chunks), same run. MOE_ONLY=q3moe (or dsv2) runs one of the two shapes; MOE_TORCH=0 leaves PyTorch out.
 stage_moecudnn() {
   make_test_models
   run unit_moecudnn timeout 240 $P/build/tests/unit_tests --gtest_filter='CudaGroupedGemm*:CudaKernels.Moe*:MoePadding*'
   run moe_alone env PDBRIDGE_BENCH_MOE=1 PDBRIDGE_BENCH_OUT=$R/moe.jsonl timeout 240 $P/build/tests/unit_tests --gtest_filter='CudaGroupedGemmBench*'
   [ "${PEERS:-1}" = 1 ] && PYTHONUNBUFFERED=1 run torch_grouped_mm python3 $DEV/torch_grouped_mm_peer.py
   run integration_moecudnn timeout 420 $P/build/tests/integration_tests --gtest_filter='CudaEngine.ForwardTracks*:CudaEngine.FromTheGguf*'
-  for spec in ${MOE_SPECS:-"qwen3moe qwen3-30b-a3b 8 q3moe" "deepseek2 deepseek-v2-lite 8 dsv2"}; do
+  for spec in "qwen3moe qwen3-30b-a3b 8 q3moe" "deepseek2 deepseek-v2-lite 8 dsv2"; do
     set -- $spec
     local arch=$1 preset=$2 layers=$3 dir=$M/$4
+    [ -n "${MOE_ONLY:-}" ] && [ "$4" != "$MOE_ONLY" ] && continue
     [ $(free_gb) -lt 45 ] && rm -rf $M/llama8b $M/llama8b_fp8 $M/qwen8b
     [ -f $dir/decoder-f16.gguf ] || run make_$4 $PDB make-model --arch $arch --preset $preset --layers $layers --seed 11 --out $dir --hf-dtype bf16 --gguf-types f16
     local args="prefill --model $dir/hf --recipe $dir/decoder-f16.gguf --tokens 8192,32768 --reps 2 --chunk 4096 --out $R/bench.jsonl"

@@ -85,6 +85,9 @@ TEST(CudaGroupedGemm, CudnnMatchesEachExpertsF64Product) {
       cuda::moe_grouped_xwt_cudnn(dx.as<__nv_bfloat16>(), gather ? dindex.as<int32_t>() : nullptr, dw.as<__nv_bfloat16>(), dfirst.as<int32_t>(),
                                   dy.as<__nv_bfloat16>(), s, nullptr);
     } catch (const std::exception& e) {
+      // A cuDNN without the operation (9.19 as PyTorch ships it, on the H200: the descriptor type is unknown to it)
+      // is a missing peer, not a wrong result; anything else fails.
+      if (std::string(e.what()).find("creating a descriptor failed") != std::string::npos) GTEST_SKIP() << "this cuDNN has no MoE grouped matmul: " << e.what();
       ADD_FAILURE() << (gather ? "gather: " : "grouped rows: ") << e.what();
       continue;
     }

@@ -16,8 +16,12 @@ struct PaddedExperts {
   std::vector<int32_t> chunk_expert;  // [rows / cap]: the expert whose weights each chunk multiplies
 };
 
-// The chunk size (a multiple of 64 from 128 to the largest expert's rows, rounded up) that pads least, larger on a
-// tie (fewer, larger products); not worth it (cap 0) where the padding would more than double the rows.
+// The chunk size (a multiple of 64 from 128 to the largest expert's rows, rounded up) whose products cost least:
+// rows x (cap + 16) / cap, the padded rows with smaller products' lower rate (fitted to the H200: chunks of 128 rows
+// ran 7.6% slower than chunks of 320 at 1% fewer rows); not worth it (cap 0) where the padding would multiply the
+// routed rows by more than max_ratio_num / max_ratio_den.
+inline int64_t padded_cost(int64_t rows, int64_t cap) { return rows * (cap + 16) / cap; }
+
 inline PaddedExperts pad_experts(const int32_t* counts, int64_t experts, int64_t max_ratio_num = 2, int64_t max_ratio_den = 1) {
   PaddedExperts p;
   int64_t routed = 0, largest = 0;
@@ -31,7 +35,7 @@ inline PaddedExperts pad_experts(const int32_t* counts, int64_t experts, int64_t
   for (int64_t cap = 128; cap <= (top > 128 ? top : 128); cap += 64) {
     int64_t rows = 0;
     for (int64_t e = 0; e < experts; ++e) rows += (counts[e] + cap - 1) / cap * cap;
-    if (best_cap == 0 || rows <= best_rows) {
+    if (best_cap == 0 || padded_cost(rows, cap) <= padded_cost(best_rows, best_cap)) {
       best_cap = cap;
       best_rows = rows;
     }
