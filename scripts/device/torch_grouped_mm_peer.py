@@ -3,13 +3,15 @@
 # chunk routed uniformly at random (Qwen3-30B-A3B: 128 experts top 8, 2048 -> 2 x 768; DeepSeek-V2-Lite: 64 top 6,
 # 2048 -> 2 x 1408), bf16, CUDA events, 20 timed reps after warm-ups. Prints one line per shape:
 #   TORCH-GROUPED-MM <shape> ms=<per layer> tflops=<x>
-# Usage (device): python3 .dev/torch_grouped_mm_peer.py
+# Usage (device): python3 .dev/torch_grouped_mm_peer.py [tokens per chunk, comma separated; default 4096]
+import sys
+
 import torch
 
 print("torch", torch.__version__, torch.cuda.get_device_name(0), flush=True)
 gmm = getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm")
-T = 4096
-for name, E, k, H, F in [("qwen3-30b-a3b", 128, 8, 2048, 768), ("deepseek-v2-lite", 64, 6, 2048, 1408)]:
+for T, (name, E, k, H, F) in [(int(t), s) for t in (sys.argv[1] if len(sys.argv) > 1 else "4096").split(",")
+                               for s in [("qwen3-30b-a3b", 128, 8, 2048, 768), ("deepseek-v2-lite", 64, 6, 2048, 1408)]]:
     g = T * k
     picks = torch.rand(T, E, device="cuda").topk(k, dim=1).indices.flatten()
     counts = torch.bincount(picks, minlength=E)
@@ -33,4 +35,4 @@ for name, E, k, H, F in [("qwen3-30b-a3b", 128, 8, 2048, 768), ("deepseek-v2-lit
     torch.cuda.synchronize()
     ms = s.elapsed_time(e) / 20
     flops = 2.0 * g * H * 2 * F + 2.0 * g * F * H
-    print(f"TORCH-GROUPED-MM {name} ms={ms:.3f} tflops={flops / (ms * 1e-3) / 1e12:.0f}", flush=True)
+    print(f"TORCH-GROUPED-MM T={T} {name} ms={ms:.3f} tflops={flops / (ms * 1e-3) / 1e12:.0f}", flush=True)

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "cuda/device.h"
 #include "numerics/reference_ops.h"
@@ -99,21 +100,34 @@ TEST(CudaGroupedGemm, CudnnMatchesEachExpertsF64Product) {
   }
 }
 
-// Same run, same inputs: the expert products of one MoE layer (gate|up then down) for a 4096-token chunk through
+// Same run, same inputs: the expert products of one MoE layer (gate|up then down) for a chunk of tokens through
 // cuBLAS's grouped call, one cuBLAS product per expert, one strided batched product over experts padded to the
 // largest one's rows, and cuDNN (grouped rows, and reading the tokens through the index). Routing: uniform at random,
 // then skewed (expert e drawn with weight (e+1)^-0.6: the largest expert ~3x the mean). Shapes: Qwen3-30B-A3B (128
 // experts, top 8, 2048 -> 2 x 768) and DeepSeek-V2-Lite (64, top 6, 2048 -> 2 x 1408). TFLOP/s count the routed
-// rows only. Opt-in (PDBRIDGE_BENCH_MOE=1); JSON lines to PDBRIDGE_BENCH_OUT.
+// rows only. Opt-in (PDBRIDGE_BENCH_MOE=1); the chunk's tokens in PDBRIDGE_BENCH_MOE_T (default 4096, the engine's
+// chunk; comma separated), the ways in PDBRIDGE_BENCH_MOE_WAYS; JSON lines to PDBRIDGE_BENCH_OUT.
 TEST(CudaGroupedGemmBench, CublasAndCudnnSameRun) {
   if (!std::getenv("PDBRIDGE_BENCH_MOE")) GTEST_SKIP() << "a benchmark: PDBRIDGE_BENCH_MOE=1 runs it";
   SKIP_WITHOUT_GPU_AND_CUDNN();
   std::ofstream jout;
   if (const char* p = std::getenv("PDBRIDGE_BENCH_OUT")) jout.open(p, std::ios::app);
   struct Shape { const char* name; int64_t E, k, H, F; };
-  const int64_t T = 4096;
+  auto list = [](const char* env, const char* fallback) {
+    std::vector<std::string> v;
+    std::string s = std::getenv(env) ? std::getenv(env) : fallback;
+    for (size_t at = 0; at <= s.size();) {
+      const size_t comma = std::min(s.find(',', at), s.size());
+      if (comma > at) v.push_back(s.substr(at, comma - at));
+      at = comma + 1;
+    }
+    return v;
+  };
+  const auto ways = list("PDBRIDGE_BENCH_MOE_WAYS", "grouped,loop,padded,chunks,cudnn,cudnn-gather");
+  for (const std::string& tokens : list("PDBRIDGE_BENCH_MOE_T", "4096"))  // the chunk's tokens (the engine's --chunk)
   for (const Shape sh : {Shape{"qwen3-30b-a3b", 128, 8, 2048, 768}, Shape{"deepseek-v2-lite", 64, 6, 2048, 1408}})
   for (const bool skewed : {false, true}) {
+    const int64_t T = std::stoll(tokens);
     const int64_t g = T * sh.k;
     std::vector<double> cdf;
     for (int64_t e = 0; e < sh.E; ++e) cdf.push_back((cdf.empty() ? 0.0 : cdf.back()) + (skewed ? std::pow(double(e + 1), -0.6) : 1.0));
@@ -141,8 +155,8 @@ TEST(CudaGroupedGemmBench, CublasAndCudnnSameRun) {
     std::vector<int32_t> counts32(counts.begin(), counts.end());
     const PaddedExperts pad = pad_experts(counts32.data(), sh.E, INT32_MAX, 1);
     const char* routing = skewed ? "skewed" : "uniform";
-    std::printf("MOE BENCH %s %s routing: %lld rows, largest expert %lld (mean %.0f), padded to %lld: %.0f%% padding; chunks of %lld: %.0f%%\n",
-                sh.name, routing, (long long)g, (long long)largest, double(g) / double(sh.E), (long long)cap, 100.0 * (double(cap * sh.E) / double(g) - 1),
+    std::printf("MOE BENCH T=%lld %s %s routing: %lld rows, largest expert %lld (mean %.0f), padded to %lld: %.0f%% padding; chunks of %lld: %.0f%%\n",
+                (long long)T, sh.name, routing, (long long)g, (long long)largest, double(g) / double(sh.E), (long long)cap, 100.0 * (double(cap * sh.E) / double(g) - 1),
                 (long long)pad.cap, 100.0 * (double(pad.rows) / double(g) - 1));
     auto dx = to_device_bf16(randn(size_t(T * sh.H)));
     auto dxg = to_device_bf16(randn(size_t(std::max(g, cap * sh.E) * sh.H)));
@@ -184,12 +198,12 @@ TEST(CudaGroupedGemmBench, CublasAndCudnnSameRun) {
       gg.xwt(up, sh.H, 2 * sh.F, cuda::DType::BF16, nullptr);
       gg.xwt(down, sh.F, sh.H, cuda::DType::BF16, nullptr);
     };
-    for (const std::string way : {"grouped", "loop", "padded", "chunks", "cudnn", "cudnn-gather"}) {
+    for (const std::string& way : ways) {
       try {
         run(way);
         run(way);
       } catch (const std::exception& e) {
-        std::printf("MOE BENCH %s %s %s: refused: %s\n", sh.name, routing, way.c_str(), e.what());
+        std::printf("MOE BENCH T=%lld %s %s %s: refused: %s\n", (long long)T, sh.name, routing, way.c_str(), e.what());
         continue;
       }
       PDB_CUDA_CHECK(cudaDeviceSynchronize());
@@ -206,7 +220,7 @@ TEST(CudaGroupedGemmBench, CublasAndCudnnSameRun) {
       cudaEventDestroy(a);
       cudaEventDestroy(b);
       const double ms = t / reps, tf = flops / (ms * 1e-3) / 1e12;
-      std::printf("MOE BENCH %s %s %s: %.3f ms per layer's expert products, %.0f TFLOP/s%s\n", sh.name, routing, way.c_str(), ms, tf,
+      std::printf("MOE BENCH T=%lld %s %s %s: %.3f ms per layer's expert products, %.0f TFLOP/s%s\n", (long long)T, sh.name, routing, way.c_str(), ms, tf,
                   way.rfind("cudnn", 0) == 0 ? (" (" + cuda::cudnn_moe_stats().last_engine + ")").c_str() : "");
       if (jout)
         jout << "{\"bench\":\"moe_products\",\"shape\":\"" << sh.name << "\",\"routing\":\"" << routing << "\",\"tokens\":" << T << ",\"way\":\"" << way << "\",\"ms\":" << ms
