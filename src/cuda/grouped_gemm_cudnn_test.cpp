@@ -24,14 +24,6 @@
 #endif
 
 namespace pdb {
-namespace {
-
-#define SKIP_WITHOUT_GPU_AND_CUDNN()                                     \
-  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary(); \
-  if (std::string why; !cuda::cudnn_available(&why)) GTEST_SKIP() << why
-
-}  // namespace
-
 #ifdef PDBRIDGE_HAVE_CUDA
 using namespace test_kernels;
 

@@ -5,10 +5,18 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda/common.cuh"
+#include "cuda/cudnn_graph.h"
+#include "cuda/device.h"
 #include "formats/numeric.h"
+
+// Skips a test that needs a GPU and cuDNN (cudnn_graph.h), saying which is missing.
+#define SKIP_WITHOUT_GPU_AND_CUDNN()                                         \
+  if (pdb::cuda::device_count() == 0) GTEST_SKIP() << pdb::cuda::device_summary(); \
+  if (std::string why; !pdb::cuda::cudnn_available(&why)) GTEST_SKIP() << why
 
 namespace pdb::test_kernels {
 
