@@ -99,19 +99,7 @@ TEST(CudaAttentionBench, OursAndCudnnSameRun) {
         run(cudnn);
         PDB_CUDA_CHECK(cudaDeviceSynchronize());
         const double build_ms = cuda::cudnn_attention_stats().plan_build_ms - build0;
-        const int reps = T >= 131072 ? 2 : 5;
-        cudaEvent_t a, b;
-        cudaEventCreate(&a);
-        cudaEventCreate(&b);
-        cudaEventRecord(a);
-        for (int r = 0; r < reps; ++r) run(cudnn);
-        cudaEventRecord(b);
-        PDB_CUDA_CHECK(cudaEventSynchronize(b));
-        float t = 0;
-        cudaEventElapsedTime(&t, a, b);
-        cudaEventDestroy(a);
-        cudaEventDestroy(b);
-        ms[cudnn] = t / reps;
+        ms[cudnn] = mean_ms(T >= 131072 ? 2 : 5, [&] { run(cudnn); });
         const char* name = cudnn ? "cudnn" : "ours";
         std::printf("ATTN BENCH T=%lld %s %s: %.3f ms, %.0f TFLOP/s%s\n", (long long)T, chunked ? "chunks of 4096" : "one call", name, ms[cudnn],
                     flops / (ms[cudnn] * 1e-3) / 1e12, cudnn ? (", plans built in " + std::to_string(int(build_ms)) + " ms, " + cuda::cudnn_attention_stats().last_engine).c_str() : "");

@@ -199,19 +199,7 @@ TEST(CudaGroupedGemmBench, CublasAndCudnnSameRun) {
         continue;
       }
       PDB_CUDA_CHECK(cudaDeviceSynchronize());
-      const int reps = 20;
-      cudaEvent_t a, b;
-      cudaEventCreate(&a);
-      cudaEventCreate(&b);
-      cudaEventRecord(a);
-      for (int r = 0; r < reps; ++r) run(way);
-      cudaEventRecord(b);
-      PDB_CUDA_CHECK(cudaEventSynchronize(b));
-      float t = 0;
-      cudaEventElapsedTime(&t, a, b);
-      cudaEventDestroy(a);
-      cudaEventDestroy(b);
-      const double ms = t / reps, tf = flops / (ms * 1e-3) / 1e12;
+      const double ms = mean_ms(20, [&] { run(way); }), tf = flops / (ms * 1e-3) / 1e12;
       std::printf("MOE BENCH T=%lld %s %s %s: %.3f ms per layer's expert products, %.0f TFLOP/s%s\n", (long long)T, sh.name, routing, way.c_str(), ms, tf,
                   way.rfind("cudnn", 0) == 0 ? (" (" + cuda::cudnn_moe_stats().last_engine + ")").c_str() : "");
       if (jout)

@@ -20,6 +20,23 @@
 
 namespace pdb::test_kernels {
 
+// Mean milliseconds of fn() over reps calls on the default stream, timed with CUDA events.
+template <class F>
+double mean_ms(int reps, F&& fn) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaEventRecord(a);
+  for (int r = 0; r < reps; ++r) fn();
+  cudaEventRecord(b);
+  PDB_CUDA_CHECK(cudaEventSynchronize(b));
+  float t = 0;
+  cudaEventElapsedTime(&t, a, b);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return double(t) / reps;
+}
+
 inline std::mt19937& rng() {
   static std::mt19937 g(std::random_device{}());
   return g;
