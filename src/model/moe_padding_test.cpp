@@ -27,8 +27,9 @@ void expect_valid_and_least(const std::vector<int32_t>& counts, const PaddedExpe
   for (int64_t cap = 128; cap <= 4096; cap += 64) {
     int64_t rows = 0;
     for (int32_t n : counts) rows += (n + cap - 1) / cap * cap;
-    if (cap <= (*std::max_element(counts.begin(), counts.end()) + 63) / 64 * 64)
+    if (cap <= (*std::max_element(counts.begin(), counts.end()) + 63) / 64 * 64) {
       EXPECT_GE(padded_cost(rows, cap), padded_cost(p.rows, p.cap)) << "cap " << cap << " costs less than " << p.cap;
+    }
   }
 }
 
