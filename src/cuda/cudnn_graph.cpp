@@ -219,13 +219,13 @@ void execute(cudnnHandle_t handle, const Plan& p, const std::vector<int64_t>& ui
   check(api().execute(handle, p.plan, pack), "executing a plan");
 }
 
-void create_handle_impl(cudnnHandle_t& h) {
+void create_handle(cudnnHandle_t& h) {
   std::string why;
   if (!cudnn_available(&why)) throw std::runtime_error(why);
   check(api().create(&h), "cudnnCreate");
 }
-void set_stream_impl(cudnnHandle_t h, cudaStream_t s) { check(api().set_stream(h, s), "cudnnSetStream"); }
-void grow_workspace_impl(void*& ws, int64_t& have, int64_t need) {
+void set_stream(cudnnHandle_t h, cudaStream_t s) { check(api().set_stream(h, s), "cudnnSetStream"); }
+void grow_workspace(void*& ws, int64_t& have, int64_t need) {
   if (ws) cudaFree(ws);
   ws = nullptr;
   have = 0;

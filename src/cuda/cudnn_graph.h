@@ -100,6 +100,11 @@ void build_plan(cudnnHandle_t handle, Plan& p, const std::vector<Desc>& ops, con
 // Runs the plan with the tensors uids[i] at ptrs[i] (by-value scalars: host pointers, read at the call).
 void execute(cudnnHandle_t handle, const Plan& p, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs, void* workspace);
 
+// The handle, stream and workspace steps of PlanCache (cudnn_graph.cpp: they need the loaded library).
+void create_handle(cudnnHandle_t& h);
+void set_stream(cudnnHandle_t h, cudaStream_t s);
+void grow_workspace(void*& ws, int64_t& have, int64_t need);
+
 // Per device: a handle, the plans by key (bounded: every ragged shape is a key), the keys cuDNN refused (not planned
 // again at every layer), one workspace. Calls are serialized: the engine's layers run one after another per device.
 template <class Key>
@@ -150,24 +155,10 @@ class PlanCache {
     void* workspace = nullptr;
     int64_t workspace_bytes = 0;
   };
-  static void create_handle(cudnnHandle_t& h);
-  static void set_stream(cudnnHandle_t h, cudaStream_t s);
-  static void grow_workspace(void*& ws, int64_t& have, int64_t need);
-
   mutable std::mutex mu_;
   std::map<int, Device> devices_;
   CudnnPlanStats stats_;
 };
-
-void create_handle_impl(cudnnHandle_t& h);
-void set_stream_impl(cudnnHandle_t h, cudaStream_t s);
-void grow_workspace_impl(void*& ws, int64_t& have, int64_t need);
-template <class Key>
-void PlanCache<Key>::create_handle(cudnnHandle_t& h) { create_handle_impl(h); }
-template <class Key>
-void PlanCache<Key>::set_stream(cudnnHandle_t h, cudaStream_t s) { set_stream_impl(h, s); }
-template <class Key>
-void PlanCache<Key>::grow_workspace(void*& ws, int64_t& have, int64_t need) { grow_workspace_impl(ws, have, need); }
 
 }  // namespace pdb::cuda::cudnn
 #endif  // PDBRIDGE_HAVE_CUDNN_HEADERS
