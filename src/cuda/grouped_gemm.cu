@@ -35,10 +35,27 @@ GroupedGemm::~GroupedGemm() {
   if (handle_) cublasDestroy(static_cast<cublasHandle_t>(handle_));
 }
 
+void* GroupedGemm::on_stream(cudaStream_t s) {
+  check(cublasSetStream(static_cast<cublasHandle_t>(handle_), s), "set stream");
+  return handle_;
+}
+
+void** GroupedGemm::staging(int64_t n) {
+  PDB_CUDA_CHECK(cudaEventSynchronize(ptrs_copied_));
+  host_ptrs_.resize(size_t(n) * sizeof(void*));
+  dev_ptrs_.resize(size_t(n) * sizeof(void*));
+  return host_ptrs_.as<void*>();
+}
+
+void** GroupedGemm::upload(int64_t n, cudaStream_t s) {
+  PDB_CUDA_CHECK(cudaMemcpyAsync(dev_ptrs_.get(), host_ptrs_.as<void>(), size_t(n) * sizeof(void*), cudaMemcpyHostToDevice, s));
+  PDB_CUDA_CHECK(cudaEventRecord(ptrs_copied_, s));
+  return dev_ptrs_.as<void*>();
+}
+
 // Column-major view, as Gemm::xwt: Y^T[out x rows] = W^T(op T of the [in x out] column-major W) * X^T.
 void GroupedGemm::xwt(const std::vector<GroupedProduct>& products, int64_t in, int64_t out, DType y_type, cudaStream_t s) {
-  auto h = static_cast<cublasHandle_t>(handle_);
-  check(cublasSetStream(h, s), "set stream");
+  auto h = static_cast<cublasHandle_t>(on_stream(s));
   const cudaDataType_t yt = y_type == DType::F32 ? CUDA_R_32F : y_type == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
   const float alpha = 1.0f, beta = 0.0f;
   std::vector<const GroupedProduct*> live;
@@ -59,12 +76,7 @@ void GroupedGemm::xwt(const std::vector<GroupedProduct>& products, int64_t in, i
   std::vector<cublasOperation_t> ta(G, CUBLAS_OP_T), tb(G, CUBLAS_OP_N);
   std::vector<int> m(G, out32), n(G, 0), k(G, in32), lda(G, in32), ldb(G, in32), ldc(G, out32), size(G, 1);
   std::vector<float> alphas(G, alpha), betas(G, beta);
-  // The pointer arrays live on the device; their host staging is reused once the last copy has left it.
-  PDB_CUDA_CHECK(cudaEventSynchronize(ptrs_copied_));
-  const size_t bytes = size_t(3 * g) * sizeof(void*);
-  host_ptrs_.resize(bytes);
-  dev_ptrs_.resize(bytes);
-  auto** hp = host_ptrs_.as<void*>();
+  void** hp = staging(3 * g);
   for (int i = 0; i < g; ++i) {
     const auto* p = live[size_t(i)];
     if (p->rows > INT32_MAX) throw std::invalid_argument("grouped product: rows past int32");
@@ -73,9 +85,7 @@ void GroupedGemm::xwt(const std::vector<GroupedProduct>& products, int64_t in, i
     hp[g + i] = const_cast<void*>(p->x);
     hp[2 * g + i] = p->y;
   }
-  PDB_CUDA_CHECK(cudaMemcpyAsync(dev_ptrs_.get(), hp, bytes, cudaMemcpyHostToDevice, s));
-  PDB_CUDA_CHECK(cudaEventRecord(ptrs_copied_, s));
-  auto** dp = dev_ptrs_.as<void*>();
+  void** dp = upload(3 * g, s);
   check(cublasGemmGroupedBatchedEx(h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alphas.data(), const_cast<const void* const*>(dp),
                                    CUDA_R_16BF, lda.data(), const_cast<const void* const*>(dp + g), CUDA_R_16BF, ldb.data(), betas.data(),
                                    dp + 2 * g, yt, ldc.data(), g, size.data(), CUBLAS_COMPUTE_32F),
@@ -86,8 +96,7 @@ void GroupedGemm::xwt_padded(const void* x, const void* w, void* y, int64_t cap,
                              cudaStream_t s) {
   if (cap <= 0 || experts <= 0) return;
   if (in > INT32_MAX || out > INT32_MAX || cap > INT32_MAX || experts > INT32_MAX) throw std::invalid_argument("padded products: dimensions past int32");
-  auto h = static_cast<cublasHandle_t>(handle_);
-  check(cublasSetStream(h, s), "set stream");
+  auto h = static_cast<cublasHandle_t>(on_stream(s));
   const cudaDataType_t yt = y_type == DType::F32 ? CUDA_R_32F : y_type == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
   const float alpha = 1.0f, beta = 0.0f;
   check(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(cap), int(in), &alpha, w, CUDA_R_16BF, int(in), in * out, x, CUDA_R_16BF,
@@ -100,24 +109,16 @@ void GroupedGemm::xwt_chunks(const void* x, const void* w, void* y, const std::v
   const int64_t n = int64_t(chunk_expert.size());
   if (n == 0 || cap <= 0) return;
   if (in > INT32_MAX || out > INT32_MAX || cap > INT32_MAX || n > INT32_MAX) throw std::invalid_argument("chunked products: dimensions past int32");
-  auto h = static_cast<cublasHandle_t>(handle_);
-  check(cublasSetStream(h, s), "set stream");
+  auto h = static_cast<cublasHandle_t>(on_stream(s));
   const cudaDataType_t yt = y_type == DType::F32 ? CUDA_R_32F : y_type == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
   const size_t ysize = y_type == DType::F32 ? 4 : 2;
-  // The pointer arrays live on the device; their host staging is reused once the last copy has left it.
-  PDB_CUDA_CHECK(cudaEventSynchronize(ptrs_copied_));
-  const size_t bytes = size_t(3 * n) * sizeof(void*);
-  host_ptrs_.resize(bytes);
-  dev_ptrs_.resize(bytes);
-  auto** hp = host_ptrs_.as<void*>();
+  void** hp = staging(3 * n);
   for (int64_t c = 0; c < n; ++c) {
     hp[c] = static_cast<char*>(const_cast<void*>(w)) + size_t(chunk_expert[size_t(c)]) * size_t(out * in) * 2;
     hp[n + c] = static_cast<char*>(const_cast<void*>(x)) + size_t(c * cap * in) * 2;
     hp[2 * n + c] = static_cast<char*>(y) + size_t(c * cap * out) * ysize;
   }
-  PDB_CUDA_CHECK(cudaMemcpyAsync(dev_ptrs_.get(), hp, bytes, cudaMemcpyHostToDevice, s));
-  PDB_CUDA_CHECK(cudaEventRecord(ptrs_copied_, s));
-  auto** dp = dev_ptrs_.as<void*>();
+  void** dp = upload(3 * n, s);
   const float alpha = 1.0f, beta = 0.0f;
   check(cublasGemmBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(cap), int(in), &alpha, const_cast<const void* const*>(dp), CUDA_R_16BF, int(in),
                             const_cast<const void* const*>(dp + n), CUDA_R_16BF, int(in), &beta, dp + 2 * n, yt, int(out), int(n), CUBLAS_COMPUTE_32F,

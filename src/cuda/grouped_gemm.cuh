@@ -42,6 +42,11 @@ class GroupedGemm {
                   DType y_type, cudaStream_t s);
 
  private:
+  // The handle on stream s. The pointer arrays of a batched call live on the device: staging(n) waits until the last
+  // upload has left the host staging and returns n pointers of it; upload(n, s) copies them and returns the device's.
+  void* on_stream(cudaStream_t s);
+  void** staging(int64_t n);
+  void** upload(int64_t n, cudaStream_t s);
   void* handle_ = nullptr;
   PinnedBuffer host_ptrs_;
   DeviceBuffer dev_ptrs_;

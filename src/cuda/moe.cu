@@ -139,15 +139,17 @@ void moe_route(const float* logits, int32_t* experts, float* weights, const MoeR
   PDB_CUDA_LAUNCHED();
 }
 
+void moe_count(const int32_t* experts, int64_t rows, int n_used, int n_expert, int32_t* counts, int32_t* offsets, cudaStream_t s) {
+  if (rows <= 0) return;
+  if (n_expert > kMaxExperts) throw std::invalid_argument("moe_count: more than 256 experts");
+  count_kernel<<<1, 1024, 0, s>>>(experts, rows * n_used, n_expert, counts, offsets);
+  PDB_CUDA_LAUNCHED();
+}
+
 void moe_group(const int32_t* experts, int64_t rows, int n_used, int n_expert, int32_t* counts, int32_t* offsets, int32_t* slot_of,
                int32_t* token_of, cudaStream_t s) {
-  if (rows <= 0) return;
-  if (n_expert > kMaxExperts) throw std::invalid_argument("moe_group: more than 256 experts");
-  const int64_t entries = rows * n_used;
-  count_kernel<<<1, 1024, 0, s>>>(experts, entries, n_expert, counts, offsets);
-  PDB_CUDA_LAUNCHED();
-  place_kernel<<<unsigned(n_expert), 1024, 0, s>>>(experts, entries, n_used, offsets, slot_of, token_of);
-  PDB_CUDA_LAUNCHED();
+  moe_count(experts, rows, n_used, n_expert, counts, offsets, s);
+  moe_place(experts, rows, n_used, n_expert, offsets, slot_of, token_of, s);
 }
 
 void moe_place(const int32_t* experts, int64_t rows, int n_used, int n_expert, const int32_t* offsets, int32_t* slot_of, int32_t* token_of,

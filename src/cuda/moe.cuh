@@ -27,7 +27,8 @@ void moe_route(const float* logits, int32_t* experts, float* weights, const MoeR
 // came from. Within an expert, pairs keep token order (deterministic, whatever the launch).
 void moe_group(const int32_t* experts, int64_t rows, int n_used, int n_expert, int32_t* counts, int32_t* offsets, int32_t* slot_of,
                int32_t* token_of, cudaStream_t s);
-// The placement alone, at the given offsets (the padded layout of model/moe_padding.h: each expert's first row).
+// The counting alone (counts and their exclusive scan), and the placement alone, at the given offsets (the padded layout of model/moe_padding.h: each expert's first row).
+void moe_count(const int32_t* experts, int64_t rows, int n_used, int n_expert, int32_t* counts, int32_t* offsets, cudaStream_t s);
 void moe_place(const int32_t* experts, int64_t rows, int n_used, int n_expert, const int32_t* offsets, int32_t* slot_of, int32_t* token_of,
                cudaStream_t s);
 // xg[g] = x[token_of[g]]  (bf16 rows of `dim`, dim a multiple of 8)

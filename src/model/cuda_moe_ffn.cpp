@@ -124,11 +124,15 @@ void CudaMoeFfn::forward(const CudaMoeWeights& w, const bf16* x, int64_t rows, f
   ra.renormalize = w.renormalize;
   ra.scale = w.scale;
   cuda::moe_route(logits_.as<float>(), experts_.as<int32_t>(), weights_.as<float>(), ra, s);
-  cuda::moe_group(experts_.as<int32_t>(), rows, int(k), int(E), counts_.as<int32_t>(), offsets_.as<int32_t>(), slot_of_.as<int32_t>(),
-                  token_of_.as<int32_t>(), s);
+  // counted here, placed once: at the experts' packed offsets, or at the padded ones (experts_padded)
+  cuda::moe_count(experts_.as<int32_t>(), rows, int(k), int(E), counts_.as<int32_t>(), offsets_.as<int32_t>(), s);
+  auto place_packed = [&] {
+    cuda::moe_place(experts_.as<int32_t>(), rows, int(k), int(E), offsets_.as<int32_t>(), slot_of_.as<int32_t>(), token_of_.as<int32_t>(), s);
+  };
   const std::string choice = Tuning::from_env().moe_gemm;
   bool gather = false;
   if (use_cudnn(choice, gather)) {
+    place_packed();
     try {
       experts_cudnn(w, x, rows, gather, s);
       last_way_ = gather ? "cudnn-gather" : "cudnn";
@@ -149,6 +153,7 @@ void CudaMoeFfn::forward(const CudaMoeWeights& w, const bf16* x, int64_t rows, f
     experts_padded(w, x, rows, pad, s);
     last_way_ = "padded";
   } else {
+    place_packed();
     experts_cublas(w, x, rows, s);
     last_way_ = choice == "loop" ? "loop" : "grouped";
   }
