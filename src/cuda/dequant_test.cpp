@@ -4,6 +4,7 @@
 // table's rows, gathered by token id, equal the host's f32 rows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -102,6 +103,31 @@ TEST(CudaDequant, EveryWeightTypeExpandsToTheHostsValuesInBf16AndHalf) {
         if (!same_bits(got[i], w.bits[i], w.half)) { if (!bad++) first = i; }
       EXPECT_EQ(bad, 0u) << w.what << "first at " << first << ": got 0x" << std::hex << (first < got.size() ? got[first] : 0) << " want 0x"
                          << (first < got.size() ? w.bits[first] : 0);
+    }
+    // a prefix of the layer (the last layer run for its K/V rows only): the weights up to the middle one expand as
+    // before, and nothing past its end is written
+    std::vector<const Want*> mine;
+    for (const Want& w : wants)
+      if (w.what.rfind(fmt::format("layer {}:", layer), 0) == 0) mine.push_back(&w);
+    const size_t upto = mine[mine.size() / 2]->w.scratch_end();
+    PDB_CUDA_CHECK(cudaMemcpy(const_cast<uint8_t*>(store.scratch()), poison.data(), poison.size(), cudaMemcpyHostToDevice));
+    store.expand(layer, nullptr, upto);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint8_t> after(store.scratch_bytes());
+    PDB_CUDA_CHECK(cudaMemcpy(after.data(), store.scratch(), after.size(), cudaMemcpyDeviceToHost));
+    for (const Want* w : mine) {
+      const auto* at = after.data() + (static_cast<const uint8_t*>(w->w.get()) - store.scratch());
+      if (w->w.scratch_end() <= upto) {
+        size_t bad = 0;
+        for (size_t i = 0; i < w->bits.size(); ++i) {
+          uint16_t v;
+          std::memcpy(&v, at + 2 * i, 2);
+          bad += !same_bits(v, w->bits[i], w->half);
+        }
+        EXPECT_EQ(bad, 0u) << w->what << "(expanded as a prefix)";
+      } else {
+        EXPECT_TRUE(std::all_of(at, at + w->bits.size() * 2, [](uint8_t b) { return b == 0xff; })) << w->what << "written past the prefix";
+      }
     }
   }
 #endif

@@ -38,6 +38,7 @@ class GqaAttentionCuda final : public CudaAttention {
   CudaKvCache& kv() override { return kv_; }
   std::string enable_kv_rows() override;
   void kv_rows(int64_t layer, const bf16* x, const CudaChunk& c, const float** k, const float** v) override;
+  size_t kv_rows_weights_end(int64_t layer) const override { return layers_[size_t(layer)].wqkv.scratch_end(); }
   size_t buffer_bytes() const override {
     return kv_.bytes() + kx_.bytes() + vx_.bytes() + qkv_.bytes() + q_.bytes() + att_.bytes() + kf_.bytes() + vf_.bytes();
   }
@@ -116,7 +117,14 @@ void GqaAttentionCuda::load_layer(const CudaLoad& ld, int64_t l) {
   layers_.push_back(std::move(L));
 }
 
+namespace {
+// The cache's rows per head: the prompt's, rounded up so that cuDNN's plans may pad a last chunk's queries
+// (attention_cudnn.cpp's bucket) and prompts of nearby lengths share one capacity (and so their plans).
+int64_t cache_capacity(int64_t T) { return (T + 255) / 256 * 256; }
+}  // namespace
+
 size_t GqaAttentionCuda::prompt_bytes(int64_t T, int64_t chunk, int64_t cache_layers) const {
+  T = cache_capacity(T);
   const int64_t hd = hd_, nh = nh_, nkv = nkv_;
   const size_t per_row = kv_fp8_ ? size_t(hd) + 4 : size_t(hd) * 2;  // fp8: codes + one scale per head row
   size_t kv = size_t(2) * size_t(cache_layers) * size_t(nkv * T) * per_row;
@@ -128,6 +136,7 @@ size_t GqaAttentionCuda::prompt_bytes(int64_t T, int64_t chunk, int64_t cache_la
 
 void GqaAttentionCuda::reserve(int64_t T, int64_t chunk, int64_t cache_layers) {
   const int64_t nkv = nkv_, hd = hd_, elem = kv_fp8_ ? 1 : 2;
+  T = cache_capacity(T);
   if (kv_.capacity < T || kv_.k.bytes() < size_t(cache_layers * nkv * T * hd * elem)) {
     for (auto* b : {&kv_.k, &kv_.v, &kv_.ks, &kv_.vs, &kx_, &vx_}) b->release();
     kv_.k.resize(size_t(cache_layers * nkv * T * hd * elem));
@@ -140,6 +149,9 @@ void GqaAttentionCuda::reserve(int64_t T, int64_t chunk, int64_t cache_layers) {
         vx_.resize(size_t(nkv * T * hd) * 2);
       }
     }
+    // rows no prompt has written yet are read by the attention's padding queries: finite from the start
+    for (auto* b : {&kv_.k, &kv_.v, &kx_, &vx_})
+      if (b->bytes()) PDB_CUDA_CHECK(cudaMemset(b->get(), 0, b->bytes()));
     kv_.capacity = T;
   }
   kv_.heads = nkv;
@@ -147,6 +159,7 @@ void GqaAttentionCuda::reserve(int64_t T, int64_t chunk, int64_t cache_layers) {
   kv_.k_row_bytes = kv_.v_row_bytes = hd * elem;
   kv_.scales = kv_fp8_;
   ra_.kv_capacity = as_.kv_capacity = kv_.capacity;
+  as_.q_rows = chunk;  // q_ holds a chunk's rows, att_ at least as many
   const int64_t rows_cap = mm_.padded_rows(chunk);
   qkv_.resize(size_t(rows_cap * (nh_ + 2 * nkv) * hd) * 2);
   q_.resize(size_t(chunk * nh_ * hd) * 2);

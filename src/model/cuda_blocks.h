@@ -118,6 +118,9 @@ class CudaAttention {
   // attention has such rows, else why not (MLA caches a latent the recipe computes; FP8 products; a rank's heads).
   virtual std::string enable_kv_rows() { return "this attention has no separate K/V rows"; }
   virtual void kv_rows(int64_t /*layer*/, const __nv_bfloat16* /*x*/, const CudaChunk& /*c*/, const float** /*k*/, const float** /*v*/) {}
+  // Where the weights kv_rows reads end in the layer's expanded scratch (CudaWeight::scratch_end): a layer run only for
+  // its rows (the last) expands no more than that.
+  virtual size_t kv_rows_weights_end(int64_t /*layer*/) const { return SIZE_MAX; }
   virtual size_t buffer_bytes() const = 0;
   virtual size_t weight_bytes() const = 0;
 };

@@ -331,7 +331,7 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
       if (hook) hook(int(l), h, ch.n, p0, s);
       const bool last = l == L - 1 && !full_last_layer;
       if (last && !kv_tap_) break;
-      if (quant_) quant_->expand(l, s);
+      if (quant_) quant_->expand(l, s, last ? attention_->kv_rows_weights_end(l) : SIZE_MAX);  // the last: its K/V rows only
       norm_rows(h, in_norm_[size_t(l)], ch);
       if (kv_tap_) {
         const float *k = nullptr, *v = nullptr;

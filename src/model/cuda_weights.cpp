@@ -26,7 +26,7 @@ CudaWeight CudaQuantStore::add(int64_t layer, const std::vector<Part>& parts, bo
     src += n;
   }
   quant_bytes_ += bytes;
-  return CudaWeight(this, weight_offset, bytes);
+  return CudaWeight(this, weight_offset, bytes, L.bytes);
 }
 
 void CudaQuantStore::finish() {
@@ -46,17 +46,27 @@ void CudaQuantStore::finish() {
     }
     L.table.resize(table.size() * sizeof(cuda::DequantSegment));
     L.table.upload(table.data(), table.size() * sizeof(cuda::DequantSegment));
+    L.host_table = std::move(table);
     L.by_type.clear();
   }
   scratch_.resize(widest);
 }
 
-void CudaQuantStore::expand(int64_t layer, cudaStream_t s) const {
+void CudaQuantStore::expand(int64_t layer, cudaStream_t s, size_t upto) const {
   if (layer >= int64_t(layers_.size())) return;
   const Layer& L = layers_[size_t(layer)];
   void* dst = const_cast<uint8_t*>(scratch());
-  for (const Launch& l : L.launches)
-    cuda::dequantize_segments(l.type, L.table.as<cuda::DequantSegment>() + l.first, l.count, l.groups, dst, l.half, s);
+  for (const Launch& l : L.launches) {
+    // a launch's segments are in the order their weights were added: those before `upto` are a prefix of them
+    int count = l.count;
+    int64_t groups = l.groups;
+    if (upto < L.bytes) {
+      count = 0;
+      while (count < l.count && size_t(L.host_table[size_t(l.first + count)].dst_offset) * 2 < upto) ++count;
+      groups = count < l.count ? L.host_table[size_t(l.first + count)].block0 : l.groups;
+    }
+    if (count > 0) cuda::dequantize_segments(l.type, L.table.as<cuda::DequantSegment>() + l.first, count, groups, dst, l.half, s);
+  }
 }
 
 }  // namespace pdb

@@ -24,11 +24,14 @@ class CudaWeight {
  public:
   CudaWeight() = default;
   CudaWeight(cuda::DeviceBuffer b) : resident_(std::move(b)) {}  // NOLINT: a resident weight is its buffer
-  CudaWeight(const CudaQuantStore* store, size_t offset, size_t quant_bytes) : store_(store), offset_(offset), quant_bytes_(quant_bytes) {}
+  CudaWeight(const CudaQuantStore* store, size_t offset, size_t quant_bytes, size_t end)
+      : store_(store), offset_(offset), quant_bytes_(quant_bytes), end_(end) {}
   const void* get() const;
   template <class T> const T* as() const { return static_cast<const T*>(get()); }
   // Device bytes the weight holds: the resident buffer, or its quantized blocks (the scratch is the store's).
   size_t bytes() const { return store_ ? quant_bytes_ : resident_.bytes(); }
+  // Where its expanded values end in its layer's scratch (CudaQuantStore::expand's `upto`); 0 for a resident weight.
+  size_t scratch_end() const { return store_ ? end_ : 0; }
   cuda::DeviceBuffer& resident() { return resident_; }  // the FP8 loaders write the e4m3 bytes here
   // How its products run: half weights (else bf16) and the activations' quantization block (CudaMatmul).
   const WeightProducts& products() const { return products_; }
@@ -40,6 +43,7 @@ class CudaWeight {
   const CudaQuantStore* store_ = nullptr;
   size_t offset_ = 0;  // bytes into the store's scratch
   size_t quant_bytes_ = 0;
+  size_t end_ = 0;
 };
 
 // Every layer's quantized weights and the one scratch they expand into.
@@ -56,8 +60,9 @@ class CudaQuantStore {
   CudaWeight add(int64_t layer, const std::vector<Part>& parts, bool half = false);
   // Allocates the scratch (the largest layer's bf16 weights) and uploads the segment tables. After the last add.
   void finish();
-  // Expands layer `layer`'s weights into the scratch, on s (the products that read them follow on s).
-  void expand(int64_t layer, cudaStream_t s) const;
+  // Expands layer `layer`'s weights into the scratch, on s (the products that read them follow on s); with `upto`, only
+  // those that end at or before it (a weight's scratch_end(): the weights added before it in the layer, and itself).
+  void expand(int64_t layer, cudaStream_t s, size_t upto = SIZE_MAX) const;
   bool empty() const { return layers_.empty(); }
   size_t quant_bytes() const { return quant_bytes_; }
   size_t scratch_bytes() const { return scratch_.bytes(); }
@@ -75,6 +80,7 @@ class CudaQuantStore {
     size_t bytes = 0;  // expanded bytes of the layer's weights (2 per value)
     std::vector<Launch> launches;
     cuda::DeviceBuffer table;
+    std::vector<cuda::DequantSegment> host_table;  // the table's copy: where a prefix of each launch ends
   };
   std::vector<Layer> layers_;
   std::vector<cuda::DeviceBuffer> blocks_;  // the uploaded quantized bytes
