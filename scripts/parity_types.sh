@@ -7,7 +7,7 @@
 # --kv-rows engine: the engine's own K/V as the rows), half / cpu / cuda (the GGUF on the GPU with that --numerics: the
 # engine's products rounded as that decoder class rounds them), and joins of them (engine+cpu). DEVICE=cuda runs the
 # gguf and ckpt legs' prefill on the GPU;
-# IMATRIX=0 quantizes without an importance matrix (the IQ1/IQ2/IQ3 types need one).
+# IMATRIX=0 quantizes without an importance matrix (the IQ1/IQ2/IQ3 types need one); IMATRIX_FILE uses that one.
 # GGUF_DIR keeps the quantized files apart from the reports (default: OUTDIR).
 # SERVER_BIN and DECODER_FLAGS: the decoder's llama-server and its flags (a CUDA build with "-ngl 99"; default: the
 # pinned CPU build, no flags).
@@ -24,7 +24,9 @@ SRC=$ROOT/build/models/needle/decoder-f16.gguf
 GD=${GGUF_DIR:-$OUT}
 mkdir -p "$OUT" "$GD"
 QARGS=()
-if [ "${IMATRIX:-1}" = 1 ]; then
+if [ -n "${IMATRIX_FILE:-}" ]; then  # an importance matrix made elsewhere (the GPU box carries this machine's)
+  QARGS=(--imatrix "$IMATRIX_FILE")
+elif [ "${IMATRIX:-1}" = 1 ]; then
   [ -x "$LLAMA_BUILD/bin/llama-imatrix" ] || cmake --build "$LLAMA_BUILD" --target llama-imatrix -j "$(nproc)" > "$OUT/imatrix-build.log"
   cat "$ROOT"/docs/*.md "$ROOT/README.md" > "$OUT/calib.txt"
   [ -f "$OUT/imatrix.gguf" ] || "$LLAMA_BUILD/bin/llama-imatrix" -m "$SRC" -f "$OUT/calib.txt" -o "$OUT/imatrix.gguf" -c 512 > "$OUT/imatrix.log" 2>&1

@@ -424,6 +424,25 @@ TEST(Deepseek4Recipe, FingerprintCoversThePooledGeometryAndTheCacheWeights) {
   EXPECT_NE(recipe_fingerprint(c), recipe_fingerprint(a));
 }
 
+// make-model's --compress-ratios and --hash-layers (the H200's few-layer real-shape models): the layers and the hash-routed
+// count reach the checkpoint and the GGUF; more hash layers than layers is refused.
+TEST(Deepseek4Recipe, MakeModelTakesTheRatiosAndTheHashLayerCount) {
+  MakeModelOptions o;
+  o.arch = "deepseek4"; o.preset = "tiny"; o.seed = 92; o.out = test::temp_dir("deepseek4-hash");
+  o.vocab_dir = test::llama_src() + "/models";
+  o.compress_ratios = {0, 4, 128};
+  o.hash_layers = 2;
+  make_model(o);
+  auto g = GgufFile::open(o.out + "/decoder-f32.gguf");
+  EXPECT_EQ(g->get("deepseek4.hash_layer_count").u, 2u);
+  EXPECT_EQ(g->get("deepseek4.attention.compress_ratios").arr.size(), 3u);
+  std::ifstream cfg(o.out + "/hf/config.json");
+  EXPECT_EQ(nlohmann::json::parse(cfg)["num_hash_layers"].get<int>(), 2);
+  o.hash_layers = 4;
+  o.out = test::temp_dir("deepseek4-hash-refused");
+  EXPECT_THROW(make_model(o), std::invalid_argument);
+}
+
 TEST(Deepseek4State, ServerFilesHaveEverySectionAndRewriteByteIdentical) {
   const std::string dir = test::models_dir() + "/deepseek4-tiny";
   auto g = GgufFile::open(dir + "/decoder-f32.gguf");

@@ -20,7 +20,9 @@ if [ "${SLIM:-0}" = 1 ]; then
   cp build/models/needle/KEY "$b/build/models/needle/"
   cp build/llama/src/models/ggml-vocab-llama-bpe.gguf "$b/build/llama/src/models/"
 else
-  cp build/llama/bin/* "$b/build/llama/bin/"
+  # LLAMA_BINS: which llama.cpp CPU tools (default all; e.g. "llama-server llama-quantize llama-tokenize" to fit the source
+  # beside the bundle under the carry limit)
+  for t in ${LLAMA_BINS:-$(ls build/llama/bin)}; do cp build/llama/bin/$t "$b/build/llama/bin/"; done
   cp build/models/needle/*.gguf build/models/needle/KEY "$b/build/models/needle/"
   cp build/llama/src/models/ggml-vocab-llama-bpe.gguf build/llama/src/models/ggml-vocab-qwen2.gguf "$b/build/llama/src/models/"
 fi
@@ -42,6 +44,8 @@ if [ "${LLAMA_CUDA:-0}" = 1 ]; then
   if [ "${LLAMA_BENCH:-0}" = 1 ]; then cp $lc/llama-bench "$b/" && strip "$b/llama-bench" && tar -C "$b" -cJf .dev/llama-bench-cuda.tar.xz llama-bench; fi
   rm -f .dev/llama-src.tar.xz  # not needed beside it
 fi
+# IMATRIX_FILE: the importance matrix the device's parity stage quantizes the needle model with (parity_types.sh's, made here)
+if [ -n "${IMATRIX_FILE:-}" ]; then cp "$IMATRIX_FILE" .dev/imatrix.gguf; else rm -f .dev/imatrix.gguf; fi
 [ -f ../shared/peers/torch_prefill_peer.py ] && cp ../shared/peers/torch_prefill_peer.py .dev/ || true
 cp scripts/device/env.sh scripts/device/amx_check.sh scripts/device/pipeline.sh scripts/device/drive.sh scripts/device/scale.sh scripts/device/pace.sh scripts/device/million8b.sh scripts/device/gpu_decoder.sh scripts/device/torch_qwen3_peer.py scripts/device/torch_moe_peer.py scripts/device/torch_grouped_mm_peer.py scripts/device/torch_peer_timing.py scripts/device/moe_stack.sh scripts/device/convert_compare.py scripts/device/dsv4_real.sh scripts/device/dsv4_gpu.sh scripts/device/conversation.sh scripts/device/conversation.py scripts/device/conv_job.sh scripts/device/conv_drive.sh scripts/device/bg.sh scripts/device/dsv4_profile.sh scripts/device/ncu_summary.py scripts/train/train_needle.py .dev/
 du -sh .dev

@@ -5,11 +5,11 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
-has() { [ "$STAGES" = all ] && [ "$1" != fp8 ] && [ "$1" != moe ] && [ "$1" != attn ] && [ "$1" != scale ] && [ "$1" != pace ] && [ "$1" != m1 ] && [ "$1" != link ] && [ "$1" != demo ] && [ "$1" != gpudec ] && return 0; [[ ",$STAGES," == *",$1,"* ]]; }
+has() { [ "$STAGES" = all ] && [ "$1" != fp8 ] && [ "$1" != moe ] && [ "$1" != attn ] && [ "$1" != scale ] && [ "$1" != pace ] && [ "$1" != m1 ] && [ "$1" != link ] && [ "$1" != demo ] && [ "$1" != gpudec ] && [ "$1" != dsv4gguf ] && [ "$1" != cudaparity ] && return 0; [[ ",$STAGES," == *",$1,"* ]]; }
 LC=/tmp/llama-cuda; mkdir -p $LC
 T0=$(date +%s)
 ts() { echo "[$(date +%T) +$(( $(date +%s) - T0 ))s] $*"; }
@@ -27,10 +27,20 @@ mkdir -p $LC/build/bin
 for t in llama-cuda llama-bench-cuda; do [ -f $DEV/$t.tar.xz ] && tar -xJf $DEV/$t.tar.xz -C $LC/build/bin; done
 for f in llama-server llama-bench; do [ -x /tmp/lc/$f ] && [ ! -x $LC/build/bin/$f ] && cp /tmp/lc/$f $LC/build/bin/; done
 [ -x $LC/build/bin/llama-bench ] && echo 0 > $R/llama_build.rc
-[ ! -e $R/llama_build.rc ] && { has bench || has attn || has qwen || has moe || has gguf; } && [ "${PEERS:-1}" = 1 ] && [ -f $DEV/llama-src.tar.xz ] && ( tar -xJf $DEV/llama-src.tar.xz -C $LC && cd $LC && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON \
+# (the cudaparity stage needs its llama-server too: both are built then; without AMX, as setup.sh builds the decoder:
+# the Xeon hosts' AMX matmul crashes, and static so the binaries run from where they are built)
+LLAMA_TARGETS="llama-bench"; LLAMA_SERVER=OFF
+has cudaparity && LLAMA_TARGETS="llama-bench llama-server" && LLAMA_SERVER=ON
+[ ! -e $R/llama_build.rc ] && { has bench || has attn || has qwen || has moe || has gguf || has llamapeer || has dsv4gguf || has cudaparity; } && [ "${PEERS:-1}" = 1 ] && [ -f $DEV/llama-src.tar.xz ] && ( tar -xJf $DEV/llama-src.tar.xz -C $LC && cd $LC && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=ON \
+   -DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" -DBUILD_SHARED_LIBS=OFF \
    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-   -DLLAMA_BUILD_SERVER=OFF -DGGML_CUDA_NCCL=OFF > $R/llama_cmake.log 2>&1 && nice -n 10 cmake --build build -j 8 --target llama-bench > $R/llama_build.log 2>&1
+   -DLLAMA_BUILD_SERVER=$LLAMA_SERVER -DGGML_CUDA_NCCL=OFF > $R/llama_cmake.log 2>&1 && nice -n 10 cmake --build build -j ${LLAMA_JOBS:-8} --target $LLAMA_TARGETS > $R/llama_build.log 2>&1
   echo $? > $R/llama_build.rc ) &
+# wait_llama: the stages that run llama.cpp CUDA wait for that build (or go on without it where it failed)
+wait_llama() {
+  [ -e $R/llama_build.rc ] || { ts "waiting for the llama.cpp CUDA build"; while [ ! -e $R/llama_build.rc ]; do sleep 5; done; }
+  ts "llama.cpp CUDA build rc=$(cat $R/llama_build.rc)"
+}
 # the embedded default model (issue #6): trains while the tests and model generation use the CPU
 if [ -f $DEV/train_needle.py ] && has train; then
   ( PYTHONUNBUFFERED=1 python3 $DEV/train_needle.py /tmp/needle --minutes ${TRAIN_MINUTES:-5} > $R/train.log 2>&1; echo $? > $R/train.rc ) &
@@ -205,11 +215,11 @@ stage_moecudnn() {
 stage_llamapeer() {
   local G=$M/llama8b-peer B="--tokens ${GGUF_TOKENS:-8192,32768} --reps 2 --chunk 4096 --modes engine,engine+recipe+frames --out $R/bench_peer.jsonl"
   local LB="-ngl 99 -fa 1 -b 4096 -ub 2048 -p 8192,32768 -n 0 -r 2 -o md" types=${PEER_TYPES:-q4_K_M q8_0 f16}
+  [ -x $LC/build/bin/llama-bench ] || wait_llama
   [ -x $LC/build/bin/llama-bench ] || ts "no llama-bench here: the peer rows are left out"
   [ $(free_gb) -lt 50 ] && rm -rf $M/qwen8b $M/llama8b_fp8 $M/q3moe $M/dsv2
-  if [[ " $types " == *" f16 "* ]]; then  # an F16 file: from a checkpoint (the disk holds its bf16 and the F16 GGUF)
-    [ -f $G/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $G --hf-dtype bf16 --gguf-types f16
-    rm -rf $G/hf
+  if [[ " $types " == *" f16 "* ]]; then  # an F16 file, as converting a bf16 checkpoint writes it (no checkpoint kept)
+    [ -f $G/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $G --no-hf --hf-dtype bf16 --gguf-types f16
     for q in $types; do
       [ $q = f16 ] || [ -f $G/decoder-$q.gguf ] || run quantize_$q $P/build/llama/bin/llama-quantize $G/decoder-f16.gguf $G/decoder-$q.gguf $(echo $q | tr a-z A-Z) 16
     done
@@ -220,6 +230,13 @@ stage_llamapeer() {
     run peer_gguf_$q $PDB bench prefill --model $G/decoder-$q.gguf --kv-rows engine --label llama8b-gguf-$q-rows-engine $B
     [ -x $LC/build/bin/llama-bench ] && run llama_bench_$q $LC/build/bin/llama-bench -m $G/decoder-$q.gguf $LB
   done
+  # PLANS_AB=1: prompts of lengths the warm-up did not see (a server's), cuDNN's plans per exact shape vs bucketed queries
+  if [ "${PLANS_AB:-0}" = 1 ]; then
+    for b in 0 1; do
+      PDBRIDGE_ATTN_BUCKET=$b run plans_bucket_$b $PDB bench prefill --model $G/decoder-${types%% *}.gguf --kv-rows engine --tokens 8192,32768 \
+        --vary-lengths 4096 --reps ${PLANS_REPS:-12} --chunk 4096 --modes engine+recipe+frames --label llama8b-vary-bucket-$b --out $R/bench_plans.jsonl
+    done
+  fi
   rm -rf $G
   [ "${PEER_MOE:-1}" = 1 ] || return 0
   local Q=$M/qwen30b8
@@ -228,6 +245,35 @@ stage_llamapeer() {
   run peer_moe_q4_K_M $PDB bench prefill --model $Q/decoder-q4_K_M.gguf --kv-rows engine --label qwen3-30b-a3b-8l-gguf-q4_K_M-rows-engine $B
   [ -x $LC/build/bin/llama-bench ] && run llama_bench_moe_q4_K_M $LC/build/bin/llama-bench -m $Q/decoder-q4_K_M.gguf $LB
   rm -rf $Q
+}
+# Issue 35's H200 rows for DeepSeek-V4-Flash: its real layer shapes, one layer of each kind (ratios 0, 4, 128; the first
+# hash-routed, the others on the learned router as in the 43-layer model), as the official FP8/FP4 checkpoint and the
+# converter's GGUF (MXFP4 experts, Q8_0 block-FP8 matrices); bench prefill from each (the GGUF: no checkpoint), then
+# llama.cpp CUDA on the same GGUF. make-model runs in the background from the pipeline's start (make_dsv4_flash3).
+DSV4_DIR=$M/v4flash3
+make_dsv4_flash3() {
+  ( [ -f $DSV4_DIR/decoder-mxfp4_moe.gguf ] || $PDB make-model --arch deepseek4 --preset v4-flash --compress-ratios ${DSV4_RATIOS:-0,4,128} \
+      --hash-layers 1 --hf-dtype fp8 --seed 21 --out $DSV4_DIR > $R/make_v4flash3.log 2>&1; echo $? > $R/make_v4flash3.rc ) &
+}
+stage_dsv4gguf() {
+  ts "waiting for make_v4flash3"; while [ ! -e $R/make_v4flash3.rc ]; do sleep 5; done; ts "make_v4flash3 rc=$(cat $R/make_v4flash3.rc)"
+  local g=$DSV4_DIR/decoder-mxfp4_moe.gguf B="--tokens ${GGUF_TOKENS:-8192,32768} --reps 2 --chunk ${DSV4_CHUNK:-32768} --modes engine,engine+recipe+frames --out $R/bench_dsv4gguf.jsonl"
+  du -sh $DSV4_DIR/hf $g > $R/v4flash3_sizes.txt 2>&1
+  run dsv4_ckpt $PDB bench prefill --model $DSV4_DIR/hf --recipe $g --label v4flash3-ckpt $B
+  run dsv4_gguf $PDB bench prefill --model $g --label v4flash3-gguf $B
+  [ -x $LC/build/bin/llama-bench ] || wait_llama
+  [ -x $LC/build/bin/llama-bench ] && run llama_bench_dsv4 $LC/build/bin/llama-bench -m $g -ngl 99 -fa 1 -b 4096 -ub 2048 -p ${DSV4_LB_P:-8192,32768} -n 0 -r 2 -o md
+  rm -rf $DSV4_DIR
+}
+# Issue 35's parity table on the CUDA decoder (the carried llama.cpp CUDA llama-server, -ngl 99): the needle model
+# quantized here into each type with the carried importance matrix, bridged from its GGUF on the GPU, the pinned CPU
+# llama-server beside it in every cell as the reference (the CPU decoder against the CUDA one).
+stage_cudaparity() {
+  [ -x $LC/build/bin/llama-server ] || wait_llama
+  [ -x $LC/build/bin/llama-server ] || { ts "no CUDA llama-server here: cudaparity left out"; return 0; }
+  run parity_cuda env SERVER_BIN=$LC/build/bin/llama-server DECODER_FLAGS="-ngl 99" REF_SERVER_BIN=$P/build/llama/bin/llama-server DEVICE=cuda \
+    LEGS="${CP_LEGS:-gguf}" IMATRIX_FILE=$DEV/imatrix.gguf GGUF_DIR=/tmp/ptab PARITY_SEED=${PARITY_SEED:-2026120401} PROMPTS=${CP_PROMPTS:-6} \
+    bash $REPO/scripts/parity_types.sh $R/cparity ${CP_TYPES:-Q6_K Q5_K_M Q5_0 Q5_1 Q4_1 IQ4_NL IQ4_XS Q3_K_M Q2_K IQ3_S IQ3_XXS IQ2_S IQ2_XS IQ2_XXS IQ1_M IQ1_S}
 }
 # Issue 4's Qwen3-8B rows with the current kernels (the disk holds one 8B model: the Llama one goes first, so run
 # this stage after the stages that use it).
@@ -450,6 +496,15 @@ stage_numerics() {
       --modes engine,engine+recipe+frames --label llama8b-gguf-q4_K_M-numerics-$n --out $R/bench_numerics.jsonl
   done
 }
+# After a change to the engine's MoE block, its GGUF weights' expansion or cuDNN's attention plans: the MoE kernels
+# and products against the CPU's (every way), the expansion against the host decoders (whole layers and prefixes),
+# cuDNN's attention against the f64 twin (bucketed queries too), and the engine and parity suites (qwen3moe and
+# deepseek2 on the default MoE path; the engine's own K/V rows of every layer).
+stage_enginecheck() {
+  make_test_models
+  run unit_engine timeout 200 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Moe*:CudaGroupedGemm*:MoePadding*:CudaDequant*:CudaAttention.*'
+  run integration_engine timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaParity.*:CudaEngine.*'
+}
 # The CUDA backend's row path after a change to it: the bridge end to end and the bridged state against the decoder's.
 stage_rowpath() {
   make_test_models
@@ -472,11 +527,12 @@ stage_link() {
   PDBRIDGE_NETNS_OUT=$R/link10.jsonl run link10 bash $REPO/scripts/netns_link.sh 10 300000 2 cuda
   PDBRIDGE_NETNS_OUT=$R/link1.jsonl run link1 bash $REPO/scripts/netns_link.sh 1 100000 2 cuda
 }
+has dsv4gguf && make_dsv4_flash3
 # The stages run in the order they are named (all: tests, bench, train).
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

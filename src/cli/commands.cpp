@@ -38,6 +38,7 @@ void register_make_model(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--compress-ratios", o->compress_ratios, "deepseek4: the layers' compress ratios (0, 4, 128; comma separated), replacing the preset's")
       ->delimiter(',');
+  cmd->add_option("--hash-layers", o->hash_layers, "deepseek4: how many first layers route by token hash (default: the preset's, at most the layer count)");
   cmd->callback([o, types] {
     guarded("make-model", [&] { o->gguf_types = split_csv(*types); make_model(*o); return 0; });
   });
@@ -148,6 +149,8 @@ void register_bench_prefill(CLI::App& app) {
       ->delimiter(',');
   pre->add_option("--threads", po->threads, "Host threads");
   pre->add_option("--seed", po->seed, "First prompt seed (0: from the clock)");
+  pre->add_option("--vary-lengths", po->vary_lengths, "Each timed prompt shorter by a fresh 0..N-1 tokens (lengths the warm-up did not see)")
+      ->check(CLI::NonNegativeNumber);
   pre->add_option("--label", po->label, "Label stored in each JSONL row");
   pre->add_option("--out", po->out, "JSONL output (appended)");
   pre->callback([po] {

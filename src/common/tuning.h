@@ -14,6 +14,7 @@ struct Tuning {
   std::string attn_warps, attn_ktile, attn_wgmma;
   std::string attn;              // PDBRIDGE_ATTN=cudnn|ours: cuDNN's fused attention (the default where it loads) or our
                                  // kernels (also chosen by naming one of the three switches above)
+  std::string attn_bucket;       // PDBRIDGE_ATTN_BUCKET=0: cuDNN's attention plans for the exact query rows (no bucket)
   std::string moe_gemm;          // PDBRIDGE_MOE_GEMM=cudnn|cudnn-gather|grouped|loop: the MoE's expert products through
                                  // cuDNN's grouped matmul (the default where it loads; -gather: x read through the
                                  // grouping's index), cuBLAS's grouped call, or one cuBLAS product per expert
@@ -40,7 +41,7 @@ inline const std::vector<TuningSwitch>& tuning_switches() {
   static const std::vector<TuningSwitch> s = {
       {"PDBRIDGE_ATTN_WARPS", &Tuning::attn_warps},         {"PDBRIDGE_ATTN_KTILE", &Tuning::attn_ktile},
       {"PDBRIDGE_ATTN_WGMMA", &Tuning::attn_wgmma},         {"PDBRIDGE_ATTN", &Tuning::attn},
-      {"PDBRIDGE_MOE_GEMM", &Tuning::moe_gemm},
+      {"PDBRIDGE_MOE_GEMM", &Tuning::moe_gemm},             {"PDBRIDGE_ATTN_BUCKET", &Tuning::attn_bucket},
       {"PDBRIDGE_STATE_PWRITE", &Tuning::state_pwrite},     {"PDBRIDGE_FP8", &Tuning::fp8},
       {"PDBRIDGE_FP8KV_FUSED", &Tuning::fp8kv_fused},       {"PDBRIDGE_RECIPE_STREAM", &Tuning::recipe_stream},
       {"PDBRIDGE_DSV4_EXPERTS", &Tuning::dsv4_experts},     {"PDBRIDGE_DSV4_EXPERTS_FP8", &Tuning::dsv4_experts_fp8},

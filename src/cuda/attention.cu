@@ -276,6 +276,8 @@ void causal_attention(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv
   causal_attention(q, k, v, out, s, stream, AttentionTuning::from_env());
 }
 
+int64_t attention_plans_built() { return cudnn_attention_stats().plans; }
+
 std::string attention_kernel_summary() {
   if (!AttentionTuning::from_env().cudnn) return "ours (PDBRIDGE_ATTN=ours)";
   std::string why;

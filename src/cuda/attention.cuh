@@ -17,6 +17,10 @@ struct AttentionShape {
   int64_t kv_capacity = 0;  // rows per head in the K/V cache
   float scale = 0;          // softmax scale (1/sqrt(head_dim) for llama and qwen3)
   int v_head_dim = 0;       // value (and output) width when it differs from head_dim: MLA's 192-wide keys, 128-wide values
+  // Rows the q and out buffers hold (0: n_q). Where it is more, cuDNN's plan may pad the queries to a bucket of rows
+  // (attention_cudnn.h): the padding rows read q's rows past n_q and the cache's past pos0 + n_q (the caller keeps
+  // those finite: the engine's cache is zeroed when allocated) and their output rows are written, never meant to be read.
+  int64_t q_rows = 0;
   int v_dim() const { return v_head_dim ? v_head_dim : head_dim; }
 };
 

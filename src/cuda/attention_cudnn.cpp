@@ -5,11 +5,13 @@
 // The shared pieces (loading, descriptors, plans per device) are cudnn_graph.h's.
 #include "cuda/attention_cudnn.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cstring>
 #include <tuple>
 #include <vector>
 
+#include "common/tuning.h"
 #include "cuda/cudnn_graph.h"
 
 namespace pdb::cuda {
@@ -92,6 +94,20 @@ std::unique_ptr<Plan> build_attention_plan(cudnnHandle_t handle, const Attention
 
 PlanCache<PlanKey> g_plans;
 
+// A plan is built per shape (35-580 ms on the H200), and a prompt of a new length ends in a chunk of a new length. Its
+// queries are padded to a multiple of kQueryBucket rows where the buffers and the cache hold them, so that prompts
+// within a bucket of each other share every plan. The real rows' mask is unchanged (their keys stop at pos0 + i; the
+// diagonal is at pos0 either way); the padding rows attend finite rows and are never read. PDBRIDGE_ATTN_BUCKET=0: exact.
+constexpr int64_t kQueryBucket = 256;
+
+AttentionShape planned_shape(const AttentionShape& s) {
+  AttentionShape p = s;
+  if (s.q_rows <= s.n_q || Tuning::from_env().attn_bucket == "0") return p;
+  const int64_t padded = std::min((s.n_q + kQueryBucket - 1) / kQueryBucket * kQueryBucket, s.q_rows);
+  if (s.pos0 + padded <= s.kv_capacity) p.n_q = padded;
+  return p;
+}
+
 }  // namespace
 
 void causal_attention_cudnn(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, __nv_bfloat16* out,
@@ -102,8 +118,9 @@ void causal_attention_cudnn(const __nv_bfloat16* q, const __nv_bfloat16* k, cons
   if (s.pos0 + s.n_q > s.kv_capacity) throw std::invalid_argument("attention: keys past the cache capacity");
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &s.scale, 4);
-  const PlanKey key{s.n_q, s.pos0, s.n_heads, s.n_kv_heads, s.head_dim, s.v_dim(), s.kv_capacity, scale_bits};
-  g_plans.with(key, [&](cudnnHandle_t h) { return build_attention_plan(h, s); }, stream, [&](cudnnHandle_t h, const Plan& p, void* ws) {
+  const AttentionShape ps = planned_shape(s);
+  const PlanKey key{ps.n_q, ps.pos0, ps.n_heads, ps.n_kv_heads, ps.head_dim, ps.v_dim(), ps.kv_capacity, scale_bits};
+  g_plans.with(key, [&](cudnnHandle_t h) { return build_attention_plan(h, ps); }, stream, [&](cudnnHandle_t h, const Plan& p, void* ws) {
     // by-value scalars are read from host memory when the plan is executed
     float scale = s.scale, lowest = -FLT_MAX;
     int32_t keys = int32_t(s.pos0 + s.n_q), queries = int32_t(s.n_q);

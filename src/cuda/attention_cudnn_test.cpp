@@ -57,6 +57,40 @@ TEST(CudaAttention, CudnnMatchesTheF64TwinForEveryShapeAndChunk) {
   }
 }
 
+// The plan's queries padded to a bucket of 256 rows (q_rows: the buffers hold more): the real rows are the twin's while
+// the q rows past n_q hold NaN and the cache's rows past the keys hold other finite values (as the engine keeps them),
+// and a second chunk length in the same bucket builds no plan of its own.
+TEST(CudaAttention, CudnnBucketedQueriesMatchTheTwinAndShareOnePlan) {
+  SKIP_WITHOUT_GPU_AND_CUDNN();
+  struct Case { int H, KV; int64_t pos0, n_q, other_n_q; };
+  for (const Case c : {Case{8, 2, 0, 300, 290}, Case{4, 1, 200, 137, 140}, Case{32, 8, 4096, 1000, 1020}}) {
+    const int D = 128;
+    const int64_t q_rows = 1024 + 512, cap = c.pos0 + q_rows;
+    auto k = round_bf16(randn(size_t(c.KV * cap * D)));
+    auto v = round_bf16(randn(size_t(c.KV * cap * D)));
+    auto dk = to_device_bf16(k), dv = to_device_bf16(v);
+    const float scale = 1.0f / std::sqrt(float(D));
+    int64_t plans_before = 0;
+    for (const int64_t n_q : {c.n_q, c.other_n_q}) {
+      auto q = round_bf16(randn(size_t(q_rows * c.H * D)));
+      for (size_t i = size_t(n_q * c.H * D); i < q.size(); ++i) q[i] = NAN;
+      std::vector<float> ref;
+      ref::causal_attention(std::vector<float>(q.begin(), q.begin() + n_q * c.H * D), k, v, ref, n_q, c.pos0, c.H, c.KV, D, cap, scale, D);
+      auto dq = to_device_bf16(q);
+      auto dout = poisoned(size_t(q_rows * c.H * D) * 2);
+      cuda::AttentionShape s{n_q, c.pos0, c.H, c.KV, D, cap, scale, 0, q_rows};
+      if (n_q == c.n_q) plans_before = cuda::cudnn_attention_stats().plans;
+      cuda::causal_attention_cudnn(dq.as<__nv_bfloat16>(), dk.as<__nv_bfloat16>(), dv.as<__nv_bfloat16>(), dout.as<__nv_bfloat16>(), s, nullptr);
+      PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      const double err = ref::rel_error(from_device_bf16(dout, ref.size()), ref);
+      std::printf("cudnn attention, bucketed: H=%d KV=%d pos0=%lld n_q=%lld (buffers %lld rows): rel err %.2e\n", c.H, c.KV, (long long)c.pos0,
+                  (long long)n_q, (long long)q_rows, err);
+      EXPECT_LT(err, 1e-2) << "n_q " << n_q;
+    }
+    EXPECT_EQ(cuda::cudnn_attention_stats().plans - plans_before, 1) << "two chunk lengths in one bucket: one plan";
+  }
+}
+
 // Same run, same inputs: our default kernel and cuDNN's at Llama-8B's attention shape (32 heads, 8 KV heads, head
 // 128), a whole prompt in one call and in the engine's 4096-query chunks. Opt-in (PDBRIDGE_BENCH_ATTN=1, lengths in
 // PDBRIDGE_BENCH_ATTN_T, default 8192,32768,131072); JSON lines to PDBRIDGE_BENCH_OUT when set.

@@ -1,5 +1,6 @@
 // What the CUDA backend can see. Safe to call in builds without CUDA (answers "no device").
 #pragma once
+#include <cstdint>
 #include <string>
 
 namespace pdb::cuda {
@@ -15,5 +16,7 @@ size_t device_bytes_in_use();
 // Which causal attention the engines run: "cudnn 91900" (cuDNN's, the default where it loads), "ours (PDBRIDGE_ATTN=ours)",
 // or "ours (cuDNN: why not)". "none" without CUDA.
 std::string attention_kernel_summary();
+// cuDNN attention plans built by this process so far (each a host-side pause of 35-580 ms on the H200); 0 without them.
+int64_t attention_plans_built();
 
 }  // namespace pdb::cuda

@@ -44,6 +44,8 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
   if (o.device != "cuda" && o.device != "cpu") throw std::invalid_argument("--device must be cuda or cpu");
   const BackendOptions bo{.model = o.model, .recipe = o.recipe, .device = o.device, .kv_dtype = o.kv_dtype, .threads = threads, .chunk = o.chunk,
                           .tp = o.tp, .tp_one_gpu = o.tp_one_gpu, .max_gpu_mem_gib = o.max_gpu_mem_gib, .kv_rows = o.kv_rows, .numerics = o.numerics};
+  // what the device holds before any allocation: the CUDA context (and whatever else runs there), counted below apart
+  const size_t context_bytes = o.device == "cuda" ? cuda::device_bytes_in_use() : 0;
   const std::string arch = read_recipe_info(*GgufFile::open(o.recipe)).arch;
   const std::string numerics = arch == "deepseek4" ? "bf16" : product_numerics_name(resolve_numerics(bo));  // "auto" as resolved
   std::unique_ptr<PrefillBackend> be = architecture(arch).make_backend(bo);
@@ -83,9 +85,10 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
   std::printf("%-8s %-22s %10s %12s %10s %10s\n", "tokens", "mode", "seconds", "tok/s", "TFLOP/s", "of GEMM");
   for (int64_t T : o.tokens) {
     be->check_fits(T, o.chunk);
-    auto prompt = [&] {  // a fresh random prompt per run
+    auto prompt = [&](bool vary = false) {  // a fresh random prompt per run (vary: of a fresh length, --vary-lengths)
       std::mt19937_64 g(seed++);
-      std::vector<int32_t> t(static_cast<size_t>(T));
+      const int64_t n = T - (vary && o.vary_lengths > 0 ? int64_t(g() % uint64_t(o.vary_lengths)) : 0);
+      std::vector<int32_t> t(static_cast<size_t>(std::max<int64_t>(n, 1)));
       for (auto& x : t) x = int32_t(g() % uint64_t(c.vocab_size));
       return t;
     };
@@ -106,10 +109,12 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
       std::erase_if(modes, [&](const Mode& m) { return std::find(o.modes.begin(), o.modes.end(), m.name) == o.modes.end(); });
     std::map<std::string, double> median_s;
     for (const Mode& m : modes) {
-      std::vector<double> ts;
+      std::vector<double> ts, rates;
       int64_t bytes = 0;
+      const int64_t plans_before = cuda::attention_plans_built();
       for (int r = 0; r < o.reps; ++r) {
-        auto toks = prompt();
+        auto toks = prompt(true);
+        const double n = double(toks.size());
         if (m.name == "engine+recipe") {
           bytes = 0;
           ts.push_back(seconds([&] {
@@ -132,16 +137,19 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
         } else {
           ts.push_back(seconds([&] { be->forward_only(toks, o.chunk, m.name == "full-forward"); }));
         }
+        rates.push_back(n / ts.back());
       }
-      const double t = median(ts);
+      const int64_t plans = cuda::attention_plans_built() - plans_before;
+      const double t = median(ts), tok_s = median(rates);
       median_s[m.name] = t;
       const double flops = 2.0 * layer_params * m.layers * double(T) + (m.attention ? attention_flops(double(T), m.layers) : 0.0);
-      const double tflops = flops / t / 1e12;
-      std::printf("%-8lld %-22s %10.3f %12.0f %10.1f %9.0f%%\n", (long long)T, m.name.c_str(), t, double(T) / t, tflops,
-                  gemm_rate > 0 ? 100.0 * tflops / gemm_rate : 0.0);
+      const double tflops = flops / double(T) * tok_s / 1e12;  // the prompts' mean length is about T where they vary
+      std::printf("%-8lld %-22s %10.3f %12.0f %10.1f %9.0f%%%s\n", (long long)T, m.name.c_str(), t, tok_s, tflops,
+                  gemm_rate > 0 ? 100.0 * tflops / gemm_rate : 0.0, plans ? fmt::format("  ({} attention plans built)", plans).c_str() : "");
       std::fflush(stdout);
       json row = {{"label", o.label}, {"device", be->device()}, {"weights", be->weights()}, {"tp", o.tp}, {"kv_rows", o.kv_rows}, {"numerics", numerics}, {"attention", o.device == "cuda" ? cuda::attention_kernel_summary() : "cpu"}, {"tp_one_gpu", o.tp_one_gpu}, {"arch", c.arch}, {"model", o.model}, {"tokens", T}, {"mode", m.name},
-                  {"chunk", o.chunk}, {"cache_type", o.cache_type}, {"seconds_median", t}, {"seconds_all", ts}, {"tok_s", double(T) / t},
+                  {"chunk", o.chunk}, {"cache_type", o.cache_type}, {"seconds_median", t}, {"seconds_all", ts}, {"tok_s", tok_s},
+                  {"vary_lengths", o.vary_lengths}, {"attention_plans_built", plans},
                   {"tflops", tflops}, {"gemm_tflops", gemm_rate}, {"wire_bytes", bytes},
                   // the engine's buffers grow and stay: what the device holds after the runs is their peak
                   {"gpu_gib_loaded", double(loaded_bytes) / double(1 << 30)}, {"gpu_gib_in_use", double(cuda::device_bytes_in_use()) / double(1 << 30)}};
@@ -152,9 +160,14 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
       const double gib = double(1 << 30), file = double(std::filesystem::file_size(o.model)) / gib;
       const double kv = 2.0 * (L - 1) * KV * D * double(T) * (o.kv_dtype == "fp8" ? 1.0 + 4.0 / D : 2.0) / gib;
       const double in_use = double(cuda::device_bytes_in_use()) / gib;
-      std::printf("#        memory at %lld: %.2f GiB in use; the GGUF %.2f GiB + the engine's K/V %.2f GiB = %.2f GiB (+10%%: %.2f)\n", (long long)T,
-                  in_use, file, kv, file + kv, 1.1 * (file + kv));
-      out << json{{"label", o.label}, {"tokens", T}, {"mode", "memory"}, {"gpu_gib_in_use", in_use}, {"gguf_gib", file}, {"engine_kv_gib", kv}}.dump() << "\n";
+      const double context = double(context_bytes) / gib;
+      std::printf("#        memory at %lld: %.2f GiB in use (%.2f before any allocation: the CUDA context); the GGUF %.2f GiB + the engine's K/V "
+                  "%.2f GiB = %.2f GiB (+10%%: %.2f)\n",
+                  (long long)T, in_use, context, file, kv, file + kv, 1.1 * (file + kv));
+      out << json{{"label", o.label}, {"tokens", T}, {"mode", "memory"}, {"gpu_gib_in_use", in_use}, {"context_gib", context}, {"gguf_gib", file},
+                  {"engine_kv_gib", kv}}
+                 .dump()
+          << "\n";
     }
     if (median_s.count("engine-no-attention")) {
       const double attn_s = median_s["engine"] - median_s["engine-no-attention"];

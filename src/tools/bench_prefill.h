@@ -20,6 +20,9 @@ struct BenchPrefillOptions {
   double max_gpu_mem_gib = 0;
   std::vector<std::string> modes;  // only these (empty: every mode)  // the CUDA engine's cap on the device memory in use (0: none)  // every rank on GPU 0 (the sharding's overhead on one GPU, not a speed-up)
   uint64_t seed = 0;  // 0: from the clock
+  // Each timed prompt shorter by a fresh 0..vary_lengths-1 tokens: lengths the warm-up did not see, as a server meets
+  // them (the attention plans and buffers of a new length are then part of the time). 0: every prompt T tokens.
+  int64_t vary_lengths = 0;
 };
 
 int run_bench_prefill(const BenchPrefillOptions& o);

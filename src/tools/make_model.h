@@ -25,6 +25,9 @@ struct MakeModelOptions {
   // deepseek4: the layers' compress ratios (0, 4, 128), replacing the preset's (and its layer count): real
   // layer shapes of every kind in a few layers.
   std::vector<int> compress_ratios;
+  // deepseek4: how many of the first layers route by token hash (-1: the preset's, capped at the layer count); with a
+  // few layers of each kind, 1 keeps the other kinds on the learned router as in the whole model.
+  int hash_layers = -1;
   // Only the decoder GGUFs, no HF checkpoint: models larger than the disk holds twice (the prefill then runs the GGUF).
   bool no_hf = false;
   // What llama-quantize starts from, written here: "f32" (exact), or "q8_0" (half the bytes of f16: a 30B model's

@@ -85,6 +85,10 @@ void make_deepseek4_model(const MakeModelOptions& o, const std::string& vocab_gg
     c.layers = int64_t(c.compress_ratios.size());
     c.hash_layers = std::min(c.hash_layers, c.layers);
   }
+  if (o.hash_layers >= 0) {
+    if (o.hash_layers > c.layers) throw std::invalid_argument("--hash-layers: more than the model's layers");
+    c.hash_layers = o.hash_layers;
+  }
   if (o.context_length > 0) c.context = o.context_length;
   if (o.hf_dtype != "f32" && o.hf_dtype != "fp8")
     throw std::invalid_argument("--hf-dtype for deepseek4: f32 (tests) or fp8 (the official layout: FP8 matrices, FP4 experts, bf16 elsewhere)");
