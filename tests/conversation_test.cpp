@@ -125,6 +125,27 @@ INSTANTIATE_TEST_SUITE_P(Models, TailCapture,
                            return n;
                          });
 
+// A capture keeps the engine's state only for a cache to keep it in: asked for none (keep_max_bytes 0, what
+// run_capture passes without an enabled prefix cache) the engine copies nothing; asked for one, it leaves it.
+TEST(TailCapture, TheEngineKeepsItsStateOnlyWhenACacheWantsIt) {
+  const std::string dir = test::models_dir() + "/llama-tiny";
+  std::shared_ptr<const Recipe> recipe = Recipe::load(dir + "/decoder-f16.gguf", 2);
+  auto be = make_cpu_backend(std::make_shared<CpuEngine>(dir + "/hf", 2), recipe);
+  const CacheSpec spec = CacheSpec::decoder_default(GgmlType::F16, GgmlType::F16, recipe->info().head_dim);
+  std::vector<int32_t> tokens(200);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(5 + i % 50);
+  for (const size_t max_bytes : {size_t(0), SIZE_MAX}) {
+    CaptureReuse reuse;
+    reuse.keep_max_bytes = max_bytes;
+    ASSERT_EQ(be->capture(tokens, 64, spec, [](const KvBlock&) { return true; }, {}, &reuse), 200);
+    EXPECT_EQ(reuse.kept != nullptr, max_bytes > 0) << "keep_max_bytes " << max_bytes;
+  }
+  PrefixCache off(0);  // a disabled cache: run_capture asks for no state, and there is none to insert
+  const auto rows = capture_rows(*be, tokens, 0, spec, 64, &off);
+  EXPECT_EQ(rows.trailer.value("status", ""), "complete");
+  EXPECT_EQ(off.stats().entries, 0u);
+}
+
 // The GPU engine resumed after a cached prefix (its K/V copied back into the engine's cache): tolerance class,
 // since cuBLAS's sums depend on the row counts of the chunks, which the resume cuts elsewhere.
 TEST(CudaTailCapture, ResumedFromTheCachedPrefixMatchesTheFullCapturesTailWithinTolerance) {

@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -505,6 +505,19 @@ stage_enginecheck() {
   run unit_engine timeout 200 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Moe*:CudaGroupedGemm*:MoePadding*:CudaDequant*:CudaAttention.*'
   run integration_engine timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaParity.*:CudaEngine.*'
 }
+# What engine + recipe + frames costs beside the engine alone (issue 36's <= 3%), each part apart: the Qwen3-30B-A3B
+# 8-layer Q4_K_M and Llama-8B F16 files (made here without a checkpoint), the engine's own rows; then the tail captures
+# that keep the engine's state for the prefix cache (the state is copied only for a cache that wants it).
+stage_gapcheck() {
+  local Q=$M/qwen30b8 G=$M/llama8b-peer B="--tokens ${GGUF_TOKENS:-8192,32768} --reps 3 --chunk 4096 --kv-rows engine --modes engine,engine+recipe,engine+recipe+frames --out $R/bench_gap.jsonl"
+  [ -f $Q/decoder-q4_K_M.gguf ] || run make_qwen30b8 $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 9 --out $Q --no-hf \
+    --quantize-from q8_0 --gguf-types q4_K_M
+  run gap_moe $PDB bench prefill --model $Q/decoder-q4_K_M.gguf --label qwen3-30b-a3b-8l-q4_K_M-gap $B
+  [ -f $G/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $G --no-hf --hf-dtype bf16 --gguf-types f16
+  run gap_f16 $PDB bench prefill --model $G/decoder-f16.gguf --label llama8b-f16-gap $B
+  make_test_models
+  run integration_tail timeout 300 $P/build/tests/integration_tests --gtest_filter='CudaTailCapture.*:TailCapture.*'
+}
 # The CUDA backend's row path after a change to it: the bridge end to end and the bridged state against the decoder's.
 stage_rowpath() {
   make_test_models
@@ -532,7 +545,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

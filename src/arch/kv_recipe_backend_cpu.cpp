@@ -73,7 +73,7 @@ class CpuBackend final : public PrefillBackend {
         },
         DecoderCacheSpec{spec.k_type == GgmlType::Q8_0 && spec.v_type == GgmlType::Q8_0, spec.rot_k, spec.rot_v,
                          k_rotation_size(info.head_dim), kVRotationSize},
-        from, resume ? &reuse->kept : nullptr);
+        from, resume && reuse->wants_state() ? &reuse->kept : nullptr);
   }
 
   int64_t forward_only(const std::vector<int32_t>& tokens, int64_t chunk, bool, bool skip_attention) override {

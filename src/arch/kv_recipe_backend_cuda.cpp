@@ -278,7 +278,7 @@ class CudaBackend final : public PrefillBackend {
         if (layer > 0) emit(layer, d_h, rows, pos0, st);
       };
       done = engine_.prefill(tokens, chunk, engine_rows_ ? CudaEngine::DeviceHook{} : recipe_hook,
-                             [&] { return stopped.load() || (stop && stop()); }, false, false, from, resume ? &reuse->kept : nullptr,
+                             [&] { return stopped.load() || (stop && stop()); }, false, false, from, resume && reuse->wants_state() ? &reuse->kept : nullptr,
                              resume ? reuse->keep_max_bytes : SIZE_MAX);
     } catch (...) {
       engine_error = std::current_exception();

@@ -54,7 +54,9 @@ struct CaptureReuse {
   std::shared_ptr<const EngineState> resume_state;
   int64_t resume_tokens = 0;
   std::shared_ptr<EngineState> kept;
-  size_t keep_max_bytes = SIZE_MAX;  // a state larger than this would not be cached: an engine that copies one skips it
+  // a state larger than this would not be cached: an engine that copies one skips it (0: no cache, nothing kept)
+  size_t keep_max_bytes = SIZE_MAX;
+  bool wants_state() const { return keep_max_bytes > 0; }
 };
 
 class PrefillBackend {

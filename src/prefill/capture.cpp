@@ -41,7 +41,9 @@ CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& r
       reuse.resume_tokens = 0;
     }
   }
-  if (cache) reuse.keep_max_bytes = cache->stats().max_bytes;
+  // Without a cache to keep it in, the engine does not copy its state: on the GPU that copy (the prompt's K/V, with
+  // its allocation and release) would cost every capture for nothing.
+  reuse.keep_max_bytes = keeps ? cache->stats().max_bytes : 0;
   res.tail_from = send_from;
   res.prefix_reused = reuse.resume_tokens;
   std::atomic<bool> aborted{false}, sealed{false};  // the sink may run on a backend's delivery thread
