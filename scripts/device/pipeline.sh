@@ -505,18 +505,21 @@ stage_enginecheck() {
   run unit_engine timeout 200 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Moe*:CudaGroupedGemm*:MoePadding*:CudaDequant*:CudaAttention.*'
   run integration_engine timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaParity.*:CudaEngine.*'
 }
-# What engine + recipe + frames costs beside the engine alone (issue 36's <= 3%), each part apart: the Qwen3-30B-A3B
-# 8-layer Q4_K_M and Llama-8B F16 files (made here without a checkpoint), the engine's own rows; then the tail captures
-# that keep the engine's state for the prefix cache (the state is copied only for a cache that wants it).
+# What engine + recipe + frames costs beside the engine alone (issue 36's <= 3%), each part apart: the Llama-8B F16 and
+# (GAP_MOE=1) Qwen3-30B-A3B 8-layer Q4_K_M files (made here without a checkpoint), the engine's own rows; first the
+# tests of that path (the fused q|k|v rows assembled from the rows' products, the engine and parity suites, the tail
+# captures that keep the engine's state for the prefix cache).
 stage_gapcheck() {
+  make_test_models
+  run unit_gap timeout 120 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Assembled*'
+  run integration_gap timeout 300 $P/build/tests/integration_tests --gtest_filter='CudaEngine.*:CudaParity.*:CudaTailCapture.*:TailCapture.*'
   local Q=$M/qwen30b8 G=$M/llama8b-peer B="--tokens ${GGUF_TOKENS:-8192,32768} --reps 3 --chunk 4096 --kv-rows engine --modes engine,engine+recipe,engine+recipe+frames --out $R/bench_gap.jsonl"
+  [ -f $G/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $G --no-hf --hf-dtype bf16 --gguf-types f16
+  run gap_f16 $PDB bench prefill --model $G/decoder-f16.gguf --label llama8b-f16-gap $B
+  [ "${GAP_MOE:-1}" = 1 ] || return 0
   [ -f $Q/decoder-q4_K_M.gguf ] || run make_qwen30b8 $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 9 --out $Q --no-hf \
     --quantize-from q8_0 --gguf-types q4_K_M
   run gap_moe $PDB bench prefill --model $Q/decoder-q4_K_M.gguf --label qwen3-30b-a3b-8l-q4_K_M-gap $B
-  [ -f $G/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $G --no-hf --hf-dtype bf16 --gguf-types f16
-  run gap_f16 $PDB bench prefill --model $G/decoder-f16.gguf --label llama8b-f16-gap $B
-  make_test_models
-  run integration_tail timeout 300 $P/build/tests/integration_tests --gtest_filter='CudaTailCapture.*:TailCapture.*'
 }
 # The CUDA backend's row path after a change to it: the bridge end to end and the bridged state against the decoder's.
 stage_rowpath() {

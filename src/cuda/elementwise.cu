@@ -68,6 +68,15 @@ __global__ void f16_to_f32_kernel(const __half* __restrict__ x, float* __restric
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) y[i] = __half2float(x[i]);
 }
 
+__global__ void assemble_qkv_kernel(const __nv_bfloat16* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, int64_t rows,
+                                    int64_t qw, int64_t kw, __nv_bfloat16* __restrict__ qkv) {
+  const int64_t width = qw + 2 * kw, n = rows * width;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / width, c = i % width;
+    qkv[i] = c < qw ? q[r * qw + c] : c < qw + kw ? __float2bfloat16_rn(k[r * kw + c - qw]) : __float2bfloat16_rn(v[r * kw + c - qw - kw]);
+  }
+}
+
 // One warp per 32-element block: lane i owns element i.
 __global__ void q8_0_kernel(float* __restrict__ x, int64_t n_blocks) {
   const int64_t b = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
@@ -219,6 +228,13 @@ void f32_to_f16(const float* x, __half* y, int64_t n, cudaStream_t s) {
 void f32_to_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   f32_to_bf16_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, y, n);
+  PDB_CUDA_LAUNCHED();
+}
+void assemble_qkv_rows(const __nv_bfloat16* q, const float* k, const float* v, int64_t rows, int64_t qw, int64_t kw, __nv_bfloat16* qkv,
+                       cudaStream_t s) {
+  const int64_t n = rows * (qw + 2 * kw);
+  if (n == 0) return;
+  assemble_qkv_kernel<<<blocks_for(n), kThreads, 0, s>>>(q, k, v, rows, qw, kw, qkv);
   PDB_CUDA_LAUNCHED();
 }
 void f16_to_f32(const __half* x, float* y, int64_t n, cudaStream_t s) {

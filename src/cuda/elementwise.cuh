@@ -23,6 +23,10 @@ void product_input_half(const void* x, bool x_f32, int64_t n, int block, __half*
 void f32_to_f16(const float* x, __half* y, int64_t n, cudaStream_t s);
 void f32_to_bf16(const float* x, __nv_bfloat16* y, int64_t n, cudaStream_t s);
 void f16_to_f32(const __half* x, float* y, int64_t n, cudaStream_t s);
+// qkv[r] = q[r] | bf16(k[r]) | bf16(v[r])  (rows of qw, kw, kw values): a fused q|k|v product's bf16 rows from its
+// q columns' product and the k and v columns' f32 products (the engine's own cache rows, which it makes anyway).
+void assemble_qkv_rows(const __nv_bfloat16* q, const float* k, const float* v, int64_t rows, int64_t qw, int64_t kw, __nv_bfloat16* qkv,
+                       cudaStream_t s);
 // x <- dequantize(quantize_q8_0(x)) per 32-element block, with ggml-cpu's x86 quantizer
 // (d = amax/127, q = round-half-even(x * 127/amax), d stored as f16).
 void q8_0_round_trip(float* x, int64_t n, cudaStream_t s);

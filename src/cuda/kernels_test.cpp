@@ -288,6 +288,32 @@ TEST(CudaKernels, Fp8KvRowsMatchTheirTwinAndAttendAsTheirValues) {
 #endif
 }
 
+// The fused q|k|v rows assembled from q's bf16 product and k's and v's f32 ones: q copied, k and v rounded to bf16
+// (nearest even), each in its columns of every row.
+TEST(CudaKernels, AssembledQkvRowsAreTheFusedProductsRows) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  const int64_t rows = 37, qw = 256, kw = 64;
+  const auto q = round_bf16(randn(size_t(rows * qw))), k = randn(size_t(rows * kw)), v = randn(size_t(rows * kw));
+  auto dq = to_device_bf16(q);
+  cuda::DeviceBuffer dk(k.size() * 4), dv(v.size() * 4);
+  dk.upload(k.data(), k.size() * 4);
+  dv.upload(v.data(), v.size() * 4);
+  auto dqkv = poisoned(size_t(rows * (qw + 2 * kw)) * 2);
+  cuda::assemble_qkv_rows(dq.as<__nv_bfloat16>(), dk.as<float>(), dv.as<float>(), rows, qw, kw, dqkv.as<__nv_bfloat16>(), nullptr);
+  PDB_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto got = from_device_bf16(dqkv, size_t(rows * (qw + 2 * kw)));
+  size_t bad = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < qw + 2 * kw; ++c) {
+      const float want = c < qw ? q[size_t(r * qw + c)]
+                                : bf16_to_f32(f32_to_bf16(c < qw + kw ? k[size_t(r * kw + c - qw)] : v[size_t(r * kw + c - qw - kw)]));
+      bad += got[size_t(r * (qw + 2 * kw) + c)] != want;
+    }
+  EXPECT_EQ(bad, 0u);
+#endif
+}
+
 TEST(CudaKernels, SwigluRmsnormAndQ8RoundTripMatchTheirTwins) {
   SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA

@@ -11,6 +11,7 @@
 
 #include "cuda/attention.cuh"
 #include "cuda/device.h"
+#include "cuda/elementwise.cuh"
 #include "cuda/fp8.cuh"
 #include "cuda/rope.cuh"
 #include "formats/safetensors.h"
@@ -60,6 +61,7 @@ class GqaAttentionCuda final : public CudaAttention {
   DeviceBuffer kx_, vx_;  // kv_fp8, expanded: one layer's rows as bf16 [kv_heads x capacity x head_dim]
   DeviceBuffer qkv_, q_, att_;
   bool kv_rows_ = false;
+  int64_t rows_of_layer_ = -1;  // the layer whose k and v columns kv_rows made for the chunk in flight
   int world_ = 1;
   DeviceBuffer kf_, vf_;  // --kv-rows engine: the chunk's K and V rows as f32 products [rows x kv_heads * head_dim]
   cuda::QkvRopeArgs ra_;  // kernel arguments that change only per chunk (rows, positions) or per layer (qwen3's norms)
@@ -195,14 +197,23 @@ void GqaAttentionCuda::kv_rows(int64_t l, const bf16* x, const CudaChunk& c, con
   g.xwt(ab, xin, w + (nh_ * hd_ + C) * H_, cuda::DType::F32, vf_.get(), c.n, H_, C, 0.0f, c.s);
   *k = kf_.as<float>();
   *v = vf_.as<float>();
+  rows_of_layer_ = l;
 }
 
 void GqaAttentionCuda::forward(int64_t l, const bf16* x, float* h, const CudaChunk& c) {
   const Layer& Lw = layers_[size_t(l)];
+  // Where kv_rows made this layer's k and v columns (in f32, from the same rounded inputs), only q's are multiplied
+  // here (into q_, free until the RoPE below writes it) and the fused rows assembled: the k|v columns are not
+  // multiplied twice (a third of the q|k|v product on Llama-8B's shape).
+  const bool kv_made = rows_of_layer_ == l;
+  rows_of_layer_ = -1;
+  const int64_t out = kv_made ? nh_ * hd_ : (nh_ + 2 * nkv_) * hd_;
+  void* y = kv_made ? q_.get() : qkv_.get();
   if (c.xf)
-    mm_(c.xf, cuda::DType::F32, Lw.wqkv, Lw.wqkv_s, c.n, H_, (nh_ + 2 * nkv_) * hd_, cuda::DType::BF16, qkv_.get(), 0.0f, c.s);
+    mm_(c.xf, cuda::DType::F32, Lw.wqkv, Lw.wqkv_s, c.n, H_, out, cuda::DType::BF16, y, 0.0f, c.s);
   else
-    mm_(x, Lw.wqkv, Lw.wqkv_s, c.n, H_, (nh_ + 2 * nkv_) * hd_, cuda::DType::BF16, qkv_.get(), 0.0f, c.s);
+    mm_(x, Lw.wqkv, Lw.wqkv_s, c.n, H_, out, cuda::DType::BF16, y, 0.0f, c.s);
+  if (kv_made) cuda::assemble_qkv_rows(q_.as<bf16>(), kf_.as<float>(), vf_.as<float>(), c.n, nh_ * hd_, nkv_ * hd_, qkv_.as<bf16>(), c.s);
   ra_.q_norm = Lw.q_norm.bytes() ? Lw.q_norm.as<float>() : nullptr;
   ra_.k_norm = Lw.k_norm.bytes() ? Lw.k_norm.as<float>() : nullptr;
   attend(l, c);
