@@ -34,6 +34,7 @@ class GqaAttentionCuda final : public CudaAttention {
   void begin_chunk(const CudaChunk& c) override {
     ra_.rows = as_.n_q = c.n;
     ra_.pos0 = as_.pos0 = c.p0;
+    rows_of_layer_ = -1;  // the last layer's rows (made without its forward) are not this chunk's
   }
   void forward(int64_t layer, const bf16* x, float* h, const CudaChunk& c) override;
   CudaKvCache& kv() override { return kv_; }
