@@ -28,6 +28,7 @@ struct Tuning {
   std::string dsv4_attn;         // PDBRIDGE_DSV4_ATTN=gather: the gathered sparse attention
   std::string dsv4_expand;       // PDBRIDGE_DSV4_EXPAND=inline: FP4 experts expanded in the MoE, not on a side stream
   std::string act_quant;         // PDBRIDGE_ACT_QUANT=0: the CPU engine's products with a GGUF's quantized weights in f32
+  std::string readback;          // PDBRIDGE_READBACK=copy: small device results reach the host by cudaMemcpyAsync, not mapped stores
 
   static Tuning from_env();
 };
@@ -47,6 +48,7 @@ inline const std::vector<TuningSwitch>& tuning_switches() {
       {"PDBRIDGE_DSV4_EXPERTS", &Tuning::dsv4_experts},     {"PDBRIDGE_DSV4_EXPERTS_FP8", &Tuning::dsv4_experts_fp8},
       {"PDBRIDGE_DSV4_INDEXER", &Tuning::dsv4_indexer},     {"PDBRIDGE_DSV4_ATTN", &Tuning::dsv4_attn},
       {"PDBRIDGE_DSV4_EXPAND", &Tuning::dsv4_expand},       {"PDBRIDGE_ACT_QUANT", &Tuning::act_quant},
+      {"PDBRIDGE_READBACK", &Tuning::readback},
   };
   return s;
 }

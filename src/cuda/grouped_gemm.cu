@@ -16,6 +16,8 @@ void check(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(fmt::format("cuBLAS {} failed: status {}", what, int(st)));
 }
 
+cudaDataType_t cublas_type(DType t) { return t == DType::F32 ? CUDA_R_32F : t == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F; }
+
 }  // namespace
 
 GroupedGemm::GroupedGemm(bool per_expert) : loop_(per_expert) {
@@ -56,7 +58,7 @@ void** GroupedGemm::upload(int64_t n, cudaStream_t s) {
 // Column-major view, as Gemm::xwt: Y^T[out x rows] = W^T(op T of the [in x out] column-major W) * X^T.
 void GroupedGemm::xwt(const std::vector<GroupedProduct>& products, int64_t in, int64_t out, DType y_type, cudaStream_t s) {
   auto h = static_cast<cublasHandle_t>(on_stream(s));
-  const cudaDataType_t yt = y_type == DType::F32 ? CUDA_R_32F : y_type == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  const cudaDataType_t yt = cublas_type(y_type);
   const float alpha = 1.0f, beta = 0.0f;
   std::vector<const GroupedProduct*> live;
   for (const auto& p : products)
@@ -97,33 +99,46 @@ void GroupedGemm::xwt_padded(const void* x, const void* w, void* y, int64_t cap,
   if (cap <= 0 || experts <= 0) return;
   if (in > INT32_MAX || out > INT32_MAX || cap > INT32_MAX || experts > INT32_MAX) throw std::invalid_argument("padded products: dimensions past int32");
   auto h = static_cast<cublasHandle_t>(on_stream(s));
-  const cudaDataType_t yt = y_type == DType::F32 ? CUDA_R_32F : y_type == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  const cudaDataType_t yt = cublas_type(y_type);
   const float alpha = 1.0f, beta = 0.0f;
   check(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(cap), int(in), &alpha, w, CUDA_R_16BF, int(in), in * out, x, CUDA_R_16BF,
                                    int(in), cap * in, &beta, y, yt, int(out), cap * out, int(experts), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "strided batched gemm");
 }
 
-void GroupedGemm::xwt_chunks(const void* x, const void* w, void* y, const std::vector<int32_t>& chunk_expert, int64_t cap, int64_t in,
-                             int64_t out, DType y_type, cudaStream_t s) {
-  const int64_t n = int64_t(chunk_expert.size());
-  if (n == 0 || cap <= 0) return;
-  if (in > INT32_MAX || out > INT32_MAX || cap > INT32_MAX || n > INT32_MAX) throw std::invalid_argument("chunked products: dimensions past int32");
+void GroupedGemm::xwt_chunks(const void* x, const void* w, void* y, const std::vector<ChunkSpan>& sizes, int64_t in, int64_t out, DType y_type,
+                             cudaStream_t s) {
+  int64_t n = 0;
+  for (const auto& c : sizes) {
+    if (c.cap > INT32_MAX || c.n > INT32_MAX || c.cap <= 0) throw std::invalid_argument("chunked products: chunk sizes past int32 or empty");
+    n += c.n;
+  }
+  if (n == 0) return;
+  if (in > INT32_MAX || out > INT32_MAX) throw std::invalid_argument("chunked products: dimensions past int32");
   auto h = static_cast<cublasHandle_t>(on_stream(s));
-  const cudaDataType_t yt = y_type == DType::F32 ? CUDA_R_32F : y_type == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  const cudaDataType_t yt = cublas_type(y_type);
   const size_t ysize = y_type == DType::F32 ? 4 : 2;
+  // per size: its n weight pointers, then its n x pointers, then its n y pointers
   void** hp = staging(3 * n);
-  for (int64_t c = 0; c < n; ++c) {
-    hp[c] = static_cast<char*>(const_cast<void*>(w)) + size_t(chunk_expert[size_t(c)]) * size_t(out * in) * 2;
-    hp[n + c] = static_cast<char*>(const_cast<void*>(x)) + size_t(c * cap * in) * 2;
-    hp[2 * n + c] = static_cast<char*>(y) + size_t(c * cap * out) * ysize;
+  int64_t at = 0;
+  for (const auto& c : sizes) {
+    for (int64_t i = 0; i < c.n; ++i) {
+      hp[at + i] = static_cast<char*>(const_cast<void*>(w)) + size_t(c.expert[i]) * size_t(out * in) * 2;
+      hp[at + c.n + i] = static_cast<char*>(const_cast<void*>(x)) + size_t(c.first_row[i]) * size_t(in) * 2;
+      hp[at + 2 * c.n + i] = static_cast<char*>(y) + size_t(c.first_row[i]) * size_t(out) * ysize;
+    }
+    at += 3 * c.n;
   }
   void** dp = upload(3 * n, s);
   const float alpha = 1.0f, beta = 0.0f;
-  check(cublasGemmBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(cap), int(in), &alpha, const_cast<const void* const*>(dp), CUDA_R_16BF, int(in),
-                            const_cast<const void* const*>(dp + n), CUDA_R_16BF, int(in), &beta, dp + 2 * n, yt, int(out), int(n), CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT),
-        "batched gemm");
+  for (const auto& c : sizes) {
+    if (c.n == 0) continue;
+    check(cublasGemmBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(c.cap), int(in), &alpha, const_cast<const void* const*>(dp), CUDA_R_16BF,
+                              int(in), const_cast<const void* const*>(dp + c.n), CUDA_R_16BF, int(in), &beta, dp + 2 * c.n, yt, int(out), int(c.n),
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "batched gemm");
+    dp += 3 * c.n;
+  }
 }
 
 }  // namespace pdb::cuda

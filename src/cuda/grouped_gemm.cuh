@@ -21,6 +21,15 @@ struct GroupedProduct {
   int64_t rows = 0;
 };
 
+// Chunks of one size (model/moe_padding.h): chunk i is rows [first_row[i], first_row[i] + cap) of x and y,
+// multiplied by the weights of expert[i].
+struct ChunkSpan {
+  int64_t cap = 0;
+  const int32_t* expert = nullptr;
+  const int32_t* first_row = nullptr;
+  int64_t n = 0;
+};
+
 class GroupedGemm {
  public:
   // per_expert: one cuBLAS product per expert by default instead of the grouped call (DeepSeek-V4's experts of
@@ -36,10 +45,10 @@ class GroupedGemm {
   // Every expert's rows padded to `cap` (expert e's at rows [e cap, e cap + cap) of x and y; the padding rows are
   // computed and never read): one strided batched cuBLAS product over all experts, weights [experts x out x in].
   void xwt_padded(const void* x, const void* w, void* y, int64_t cap, int64_t experts, int64_t in, int64_t out, DType y_type, cudaStream_t s);
-  // The rows in chunks of `cap` (model/moe_padding.h): chunk c is rows [c cap, c cap + cap) of x and y, multiplied by
-  // the weights of expert chunk_expert[c] (w + e out in, bf16). One batched cuBLAS product over every chunk.
-  void xwt_chunks(const void* x, const void* w, void* y, const std::vector<int32_t>& chunk_expert, int64_t cap, int64_t in, int64_t out,
-                  DType y_type, cudaStream_t s);
+  // The rows in chunks (model/moe_padding.h), the weights of expert e at w + e out in (bf16): one batched cuBLAS
+  // product per chunk size, their pointers uploaded together.
+  void xwt_chunks(const void* x, const void* w, void* y, const std::vector<ChunkSpan>& sizes, int64_t in, int64_t out, DType y_type,
+                  cudaStream_t s);
 
  private:
   // The handle on stream s. The pointer arrays of a batched call live on the device: staging(n) waits until the last

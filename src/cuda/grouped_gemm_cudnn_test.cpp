@@ -1,6 +1,6 @@
-// cuDNN's MoE grouped matmul (grouped_gemm_cudnn.h) against the f64 products of each expert, and the same-run speed
-// of the expert products every way the engine can run them (issue 36's A/B). Runs where a GPU and cuDNN are present;
-// skips, saying which is missing, elsewhere.
+// cuDNN's MoE grouped matmul (grouped_gemm_cudnn.h) and cuBLAS's batched products over the engine's padded chunks
+// against the f64 products of each expert, and the same-run speed of the expert products every way the engine can run
+// them (issue 36's A/B). Runs where a GPU (and for cuDNN's, cuDNN) is present; skips, saying which is missing, elsewhere.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +20,7 @@
 #include "cuda/grouped_gemm.cuh"
 #include "cuda/grouped_gemm_cudnn.h"
 #include "cuda/kernel_test_support.h"
+#include "model/cuda_moe_ffn.h"
 #include "model/moe_padding.h"
 #endif
 
@@ -47,6 +48,30 @@ std::vector<float> expert_products(const std::vector<float>& x, const std::vecto
   return y;
 }
 }  // namespace
+
+// The engine's padded layout with two chunk sizes (skewed experts: some in chunks of 384 and their remainders in
+// chunks of 128, an empty expert, one of a single row): every padded row, each multiplied by its expert's weights,
+// equals the f64 product. Needs a GPU only.
+TEST(CudaGroupedGemm, ChunksOfTwoSizesMatchEachExpertsF64Product) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
+  const int64_t in = 256, out = 384;
+  const std::vector<int32_t> counts = {1500, 700, 0, 300, 130, 1, 260, 90, 450, 120, 64, 200};
+  const int64_t E = int64_t(counts.size());
+  const PaddedExperts pad = pad_experts(counts.data(), E, INT32_MAX, 1);
+  ASSERT_EQ(pad.classes.size(), 2u) << "these counts take a large and a small chunk size";
+  auto w = round_bf16(randn(size_t(E * out * in), 0.05f));
+  auto x = round_bf16(randn(size_t(pad.rows * in)));
+  const auto want = expert_products(x, nullptr, w, pad.offsets, pad.rows, in, out);
+  auto dw = to_device_bf16(w), dx = to_device_bf16(x);
+  auto dy = poisoned(size_t(pad.rows * out) * 2);
+  cuda::GroupedGemm grouped;
+  grouped.xwt_chunks(dx.get(), dw.get(), dy.get(), chunk_spans(pad), in, out, cuda::DType::BF16, nullptr);
+  PDB_CUDA_CHECK(cudaDeviceSynchronize());
+  const double err = ref::rel_error(from_device_bf16(dy, want.size()), want);
+  std::printf("chunks of %lld and %lld over %lld experts, %lld padded rows: rel err %.2e\n", (long long)pad.classes[0].cap,
+              (long long)pad.classes[1].cap, (long long)E, (long long)pad.rows, err);
+  EXPECT_LT(err, 1e-2);
+}
 
 // Uneven experts: empty ones (the first, the last, one between), one with a single row, the rest random; with and
 // without the gather index; widths of qwen3moe's gate|up and down at a small scale.
@@ -115,7 +140,7 @@ TEST(CudaGroupedGemmBench, CublasAndCudnnSameRun) {
     }
     return v;
   };
-  const auto ways = list("PDBRIDGE_BENCH_MOE_WAYS", "grouped,loop,padded,chunks,cudnn,cudnn-gather");
+  const auto ways = list("PDBRIDGE_BENCH_MOE_WAYS", "grouped,loop,padded,chunks-one,chunks,cudnn,cudnn-gather");
   for (const std::string& tokens : list("PDBRIDGE_BENCH_MOE_T", "4096"))  // the chunk's tokens (the engine's --chunk)
   for (const Shape sh : {Shape{"qwen3-30b-a3b", 128, 8, 2048, 768}, Shape{"deepseek-v2-lite", 64, 6, 2048, 1408}})
   for (const bool skewed : {false, true}) {
@@ -145,17 +170,20 @@ TEST(CudaGroupedGemmBench, CublasAndCudnnSameRun) {
     }
     const int64_t cap = (largest + 63) / 64 * 64;
     std::vector<int32_t> counts32(counts.begin(), counts.end());
-    const PaddedExperts pad = pad_experts(counts32.data(), sh.E, INT32_MAX, 1);
+    const PaddedExperts pad = pad_experts(counts32.data(), sh.E, INT32_MAX, 1), one = pad_experts(counts32.data(), sh.E, INT32_MAX, 1, false);
+    const auto spans = chunk_spans(pad), one_spans = chunk_spans(one);
     const char* routing = skewed ? "skewed" : "uniform";
-    std::printf("MOE BENCH T=%lld %s %s routing: %lld rows, largest expert %lld (mean %.0f), padded to %lld: %.0f%% padding; chunks of %lld: %.0f%%\n",
+    std::printf("MOE BENCH T=%lld %s %s routing: %lld rows, largest expert %lld (mean %.0f), padded to %lld: %.0f%% padding; chunks of %lld: %.0f%%; "
+                "chunks of %lld and %lld: %.0f%%\n",
                 (long long)T, sh.name, routing, (long long)g, (long long)largest, double(g) / double(sh.E), (long long)cap, 100.0 * (double(cap * sh.E) / double(g) - 1),
-                (long long)pad.cap, 100.0 * (double(pad.rows) / double(g) - 1));
+                (long long)one.cap(), 100.0 * (double(one.rows) / double(g) - 1), (long long)pad.cap(),
+                (long long)(pad.classes.size() > 1 ? pad.classes[1].cap : 0), 100.0 * (double(pad.rows) / double(g) - 1));
     auto dx = to_device_bf16(randn(size_t(T * sh.H)));
-    auto dxg = to_device_bf16(randn(size_t(std::max(g, cap * sh.E) * sh.H)));
+    const int64_t ymax = std::max({g, cap * sh.E, pad.rows, one.rows});
+    auto dxg = to_device_bf16(randn(size_t(ymax * sh.H)));
     auto dgu = to_device_bf16(randn(size_t(sh.E * 2 * sh.F * sh.H), 0.02f));
     auto ddown = to_device_bf16(randn(size_t(sh.E * sh.H * sh.F), 0.02f));
-    auto dact = to_device_bf16(randn(size_t(std::max(g, cap * sh.E) * sh.F)));
-    const int64_t ymax = std::max(g, cap * sh.E);
+    auto dact = to_device_bf16(randn(size_t(ymax * sh.F)));
     cuda::DeviceBuffer dy1(size_t(ymax * 2 * sh.F) * 2), dy2(size_t(ymax * sh.H) * 2), dfirst(first.size() * 4), dindex(index.size() * 4);
     dfirst.upload(first.data(), first.size() * 4);
     dindex.upload(index.data(), index.size() * 4);
@@ -170,9 +198,10 @@ TEST(CudaGroupedGemmBench, CublasAndCudnnSameRun) {
                                     {g, sh.E, sh.F, sh.H, 0}, nullptr);
         return;
       }
-      if (way == "chunks") {  // the engine's default: model/moe_padding.h's chunks, one batched product each
-        grouped.xwt_chunks(dxg.get(), dgu.get(), dy1.get(), pad.chunk_expert, pad.cap, sh.H, 2 * sh.F, cuda::DType::BF16, nullptr);
-        grouped.xwt_chunks(dact.get(), ddown.get(), dy2.get(), pad.chunk_expert, pad.cap, sh.F, sh.H, cuda::DType::BF16, nullptr);
+      if (way == "chunks" || way == "chunks-one") {  // the engine's default: model/moe_padding.h's chunks (one size or two)
+        const auto& sp = way == "chunks" ? spans : one_spans;
+        grouped.xwt_chunks(dxg.get(), dgu.get(), dy1.get(), sp, sh.H, 2 * sh.F, cuda::DType::BF16, nullptr);
+        grouped.xwt_chunks(dact.get(), ddown.get(), dy2.get(), sp, sh.F, sh.H, cuda::DType::BF16, nullptr);
         return;
       }
       if (way == "padded") {

@@ -24,6 +24,7 @@
 #include "cuda/gemm.cuh"
 #include "cuda/mla.cuh"
 #include "cuda/moe.cuh"
+#include "cuda/readback.cuh"
 #include "cuda/kernel_test_support.h"
 #include "model/cuda_moe_ffn.h"
 #endif
@@ -141,6 +142,34 @@ TEST(CudaKernels, MoeRoutingAndGroupingMatchSoftmaxTopKAndPlaceEveryChoiceOnce) 
     EXPECT_EQ(wrong_expert, 0);  // continuous random logits: no ties
     EXPECT_LT(worst_w, 1e-5);
   }
+#endif
+}
+
+// The expert counts' way to the host (cuda/readback.cuh): mapped stores by default, a copy with PDBRIDGE_READBACK=copy;
+// each fetch sees what was queued on its stream before it, behind a large copy on another stream, not a stale value.
+TEST(CudaKernels, ReadbackSeesWhatWasQueuedBeforeIt) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  for (const char* way : {"", "copy"}) {
+    setenv("PDBRIDGE_READBACK", way, 1);
+    cuda::Readback back;
+    cudaStream_t s = nullptr, other = nullptr;
+    PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+    cuda::DeviceBuffer big(size_t(64) << 20), vals(300 * 4);
+    cuda::PinnedBuffer big_host(size_t(64) << 20), src(300 * 4);
+    for (int round = 0; round < 3; ++round) {
+      for (int i = 0; i < 300; ++i) src.as<int32_t>()[i] = round * 1000 + i * 7 - 5;
+      PDB_CUDA_CHECK(cudaMemcpyAsync(big_host.as<void>(), big.get(), big.bytes(), cudaMemcpyDeviceToHost, other));
+      PDB_CUDA_CHECK(cudaMemcpyAsync(vals.get(), src.as<void>(), 300 * 4, cudaMemcpyHostToDevice, s));
+      const int32_t* got = back.fetch(vals.as<int32_t>(), 300, s);
+      for (int i = 0; i < 300; ++i) ASSERT_EQ(got[i], round * 1000 + i * 7 - 5) << "PDBRIDGE_READBACK=" << way << " round " << round << " value " << i;
+    }
+    PDB_CUDA_CHECK(cudaStreamSynchronize(other));
+    cudaStreamDestroy(s);
+    cudaStreamDestroy(other);
+  }
+  unsetenv("PDBRIDGE_READBACK");
 #endif
 }
 

@@ -63,6 +63,7 @@ class GqaAttentionCuda final : public CudaAttention {
   DeviceBuffer qkv_, q_, att_;
   bool kv_rows_ = false;
   int64_t rows_of_layer_ = -1;  // the layer whose k and v columns kv_rows made for the chunk in flight
+  const void* rows_half_input_ = nullptr;  // its rounded half input (the matmul's scratch) under the decoder's numerics
   int world_ = 1;
   DeviceBuffer kf_, vf_;  // --kv-rows engine: the chunk's K and V rows as f32 products [rows x kv_heads * head_dim]
   cuda::QkvRopeArgs ra_;  // kernel arguments that change only per chunk (rows, positions) or per layer (qwen3's norms)
@@ -199,6 +200,7 @@ void GqaAttentionCuda::kv_rows(int64_t l, const bf16* x, const CudaChunk& c, con
   *k = kf_.as<float>();
   *v = vf_.as<float>();
   rows_of_layer_ = l;
+  rows_half_input_ = ab == cuda::DType::F16 ? xin : nullptr;
 }
 
 void GqaAttentionCuda::forward(int64_t l, const bf16* x, float* h, const CudaChunk& c) {
@@ -210,7 +212,9 @@ void GqaAttentionCuda::forward(int64_t l, const bf16* x, float* h, const CudaChu
   rows_of_layer_ = -1;
   const int64_t out = kv_made ? nh_ * hd_ : (nh_ + 2 * nkv_) * hd_;
   void* y = kv_made ? q_.get() : qkv_.get();
-  if (c.xf)
+  if (kv_made && rows_half_input_)  // the same rows, rounded once for both products
+    mm_(rows_half_input_, cuda::DType::F16, Lw.wqkv, Lw.wqkv_s, c.n, H_, out, cuda::DType::BF16, y, 0.0f, c.s);
+  else if (c.xf)
     mm_(c.xf, cuda::DType::F32, Lw.wqkv, Lw.wqkv_s, c.n, H_, out, cuda::DType::BF16, y, 0.0f, c.s);
   else
     mm_(x, Lw.wqkv, Lw.wqkv_s, c.n, H_, out, cuda::DType::BF16, y, 0.0f, c.s);

@@ -83,7 +83,7 @@ void CudaMatmul::operator()(const void* x, cuda::DType xt, const CudaWeight& w, 
                             int64_t out, cuda::DType yt, void* y, float beta, cudaStream_t s) {
   using bf16 = __nv_bfloat16;
   if (w.products().half) {
-    const void* xh = half_input(x, xt, w, n, in, s);
+    const void* xh = xt == cuda::DType::F16 ? x : half_input(x, xt, w, n, in, s);  // F16: rounded already (half_input)
     if (yt == cuda::DType::F32) return gemm_.xwt(cuda::DType::F16, xh, w.get(), yt, y, n, in, out, beta, s);
     // cuBLASLt has no half x half -> bf16 product: made in f32, then rounded
     if (beta != 0.0f || yf_.bytes() < size_t(n * out) * 4) throw std::logic_error("CudaMatmul: a half product's bf16 result without its scratch");

@@ -41,8 +41,8 @@ struct CudaChunk {
 
 // Y = X W^T for an activation X [n x in]: a bf16 product; on the FP8 path X quantized per 1x128 block and a
 // block-scaled FP8 product; for a weight that follows the decoder's numerics (CudaWeight::products, half values) X
-// rounded as the decoder rounds it (f32 or bf16 rows in, model/product_numerics.h) and a half product. beta = 1 adds
-// into the f32 residual.
+// rounded as the decoder rounds it (f32 or bf16 rows in, model/product_numerics.h; F16 rows: half_input's, rounded
+// already) and a half product. beta = 1 adds into the f32 residual.
 class CudaMatmul {
  public:
   CudaMatmul(cuda::Gemm& gemm, std::optional<cuda::Fp8ScaleLayout> fp8, ProductNumerics numerics = ProductNumerics::bf16)

@@ -461,7 +461,6 @@ void Deepseek4CudaEngine::PromptRun::size_scratch() {
     Impl::grow(I.exp_gu_scratch, size_t(NE * 2 * F * E) * 2);
     Impl::grow(I.exp_down_scratch, size_t(NE * E * F) * 2);
   }
-  I.counts_host.resize(size_t(NE) * 4);
 }
 
 // PDBRIDGE_DSV4_EXPERTS_FP8=1: the routed experts as FP8 products where the library has the block-scaled
@@ -738,8 +737,7 @@ void Deepseek4CudaEngine::PromptRun::route_and_gather() {
     cuda::moe_group(I.experts.as<int32_t>(), rows, int(K), int(NE), I.counts.as<int32_t>(), I.offsets.as<int32_t>(), I.slot_of.as<int32_t>(),
                     I.token_of.as<int32_t>(), s);
     cuda::gather_rows(I.hn_b.as<bf16>(), I.token_of.as<int32_t>(), g, E, I.xg.as<bf16>(), s);
-    PDB_CUDA_CHECK(cudaMemcpyAsync(I.counts_host.as<int32_t>(), I.counts.get(), size_t(NE) * 4, cudaMemcpyDeviceToHost, s));
-    PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+    I.counts_host = I.counts_back.fetch(I.counts.as<int32_t>(), NE, s);
   }
 }
 
@@ -748,7 +746,7 @@ void Deepseek4CudaEngine::PromptRun::routed_experts() {
   Impl::Layer& L = *layer_;
   {
     const int64_t g = rows * K;
-    const int32_t* cnt = I.counts_host.as<int32_t>();
+    const int32_t* cnt = I.counts_host;
     const bf16* wgu = fp4 ? I.exp_gu_scratch.as<bf16>() : L.exp_gu.as<bf16>();
     const bf16* wd = fp4 ? I.exp_down_scratch.as<bf16>() : L.exp_down.as<bf16>();
     std::vector<cuda::GroupedProduct> up(static_cast<size_t>(NE)), down(static_cast<size_t>(NE));

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <fmt/format.h>
 #include "cuda/common.cuh"
+#include "cuda/readback.cuh"
 #include "cuda/dsv4.cuh"
 #include "cuda/dsv4_attention.cuh"
 #include "cuda/dsv4_indexer.cuh"
@@ -99,7 +100,8 @@ struct Deepseek4CudaEngine::Impl {
   std::optional<cuda::Fp8ScaleLayout> fp8;
   std::string fp8_note;
   DeviceBuffer gu8, gu8_s, down8, down8_s, xq, xq_s, aq, aq_s, inexact;
-  cuda::PinnedBuffer counts_host;
+  cuda::Readback counts_back;
+  const int32_t* counts_host = nullptr;  // the layer's expert counts, read back
 
   Impl() {
     // the layer's stream first wherever an SM frees up, the expansion in the gaps (without priorities its blocks

@@ -115,7 +115,6 @@ void CudaMoeFfn::forward(const CudaMoeWeights& w, const bf16* x, int64_t rows, f
   gu_.resize(size_t(gp * 2 * F) * 2);
   act_.resize(size_t(gp * F) * 2);
   y_.resize(size_t(gp * H) * 2);
-  counts_host_.resize(size_t(E) * 4);
   gemm.xwt(cuda::DType::BF16, x, w.router.get(), cuda::DType::F32, logits_.get(), rows, H, E, 0.0f, s);
   cuda::MoeRouteArgs ra;
   ra.rows = rows;
@@ -143,13 +142,12 @@ void CudaMoeFfn::forward(const CudaMoeWeights& w, const bf16* x, int64_t rows, f
       std::fprintf(stderr, "MoE products: cuDNN's grouped matmul refused (%s); cuBLAS's products run instead\n", e.what());
     }
   }
-  // cuBLAS takes the group sizes (and the chunks' pointers) on the host: one small synchronizing download
-  PDB_CUDA_CHECK(cudaMemcpyAsync(counts_host_.as<int32_t>(), counts_.get(), size_t(E) * 4, cudaMemcpyDeviceToHost, s));
-  PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+  // cuBLAS takes the group sizes (and the chunks' pointers) on the host: one small synchronizing read
+  counts_host_ = counts_back_.fetch(counts_.as<int32_t>(), E, s);
   PaddedExperts pad;
-  if (choice.empty()) pad = pad_experts(counts_host_.as<int32_t>(), E, kPadNum, kPadDen);
-  if (choice == "padded") pad = pad_experts(counts_host_.as<int32_t>(), E, INT32_MAX, 1);
-  if (pad.cap > 0) {
+  if (choice.empty()) pad = pad_experts(counts_host_, E, kPadNum, kPadDen);
+  if (choice == "padded") pad = pad_experts(counts_host_, E, INT32_MAX, 1);
+  if (pad.cap() > 0) {
     experts_padded(w, x, rows, pad, s);
     last_way_ = "padded";
   } else {
@@ -160,8 +158,8 @@ void CudaMoeFfn::forward(const CudaMoeWeights& w, const bf16* x, int64_t rows, f
   cuda::moe_combine(y_.as<bf16>(), slot_of_.as<int32_t>(), weights_.as<float>(), rows, int(k), H, h, s);
 }
 
-// The rows placed again at padded offsets (every expert's rows in whole chunks), then one batched product over the
-// chunks for gate|up and one for down; the padding rows read token 0 and are never read back.
+// The rows placed again at padded offsets (every expert's rows in whole chunks), then gate|up and down as one batched
+// product per chunk size; the padding rows read token 0 and are never read back.
 void CudaMoeFfn::experts_padded(const CudaMoeWeights& w, const bf16* x, int64_t rows, const PaddedExperts& pad, cudaStream_t s) {
   const int64_t E = w.n_expert, H = w.hidden, F = w.ff, R = pad.rows;
   token_of_.resize(size_t(R) * 4);
@@ -176,9 +174,10 @@ void CudaMoeFfn::experts_padded(const CudaMoeWeights& w, const bf16* x, int64_t 
   PDB_CUDA_CHECK(cudaMemsetAsync(token_of_.get(), 0, size_t(R) * 4, s));
   cuda::moe_place(experts_.as<int32_t>(), rows, int(w.n_used), int(E), pad_offsets_.as<int32_t>(), slot_of_.as<int32_t>(), token_of_.as<int32_t>(), s);
   cuda::gather_rows(x, token_of_.as<int32_t>(), R, H, xg_.as<bf16>(), s);
-  grouped_.xwt_chunks(xg_.get(), w.gu.get(), gu_.get(), pad.chunk_expert, pad.cap, H, 2 * F, cuda::DType::BF16, s);
+  const auto spans = chunk_spans(pad);
+  grouped_.xwt_chunks(xg_.get(), w.gu.get(), gu_.get(), spans, H, 2 * F, cuda::DType::BF16, s);
   cuda::swiglu_rows(gu_.as<bf16>(), act_.as<bf16>(), R, F, s);
-  grouped_.xwt_chunks(act_.get(), w.down.get(), y_.get(), pad.chunk_expert, pad.cap, F, H, cuda::DType::BF16, s);
+  grouped_.xwt_chunks(act_.get(), w.down.get(), y_.get(), spans, F, H, cuda::DType::BF16, s);
 }
 
 // gate|up, SwiGLU, down through cuDNN: the experts' first rows stay on the device (no download, no sync).
@@ -201,7 +200,7 @@ void CudaMoeFfn::experts_cudnn(const CudaMoeWeights& w, const bf16* x, int64_t r
 void CudaMoeFfn::experts_cublas(const CudaMoeWeights& w, const bf16* x, int64_t rows, cudaStream_t s) {
   const int64_t E = w.n_expert, H = w.hidden, F = w.ff, g = rows * w.n_used;
   cuda::gather_rows(x, token_of_.as<int32_t>(), g, H, xg_.as<bf16>(), s);
-  const int32_t* cnt = counts_host_.as<int32_t>();
+  const int32_t* cnt = counts_host_;
   std::vector<cuda::GroupedProduct> up(static_cast<size_t>(E)), down(static_cast<size_t>(E));
   int64_t off = 0;
   for (int64_t e = 0; e < E; ++e) {

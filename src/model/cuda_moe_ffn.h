@@ -9,10 +9,12 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cuda/common.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/grouped_gemm.cuh"
+#include "cuda/readback.cuh"
 #include "model/cuda_weights.h"
 #include "model/moe_padding.h"
 
@@ -35,6 +37,13 @@ struct CudaMoeWeights {
 // of each expert only the columns [ff0, ff0 + ff) (a tensor-parallel rank's; ff < 0: all). `renormalize`: the chosen
 // experts' weights are renormalized (the architecture's rule, definitions/).
 CudaMoeWeights load_cuda_moe(const CudaLoad& ld, int64_t layer, const std::string& prefix, bool renormalize, int64_t ff0 = 0, int64_t ff = -1);
+
+// The padded layout's chunk sizes as the batched products take them (views into pad).
+inline std::vector<cuda::ChunkSpan> chunk_spans(const PaddedExperts& pad) {
+  std::vector<cuda::ChunkSpan> spans;
+  for (const auto& c : pad.classes) spans.push_back({c.cap, c.expert.data(), c.first_row.data(), int64_t(c.expert.size())});
+  return spans;
+}
 
 class CudaMoeFfn {
  public:
@@ -63,7 +72,9 @@ class CudaMoeFfn {
   std::string cudnn_refused_;  // why cuDNN's products are not used (empty: they are, where chosen)
   std::string last_way_;
   cuda::DeviceBuffer logits_, experts_, weights_, counts_, offsets_, pad_offsets_, slot_of_, token_of_, xg_, gu_, act_, y_;
-  cuda::PinnedBuffer counts_host_, pad_offsets_host_;
+  cuda::Readback counts_back_;
+  const int32_t* counts_host_ = nullptr;  // the last forward's expert counts, read back
+  cuda::PinnedBuffer pad_offsets_host_;
 };
 
 }  // namespace pdb

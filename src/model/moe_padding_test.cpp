@@ -4,61 +4,115 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <random>
 
 namespace pdb {
 namespace {
 
-// Every expert's rows fit its chunks, chunks are whole and in expert order, and no candidate chunk size costs less.
-void expect_valid_and_least(const std::vector<int32_t>& counts, const PaddedExperts& p) {
-  ASSERT_GT(p.cap, 0);
-  EXPECT_EQ(p.cap % 64, 0);
+// Every expert's rows are contiguous from its offset and covered by its chunks, each chunk inside its expert's rows,
+// no chunk more than its expert needs, and the rows add up.
+void expect_valid(const std::vector<int32_t>& counts, const PaddedExperts& p) {
+  ASSERT_FALSE(p.classes.empty());
+  ASSERT_LE(p.classes.size(), 2u);
   ASSERT_EQ(p.offsets.size(), counts.size());
-  int64_t row = 0, chunk = 0;
-  for (size_t e = 0; e < counts.size(); ++e) {
-    EXPECT_EQ(p.offsets[e], row);
-    const int64_t chunks = (counts[e] + p.cap - 1) / p.cap;
-    for (int64_t c = 0; c < chunks; ++c) EXPECT_EQ(p.chunk_expert[size_t(chunk + c)], int32_t(e));
-    chunk += chunks;
-    row += chunks * p.cap;
-  }
-  EXPECT_EQ(row, p.rows);
-  EXPECT_EQ(int64_t(p.chunk_expert.size()) * p.cap, p.rows);
-  for (int64_t cap = 128; cap <= 4096; cap += 64) {
-    int64_t rows = 0;
-    for (int32_t n : counts) rows += (n + cap - 1) / cap * cap;
-    if (cap <= (*std::max_element(counts.begin(), counts.end()) + 63) / 64 * 64) {
-      EXPECT_GE(padded_cost(rows, cap), padded_cost(p.rows, p.cap)) << "cap " << cap << " costs less than " << p.cap;
+  std::map<int32_t, int64_t> covered;  // expert -> rows its chunks cover
+  int64_t rows = 0;
+  for (const auto& c : p.classes) {
+    EXPECT_EQ(c.cap % 64, 0);
+    ASSERT_EQ(c.expert.size(), c.first_row.size());
+    for (size_t i = 0; i < c.expert.size(); ++i) {
+      const int32_t e = c.expert[i];
+      const int64_t end = size_t(e) + 1 < p.offsets.size() ? p.offsets[size_t(e) + 1] : p.rows;
+      EXPECT_GE(c.first_row[i], p.offsets[size_t(e)]);
+      EXPECT_LE(c.first_row[i] + c.cap, end) << "a chunk of expert " << e << " runs into the next expert's rows";
+      covered[e] += c.cap;
+      rows += c.cap;
     }
+  }
+  EXPECT_EQ(rows, p.rows);
+  for (size_t e = 0; e < counts.size(); ++e) {
+    const int64_t end = e + 1 < p.offsets.size() ? p.offsets[e + 1] : p.rows;
+    EXPECT_EQ(end - p.offsets[e], covered[int32_t(e)]) << "expert " << e << "'s rows are its chunks'";
+    EXPECT_GE(covered[int32_t(e)], counts[e]);
+    EXPECT_LT(covered[int32_t(e)], counts[e] + p.cap()) << "expert " << e << " has a chunk it does not need";
   }
 }
 
-TEST(MoePadding, UniformAndSkewedRoutingPadAtTheLeastCost) {
+int64_t cost_of(const PaddedExperts& p) {
+  int64_t cost = 0;
+  for (const auto& c : p.classes) cost += padded_cost(int64_t(c.expert.size()) * c.cap, c.cap);
+  return cost;
+}
+
+// One chunk size: no candidate size costs less.
+void expect_least_of_one_size(const std::vector<int32_t>& counts, const PaddedExperts& p) {
+  ASSERT_EQ(p.classes.size(), 1u);
+  for (int64_t cap = 128; cap <= (*std::max_element(counts.begin(), counts.end()) + 63) / 64 * 64; cap += 64) {
+    int64_t rows = 0;
+    for (int32_t n : counts) rows += (n + cap - 1) / cap * cap;
+    EXPECT_GE(padded_cost(rows, cap), cost_of(p)) << "cap " << cap << " costs less than " << p.cap();
+  }
+}
+
+std::vector<int32_t> skewed_counts() {  // a 4096-token chunk, top 8 of 128, expert e drawn with weight (e+1)^-0.6
+  std::vector<double> w(128);
+  double sum = 0;
+  for (size_t e = 0; e < w.size(); ++e) sum += w[e] = std::pow(double(e + 1), -0.6);
+  std::vector<int32_t> counts(128);
+  for (size_t e = 0; e < w.size(); ++e) counts[e] = int32_t(32768 * w[e] / sum);
+  return counts;
+}
+
+TEST(MoePadding, UniformRoutingPadsToOneSizeAtTheLeastCost) {
   std::mt19937 rng(7);
   std::vector<int32_t> uniform(128);
   for (auto& n : uniform) n = 225 + int32_t(rng() % 70);  // ~256 rows each: a 4096-token chunk, top 8 of 128
   auto p = pad_experts(uniform.data(), 128, 3, 2);
-  expect_valid_and_least(uniform, p);
-  EXPECT_EQ(p.cap, 320);  // one chunk per expert (25% padding) costs less than chunks of 128 (24%)
-  std::vector<int32_t> skewed(128);
-  for (size_t e = 0; e < skewed.size(); ++e) skewed[e] = int32_t(1700.0 / (1.0 + 0.3 * double(e)));  // the largest ~20x the smallest
-  auto q = pad_experts(skewed.data(), 128, 3, 2);
-  if (q.cap) expect_valid_and_least(skewed, q);
-  auto forced = pad_experts(skewed.data(), 128, INT32_MAX, 1);
-  expect_valid_and_least(skewed, forced);
+  expect_valid(uniform, p);
+  expect_least_of_one_size(uniform, p);
+  EXPECT_EQ(p.cap(), 320);  // one chunk per expert (25% padding) costs less than chunks of 128 (24%) or two sizes
+  expect_least_of_one_size(uniform, pad_experts(uniform.data(), 128, 3, 2, false));
+}
+
+TEST(MoePadding, SkewedRoutingTakesALargeAndASmallSizeWhereThatCostsLess) {
+  const auto skewed = skewed_counts();
+  const auto one = pad_experts(skewed.data(), 128, INT32_MAX, 1, false), two = pad_experts(skewed.data(), 128, INT32_MAX, 1);
+  expect_valid(skewed, one);
+  expect_least_of_one_size(skewed, one);
+  expect_valid(skewed, two);
+  ASSERT_EQ(two.classes.size(), 2u);
+  EXPECT_GT(two.classes[0].cap, two.classes[1].cap);
+  EXPECT_GE(two.classes[0].cap, 384);  // the large experts' rows in large products
+  EXPECT_LT(cost_of(two) + 32768 / 50, cost_of(one)) << "two sizes pay for their second launch";
+  EXPECT_LE(two.rows, one.rows);
+  EXPECT_GT(3 * int64_t(two.classes[0].expert.size()) * two.classes[0].cap, two.rows) << "a third of the rows or more in large products";
 }
 
 TEST(MoePadding, NotWorthItWherePaddingWouldPassTheLimit) {
   std::vector<int32_t> sparse(128, 1);  // one row per expert: 128 chunks of 128 rows for 128 rows
-  EXPECT_EQ(pad_experts(sparse.data(), 128, 3, 2).cap, 0);
+  EXPECT_EQ(pad_experts(sparse.data(), 128, 3, 2).cap(), 0);
   std::vector<int32_t> none(64, 0);
-  EXPECT_EQ(pad_experts(none.data(), 64, 3, 2).cap, 0);
+  EXPECT_EQ(pad_experts(none.data(), 64, 3, 2).cap(), 0);
   std::vector<int32_t> some_empty = {0, 256, 0, 256};  // empty experts take no chunk
   auto p = pad_experts(some_empty.data(), 4, 3, 2);
-  EXPECT_EQ(p.cap, 256);
+  ASSERT_EQ(p.classes.size(), 1u);
+  EXPECT_EQ(p.cap(), 256);
   EXPECT_EQ(p.rows, 512);
-  EXPECT_EQ(p.chunk_expert, (std::vector<int32_t>{1, 3}));
+  EXPECT_EQ(p.classes[0].expert, (std::vector<int32_t>{1, 3}));
+  EXPECT_EQ(p.classes[0].first_row, (std::vector<int32_t>{0, 256}));
   EXPECT_EQ(p.offsets, (std::vector<int32_t>{0, 0, 256, 256}));
+}
+
+// The chunks are at most 1024 rows (larger products run no faster, and the search runs while the GPU waits).
+TEST(MoePadding, ChunksStayWithin1024RowsHoweverLargeAnExpert) {
+  std::vector<int32_t> one_hot(256, 0);
+  one_hot[3] = 32768 * 8 + 5;  // every row on one expert
+  auto p = pad_experts(one_hot.data(), 256, INT32_MAX, 1);
+  expect_valid(one_hot, p);
+  for (const auto& c : p.classes) EXPECT_LE(c.cap, 1024);
+  EXPECT_LT(p.rows, one_hot[3] + 1024);
 }
 
 }  // namespace

@@ -1,0 +1,30 @@
+// Small device results the host must see before it can go on (the MoE block's expert counts, which cuBLAS takes on
+// the host): written by a kernel straight into mapped pinned host memory, then one event waited on. A D2H copy
+// (cudaMemcpyAsync) would wait behind any copy already on the GPU's device-to-host copy engine, such as a layer's
+// cache rows leaving on another stream; a kernel's stores over PCIe do not. PDBRIDGE_READBACK=copy: the copy (A/B).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common.cuh"
+
+namespace pdb::cuda {
+
+class Readback {
+ public:
+  Readback();
+  ~Readback();
+  Readback(const Readback&) = delete;
+  Readback& operator=(const Readback&) = delete;
+  // The n values at src once the work queued on s before this call is done (the host waits); valid until the next call.
+  const int32_t* fetch(const int32_t* src, int64_t n, cudaStream_t s);
+
+ private:
+  PinnedBuffer host_;
+  int32_t* mapped_ = nullptr;  // host_ as the device addresses it
+  cudaEvent_t done_ = nullptr;
+  bool copy_ = false;
+};
+
+}  // namespace pdb::cuda
