@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,moegap,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -521,6 +521,34 @@ stage_gapcheck() {
     --quantize-from q8_0 --gguf-types q4_K_M
   run gap_moe $PDB bench prefill --model $Q/decoder-q4_K_M.gguf --label qwen3-30b-a3b-8l-q4_K_M-gap $B
 }
+# Issue 36, session 29: the expert rows in a large and a small chunk size, the counts read back through mapped memory
+# (PDBRIDGE_READBACK=copy: the copy, as the A/B), the q product on kv_rows' half input. The tests of those paths, the
+# products alone (one chunk size against two, 4096- and 8192-token chunks), then the 8-layer MoE and MLA shapes part by
+# part (the checkpoint with the F16 recipe; Qwen3's F16 GGUF with the engine's rows) beside PyTorch, and the Llama-8B
+# F16 gap again.
+stage_moegap() {
+  make_test_models
+  run unit_moegap timeout 240 $P/build/tests/unit_tests --gtest_filter='MoePadding*:CudaGroupedGemm.*:CudaKernels.Moe*:CudaKernels.Readback*:CudaKernels.Assembled*'
+  run moe_products env PDBRIDGE_BENCH_MOE=1 PDBRIDGE_BENCH_MOE_T=4096,8192 PDBRIDGE_BENCH_MOE_WAYS=grouped,padded,chunks-one,chunks \
+    PDBRIDGE_BENCH_OUT=$R/moe.jsonl timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaGroupedGemmBench*'
+  run integration_moegap timeout 480 $P/build/tests/integration_tests --gtest_filter='CudaEngine.*:CudaParity.*:CudaTailCapture.*:TailCapture.*:Deepseek4Cuda.*'
+  local B="--tokens 8192,32768 --reps 3 --chunk 4096 --modes engine,engine+recipe,engine+recipe+frames --out $R/bench_moegap.jsonl"
+  for spec in "qwen3moe qwen3-30b-a3b q3moe" "deepseek2 deepseek-v2-lite dsv2"; do
+    set -- $spec
+    local arch=$1 preset=$2 dir=$M/$3 name=$3
+    [ -f $dir/decoder-f16.gguf ] || run make_$name $PDB make-model --arch $arch --preset $preset --layers 8 --seed 11 --out $dir --hf-dtype bf16 --gguf-types f16
+    for rb in mapped copy; do
+      PDBRIDGE_READBACK=${rb/mapped/} run bench_${name}_recipe_$rb $PDB bench prefill --model $dir/hf --recipe $dir/decoder-f16.gguf $B --label $preset-L8-recipe-readback-$rb
+      [ $arch = qwen3moe ] && PDBRIDGE_READBACK=${rb/mapped/} run bench_${name}_rows_$rb $PDB bench prefill --model $dir/decoder-f16.gguf --kv-rows engine $B \
+        --label $preset-L8-gguf-f16-rows-readback-$rb
+    done
+    [ "${PEERS:-1}" = 1 ] && PYTHONUNBUFFERED=1 run torch_$name python3 $DEV/torch_moe_peer.py $arch 8
+    rm -rf $dir
+  done
+  local G=$M/llama8b-peer
+  [ -f $G/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $G --no-hf --hf-dtype bf16 --gguf-types f16
+  run gap_f16 $PDB bench prefill --model $G/decoder-f16.gguf --kv-rows engine --label llama8b-f16-gap $B
+}
 # The CUDA backend's row path after a change to it: the bridge end to end and the bridged state against the decoder's.
 stage_rowpath() {
   make_test_models
@@ -548,7 +576,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac
