@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,moegap,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,moegap,moegap2,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -549,6 +549,29 @@ stage_moegap() {
   [ -f $G/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $G --no-hf --hf-dtype bf16 --gguf-types f16
   run gap_f16 $PDB bench prefill --model $G/decoder-f16.gguf --kv-rows engine --label llama8b-f16-gap $B
 }
+# The same after the q|k|v product of half weights was made once for the rows and the attention (session 29's second
+# call): every GPU suite the change touches (DeepSeek-V4's test models made here too), the products alone, the
+# Qwen3-30B-A3B 8-layer F16 GGUF with the engine's rows and the Llama-8B F16 gap at 5 repetitions, PyTorch beside.
+stage_moegap2() {
+  make_test_models
+  TM=$P/build/test-models
+  run test_models_dsv4 bash -c "set -e; $PDB make-model --arch deepseek4 --preset tiny --seed 5 --out $TM/deepseek4-tiny; \
+    $PDB make-model --arch deepseek4 --preset tiny --seed 5 --hf-dtype fp8 --out $TM/deepseek4-tiny-fp8"
+  run unit_moegap2 timeout 240 $P/build/tests/unit_tests --gtest_filter='MoePadding*:CudaGroupedGemm.*:CudaKernels.*:CudaAttention.*'
+  run integration_moegap2 timeout 540 $P/build/tests/integration_tests \
+    --gtest_filter='CudaEngine.*:CudaParity.*:CudaTailCapture.*:TailCapture.*:Deepseek4Cuda.*:CudaBridge.*:GpuRecipe*'
+  run moe_products2 env PDBRIDGE_BENCH_MOE=1 PDBRIDGE_BENCH_MOE_T=4096,8192 PDBRIDGE_BENCH_MOE_WAYS=padded,chunks-one,chunks \
+    PDBRIDGE_BENCH_OUT=$R/moe2.jsonl timeout 240 $P/build/tests/unit_tests --gtest_filter='CudaGroupedGemmBench*'
+  local B="--tokens 8192,32768 --reps 5 --chunk 4096 --modes engine,engine+recipe,engine+recipe+frames --out $R/bench_moegap2.jsonl"
+  local Q=$M/q3moe
+  [ -f $Q/decoder-f16.gguf ] || run make_q3moe $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 11 --out $Q --no-hf --hf-dtype bf16 --gguf-types f16
+  run bench_q3moe_rows $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows
+  [ "${PEERS:-1}" = 1 ] && PYTHONUNBUFFERED=1 run torch_q3moe python3 $DEV/torch_moe_peer.py qwen3moe 8
+  rm -rf $Q
+  local G=$M/llama8b-peer
+  [ -f $G/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $G --no-hf --hf-dtype bf16 --gguf-types f16
+  run gap_f16 $PDB bench prefill --model $G/decoder-f16.gguf --kv-rows engine --label llama8b-f16-gap $B
+}
 # The CUDA backend's row path after a change to it: the bridge end to end and the bridged state against the decoder's.
 stage_rowpath() {
   make_test_models
@@ -576,7 +599,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

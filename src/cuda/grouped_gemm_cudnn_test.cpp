@@ -199,6 +199,12 @@ TEST(CudaGroupedGemmBench, CublasAndCudnnSameRun) {
         return;
       }
       if (way == "chunks" || way == "chunks-one") {  // the engine's default: model/moe_padding.h's chunks (one size or two)
+        const PaddedExperts& pp = way == "chunks" ? pad : one;
+        if (pp.one_chunk_per_expert(sh.E)) {  // as the engine runs it: a strided batch
+          grouped.xwt_padded(dxg.get(), dgu.get(), dy1.get(), pp.cap(), sh.E, sh.H, 2 * sh.F, cuda::DType::BF16, nullptr);
+          grouped.xwt_padded(dact.get(), ddown.get(), dy2.get(), pp.cap(), sh.E, sh.F, sh.H, cuda::DType::BF16, nullptr);
+          return;
+        }
         const auto& sp = way == "chunks" ? spans : one_spans;
         grouped.xwt_chunks(dxg.get(), dgu.get(), dy1.get(), sp, sh.H, 2 * sh.F, cuda::DType::BF16, nullptr);
         grouped.xwt_chunks(dact.get(), ddown.get(), dy2.get(), sp, sh.F, sh.H, cuda::DType::BF16, nullptr);

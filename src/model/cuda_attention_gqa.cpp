@@ -63,7 +63,7 @@ class GqaAttentionCuda final : public CudaAttention {
   DeviceBuffer qkv_, q_, att_;
   bool kv_rows_ = false;
   int64_t rows_of_layer_ = -1;  // the layer whose k and v columns kv_rows made for the chunk in flight
-  const void* rows_half_input_ = nullptr;  // its rounded half input (the matmul's scratch) under the decoder's numerics
+  bool qkv_made_ = false;       // and whether it made the whole q|k|v product too (half weights: one product)
   int world_ = 1;
   DeviceBuffer kf_, vf_;  // --kv-rows engine: the chunk's K and V rows as f32 products [rows x kv_heads * head_dim]
   cuda::QkvRopeArgs ra_;  // kernel arguments that change only per chunk (rows, positions) or per layer (qwen3's norms)
@@ -181,44 +181,47 @@ std::string GqaAttentionCuda::enable_kv_rows() {
   return "";
 }
 
-// Two products beside the fused q|k|v one, whose bf16 output would round the rows 4x coarser than an f16 cache: the
-// k and v slices of the same weight (rows nh*hd.. of [out x in]) with f32 output.
+// Half weights (the decoder's numerics): the fused q|k|v product is made here, in f32, once: its k and v columns are
+// the rows (copied out), and its bf16 rounding is the attention's q|k|v (forward then multiplies nothing). Otherwise
+// two products beside the fused one, whose bf16 output would round the rows 4x coarser than an f16 cache: the k and v
+// slices of the same weight (rows nh*hd.. of [out x in]) with f32 output.
 void GqaAttentionCuda::kv_rows(int64_t l, const bf16* x, const CudaChunk& c, const float** k, const float** v) {
   if (!kv_rows_) throw std::logic_error("kv_rows: enable_kv_rows was not called");
   const CudaWeight& wqkv = layers_[size_t(l)].wqkv;
-  const auto* w = wqkv.as<uint16_t>();  // bf16, or half under the decoder's numerics
-  const int64_t C = nkv_ * hd_;
-  cuda::DType ab = cuda::DType::BF16;
-  const void* xin = x;
-  if (wqkv.products().half) {
-    xin = mm_.half_input(c.xf ? static_cast<const void*>(c.xf) : x, c.xf ? cuda::DType::F32 : cuda::DType::BF16, wqkv, c.n, H_, c.s);
-    ab = cuda::DType::F16;
-  }
-  cuda::Gemm& g = mm_.gemm();
-  g.xwt(ab, xin, w + nh_ * hd_ * H_, cuda::DType::F32, kf_.get(), c.n, H_, C, 0.0f, c.s);
-  g.xwt(ab, xin, w + (nh_ * hd_ + C) * H_, cuda::DType::F32, vf_.get(), c.n, H_, C, 0.0f, c.s);
+  const int64_t C = nkv_ * hd_, out = (nh_ + 2 * nkv_) * hd_;
+  const void* xin = c.xf ? static_cast<const void*>(c.xf) : x;
+  const cuda::DType xt = c.xf ? cuda::DType::F32 : cuda::DType::BF16;
   *k = kf_.as<float>();
   *v = vf_.as<float>();
   rows_of_layer_ = l;
-  rows_half_input_ = ab == cuda::DType::F16 ? xin : nullptr;
+  qkv_made_ = wqkv.products().half;
+  if (qkv_made_) {
+    const float* y = mm_.half_product_f32(xin, xt, wqkv, c.n, H_, out, c.s);
+    cuda::f32_to_bf16(y, qkv_.as<bf16>(), c.n * out, c.s);
+    PDB_CUDA_CHECK(cudaMemcpy2DAsync(kf_.get(), size_t(C) * 4, y + nh_ * hd_, size_t(out) * 4, size_t(C) * 4, size_t(c.n), cudaMemcpyDeviceToDevice, c.s));
+    PDB_CUDA_CHECK(cudaMemcpy2DAsync(vf_.get(), size_t(C) * 4, y + nh_ * hd_ + C, size_t(out) * 4, size_t(C) * 4, size_t(c.n), cudaMemcpyDeviceToDevice, c.s));
+    return;
+  }
+  const auto* w = wqkv.as<uint16_t>();  // bf16
+  cuda::Gemm& g = mm_.gemm();
+  g.xwt(cuda::DType::BF16, x, w + nh_ * hd_ * H_, cuda::DType::F32, kf_.get(), c.n, H_, C, 0.0f, c.s);
+  g.xwt(cuda::DType::BF16, x, w + (nh_ * hd_ + C) * H_, cuda::DType::F32, vf_.get(), c.n, H_, C, 0.0f, c.s);
 }
 
 void GqaAttentionCuda::forward(int64_t l, const bf16* x, float* h, const CudaChunk& c) {
   const Layer& Lw = layers_[size_t(l)];
-  // Where kv_rows made this layer's k and v columns (in f32, from the same rounded inputs), only q's are multiplied
-  // here (into q_, free until the RoPE below writes it) and the fused rows assembled: the k|v columns are not
-  // multiplied twice (a third of the q|k|v product on Llama-8B's shape).
-  const bool kv_made = rows_of_layer_ == l;
+  // Where kv_rows made this layer's k and v columns (in f32, from the same rounded inputs), they are not multiplied
+  // twice: kv_rows made the whole q|k|v product (half weights), or only q's columns are multiplied here (into q_, free
+  // until the RoPE below writes it) and the fused rows assembled (a third of that product's work on Llama-8B's shape).
+  const bool kv_made = rows_of_layer_ == l, qkv_made = kv_made && qkv_made_;
   rows_of_layer_ = -1;
   const int64_t out = kv_made ? nh_ * hd_ : (nh_ + 2 * nkv_) * hd_;
   void* y = kv_made ? q_.get() : qkv_.get();
-  if (kv_made && rows_half_input_)  // the same rows, rounded once for both products
-    mm_(rows_half_input_, cuda::DType::F16, Lw.wqkv, Lw.wqkv_s, c.n, H_, out, cuda::DType::BF16, y, 0.0f, c.s);
-  else if (c.xf)
+  if (!qkv_made && c.xf)
     mm_(c.xf, cuda::DType::F32, Lw.wqkv, Lw.wqkv_s, c.n, H_, out, cuda::DType::BF16, y, 0.0f, c.s);
-  else
+  else if (!qkv_made)
     mm_(x, Lw.wqkv, Lw.wqkv_s, c.n, H_, out, cuda::DType::BF16, y, 0.0f, c.s);
-  if (kv_made) cuda::assemble_qkv_rows(q_.as<bf16>(), kf_.as<float>(), vf_.as<float>(), c.n, nh_ * hd_, nkv_ * hd_, qkv_.as<bf16>(), c.s);
+  if (kv_made && !qkv_made) cuda::assemble_qkv_rows(q_.as<bf16>(), kf_.as<float>(), vf_.as<float>(), c.n, nh_ * hd_, nkv_ * hd_, qkv_.as<bf16>(), c.s);
   ra_.q_norm = Lw.q_norm.bytes() ? Lw.q_norm.as<float>() : nullptr;
   ra_.k_norm = Lw.k_norm.bytes() ? Lw.k_norm.as<float>() : nullptr;
   attend(l, c);

@@ -79,16 +79,21 @@ const void* CudaMatmul::half_input(const void* x, cuda::DType xt, const CudaWeig
   return xh_.get();
 }
 
+const float* CudaMatmul::half_product_f32(const void* x, cuda::DType xt, const CudaWeight& w, int64_t n, int64_t in, int64_t out, cudaStream_t s) {
+  if (!w.products().half) throw std::logic_error("CudaMatmul: half_product_f32 of a weight that is not half");
+  if (yf_.bytes() < size_t(n * out) * 4) throw std::logic_error("CudaMatmul: a half product's f32 result without its scratch");
+  gemm_.xwt(cuda::DType::F16, half_input(x, xt, w, n, in, s), w.get(), cuda::DType::F32, yf_.get(), n, in, out, 0.0f, s);
+  return yf_.as<float>();
+}
+
 void CudaMatmul::operator()(const void* x, cuda::DType xt, const CudaWeight& w, const cuda::DeviceBuffer& ws, int64_t n, int64_t in,
                             int64_t out, cuda::DType yt, void* y, float beta, cudaStream_t s) {
   using bf16 = __nv_bfloat16;
   if (w.products().half) {
-    const void* xh = xt == cuda::DType::F16 ? x : half_input(x, xt, w, n, in, s);  // F16: rounded already (half_input)
-    if (yt == cuda::DType::F32) return gemm_.xwt(cuda::DType::F16, xh, w.get(), yt, y, n, in, out, beta, s);
+    if (yt == cuda::DType::F32) return gemm_.xwt(cuda::DType::F16, half_input(x, xt, w, n, in, s), w.get(), yt, y, n, in, out, beta, s);
     // cuBLASLt has no half x half -> bf16 product: made in f32, then rounded
-    if (beta != 0.0f || yf_.bytes() < size_t(n * out) * 4) throw std::logic_error("CudaMatmul: a half product's bf16 result without its scratch");
-    gemm_.xwt(cuda::DType::F16, xh, w.get(), cuda::DType::F32, yf_.get(), n, in, out, 0.0f, s);
-    return cuda::f32_to_bf16(yf_.as<float>(), static_cast<bf16*>(y), n * out, s);
+    if (beta != 0.0f) throw std::logic_error("CudaMatmul: a half product's bf16 result added into another");
+    return cuda::f32_to_bf16(half_product_f32(x, xt, w, n, in, out, s), static_cast<bf16*>(y), n * out, s);
   }
   if (xt == cuda::DType::F32) {  // bf16 weights among the decoder's (a BF16 GGUF tensor): the rows as bf16
     if (fp8_ || xh_.bytes() < size_t(n * in) * 2) throw std::logic_error("CudaMatmul: f32 rows into a bf16 product without its scratch");

@@ -41,8 +41,8 @@ struct CudaChunk {
 
 // Y = X W^T for an activation X [n x in]: a bf16 product; on the FP8 path X quantized per 1x128 block and a
 // block-scaled FP8 product; for a weight that follows the decoder's numerics (CudaWeight::products, half values) X
-// rounded as the decoder rounds it (f32 or bf16 rows in, model/product_numerics.h; F16 rows: half_input's, rounded
-// already) and a half product. beta = 1 adds into the f32 residual.
+// rounded as the decoder rounds it (f32 or bf16 rows in, model/product_numerics.h) and a half product. beta = 1 adds
+// into the f32 residual.
 class CudaMatmul {
  public:
   CudaMatmul(cuda::Gemm& gemm, std::optional<cuda::Fp8ScaleLayout> fp8, ProductNumerics numerics = ProductNumerics::bf16)
@@ -65,6 +65,9 @@ class CudaMatmul {
   // X [n x in] (f32 or bf16) rounded for a half product with weights of w's kind, in this matmul's scratch (valid
   // until its next product).
   const void* half_input(const void* x, cuda::DType xt, const CudaWeight& w, int64_t n, int64_t in, cudaStream_t s);
+  // A half weight's product (w.products().half) in f32, in this matmul's scratch (valid until its next product): the
+  // f32 the bf16 result of operator() is rounded from.
+  const float* half_product_f32(const void* x, cuda::DType xt, const CudaWeight& w, int64_t n, int64_t in, int64_t out, cudaStream_t s);
   size_t scratch_bytes() const { return xq_.bytes() + xs_.bytes() + ybf_.bytes() + xh_.bytes() + yf_.bytes(); }
 
  private:

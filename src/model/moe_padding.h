@@ -22,6 +22,13 @@ struct PaddedExperts {
   std::vector<int32_t> offsets;     // [experts]: the first padded row of each expert
   std::vector<ChunkClass> classes;  // the large chunks, then the small ones if any; empty: not worth padding
   int64_t cap() const { return classes.empty() ? 0 : classes.front().cap; }
+  // Chunk e is expert e's, every expert's: the chunks are a strided batch (rows e cap.., weights e out in..).
+  bool one_chunk_per_expert(int64_t experts) const {
+    if (classes.size() != 1 || int64_t(classes[0].expert.size()) != experts) return false;
+    for (int64_t e = 0; e < experts; ++e)
+      if (classes[0].expert[size_t(e)] != e) return false;
+    return true;
+  }
 };
 
 // The cost of rows multiplied in chunks of cap: the padded rows with smaller products' lower rate (fitted to the
@@ -40,11 +47,13 @@ inline void split(int64_t n, int64_t large, int64_t small, int64_t& n_large, int
 }
 }  // namespace moe_padding_detail
 
-// The chunk sizes whose products cost least: one size (a multiple of 64 from 128 to the largest expert's rows,
-// rounded up, at most 1024: larger products run no faster), or a large size of 384-1024 rows with a small one of 128-256 for the experts' remainders where that
-// saves more than a second product's launch (2% of the routed rows). Few candidates: the GPU waits while this runs.
-// Not worth it (no classes) where the padding would multiply the routed rows by more than max_ratio_num /
-// max_ratio_den. two_sizes false: one chunk size only.
+// The chunk sizes: one size whose products cost least (a multiple of 64 from 128 to the largest expert's rows,
+// rounded up, at most 1024: larger products run no faster); or, where that pads at least 4% of the routed rows less,
+// a large size of 384-1024 rows with the experts' remainders in a small one of 128-256, the pair of least cost. On the
+// H200 the rate per padded row barely moved with the chunk size (128-832 rows: 560-690 TFLOP/s) while a second
+// size's product ran 4-7% slower where it padded no less (docs/RESULTS.md): fewer padded rows is what pays. Few
+// candidates: the GPU waits while this runs. Not worth it (no classes) where the padding would multiply the routed
+// rows by more than max_ratio_num / max_ratio_den. two_sizes false: one chunk size only.
 inline PaddedExperts pad_experts(const int32_t* counts, int64_t experts, int64_t max_ratio_num = 2, int64_t max_ratio_den = 1,
                                  bool two_sizes = true) {
   using moe_padding_detail::split;
@@ -56,8 +65,9 @@ inline PaddedExperts pad_experts(const int32_t* counts, int64_t experts, int64_t
   }
   if (routed == 0) return p;
   const int64_t top = std::min<int64_t>(std::max<int64_t>((largest + 63) / 64 * 64, 128), 1024);
-  int64_t best_large = 0, best_small = 0, best_rows = 0, best_cost = 0;
-  auto consider = [&](int64_t large, int64_t small) {
+  struct Choice { int64_t large = 0, small = 0, rows = 0, cost = 0; };
+  auto evaluate = [&](int64_t large, int64_t small) {
+    Choice c{large, small, 0, 0};
     int64_t large_rows = 0, small_rows = 0;
     for (int64_t e = 0; e < experts; ++e) {
       int64_t nl = 0, ns = 0;
@@ -65,15 +75,21 @@ inline PaddedExperts pad_experts(const int32_t* counts, int64_t experts, int64_t
       large_rows += nl * large;
       small_rows += ns * small;
     }
-    if (small > 0 && small_rows == 0) return;
-    const int64_t cost = padded_cost(large_rows, large) + (small_rows ? padded_cost(small_rows, small) + routed / 50 : 0);
-    if (best_large == 0 || cost <= best_cost) best_large = large, best_small = small, best_rows = large_rows + small_rows, best_cost = cost;
+    if (small_rows == 0) c.small = 0;
+    c.rows = large_rows + small_rows;
+    c.cost = padded_cost(large_rows, large) + (small_rows ? padded_cost(small_rows, small) : 0);
+    return c;
   };
-  for (int64_t large = 128; large <= top; large += 64) consider(large, 0);
+  Choice one, two;
+  for (int64_t large = 128; large <= top; large += 64)
+    if (const Choice c = evaluate(large, 0); one.large == 0 || c.cost <= one.cost) one = c;
   if (two_sizes)
     for (int64_t large : {384, 512, 768, 1024})
       for (int64_t small : {128, 192, 256})
-        if (large <= top) consider(large, small);
+        if (large <= top)
+          if (const Choice c = evaluate(large, small); c.small && (two.large == 0 || c.cost < two.cost)) two = c;
+  const Choice& best = two.large && two.rows + routed / 25 <= one.rows ? two : one;
+  const int64_t best_large = best.large, best_small = best.small, best_rows = best.rows;
   if (best_rows * max_ratio_den > routed * max_ratio_num) return p;
   p.rows = best_rows;
   p.classes.resize(best_small ? 2 : 1);
