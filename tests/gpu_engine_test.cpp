@@ -75,8 +75,10 @@ TEST(GpuRecipe, RowsMatchTheCpuRecipeOnTheSameHiddenStates) {
     int64_t worst = 0;
     for (int layer = 0; layer < in.n_layer; ++layer) {
       std::vector<float> ck(size_t(rows * C)), cv(ck.size()), gk(ck.size()), gv(ck.size());
-      recipe->kv_f32(layer, h.data(), rows, pos0, host_simd_width() ? host_simd_width() : 8, ck.data(), cv.data());
-      gpu.set_positions(pos0, rows, nullptr);
+      // each layer further along (the GPU recipe's table of positions grows, then is read from its middle)
+      const int64_t p0 = pos0 + (layer % 2 ? 4500 * layer : 0);
+      recipe->kv_f32(layer, h.data(), rows, p0, host_simd_width() ? host_simd_width() : 8, ck.data(), cv.data());
+      gpu.set_positions(p0, rows, nullptr);
       gpu.kv_f32(layer, dh.as<float>(), rows, nullptr, dk.as<float>(), dv.as<float>());
       PDB_CUDA_CHECK(cudaDeviceSynchronize());
       dk.download(gk.data(), gk.size() * 4);

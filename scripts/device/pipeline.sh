@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,moegap,moegap2,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,moegap,moegap2,moegap3,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -561,7 +561,7 @@ stage_moegap2() {
   run integration_moegap2 timeout 540 $P/build/tests/integration_tests \
     --gtest_filter='CudaEngine.*:CudaParity.*:CudaTailCapture.*:TailCapture.*:Deepseek4Cuda.*:CudaBridge.*:GpuRecipe*'
   run moe_products2 env PDBRIDGE_BENCH_MOE=1 PDBRIDGE_BENCH_MOE_T=4096,8192 PDBRIDGE_BENCH_MOE_WAYS=padded,chunks-one,chunks \
-    PDBRIDGE_BENCH_OUT=$R/moe2.jsonl timeout 240 $P/build/tests/unit_tests --gtest_filter='CudaGroupedGemmBench*'
+    PDBRIDGE_BENCH_OUT=$R/moe2.jsonl timeout 400 $P/build/tests/unit_tests --gtest_filter='CudaGroupedGemmBench*'
   local B="--tokens 8192,32768 --reps 5 --chunk 4096 --modes engine,engine+recipe,engine+recipe+frames --out $R/bench_moegap2.jsonl"
   local Q=$M/q3moe
   [ -f $Q/decoder-f16.gguf ] || run make_q3moe $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 11 --out $Q --no-hf --hf-dtype bf16 --gguf-types f16
@@ -571,6 +571,22 @@ stage_moegap2() {
   local G=$M/llama8b-peer
   [ -f $G/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $G --no-hf --hf-dtype bf16 --gguf-types f16
   run gap_f16 $PDB bench prefill --model $G/decoder-f16.gguf --kv-rows engine --label llama8b-f16-gap $B
+}
+# Session 29's third call: the decoder's RoPE table kept on the host for every position (no per-chunk host work where
+# the MoE engines wait on the host), the two-size layout's test counts; the suites that change touches, the Qwen3
+# 8-layer F16 rows gap and the Llama-8B F16 gap, then the products alone (8192-token chunks) for what time is left.
+stage_moegap3() {
+  make_test_models
+  run unit_moegap3 timeout 120 $P/build/tests/unit_tests --gtest_filter='CudaGroupedGemm.*:CudaKernels.Dsv4Indexer*:CudaKernels.Readback*'
+  run integration_moegap3 timeout 300 $P/build/tests/integration_tests --gtest_filter='GpuRecipe*:CudaParity.*:CudaEngine.*:CudaBridge.*:CudaTailCapture.*'
+  local B="--tokens 8192,32768 --reps 5 --chunk 4096 --modes engine,engine+recipe,engine+recipe+frames --out $R/bench_moegap3.jsonl"
+  local Q=$M/q3moe G=$M/llama8b-peer
+  [ -f $Q/decoder-f16.gguf ] || run make_q3moe $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 11 --out $Q --no-hf --hf-dtype bf16 --gguf-types f16
+  run bench_q3moe_rows $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows
+  [ -f $G/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $G --no-hf --hf-dtype bf16 --gguf-types f16
+  run gap_f16 $PDB bench prefill --model $G/decoder-f16.gguf --kv-rows engine --label llama8b-f16-gap $B
+  run moe_products3 env PDBRIDGE_BENCH_MOE=1 PDBRIDGE_BENCH_MOE_T=8192,4096 PDBRIDGE_BENCH_MOE_WAYS=padded,chunks-one,chunks \
+    PDBRIDGE_BENCH_OUT=$R/moe3.jsonl timeout 400 $P/build/tests/unit_tests --gtest_filter='CudaGroupedGemmBench*'
 }
 # The CUDA backend's row path after a change to it: the bridge end to end and the bridged state against the decoder's.
 stage_rowpath() {
@@ -599,7 +615,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -55,8 +55,10 @@ TEST(CudaKernels, Dsv4IndexerScoresAndTopKMatchTheCpuTwin) {
       if (path == "fused" && !cuda::indexer_scores_supported(c.heads, dim)) continue;
       if (fp8 && !cuda::indexer_scores_fp8_supported(c.heads, dim)) continue;
       // the bound on the scores, of the row's largest: f32 accumulation on the bf16 paths; Hopper's FP8 wgmma adds
-      // in the tensor core with fewer bits than f32 (DeepSeek-V3's report: about 14), 2.5e-4 to 7.9e-4 measured
-      const double tol = fp8 ? 2e-3 : 1e-4;
+      // in the tensor core with fewer bits than f32 (DeepSeek-V3's report: about 14), 2.5e-4 to 7.9e-4 measured with
+      // 8-64 heads, up to 2.5e-3 with 4 (the random inputs differ per run; a few heads' sums cancel more of the
+      // products the accumulation rounded, against a smaller largest score)
+      const double tol = fp8 ? (c.heads < 8 ? 5e-3 : 2e-3) : 1e-4;
       const std::vector<float>& qr = fp8 ? q8v : q;
       const std::vector<float>& kr = fp8 ? k8v : k;
       auto scores = poisoned(size_t(c.n_q * n_blocks) * 4);

@@ -3,6 +3,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <cstring>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -98,12 +100,20 @@ GpuRecipe::~GpuRecipe() = default;
 void GpuRecipe::set_positions(int64_t pos0, int64_t rows, cudaStream_t s) {
   if (rows > max_rows_) throw std::invalid_argument(fmt::format("GPU recipe: {} rows, sized for {}", rows, max_rows_));
   const auto& r = cpu_.info().rope;
-  cs_host_.resize(size_t(rows * r.n_dims));
-  parallel_for(rows, cpu_.threads(), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) ggml_rope_cache(r, pos0 + i, cs_host_.data() + i * r.n_dims);
-  });
-  // Pageable source: the call returns once the bytes are staged, so the host vector is free again.
-  PDB_CUDA_CHECK(cudaMemcpyAsync(cs_.get(), cs_host_.data(), cs_host_.size() * 4, cudaMemcpyHostToDevice, s));
+  const size_t nd = size_t(r.n_dims);
+  if (pos0 + rows > cs_rows_) {  // grown (doubling) and filled past what earlier prompts reached
+    const int64_t grown = std::max<int64_t>((pos0 + rows + 4095) / 4096 * 4096, 2 * cs_rows_);
+    cuda::PinnedBuffer table(size_t(grown) * nd * 4);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());  // no copy from the old table is in flight when it is freed
+    if (cs_rows_) std::memcpy(table.as<float>(), cs_table_.as<float>(), size_t(cs_rows_) * nd * 4);
+    float* t = table.as<float>();
+    parallel_for(grown - cs_rows_, cpu_.threads(), [&, from = cs_rows_](int64_t b, int64_t e) {
+      for (int64_t i = from + b; i < from + e; ++i) ggml_rope_cache(r, i, t + size_t(i) * nd);
+    });
+    cs_table_ = std::move(table);
+    cs_rows_ = grown;
+  }
+  PDB_CUDA_CHECK(cudaMemcpyAsync(cs_.get(), cs_table_.as<float>() + size_t(pos0) * nd, size_t(rows) * nd * 4, cudaMemcpyHostToDevice, s));
 }
 
 bool GpuRecipe::same_activations(const Weight& a, const Weight& b) {

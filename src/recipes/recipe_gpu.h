@@ -30,7 +30,10 @@ class GpuRecipe {
   const RecipeInfo& info() const { return cpu_.info(); }
   size_t device_bytes() const { return bytes_; }
 
-  // Once per chunk, before kv_f32: the decoder's cos/sin for positions [pos0, pos0 + rows).
+  // Once per chunk, before kv_f32: the decoder's cos/sin for positions [pos0, pos0 + rows), from a host table of
+  // every position so far (computed once per process, as the decoder's ggml_rope_cache computes them) in pinned
+  // memory, copied without the host waiting: the MoE engines wait on the host at every layer, and computing the
+  // chunk's table there cost the GPU ~2-4 ms per chunk.
   void set_positions(int64_t pos0, int64_t rows, cudaStream_t s);
   // d_k, d_v: [rows x n_embd_kv] f32 on the device: K after RoPE, V; before rotation and type. MLA
   // (deepseek2): d_k gets the cache row [rms_norm(latent) * w | RoPE(k_pe)], d_v is left untouched.
@@ -71,7 +74,8 @@ class GpuRecipe {
   std::vector<cuda::DeviceBuffer> norm_, k_norm_, latent_norm_;  // latent_norm_: MLA's kv_a_norm
   cuda::DeviceBuffer x_, xa_, cs_, xq_, xd_;  // xq_/xd_: the activation's Q8_0 codes and scales
   cuda::DeviceBuffer q81c_;                   // Q4_1/Q5_1: the activation's Q8_1 block-sum corrections [rows x cols/32]
-  std::vector<float> cs_host_;
+  cuda::PinnedBuffer cs_table_;  // cos/sin of positions [0, cs_rows_) [rows x n_dims]
+  int64_t cs_rows_ = 0;
 };
 
 }  // namespace pdb
