@@ -101,8 +101,8 @@ void GpuRecipe::set_positions(int64_t pos0, int64_t rows, cudaStream_t s) {
   if (rows > max_rows_) throw std::invalid_argument(fmt::format("GPU recipe: {} rows, sized for {}", rows, max_rows_));
   const auto& r = cpu_.info().rope;
   const size_t nd = size_t(r.n_dims);
-  if (pos0 + rows > cs_rows_) {  // grown (doubling) and filled past what earlier prompts reached
-    const int64_t grown = std::max<int64_t>((pos0 + rows + 4095) / 4096 * 4096, 2 * cs_rows_);
+  if (pos0 + rows > cs_rows_) {  // grown (doubling, by at most 256K positions past the need) and filled past what earlier prompts reached
+    const int64_t need = (pos0 + rows + 4095) / 4096 * 4096, grown = std::max(need, std::min(2 * cs_rows_, need + (int64_t(1) << 18)));
     cuda::PinnedBuffer table(size_t(grown) * nd * 4);
     PDB_CUDA_CHECK(cudaDeviceSynchronize());  // no copy from the old table is in flight when it is freed
     if (cs_rows_) std::memcpy(table.as<float>(), cs_table_.as<float>(), size_t(cs_rows_) * nd * 4);
