@@ -1,7 +1,8 @@
 // The mixture-of-experts FFN block on the GPU, shared by the architectures that route tokens to
 // experts (qwen3moe's every layer, deepseek2's layers after the dense lead): the router product, the
-// routing (cuda/moe.cuh), the (token, choice) pairs grouped by expert, gate|up as ONE grouped product
-// over all experts (cuDNN's, grouped_gemm_cudnn.h, or cuBLAS's, grouped_gemm.cuh), SwiGLU, down as another, and the weighted sum added into the f32 residual stream.
+// routing (cuda/moe.cuh), the (token, choice) pairs grouped by expert, gate|up as batched or grouped products
+// over all experts (cuBLAS's, grouped_gemm.cuh, or cuDNN's, grouped_gemm_cudnn.h), SwiGLU, down the same way, and the
+// weighted sum added into the f32 residual stream.
 // The CPU twin is model/moe_ffn.h (its fast path groups tokens the same way).
 #pragma once
 #include <cuda_bf16.h>
@@ -49,9 +50,9 @@ class CudaMoeFfn {
  public:
   // Device bytes the block's scratch needs for `rows` tokens (beyond the weights).
   static size_t bytes_for(const HfConfig& c, int64_t rows);
-  // h[rows x hidden] += MoE(x[rows x hidden] bf16). The expert products (PDBRIDGE_MOE_GEMM): by default one batched
-  // cuBLAS product over the experts' rows padded into equal chunks (model/moe_padding.h), or cuBLAS's grouped call
-  // where that would pad the rows by more than half; =padded always pads, =grouped and =loop never (one grouped call,
+  // h[rows x hidden] += MoE(x[rows x hidden] bf16). The expert products (PDBRIDGE_MOE_GEMM): by default batched
+  // cuBLAS products over the experts' rows padded into chunks (model/moe_padding.h: one per chunk size, a strided
+  // batch where every expert fills one chunk), or cuBLAS's grouped call where that would pad the rows by more than half; =padded always pads, =grouped and =loop never (one grouped call,
   // one product per expert); all download the expert counts (one small synchronizing copy: cuBLAS takes its sizes on
   // the host). =cudnn (=cudnn-gather: x read through the grouping's index) runs cuDNN's MoE grouped matmul, which
   // keeps the counts on the device; where cuDNN refuses (cuDNN 9.19 on the H200 has no such descriptor), said once,
