@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <random>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -81,17 +82,42 @@ size_t files_in(const std::string& dir) {
   return n;
 }
 
-int free_port() {
+namespace {
+// Binds (and releases) 127.0.0.1:port; port 0 asks the kernel for one. The bound port, or -1.
+int try_bind(int port) {
   const int s = socket(AF_INET, SOCK_STREAM, 0);
+  if (s < 0) return -1;
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  if (bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) { close(s); throw std::runtime_error("bind failed"); }
-  socklen_t len = sizeof a;
-  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  const int port = ntohs(a.sin_port);
+  a.sin_port = htons(uint16_t(port));
+  int got = -1;
+  if (bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    socklen_t len = sizeof a;
+    getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+    got = ntohs(a.sin_port);
+  }
   close(s);
+  return got;
+}
+}  // namespace
+
+// A port below the kernel's ephemeral range: a port the kernel hands out (bind to 0) can be taken, before the
+// server started on it binds, by any outgoing connection of the tests running beside it (a CI run lost
+// BridgeEndToEnd's decoder that way: "couldn't bind HTTP server socket"). Random, so that tests picking at the same
+// moment rarely collide; the kernel's choice only where no such range is free.
+int free_port() {
+  int lo = 32768;
+  if (std::ifstream f("/proc/sys/net/ipv4/ip_local_port_range"); f) f >> lo;
+  if (lo > 11000) {
+    static std::mt19937 rng(std::random_device{}() ^ uint32_t(getpid()));
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      const int port = 10000 + int(rng() % uint32_t(lo - 10000));
+      if (try_bind(port) == port) return port;
+    }
+  }
+  const int port = try_bind(0);
+  if (port < 0) throw std::runtime_error("bind failed");
   return port;
 }
 
