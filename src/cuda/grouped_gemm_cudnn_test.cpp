@@ -171,7 +171,6 @@ TEST(CudaGroupedGemmBench, CublasAndCudnnSameRun) {
     const int64_t cap = (largest + 63) / 64 * 64;
     std::vector<int32_t> counts32(counts.begin(), counts.end());
     const PaddedExperts pad = pad_experts(counts32.data(), sh.E, INT32_MAX, 1), one = pad_experts(counts32.data(), sh.E, INT32_MAX, 1, false);
-    const auto spans = chunk_spans(pad), one_spans = chunk_spans(one);
     const char* routing = skewed ? "skewed" : "uniform";
     std::printf("MOE BENCH T=%lld %s %s routing: %lld rows, largest expert %lld (mean %.0f), padded to %lld: %.0f%% padding; chunks of %lld: %.0f%%; "
                 "chunks of %lld and %lld: %.0f%%\n",
@@ -201,14 +200,8 @@ TEST(CudaGroupedGemmBench, CublasAndCudnnSameRun) {
       }
       if (way == "chunks" || way == "chunks-one") {  // the engine's default: model/moe_padding.h's chunks (one size or two)
         const PaddedExperts& pp = way == "chunks" ? pad : one;
-        if (pp.one_chunk_per_expert(sh.E)) {  // as the engine runs it: a strided batch
-          grouped.xwt_padded(dxg.get(), dgu.get(), dy1.get(), pp.cap(), sh.E, sh.H, 2 * sh.F, cuda::DType::BF16, nullptr);
-          grouped.xwt_padded(dact.get(), ddown.get(), dy2.get(), pp.cap(), sh.E, sh.F, sh.H, cuda::DType::BF16, nullptr);
-          return;
-        }
-        const auto& sp = way == "chunks" ? spans : one_spans;
-        grouped.xwt_chunks(dxg.get(), dgu.get(), dy1.get(), sp, sh.H, 2 * sh.F, cuda::DType::BF16, nullptr);
-        grouped.xwt_chunks(dact.get(), ddown.get(), dy2.get(), sp, sh.F, sh.H, cuda::DType::BF16, nullptr);
+        padded_products(grouped, pp, sh.E, dxg.get(), dgu.get(), dy1.get(), sh.H, 2 * sh.F, nullptr);
+        padded_products(grouped, pp, sh.E, dact.get(), ddown.get(), dy2.get(), sh.F, sh.H, nullptr);
         return;
       }
       if (way == "padded") {

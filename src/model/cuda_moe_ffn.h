@@ -46,6 +46,15 @@ inline std::vector<cuda::ChunkSpan> chunk_spans(const PaddedExperts& pad) {
   return spans;
 }
 
+// Y = X W_e^T for every chunk of the padded layout (x, y: pad.rows rows; w: [experts x out x in] bf16): a strided
+// batch where every expert fills one chunk (on the H200 3-14% faster than the same chunks through pointers), else
+// one pointer-array batch per chunk size. The engine's MoE block and the products' benchmark run this one function.
+inline void padded_products(cuda::GroupedGemm& g, const PaddedExperts& pad, int64_t experts, const void* x, const void* w, void* y, int64_t in,
+                            int64_t out, cudaStream_t s) {
+  if (pad.one_chunk_per_expert(experts)) return g.xwt_padded(x, w, y, pad.cap(), experts, in, out, cuda::DType::BF16, s);
+  g.xwt_chunks(x, w, y, chunk_spans(pad), in, out, cuda::DType::BF16, s);
+}
+
 class CudaMoeFfn {
  public:
   // Device bytes the block's scratch needs for `rows` tokens (beyond the weights).
