@@ -25,7 +25,7 @@ struct Tuning {
   std::string dsv4_experts;      // PDBRIDGE_DSV4_EXPERTS=bf16: DeepSeek-V4's random-weight bench with bf16 experts
   std::string dsv4_experts_fp8;  // PDBRIDGE_DSV4_EXPERTS_FP8=1: FP8 expert products from e4m3 tiles
   std::string dsv4_indexer;      // PDBRIDGE_DSV4_INDEXER=bf16|gemm: the indexer's scores in bf16, or GEMM + sum
-  std::string dsv4_attn;         // PDBRIDGE_DSV4_ATTN=gather: the gathered sparse attention
+  std::string dsv4_attn;         // PDBRIDGE_DSV4_ATTN=gather: the gathered sparse attention; =wgmma: the fused one on wgmma
   std::string dsv4_expand;       // PDBRIDGE_DSV4_EXPAND=inline: FP4 experts expanded in the MoE, not on a side stream
   std::string act_quant;         // PDBRIDGE_ACT_QUANT=0: the CPU engine's products with a GGUF's quantized weights in f32
   std::string readback;          // PDBRIDGE_READBACK=copy: small device results reach the host by cudaMemcpyAsync, not mapped stores

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "cuda/common.cuh"
+#include "cuda/device.h"
 #include "cuda/device_helpers.cuh"
 #include "cuda/wgmma.cuh"
 
@@ -389,17 +390,6 @@ flash_attention_wgmma_pingpong(const __nv_bfloat16* __restrict__ q, const __nv_b
   fence_operands(o);
   store_normalized_rows<kD>(o, l_run, b.q_first + b.row_in_block, s.n_q, int64_t(s.n_heads) * kD, int64_t(b.head) * kD, b.t, out);
 #endif
-}
-
-bool device_is_sm90() {
-  static const bool yes = [] {
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    return major == 9 && minor == 0;
-  }();
-  return yes;
 }
 
 }  // namespace

@@ -14,6 +14,17 @@ int device_count() {
   return n;
 }
 
+bool device_is_sm90() {
+  static const bool yes = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) { cudaGetLastError(); return false; }
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    return major == 9 && minor == 0;
+  }();
+  return yes;
+}
+
 size_t device_bytes_in_use() {
   size_t free = 0, total = 0;
   if (device_count() == 0 || cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;

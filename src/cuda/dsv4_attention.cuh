@@ -29,5 +29,8 @@ struct Dsv4SparseAttention {
 bool dsv4_sparse_attention_supported(int heads, int dim);  // heads <= 64; dim 64 or 512
 // out [nq x H x D] bf16
 void dsv4_sparse_attention(const Dsv4SparseAttention& a, __nv_bfloat16* out, cudaStream_t s);
+// The same on Hopper's wgmma (dsv4_attention_wgmma.cu): V4-Flash's width only (dim 512, <= 64 heads), sm_90.
+bool dsv4_sparse_attention_wgmma_supported(int heads, int dim);
+void dsv4_sparse_attention_wgmma(const Dsv4SparseAttention& a, __nv_bfloat16* out, cudaStream_t s);
 
 }  // namespace pdb::cuda

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <random>
 #include <set>
 #include <string>
 
@@ -144,13 +145,14 @@ TEST(CudaKernels, Dsv4IndexerScoresAndTopKMatchTheCpuTwin) {
 
 // The fused sparse attention against its CPU twin (dsv4_attend) on fresh random inputs, for each kind of layer:
 // a window that starts before position 0, the ratio-128 pool's visible blocks, the indexer's choices with -1 past
-// them; V4-Flash's 64 heads of 512 and the tiny model's 4 of 64 (padded to a block's 64 rows).
+// them; V4-Flash's 64 heads of 512, 16 of 512 and the tiny model's 4 of 64 (padded to a block's 64 rows). Both
+// kernels: mma.sync, and wgmma (512 wide) on an sm_90 GPU.
 TEST(CudaKernels, Dsv4SparseAttentionMatchesItsCpuTwin) {
   if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
 #ifdef PDBRIDGE_HAVE_CUDA
   using namespace test_kernels;
   struct Case { int heads, dim, ratio; int64_t t0, nq; int top_k; };
-  for (const Case c : {Case{64, 512, 4, 3000, 6, 512}, Case{64, 512, 4, 20, 9, 512}, Case{64, 512, 128, 1900, 5, 0}, Case{64, 512, 0, 3, 4, 0},
+  for (const Case c : {Case{64, 512, 4, 3000, 6, 512}, Case{64, 512, 4, 20, 9, 512}, Case{16, 512, 4, 2500, 3, 512}, Case{64, 512, 128, 1900, 5, 0}, Case{64, 512, 0, 3, 4, 0},
                        Case{4, 64, 4, 600, 40, 8}, Case{4, 64, 128, 700, 33, 0}, Case{4, 64, 0, 0, 130, 0}}) {
     const int W = 128, H = c.heads, D = c.dim;
     const int64_t win_first = std::max<int64_t>(0, c.t0 - W + 1);
@@ -174,7 +176,6 @@ TEST(CudaKernels, Dsv4SparseAttentionMatchesItsCpuTwin) {
     auto dq = to_device_bf16(q), dwin = to_device_bf16(win), dpool = to_device_bf16(pool), dsinks = to_device_f32(sinks);
     cuda::DeviceBuffer didx(idx.size() * 4);
     didx.upload(idx.data(), idx.size() * 4);
-    auto out = poisoned(size_t(c.nq * H * D) * 2);
     cuda::Dsv4SparseAttention a;
     a.q = dq.as<__nv_bfloat16>();
     a.win = dwin.as<__nv_bfloat16>();
@@ -192,34 +193,40 @@ TEST(CudaKernels, Dsv4SparseAttentionMatchesItsCpuTwin) {
     a.nq = c.nq;
     a.scale = 1.0f / std::sqrt(float(D));
     ASSERT_TRUE(cuda::dsv4_sparse_attention_supported(H, D));
-    cuda::dsv4_sparse_attention(a, out.as<__nv_bfloat16>(), nullptr);
-    PDB_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto got = from_device_bf16(out, size_t(c.nq * H * D));
-    double err2 = 0, ref2 = 0, worst = 0;
-    std::vector<float> want(size_t(H * D));
-    for (int64_t i = 0; i < c.nq; ++i) {
-      const int64_t t = c.t0 + i;
-      std::vector<const float*> keys;
-      for (int64_t p = std::max<int64_t>(0, t - W + 1); p <= t; ++p) keys.push_back(win.data() + (p - win_first) * D);
-      if (c.ratio == 128)
-        for (int64_t b = 0; b < std::min(n_pool, (t + 1) / 128); ++b) keys.push_back(pool.data() + b * D);
-      if (c.ratio == 4)
-        for (int j = 0; j < c.top_k; ++j)
-          if (const int32_t b = idx[size_t(i * c.top_k + j)]; b >= 0) keys.push_back(pool.data() + int64_t(b) * D);
-      dsv4_attend(q.data() + i * H * D, keys, sinks.data(), H, D, a.scale, want.data());
-      for (int64_t e = 0; e < H * D; ++e) {
-        const double g = got[size_t(i * H * D + e)], w = want[size_t(e)];
-        ASSERT_FALSE(std::isnan(g)) << "query " << i << " element " << e;
-        err2 += (g - w) * (g - w);
-        ref2 += w * w;
-        worst = std::max(worst, std::fabs(g - w));
+    // the mma.sync kernel, and on an sm_90 GPU the wgmma one where it takes the width
+    for (const bool wgmma : {false, true}) {
+      if (wgmma && !cuda::dsv4_sparse_attention_wgmma_supported(H, D)) continue;
+      auto out = poisoned(size_t(c.nq * H * D) * 2);
+      if (wgmma) cuda::dsv4_sparse_attention_wgmma(a, out.as<__nv_bfloat16>(), nullptr);
+      else cuda::dsv4_sparse_attention(a, out.as<__nv_bfloat16>(), nullptr);
+      PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto got = from_device_bf16(out, size_t(c.nq * H * D));
+      double err2 = 0, ref2 = 0, worst = 0;
+      std::vector<float> want(size_t(H * D));
+      for (int64_t i = 0; i < c.nq; ++i) {
+        const int64_t t = c.t0 + i;
+        std::vector<const float*> keys;
+        for (int64_t p = std::max<int64_t>(0, t - W + 1); p <= t; ++p) keys.push_back(win.data() + (p - win_first) * D);
+        if (c.ratio == 128)
+          for (int64_t b = 0; b < std::min(n_pool, (t + 1) / 128); ++b) keys.push_back(pool.data() + b * D);
+        if (c.ratio == 4)
+          for (int j = 0; j < c.top_k; ++j)
+            if (const int32_t b = idx[size_t(i * c.top_k + j)]; b >= 0) keys.push_back(pool.data() + int64_t(b) * D);
+        dsv4_attend(q.data() + i * H * D, keys, sinks.data(), H, D, a.scale, want.data());
+        for (int64_t e = 0; e < H * D; ++e) {
+          const double g = got[size_t(i * H * D + e)], w = want[size_t(e)];
+          ASSERT_FALSE(std::isnan(g)) << "query " << i << " element " << e;
+          err2 += (g - w) * (g - w);
+          ref2 += w * w;
+          worst = std::max(worst, std::fabs(g - w));
+        }
       }
+      const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
+      std::printf("DSV4 sparse attention (%s) H=%d D=%d ratio %d t0=%lld nq=%lld: rel RMS %.2e, worst abs %.2e\n", wgmma ? "wgmma" : "mma.sync", H, D, c.ratio, (long long)c.t0,
+                  (long long)c.nq, rel, worst);
+      // bf16 P and bf16 output against f32: a few parts in 1e3
+      EXPECT_LT(rel, 8e-3);
     }
-    const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
-    std::printf("DSV4 sparse attention H=%d D=%d ratio %d t0=%lld nq=%lld: rel RMS %.2e, worst abs %.2e\n", H, D, c.ratio, (long long)c.t0,
-                (long long)c.nq, rel, worst);
-    // bf16 P and bf16 output against f32: a few parts in 1e3
-    EXPECT_LT(rel, 8e-3);
   }
 #endif
 }
@@ -227,6 +234,80 @@ TEST(CudaKernels, Dsv4SparseAttentionMatchesItsCpuTwin) {
 }  // namespace pdb
 
 namespace pdb {
+
+// A benchmark, run on request (PDBRIDGE_BENCH=1; the H200 figures in docs/RESULTS.md): the sparse attention's two
+// kernels in the same process at V4-Flash's shapes (64 heads of 512, window 128, top-512), the last 4096-query chunk
+// of a T-token prompt for each layer kind; device time by CUDA events (median of 10 after a warm-up) and TFLOP/s
+// of the keys each query sees (4 H D FLOP per query and key: S and P V).
+TEST(CudaBench, Dsv4SparseAttentionKernels) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
+  const char* on = std::getenv("PDBRIDGE_BENCH");
+  if (!on || std::string(on) != "1") GTEST_SKIP() << "a benchmark: PDBRIDGE_BENCH=1 runs it";
+#ifdef PDBRIDGE_HAVE_CUDA
+  using namespace test_kernels;
+  const int H = 64, D = 512, W = 128, K = 512;
+  const int64_t NQ = 4096;
+  for (const int64_t T : {int64_t(32768), int64_t(131072)}) {
+    const int64_t t0 = T - NQ;
+    auto dq = to_device_bf16(round_bf16(randn(size_t(NQ * H * D), 1.0f)));
+    auto dwin = to_device_bf16(round_bf16(randn(size_t((NQ + W) * D))));
+    auto dpool = to_device_bf16(round_bf16(randn(size_t(T / 4) * D)));
+    auto dsinks = to_device_f32(randn(size_t(H)));
+    std::vector<int32_t> idx(size_t(NQ * K));
+    std::mt19937 g(7);
+    for (int64_t i = 0; i < NQ; ++i)  // K distinct visible blocks per query, ascending
+      for (int j = 0; j < K; ++j) idx[size_t(i * K + j)] = int32_t(j * ((t0 + i + 1) / 4 / K) + int(g() % 2));
+    cuda::DeviceBuffer didx(idx.size() * 4), out(size_t(NQ * H * D) * 2);
+    didx.upload(idx.data(), idx.size() * 4);
+    for (const int ratio : {4, 128, 0}) {
+      cuda::Dsv4SparseAttention a;
+      a.q = dq.as<__nv_bfloat16>();
+      a.win = dwin.as<__nv_bfloat16>();
+      a.win_first = t0 - W;
+      a.pool = dpool.as<__nv_bfloat16>();
+      a.n_pool = ratio == 4 ? T / 4 : ratio == 128 ? T / 128 : 0;
+      a.idx = ratio == 4 ? didx.as<int32_t>() : nullptr;
+      a.sinks = dsinks.as<float>();
+      a.top_k = K, a.ratio = ratio, a.W = W, a.H = H, a.D = D, a.t0 = t0, a.nq = NQ;
+      a.scale = 1.0f / std::sqrt(float(D));
+      double keys = 0;
+      for (int64_t i = 0; i < NQ; ++i) {
+        const int64_t t = t0 + i;
+        keys += W + (ratio == 4 ? std::min<int64_t>((t + 1) / 4, K) : ratio == 128 ? std::min<int64_t>((t + 1) / 128, a.n_pool) : 0);
+      }
+      for (const bool wgmma : {false, true}) {
+        if (wgmma && !cuda::dsv4_sparse_attention_wgmma_supported(H, D)) continue;
+        auto run = [&] {
+          if (wgmma) cuda::dsv4_sparse_attention_wgmma(a, out.as<__nv_bfloat16>(), nullptr);
+          else cuda::dsv4_sparse_attention(a, out.as<__nv_bfloat16>(), nullptr);
+        };
+        run();
+        PDB_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<float> ms;
+        cudaEvent_t e0, e1;
+        PDB_CUDA_CHECK(cudaEventCreate(&e0));
+        PDB_CUDA_CHECK(cudaEventCreate(&e1));
+        for (int r = 0; r < 10; ++r) {
+          PDB_CUDA_CHECK(cudaEventRecord(e0));
+          run();
+          PDB_CUDA_CHECK(cudaEventRecord(e1));
+          PDB_CUDA_CHECK(cudaEventSynchronize(e1));
+          float x = 0;
+          PDB_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1));
+          ms.push_back(x);
+        }
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+        std::sort(ms.begin(), ms.end());
+        const double med = ms[ms.size() / 2];
+        std::printf("DSV4 SPARSE ATTENTION T=%lld ratio %d (%s): %.3f ms for %lld queries, %.0f keys each, %.0f TFLOP/s\n", (long long)T, ratio,
+                    wgmma ? "wgmma" : "mma.sync", med, (long long)NQ, keys / double(NQ), 4.0 * H * D * keys / (med * 1e-3) / 1e12);
+        std::fflush(stdout);
+      }
+    }
+  }
+#endif
+}
 
 // A benchmark, run on request (PDBRIDGE_BENCH=1; the H200 figures in docs/RESULTS.md): one ratio-4 layer's indexer
 // over a whole prompt at DeepSeek-V4-Flash's shapes (64 heads x 128 dims, top 512), query chunks sized so that S

@@ -1,0 +1,265 @@
+// DeepSeek-V4's sparse attention (dsv4_attention.cuh; CPU twin numerics/deepseek4_blocks.h dsv4_attend) on Hopper's
+// warpgroup tensor cores, for V4-Flash's 64 heads of 512: the mma.sync kernel's algorithm (one block per query, its
+// window and compressed rows read in place, the sink as one more logit) with the products issued as wgmma. A query's
+// 64 heads are exactly one m64 product, so the two warpgroups split the head dimension instead of the rows: warpgroup
+// w multiplies Q's and the keys' dimensions 256w .. 256w + 255 (S_w, m64n64, 16 k-steps), the two halves are summed
+// through shared memory in f32 (both warpgroups then hold the whole S, bitwise the same: a + b = b + a), each runs
+// the same online softmax on it, and each accumulates its half of O = P V (m64n256, P from registers, the key rows
+// read MN-major as V). Q (64 KB) stays in shared memory; key tiles of 64 rows (64 KB) in two cp.async stages; the
+// partial S in 2 x 16 KB: 225 KB in all, one block per SM. Built for sm_90a only; other targets get a kernel that
+// traps (the launcher checks the device first).
+#include "cuda/dsv4_attention.cuh"
+
+#include <stdexcept>
+#include <string>
+
+#include "cuda/common.cuh"
+#include "cuda/device.h"
+#include "cuda/device_helpers.cuh"
+#include "cuda/wgmma.cuh"
+
+namespace pdb::cuda {
+namespace {
+
+constexpr int kD = 512, kHalf = kD / 2, kKT = 64, kThreads = 256;
+constexpr uint32_t kQBytes = 64 * kD * 2;      // 64 heads (rows past H are zeros)
+constexpr uint32_t kTileBytes = kKT * kD * 2;  // one stage of key rows
+constexpr uint32_t kXBytes = 128 * 32 * 4;     // one warpgroup's partial S: 32 f32 per thread
+constexpr int kSmemBytes = int(kQBytes + 2 * kTileBytes + 2 * kXBytes) + 2 * kKT + 1024;  // + valid flags, alignment slack
+constexpr float kLog2e = 1.4426950408889634f;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Byte offset of 16-byte chunk c (0..63) of row r in a rows x 512 bf16 tile stored as eight 64-column blocks, each
+// rows x 128 bytes with its chunks XOR-swizzled by r % 8 (the 128-byte swizzle wgmma reads; attention_wgmma.cu's
+// layout with eight blocks instead of two).
+__device__ __forceinline__ uint32_t tile_offset(int rows, int r, int c) {
+  return uint32_t((c / 8) * rows * 128 + r * 128 + (((c % 8) ^ (r % 8)) * 16));
+}
+
+// D(64x64, f32) (+)= A(64x16, bf16, shared, K-major) * B(16x64, bf16, shared, K-major): a half of S = Q K^T.
+__device__ __forceinline__ void wgmma_ss_n64(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate)
+      : "memory");
+}
+// D(64x256, f32) += A(64x16, bf16, registers) * B(16x256, bf16, shared, MN-major): a half of O += P V.
+__device__ __forceinline__ void wgmma_rs_n256(float* d, const uint32_t* a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1)
+      : "memory");
+}
+
+// Which keys a query sees, slot by slot: the window's W positions t - W + 1 .. t, then its compressed rows (ratio
+// 128: the finished blocks; ratio 4: the indexer's choices, -1 for none). nullptr: no key in that slot.
+struct QueryKeys {
+  const Dsv4SparseAttention* a;
+  int64_t qi, t;
+  int n_slots;
+  __device__ const __nv_bfloat16* row(int slot) const {
+    if (slot < a->W) {
+      const int64_t p = t - a->W + 1 + slot;
+      return p >= 0 && p >= a->win_first ? a->win + (p - a->win_first) * kD : nullptr;
+    }
+    if (slot >= n_slots) return nullptr;
+    const int j = slot - a->W;
+    if (a->ratio == 128) return a->pool + int64_t(j) * kD;
+    const int32_t b = a->idx[qi * a->top_k + j];
+    return b >= 0 && b < a->n_pool ? a->pool + int64_t(b) * kD : nullptr;
+  }
+};
+
+__device__ __forceinline__ QueryKeys query_keys(const Dsv4SparseAttention& a) {
+  QueryKeys k{&a, int64_t(gridDim.x) - 1 - blockIdx.x, 0, 0};  // the latest queries (the most keys) first
+  k.t = a.t0 + k.qi;
+  int n_comp = 0;
+  if (a.ratio == 128) {
+    const int64_t v = (k.t + 1) / 128;
+    n_comp = int(v < a.n_pool ? v : a.n_pool);
+  } else if (a.ratio == 4) {
+    const int64_t v = (k.t + 1) / 4;
+    n_comp = int(v < a.top_k ? v : a.top_k);
+  }
+  k.n_slots = a.W + n_comp;
+  return k;
+}
+
+// One tile of kKT key rows into a stage, and which of its slots hold a key; one cp.async group.
+__device__ __forceinline__ void load_keys(const QueryKeys& qk, int tile, uint32_t sK, uint8_t* valid) {
+  for (int i = threadIdx.x; i < kKT * (kD / 8); i += kThreads) {
+    const int r = i / (kD / 8), c = i % (kD / 8);
+    const __nv_bfloat16* src = qk.row(tile * kKT + r);
+    cp_async16(sK + tile_offset(kKT, r, c), src ? src + c * 8 : qk.a->q, src != nullptr);
+    if (c == 0) valid[r] = src != nullptr;
+  }
+  cp_async_commit();
+}
+
+// Warpgroup w's half of S for one tile: dimensions 256w .. 256w + 255 in 16 steps of 16; a step moves 32 bytes
+// inside a 64-column block, every fourth the next block. Issued, committed and waited for.
+__device__ __forceinline__ void partial_scores(float* s, uint32_t sQ, uint32_t sK, int w) {
+  fence_registers<32>(s);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kHalf / 16; ++kk) {
+    const int block = w * (kHalf / 64) + kk / 4;
+    const uint32_t off = (kk % 4) * 32;
+    wgmma_ss_n64(s, smem_desc(sQ + block * (64 * 128) + off, 16, 1024), smem_desc(sK + block * (kKT * 128) + off, 16, 1024), kk > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_registers<32>(s);
+}
+
+// The two warpgroups' halves summed: each stores its 32 values per thread (thread i of a warpgroup holds the same
+// elements as thread i of the other), a block barrier, each adds the other's.
+__device__ __forceinline__ void sum_halves(float* s, uint32_t sX, int w) {
+  const int tw = threadIdx.x % 128;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    asm volatile("st.shared.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"r"(sX + w * kXBytes + (i * 128 + tw) * 16), "f"(s[4 * i]), "f"(s[4 * i + 1]),
+                 "f"(s[4 * i + 2]), "f"(s[4 * i + 3]) : "memory");
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    float x[4];
+    asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3]) : "r"(sX + (w ^ 1) * kXBytes + (i * 128 + tw) * 16) : "memory");
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[4 * i + e] += x[e];  // own + other's in both warpgroups: the same f32 sums
+  }
+}
+
+// The online softmax of one tile's whole S (this thread's rows g and g + 8, columns 8j + 2t + e) in place: empty
+// slots masked, the running max and sum in log2 units of the scaled scores, O rescaled, P packed as the A fragments
+// of the P V product (keys 16kk .. 16kk + 15: S blocks 2kk and 2kk + 1).
+__device__ __forceinline__ void softmax_tile(float* s, const uint8_t* valid, int t, float scale_log2, float (&m_run)[2], float (&l_run)[2], float* o,
+                                             uint32_t (&pa)[kKT / 16][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kKT / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[4 * j + 2 * h + e];
+        x = valid[8 * j + 2 * t + e] ? x * scale_log2 : -INFINITY;
+        mx = fmaxf(mx, x);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run[h], mx);  // finite: the running max starts at the sink's logit
+    const float corr = exp2f(m_run[h] - m_new);
+    m_run[h] = m_new;
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kKT / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[4 * j + 2 * h + e];
+        x = exp2f(x - m_new);
+        sum += x;
+      }
+    l_run[h] = l_run[h] * corr + sum;
+#pragma unroll
+    for (int j = 0; j < kHalf / 8; ++j) { o[4 * j + 2 * h] *= corr; o[4 * j + 2 * h + 1] *= corr; }
+  }
+#pragma unroll
+  for (int kk = 0; kk < kKT / 16; ++kk) {
+    pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+    pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// O_w += P V_w: the tile's rows read MN-major, columns 256w .. 256w + 255 (four 64-column blocks, LBO apart), 4
+// steps of 16 keys (SBO = 8 keys). Issued, committed and waited for.
+__device__ __forceinline__ void accumulate_pv(float* o, const uint32_t (&pa)[kKT / 16][4], uint32_t sK, int w) {
+  fence_registers<128>(o);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kKT / 16; ++kk) wgmma_rs_n256(o, pa[kk], smem_desc(sK + w * (kHalf / 64) * (kKT * 128) + kk * 16 * 128, kKT * 128, 1024));
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_registers<128>(o);
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+__global__ void __launch_bounds__(kThreads, 1) sparse_attention_wgmma_kernel(const __grid_constant__ Dsv4SparseAttention a, __nv_bfloat16* __restrict__ out) {
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // wgmma is sm_90a's
+#else
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = uint32_t(__cvta_generic_to_shared(smem_raw));
+  const uint32_t sQ = (raw + 1023u) & ~1023u, sK0 = sQ + kQBytes, sX = sK0 + 2 * kTileBytes;  // swizzle atoms: 1024-aligned
+  uint8_t* valid0 = smem_raw + (sX + 2 * kXBytes - raw);  // [2][kKT]
+  const int w = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, t = lane % 4;
+  const QueryKeys qk = query_keys(a);
+  const int n_tiles = (qk.n_slots + kKT - 1) / kKT;
+
+  for (int i = threadIdx.x; i < 64 * (kD / 8); i += kThreads) {
+    const int r = i / (kD / 8), c = i % (kD / 8);
+    const bool ok = r < a.H;
+    cp_async16(sQ + tile_offset(64, r, c), a.q + (qk.qi * a.H + (ok ? r : 0)) * kD + c * 8, ok);
+  }
+  cp_async_commit();
+  load_keys(qk, 0, sK0, valid0);
+
+  const int row0 = warp * 16 + lane / 4;  // this thread's heads: row0 and row0 + 8
+  float o[kHalf / 2], s[kKT / 2];
+#pragma unroll
+  for (int i = 0; i < kHalf / 2; ++i) o[i] = 0.0f;
+  // the sink is one more logit: the running max starts at it, the running sum at its weight exp(sink - max) = 1
+  // (counted once per row: by the thread of column 0)
+  float m_run[2], l_run[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    m_run[h] = (row0 + 8 * h < a.H ? a.sinks[row0 + 8 * h] : 0.0f) * kLog2e;
+    l_run[h] = t == 0 ? 1.0f : 0.0f;
+  }
+  const float scale_log2 = a.scale * kLog2e;
+  uint32_t pa[kKT / 16][4];
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int stage = tile & 1;
+    cp_async_wait<0>();  // this tile (and on the first, Q)
+    fence_async_shared();
+    __syncthreads();  // every copy visible; both warpgroups are done with the other stage and with sX
+    if (tile + 1 < n_tiles) load_keys(qk, tile + 1, sK0 + (stage ^ 1) * kTileBytes, valid0 + (stage ^ 1) * kKT);
+    const uint32_t sK = sK0 + stage * kTileBytes;
+    partial_scores(s, sQ, sK, w);
+    sum_halves(s, sX, w);
+    softmax_tile(s, valid0 + stage * kKT, t, scale_log2, m_run, l_run, o, pa);
+    accumulate_pv(o, pa, sK, w);
+  }
+  cp_async_wait<0>();
+  store_normalized_rows<kHalf>(o, l_run, row0, a.H, kD, int64_t(w) * kHalf, t, out + qk.qi * a.H * kD);
+#endif
+}
+
+}  // namespace
+
+bool dsv4_sparse_attention_wgmma_supported(int heads, int dim) { return heads > 0 && heads <= 64 && dim == kD && device_is_sm90(); }
+
+void dsv4_sparse_attention_wgmma(const Dsv4SparseAttention& a, __nv_bfloat16* out, cudaStream_t s) {
+  if (a.nq <= 0) return;
+  if (!dsv4_sparse_attention_wgmma_supported(a.H, a.D))
+    throw std::invalid_argument("dsv4_sparse_attention_wgmma: takes <= 64 heads of 512 on an sm_90 GPU, not " + std::to_string(a.H) + " x " +
+                                std::to_string(a.D));
+  static bool configured = false;  // once per process
+  if (!configured) {
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    configured = true;
+  }
+  sparse_attention_wgmma_kernel<<<unsigned(a.nq), kThreads, kSmemBytes, s>>>(a, out);
+  PDB_CUDA_LAUNCHED();
+}
+
+}  // namespace pdb::cuda
