@@ -588,12 +588,20 @@ stage_moegap3() {
   run moe_products3 env PDBRIDGE_BENCH_MOE=1 PDBRIDGE_BENCH_MOE_T=8192,4096 PDBRIDGE_BENCH_MOE_WAYS=padded,chunks-one,chunks \
     PDBRIDGE_BENCH_OUT=$R/moe3.jsonl timeout 400 $P/build/tests/unit_tests --gtest_filter='CudaGroupedGemmBench*'
 }
-# Session 30's work, written without a device: the sparse attention on wgmma against its twin and the mma.sync kernel
-# (kernel bench, then the V4-Flash layer bench with each), and session 29's padded_products refactor re-checked.
-stage_dsv4wgmma() {
-  run unit_dsv4wgmma timeout 240 $P/build/tests/unit_tests --gtest_filter='CudaKernels.*:CudaGroupedGemm.*:MoePadding*'
+# Session 30's work, written without a device: the sparse attention on wgmma and the expert products that read FP4
+# codes, each against its CPU twin, then against the path it would replace (kernel benches, the V4-Flash layer bench
+# with each switch), the engine and bridge with the FP4 products, and session 29's padded_products refactor re-checked.
+stage_session30() {
+  TM=$P/build/test-models
+  run test_models_dsv4 bash -c "set -e; $PDB make-model --arch deepseek4 --preset tiny --seed 5 --out $TM/deepseek4-tiny; \
+    $PDB make-model --arch deepseek4 --preset tiny --seed 5 --hf-dtype fp8 --out $TM/deepseek4-tiny-fp8"
+  run unit_session30 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaMoeFp4.*:CudaKernels.*:CudaGroupedGemm.*:MoePadding*'
+  run fp4_products env PDBRIDGE_BENCH=1 timeout 200 $P/build/tests/unit_tests --gtest_filter='CudaBench.MoeFp4ProductsAtV4FlashShapes'
   run attn_kernels env PDBRIDGE_BENCH=1 timeout 200 $P/build/tests/unit_tests --gtest_filter='CudaBench.Dsv4SparseAttentionKernels'
-  run dsv4_bench_wgmma env BENCH_TOKENS=${BENCH_TOKENS:-32768,131072} BENCH_RUNS="${BENCH_RUNS:-fp4:32768 fp4:32768:PDBRIDGE_DSV4_ATTN=wgmma}" \
+  run integration_fp4 env PDBRIDGE_DSV4_EXPERTS_FP4=1 timeout 400 $P/build/tests/integration_tests \
+    --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  run dsv4_bench_session30 env BENCH_TOKENS=${BENCH_TOKENS:-32768,131072} \
+    BENCH_RUNS="${BENCH_RUNS:-fp4:32768 fp4:32768:PDBRIDGE_DSV4_ATTN=wgmma fp4:32768:PDBRIDGE_DSV4_EXPERTS_FP4=1 fp4:32768:PDBRIDGE_DSV4_ATTN=wgmma+PDBRIDGE_DSV4_EXPERTS_FP4=1}" \
     bash $DEV/dsv4_gpu.sh bench
 }
 # The CUDA backend's row path after a change to it: the bridge end to end and the bridged state against the decoder's.
@@ -623,7 +631,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|dsv4wgmma) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -24,6 +24,7 @@ struct Tuning {
   std::string recipe_stream;     // PDBRIDGE_RECIPE_STREAM=1: the GPU recipe on its own stream
   std::string dsv4_experts;      // PDBRIDGE_DSV4_EXPERTS=bf16: DeepSeek-V4's random-weight bench with bf16 experts
   std::string dsv4_experts_fp8;  // PDBRIDGE_DSV4_EXPERTS_FP8=1: FP8 expert products from e4m3 tiles
+  std::string dsv4_experts_fp4;  // PDBRIDGE_DSV4_EXPERTS_FP4=1: the expert products read the MXFP4 codes (no expansion)
   std::string dsv4_indexer;      // PDBRIDGE_DSV4_INDEXER=bf16|gemm: the indexer's scores in bf16, or GEMM + sum
   std::string dsv4_attn;         // PDBRIDGE_DSV4_ATTN=gather: the gathered sparse attention; =wgmma: the fused one on wgmma
   std::string dsv4_expand;       // PDBRIDGE_DSV4_EXPAND=inline: FP4 experts expanded in the MoE, not on a side stream
@@ -46,6 +47,7 @@ inline const std::vector<TuningSwitch>& tuning_switches() {
       {"PDBRIDGE_STATE_PWRITE", &Tuning::state_pwrite},     {"PDBRIDGE_FP8", &Tuning::fp8},
       {"PDBRIDGE_FP8KV_FUSED", &Tuning::fp8kv_fused},       {"PDBRIDGE_RECIPE_STREAM", &Tuning::recipe_stream},
       {"PDBRIDGE_DSV4_EXPERTS", &Tuning::dsv4_experts},     {"PDBRIDGE_DSV4_EXPERTS_FP8", &Tuning::dsv4_experts_fp8},
+      {"PDBRIDGE_DSV4_EXPERTS_FP4", &Tuning::dsv4_experts_fp4},
       {"PDBRIDGE_DSV4_INDEXER", &Tuning::dsv4_indexer},     {"PDBRIDGE_DSV4_ATTN", &Tuning::dsv4_attn},
       {"PDBRIDGE_DSV4_EXPAND", &Tuning::dsv4_expand},       {"PDBRIDGE_ACT_QUANT", &Tuning::act_quant},
       {"PDBRIDGE_READBACK", &Tuning::readback},

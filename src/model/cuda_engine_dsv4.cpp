@@ -24,6 +24,7 @@
 #include "cuda/gemm.cuh"
 #include "cuda/grouped_gemm.cuh"
 #include "cuda/moe.cuh"
+#include "cuda/moe_fp4_gemm.cuh"
 #include "cuda/q8_gemm.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "formats/gguf.h"
@@ -87,9 +88,35 @@ void expand_all_experts_fp8(Deepseek4CudaEngine::Impl& I, const Deepseek4CudaEng
 
 }  // namespace
 
+// PDBRIDGE_DSV4_EXPERTS_FP4=1: the routed experts' products read the MXFP4 codes (cuda/moe_fp4_gemm.cuh) where the
+// GPU and the widths take them. Each layer's blocks are taken apart once, here, and freed: no bf16 scratch is made.
+void take_fp4_experts_apart(Deepseek4CudaEngine::Impl& I) {
+  const int64_t E = I.c.hidden, F = I.c.expert_ff, NE = I.c.experts;
+  if (!I.fp4 || Tuning::from_env().dsv4_experts_fp4 != "1" || !cuda::moe_fp4_products_supported(E, 2 * F) || !cuda::moe_fp4_products_supported(F, E))
+    return;
+  for (auto& L : I.layers) {
+    if (L.exp_gu.bytes()) throw std::runtime_error("DSV4 FP4 products: a layer's experts are not FP4");
+    L.gu4_codes.resize(size_t(NE * 2 * F * E / 2));
+    L.gu4_scales.resize(size_t(NE * 2 * F * E / 32));
+    L.down4_codes.resize(size_t(NE * E * F / 2));
+    L.down4_scales.resize(size_t(NE * E * F / 32));
+    const cuda::Fp4Matrices gu{L.gu4_codes.as<uint8_t>(), L.gu4_scales.as<uint8_t>(), NE, 2 * F, E};
+    const cuda::Fp4Matrices dn{L.down4_codes.as<uint8_t>(), L.down4_scales.as<uint8_t>(), NE, E, F};
+    cuda::repack_mxfp4(L.gate_fp4.as<uint8_t>(), F, 0, gu, I.s);
+    cuda::repack_mxfp4(L.up_fp4.as<uint8_t>(), F, F, gu, I.s);
+    cuda::repack_mxfp4(L.down_fp4.as<uint8_t>(), E, 0, dn, I.s);
+    PDB_CUDA_CHECK(cudaStreamSynchronize(I.s));
+    L.gate_fp4.release();
+    L.up_fp4.release();
+    L.down_fp4.release();
+  }
+  I.fp4_products = true;
+}
+
 std::string Deepseek4CudaEngine::experts_note() const {
   const Impl& I = *impl_;
   if (!I.fp4) return "routed experts bf16 in memory: bf16 products";
+  if (I.fp4_products) return "FP4 routed experts: bf16 products that read the MXFP4 codes (no expansion; PDBRIDGE_DSV4_EXPERTS_FP4=1)";
   if (!I.fp8_probed) return "FP4 routed experts: bf16 products (FP8 products are PDBRIDGE_DSV4_EXPERTS_FP8=1, for widths that are multiples of 128)";
   if (!I.fp8) return "FP4 routed experts: bf16 products (" + I.fp8_note + ")";
   int64_t fit = 0, fp4_layers = 0;
@@ -215,9 +242,13 @@ Deepseek4CudaEngine::Deepseek4CudaEngine(const Deepseek4Recipe& recipe, const De
     impl_->layers.push_back(std::move(L));
   }
   impl_->fp4 = any_fp4;
+  take_fp4_experts_apart(*impl_);
   note_ = fmt::format("deepseek4 on the GPU: bf16 products (f32 accumulation) of {}; routed experts {}; the sections' projections with the "
                       "decoder's weights ({})",
-                      W.describe, any_fp4 ? "FP4 (MXFP4) in memory, expanded to bf16 per layer on a side stream before one product per expert" : "bf16",
+                      W.describe,
+                      !any_fp4                ? "bf16"
+                      : impl_->fp4_products ? "FP4 (MXFP4) in memory, read by the products (no expansion)"
+                                            : "FP4 (MXFP4) in memory, expanded to bf16 per layer on a side stream before one product per expert",
                       impl_->layers.empty() || !impl_->layers[0].wkv.q8 ? "f32" : "Q8_0 in integers");
 }
 
@@ -332,8 +363,11 @@ std::unique_ptr<Deepseek4CudaEngine> Deepseek4CudaEngine::random(const Deepseek4
   }
   I.fp4 = !bf16_experts;
   PDB_CUDA_CHECK(cudaStreamSynchronize(I.s));
+  take_fp4_experts_apart(I);
   eng->note_ = std::string("deepseek4 on the GPU, random weights at these shapes: bf16 dense products, ") +
-               (bf16_experts ? "bf16 routed experts (PDBRIDGE_DSV4_EXPERTS=bf16)" : "FP4 (MXFP4) routed experts expanded per layer") +
+               (bf16_experts     ? "bf16 routed experts (PDBRIDGE_DSV4_EXPERTS=bf16)"
+                : I.fp4_products ? "FP4 (MXFP4) routed experts read by the products"
+                                 : "FP4 (MXFP4) routed experts expanded per layer") +
                ", Q8_0 section projections in integers";
   return eng;
 }
@@ -459,7 +493,7 @@ void Deepseek4CudaEngine::PromptRun::size_scratch() {
   Impl::grow(I.yexp, size_t((n * K + 64) * E) * 2);
   Impl::grow(I.shgu, size_t(n * 2 * FS) * 2);
   Impl::grow(I.shact, size_t(n * FS) * 2);
-  if (I.fp4) {
+  if (I.fp4 && !I.fp4_products) {
     Impl::grow(I.exp_gu_scratch, size_t(NE * 2 * F * E) * 2);
     Impl::grow(I.exp_down_scratch, size_t(NE * E * F) * 2);
   }
@@ -470,7 +504,7 @@ void Deepseek4CudaEngine::PromptRun::size_scratch() {
 // per layer). Not the default: at V4-Flash's shapes cuBLASLt's block-scaled products per expert took 17.2 ms per
 // 32K-token layer against the bf16 products' 15.9 (docs/RESULTS.md), and the activations lose bits.
 void Deepseek4CudaEngine::PromptRun::prepare_fp8_experts() {
-  if (I.fp4 && E % 128 == 0 && F % 128 == 0 && tuning.dsv4_experts_fp8 == "1") {
+  if (I.fp4 && !I.fp4_products && E % 128 == 0 && F % 128 == 0 && tuning.dsv4_experts_fp8 == "1") {
     if (!I.fp8_probed) {
       I.fp8_probed = true;
       I.fp8 = cuda::probe_fp8_layout(I.gemm, &I.fp8_note);
@@ -579,7 +613,7 @@ void Deepseek4CudaEngine::PromptRun::begin_layer(int64_t layer) {
   // done with the scratch.
   const bool long_chunk = rows * K >= 8 * NE;
   experts_fp8 = fp8_experts && fp4 && long_chunk && L.fp8_fit == 1;
-  expand_ahead = side_expansion && fp4 && long_chunk;
+  expand_ahead = side_expansion && fp4 && long_chunk && !I.fp4_products;
   if (expand_ahead) {
     PDB_CUDA_CHECK(cudaStreamWaitEvent(I.side, I.scratch_free, 0));
     if (profile) PDB_CUDA_CHECK(cudaEventRecord(ev[9], I.side));
@@ -758,12 +792,12 @@ void Deepseek4CudaEngine::PromptRun::routed_experts() {
     if (fp4 && !expand_ahead) mark(9);
     int64_t used = 0;
     for (int64_t e = 0; e < NE; ++e) used += cnt[e] > 0;
-    const bool expand_all = fp4 && !expand_ahead && (used == NE || experts_fp8);
+    const bool expand_all = fp4 && !I.fp4_products && !expand_ahead && (used == NE || experts_fp8);
     if (expand_all && experts_fp8) expand_all_experts_fp8(I, L, s);
     else if (expand_all) expand_all_experts(I, L, s);
     for (int64_t e = 0; e < NE; ++e) {
       const int64_t ne_rows = cnt[e];
-      if (fp4 && ne_rows > 0 && !expand_ahead && !expand_all) {  // this layer's used experts, FP4 -> bf16, just before their products
+      if (fp4 && !I.fp4_products && ne_rows > 0 && !expand_ahead && !expand_all) {  // this layer's used experts, FP4 -> bf16, just before their products
         cuda::mxfp4_to_bf16(L.gate_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_gu_scratch.as<bf16>() + e * 2 * F * E, s);
         cuda::mxfp4_to_bf16(L.up_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_gu_scratch.as<bf16>() + e * 2 * F * E + F * E, s);
         cuda::mxfp4_to_bf16(L.down_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_down_scratch.as<bf16>() + e * E * F, s);
@@ -776,7 +810,9 @@ void Deepseek4CudaEngine::PromptRun::routed_experts() {
     if (expand_ahead) PDB_CUDA_CHECK(cudaStreamWaitEvent(s, I.expanded, 0));
     if (off != g) throw std::runtime_error(fmt::format("DSV4 MoE grouping placed {} of {} token choices", off, g));
     mark(11);
-    if (experts_fp8) {
+    if (I.fp4_products) {
+      fp4_products(cnt);
+    } else if (experts_fp8) {
       // One FP8 product per expert, its rows padded to 64 (few shapes, few plans) and quantized with their own
       // scale grid; the padding rows are the next expert's, whose own product overwrites them after (one
       // stream, in order), or the slack past the last.
@@ -808,6 +844,24 @@ void Deepseek4CudaEngine::PromptRun::routed_experts() {
     if (fp4) PDB_CUDA_CHECK(cudaEventRecord(I.scratch_free, s));
     mark(12);
   }
+}
+
+// The routed products from the FP4 codes: the layer's tiles (up to 128 rows of one expert) from the counts, to the
+// device from pinned memory (the host waited for this layer's counts, so the stream is past the previous layer's
+// copy out of it), then gate|up, SwiGLU, down over the same tiles.
+void Deepseek4CudaEngine::PromptRun::fp4_products(const int32_t* cnt) {
+  Impl::Layer& L = *layer_;
+  const auto tiles = cuda::fp4_tiles(cnt, NE);
+  const size_t bytes = tiles.size() * sizeof(cuda::Fp4Tile);
+  if (I.fp4_tiles_host.bytes() < bytes) I.fp4_tiles_host.resize(bytes * 2);
+  Impl::grow(I.fp4_tiles, bytes * 2);
+  std::copy(tiles.begin(), tiles.end(), I.fp4_tiles_host.as<cuda::Fp4Tile>());
+  PDB_CUDA_CHECK(cudaMemcpyAsync(I.fp4_tiles.get(), I.fp4_tiles_host.as<void>(), bytes, cudaMemcpyHostToDevice, s));
+  const auto* dt = I.fp4_tiles.as<cuda::Fp4Tile>();
+  const int64_t n = int64_t(tiles.size());
+  cuda::moe_fp4_products(I.xg.as<bf16>(), {L.gu4_codes.as<uint8_t>(), L.gu4_scales.as<uint8_t>(), NE, 2 * F, E}, dt, n, I.gu.as<bf16>(), s);
+  cuda::swiglu_clamp_rows(I.gu.as<bf16>(), I.act.as<bf16>(), rows * K, F, c.swiglu_clamp, s);
+  cuda::moe_fp4_products(I.act.as<bf16>(), {L.down4_codes.as<uint8_t>(), L.down4_scales.as<uint8_t>(), NE, E, F}, dt, n, I.yexp.as<bf16>(), s);
 }
 
 void Deepseek4CudaEngine::PromptRun::shared_expert_and_combine() {

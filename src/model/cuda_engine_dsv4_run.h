@@ -22,6 +22,7 @@
 #include "cuda/gemm.cuh"
 #include "cuda/grouped_gemm.cuh"
 #include "cuda/moe.cuh"
+#include "cuda/moe_fp4_gemm.cuh"
 #include "cuda/q8_gemm.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "formats/gguf.h"
@@ -63,6 +64,9 @@ struct Deepseek4CudaEngine::Impl {
     DeviceBuffer wq_a, wq_b, wo_a, wo_b, idx_q_b, idx_proj, sh_gu, sh_down;  // bf16
     DeviceBuffer exp_gu, exp_down;                 // bf16 [NE x 2F x E], [NE x E x F], or empty when FP4
     DeviceBuffer gate_fp4, up_fp4, down_fp4;       // GGUF MXFP4 blocks
+    // the same taken apart for the products that read FP4 (PDBRIDGE_DSV4_EXPERTS_FP4=1; the blocks are then freed):
+    // codes and scales of [NE x 2F x E] (gate rows, then up rows) and [NE x E x F]
+    DeviceBuffer gu4_codes, gu4_scales, down4_codes, down4_scales;
     int fp8_fit = -1;  // its FP4 experts as FP8 tiles lose nothing (1), would (0), not yet looked (-1)
     DeviceBuffer tid2eid;                          // int32 [vocab x K] (hash layers)
     bool hash = false;
@@ -89,6 +93,11 @@ struct Deepseek4CudaEngine::Impl {
   cudaStream_t side = nullptr;
   cudaEvent_t expanded = nullptr, scratch_free = nullptr;
   bool fp4 = false;
+  // The routed experts' products read the FP4 codes (cuda/moe_fp4_gemm.cuh): no expansion, no bf16 scratch. Their
+  // tiles (up to 128 rows of one expert) reach the device from pinned memory once the counts are back, each layer.
+  bool fp4_products = false;
+  DeviceBuffer fp4_tiles;
+  cuda::PinnedBuffer fp4_tiles_host;
   // scratch, grown on demand
   DeviceBuffer tokens, x, xa, inv_x, m, mix_r, mix_e, pre, cur, cur_b, qx, dx, kvrow, kvtmp, pooled, csb, cs_plain, cs_comp;
   DeviceBuffer qr, qr_b, q, q_b, iq, iq_b, iq8, iq8_s, iw, isc, iscores, idx, kg, valid, sc, p, att, oa, ao, shift_tmp;
@@ -197,6 +206,7 @@ struct Deepseek4CudaEngine::PromptRun {
   void moe();
   void route_and_gather();
   void routed_experts();
+  void fp4_products(const int32_t* counts);
   void shared_expert_and_combine();
   void record_profile();
   // rows as the decoder stores and the engine reads them: the cache type's values (quantized rows un-rotated:

@@ -1,0 +1,209 @@
+// The grouped FP4 expert products of moe_fp4_gemm.cuh on Hopper's warpgroup tensor cores. A CTA computes a 128 x 128
+// tile of y (one expert's rows x 128 outputs) in 64-wide k-steps: x's rows come by cp.async into three stages; the
+// weights' codes (16 bytes per thread and step: one 32-block) are loaded into registers a step ahead and expanded by
+// every thread into a bf16 tile for the next step while the tensor cores run this step's products (two bf16 tiles,
+// taken in turn); one barrier per step. Both tiles sit K-major with the 128-byte swizzle; each warpgroup issues m64n128k16 over its 64 rows.
+// e2m1 -> bf16: a code's bits placed as an e4m3 byte hold its value x 2^-6 exactly (subnormals too), the hardware
+// turns pairs of those into halves, and one multiply by the block's power of two gives mxfp4_to_bf16's values.
+// 80 KB of shared memory: two CTAs per SM, each one's barriers under the other's products.
+#include "cuda/moe_fp4_gemm.cuh"
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "cuda/common.cuh"
+#include "cuda/device.h"
+#include "cuda/device_helpers.cuh"
+#include "cuda/wgmma.cuh"
+
+namespace pdb::cuda {
+namespace {
+
+constexpr int kBM = kFp4TileRows, kBN = 128, kBK = 64, kThreads = 256, kAStages = 3;
+constexpr uint32_t kATile = kBM * kBK * 2, kBTile = kBN * kBK * 2;  // 16 KB each
+constexpr int kSmemBytes = int(kAStages * kATile + 2 * kBTile) + 1024;  // + alignment slack
+
+// 16-byte chunk c (0..7) of row r of a 64-wide bf16 tile: 128-byte rows, chunks XOR-swizzled by r % 8.
+__device__ __forceinline__ uint32_t chunk_offset(int r, int c) { return uint32_t(r * 128 + ((c ^ (r & 7)) * 16)); }
+
+// Four e2m1 codes (the nibbles at `shift` of a word's four bytes) as four e4m3 bytes of their values x 2^-6.
+__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t w, int shift) {
+  const uint32_t c = (w >> shift) & 0x0f0f0f0fu;
+  return ((c & 0x07070707u) << 2) | ((c & 0x08080808u) << 4);
+}
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xffffu), __NV_E4M3);
+  return __half22float2(__half2(h));
+}
+
+struct Fp4Fetch {
+  uint4 codes;
+  uint32_t scale;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+
+// This thread's block of a k-step's weight tile: output row n0 + tid / 2, the (tid % 2)-th 32 of the step's 64 inputs.
+__device__ __forceinline__ Fp4Fetch fetch_codes(const Fp4Matrices& w, int expert, int64_t n0, int64_t k0) {
+  const int n = threadIdx.x >> 1, kb = threadIdx.x & 1;
+  const int64_t blk = (int64_t(expert) * w.rows + n0 + n) * (w.cols / 32) + k0 / 32 + kb;
+  return {__ldg(reinterpret_cast<const uint4*>(w.codes) + blk), uint32_t(__ldg(w.scales + blk))};
+}
+
+// The fetched block's 32 values into the tile: e4m3 value x m1 (x m2 where kTwo), bf16.
+template <bool kTwo>
+__device__ __forceinline__ void expand_block(const uint32_t (&w)[4], uint32_t dst_row, int kb, int n, float m1, float m2) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {  // elements 8c .. 8c + 7: the low nibbles of bytes 0-7, 8-15, then the high ones
+    const int shift = (c >> 1) * 4;
+    uint32_t out[4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t q = e2m1x4_to_e4m3x4(w[(c & 1) * 2 + h], shift);
+      float2 lo = e4m3x2_to_float2(q), hi = e4m3x2_to_float2(q >> 16);
+      lo.x *= m1, lo.y *= m1, hi.x *= m1, hi.y *= m1;
+      if (kTwo) lo.x *= m2, lo.y *= m2, hi.x *= m2, hi.y *= m2;
+      out[2 * h] = pack_bf16(lo.x, lo.y);
+      out[2 * h + 1] = pack_bf16(hi.x, hi.y);
+    }
+    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(dst_row + chunk_offset(n, kb * 4 + c)), "r"(out[0]), "r"(out[1]), "r"(out[2]),
+                 "r"(out[3]) : "memory");
+  }
+}
+
+// The fetched block as 32 bf16 into the tile: mxfp4_to_bf16's values (kvalues x 2^(e - 128), rounded once). The
+// e4m3 value x 2^(e - 121) is one multiply while that factor is an f32 (e <= 248), two past it.
+__device__ __forceinline__ void expand_codes(const Fp4Fetch& f, uint32_t sB) {
+  const int n = threadIdx.x >> 1, kb = threadIdx.x & 1;
+  const int e = int(f.scale);
+  const uint32_t w[4] = {f.codes.x, f.codes.y, f.codes.z, f.codes.w};
+  if (e <= 248) expand_block<false>(w, sB, kb, n, __int_as_float((e + 6) << 23), 1.0f);
+  else expand_block<true>(w, sB, kb, n, 128.0f, __int_as_float((e - 1) << 23));
+}
+
+// x's rows of the tile for one k-step (rows past the tile's are zeros); one cp.async group.
+__device__ __forceinline__ void load_rows(uint32_t sA, const __nv_bfloat16* __restrict__ x, int64_t K, const Fp4Tile& t, int64_t k0, bool any) {
+  if (any)
+    for (int i = threadIdx.x; i < kBM * 8; i += kThreads) {
+      const int r = i >> 3, c = i & 7;
+      const bool ok = r < t.rows;
+      cp_async16(sA + chunk_offset(r, c), x + (ok ? (int64_t(t.row0) + r) * K + k0 + c * 8 : 0), ok);
+    }
+  cp_async_commit();
+}
+
+// Warpgroup w's 64 rows x 128 outputs += one k-step, issued and committed.
+__device__ __forceinline__ void issue_step(float* d, uint32_t sA, uint32_t sB, int w, bool accumulate) {
+  fence_registers<64>(d);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBK / 16; ++kk)
+    wgmma_ss_n128(d, smem_desc(sA + w * 64 * 128 + kk * 32, 16, 1024), smem_desc(sB + kk * 32, 16, 1024), accumulate || kk > 0);
+  wgmma_commit();
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+__global__ void __launch_bounds__(kThreads, 2)
+moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4Matrices w, const Fp4Tile* __restrict__ tiles,
+               __nv_bfloat16* __restrict__ y) {
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // wgmma is sm_90a's
+#else
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t sA0 = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u, sB0 = sA0 + kAStages * kATile;
+  const int n_tiles_n = int(w.rows / kBN);
+  const Fp4Tile t = tiles[blockIdx.x / n_tiles_n];
+  const int64_t n0 = int64_t(blockIdx.x % n_tiles_n) * kBN, K = w.cols;
+  const int nk = int(K / kBK), wg = threadIdx.x / 128;
+
+  load_rows(sA0, x, K, t, 0, true);
+  load_rows(sA0 + kATile, x, K, t, kBK, nk > 1);
+  Fp4Fetch f = fetch_codes(w, t.expert, n0, 0);
+  expand_codes(f, sB0);
+  if (nk > 1) f = fetch_codes(w, t.expert, n0, kBK);
+  cp_async_wait<1>();
+  fence_async_shared();
+  __syncthreads();
+
+  float d[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) d[i] = 0.0f;
+  // Step j's products run while this CTA loads step j + 2's rows and expands step j + 1's weights into the other
+  // tile (step j - 1's, which every warpgroup has finished: the barrier that ended the previous step).
+  for (int j = 0; j < nk; ++j) {
+    issue_step(d, sA0 + (j % kAStages) * kATile, sB0 + (j & 1) * kBTile, wg, j > 0);
+    load_rows(sA0 + ((j + 2) % kAStages) * kATile, x, K, t, int64_t(j + 2) * kBK, j + 2 < nk);
+    if (j + 1 < nk) {
+      expand_codes(f, sB0 + ((j + 1) & 1) * kBTile);
+      if (j + 2 < nk) f = fetch_codes(w, t.expert, n0, int64_t(j + 2) * kBK);
+    }
+    cp_async_wait<1>();  // step j + 1's rows
+    fence_async_shared();
+    wgmma_wait<0>();
+    fence_registers<64>(d);
+    __syncthreads();  // every thread's copies and stores for step j + 1 visible; both warpgroups done with step j
+  }
+
+  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = wg * 64 + warp * 16 + g + 8 * h;
+    if (r >= t.rows) continue;
+    __nv_bfloat16* yr = y + (int64_t(t.row0) + r) * w.rows + n0;
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j)
+      *reinterpret_cast<__nv_bfloat162*>(yr + 8 * j + 2 * q) = __floats2bfloat162_rn(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+  }
+#endif
+}
+
+// One thread per 32-block: 17 bytes in, its 16 code bytes (one 16-byte store) and its scale out.
+__global__ void repack_mxfp4_kernel(const uint8_t* __restrict__ blocks, int64_t n_blocks, int64_t per_expert, int64_t row0_blocks,
+                                    int64_t expert_blocks, uint8_t* __restrict__ codes, uint8_t* __restrict__ scales) {
+  const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= n_blocks) return;
+  const uint8_t* src = blocks + b * 17;
+  const int64_t o = (b / per_expert) * expert_blocks + row0_blocks + b % per_expert;
+  uint32_t v[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    v[i] = uint32_t(src[1 + 4 * i]) | uint32_t(src[2 + 4 * i]) << 8 | uint32_t(src[3 + 4 * i]) << 16 | uint32_t(src[4 + 4 * i]) << 24;
+  reinterpret_cast<uint4*>(codes)[o] = make_uint4(v[0], v[1], v[2], v[3]);
+  scales[o] = src[0];
+}
+
+}  // namespace
+
+void repack_mxfp4(const uint8_t* blocks, int64_t rows, int64_t row0, const Fp4Matrices& m, cudaStream_t s) {
+  if (m.cols % 32 || row0 < 0 || row0 + rows > m.rows) throw std::invalid_argument("repack_mxfp4: rows outside the matrices, or a width not of 32-blocks");
+  const int64_t per_row = m.cols / 32, n_blocks = m.experts * rows * per_row;
+  if (n_blocks == 0) return;
+  repack_mxfp4_kernel<<<unsigned((n_blocks + 255) / 256), 256, 0, s>>>(blocks, n_blocks, rows * per_row, row0 * per_row, m.rows * per_row, m.codes,
+                                                                      m.scales);
+  PDB_CUDA_LAUNCHED();
+}
+
+bool moe_fp4_products_supported(int64_t in, int64_t out) { return in > 0 && out > 0 && in % kBK == 0 && out % kBN == 0 && device_is_sm90(); }
+
+void moe_fp4_products(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Tile* tiles, int64_t n_tiles, __nv_bfloat16* y, cudaStream_t s) {
+  if (n_tiles <= 0) return;
+  if (!moe_fp4_products_supported(w.cols, w.rows))
+    throw std::invalid_argument("moe_fp4_products: needs an sm_90 GPU, inputs a multiple of 64 and outputs of 128, not " + std::to_string(w.cols) +
+                                " -> " + std::to_string(w.rows));
+  const int64_t grid = n_tiles * (w.rows / kBN);
+  if (grid > 0x7fffffff) throw std::invalid_argument("moe_fp4_products: too many tiles for one launch");
+  static bool configured = false;  // once per process
+  if (!configured) {
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    configured = true;
+  }
+  moe_fp4_kernel<<<unsigned(grid), kThreads, kSmemBytes, s>>>(x, w, tiles, y);
+  PDB_CUDA_LAUNCHED();
+}
+
+}  // namespace pdb::cuda

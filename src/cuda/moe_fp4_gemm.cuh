@@ -1,0 +1,52 @@
+// DeepSeek-V4's routed experts straight from their MXFP4 codes (issue 36's "FP4 without the detour"): one grouped
+// product over every expert's rows in which each weight tile is expanded from e2m1 codes in shared memory, instead
+// of a bf16 copy of every expert per layer (12.9 GB at V4-Flash's shapes) for cuBLAS. The expansion inside is the
+// one mxfp4_to_bf16 makes (the same bf16 values, bit for bit), so the products are bf16 x bf16 with f32
+// accumulation as before. Hopper only (wgmma; moe_fp4_gemm.cu).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace pdb::cuda {
+
+// One [rows x cols] matrix per expert with GGUF's MXFP4 blocks taken apart: the 16 code bytes of each 32-block as
+// ggml stores them (byte j: element j in the low nibble, j + 16 in the high one) and its E8M0 byte in an array of
+// their own, so that a tile's codes are 16-byte aligned loads (a 17-byte block is not).
+struct Fp4Matrices {
+  uint8_t* codes = nullptr;   // [experts x rows x cols / 2]
+  uint8_t* scales = nullptr;  // [experts x rows x cols / 32]
+  int64_t experts = 0, rows = 0, cols = 0;
+  size_t code_bytes() const { return size_t(experts * rows * cols / 2); }
+  size_t scale_bytes() const { return size_t(experts * rows * cols / 32); }
+};
+
+// GGUF MXFP4 blocks of `m.experts` matrices [rows x m.cols] into rows row0 .. row0 + rows - 1 of m's (gate and up
+// into the two halves of one [2F x E] matrix per expert).
+void repack_mxfp4(const uint8_t* blocks, int64_t rows, int64_t row0, const Fp4Matrices& m, cudaStream_t s);
+
+// The products' unit of work: up to kFp4TileRows consecutive rows of x (and y), all routed to one expert.
+struct Fp4Tile {
+  int32_t row0 = 0, rows = 0, expert = 0, unused = 0;
+};
+constexpr int kFp4TileRows = 128;
+// The tiles of rows grouped by expert in expert order (counts[e] rows each, from row 0).
+inline std::vector<Fp4Tile> fp4_tiles(const int32_t* counts, int64_t experts) {
+  std::vector<Fp4Tile> t;
+  int32_t at = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int32_t r = 0; r < counts[e]; r += kFp4TileRows) t.push_back({at + r, std::min(kFp4TileRows, counts[e] - r), int32_t(e), 0});
+    at += counts[e];
+  }
+  return t;
+}
+
+// An sm_90 GPU, in a multiple of 64, out a multiple of 128.
+bool moe_fp4_products_supported(int64_t in, int64_t out);
+// y[r, 0 .. w.rows) = x[r, 0 .. w.cols) W_e^T, bf16, for each tile's rows r with e its expert; tiles in device memory.
+void moe_fp4_products(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Tile* tiles, int64_t n_tiles, __nv_bfloat16* y, cudaStream_t s);
+
+}  // namespace pdb::cuda

@@ -1,0 +1,233 @@
+// The products that read FP4 codes (cuda/moe_fp4_gemm.cuh) against their CPU twin: ggml's MXFP4 dequantization
+// (formats/ggml_types) and an f64 product. Identity rows make each output a weight, so the expansion inside the
+// tiles is checked bit for bit over the whole E8M0 range (both of its multiply paths, the denormal scales); random
+// rows check the grouped products themselves (experts with 0, 1, 127, 128 and 300 rows, gate and up taken apart
+// into one matrix's halves as the engine does, one and several k-steps). Skips without an sm_90 GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/device.h"
+#include "formats/ggml_types.h"
+#ifdef PDBRIDGE_HAVE_CUDA
+#include "cuda/common.cuh"
+#include "cuda/kernel_test_support.h"
+#include "cuda/dsv4.cuh"
+#include "cuda/grouped_gemm.cuh"
+#include "cuda/moe_fp4_gemm.cuh"
+#endif
+
+namespace pdb {
+
+#ifdef PDBRIDGE_HAVE_CUDA
+namespace {
+
+using namespace test_kernels;
+
+struct Fp4Device {
+  cuda::DeviceBuffer codes, scales;
+  cuda::Fp4Matrices m;
+  Fp4Device(int64_t experts, int64_t rows, int64_t cols) : codes(size_t(experts * rows * cols / 2)), scales(size_t(experts * rows * cols / 32)) {
+    m = {codes.as<uint8_t>(), scales.as<uint8_t>(), experts, rows, cols};
+  }
+};
+
+// `experts` matrices [rows x cols] of MXFP4 blocks; block b's E8M0 byte from exps (cycled), codes random
+std::vector<uint8_t> fp4_blocks(int64_t experts, int64_t rows, int64_t cols, const std::vector<uint8_t>& exps) {
+  std::vector<uint8_t> b(size_t(experts * rows * cols / 32) * 17);
+  for (size_t i = 0; i < b.size() / 17; ++i) {
+    b[i * 17] = exps[i % exps.size()];
+    for (int j = 1; j < 17; ++j) b[i * 17 + j] = uint8_t(rng()());
+  }
+  return b;
+}
+
+std::vector<float> dequantized(const std::vector<uint8_t>& blocks) {
+  std::vector<float> w(blocks.size() / 17 * 32);
+  dequantize_row(GgmlType::MXFP4, blocks.data(), w.data(), int64_t(w.size()));
+  return w;
+}
+
+cuda::DeviceBuffer upload(const std::vector<uint8_t>& v) {
+  cuda::DeviceBuffer d(v.size());
+  d.upload(v.data(), v.size());
+  return d;
+}
+
+cuda::DeviceBuffer upload_tiles(const std::vector<cuda::Fp4Tile>& t) {
+  cuda::DeviceBuffer d(t.size() * sizeof(cuda::Fp4Tile));
+  d.upload(t.data(), t.size() * sizeof(cuda::Fp4Tile));
+  return d;
+}
+
+}  // namespace
+#endif
+
+TEST(CudaMoeFp4, IdentityRowsGiveEachWeightBitForBit) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
+#ifdef PDBRIDGE_HAVE_CUDA
+  if (!cuda::moe_fp4_products_supported(128, 128)) GTEST_SKIP() << "needs an sm_90 GPU: " << cuda::device_summary();
+  const int64_t experts = 2, n = 128, k = 128;
+  // E8M0 bytes across the range: denormal scales (1, 2), ordinary ones, the last of the one-multiply path (248)
+  // and the two-multiply path past it (codes with |value| <= 6 x 2^122 stay finite there)
+  const std::vector<uint8_t> exps = {1, 2, 60, 100, 120, 127, 128, 133, 200, 248, 249, 250};
+  auto blocks = fp4_blocks(experts, n, k, exps);
+  const auto w = dequantized(blocks);
+  auto db = upload(blocks);
+  Fp4Device d(experts, n, k);
+  cuda::repack_mxfp4(db.as<uint8_t>(), n, 0, d.m, nullptr);
+  std::vector<float> x(size_t(experts * k * k), 0.0f);  // expert e's 128 rows: the identity
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t i = 0; i < k; ++i) x[size_t((e * k + i) * k + i)] = 1.0f;
+  auto dx = to_device_bf16(x);
+  const std::vector<int32_t> counts = {int32_t(k), int32_t(k)};
+  const auto tiles = cuda::fp4_tiles(counts.data(), experts);
+  auto dt = upload_tiles(tiles);
+  auto y = poisoned(size_t(experts * k * n) * 2);
+  cuda::moe_fp4_products(dx.as<__nv_bfloat16>(), d.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), y.as<__nv_bfloat16>(), nullptr);
+  PDB_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto got = from_device_bf16(y, size_t(experts * k * n));
+  int64_t differ = 0;
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t i = 0; i < k; ++i)
+      for (int64_t o = 0; o < n; ++o) {
+        const float want = w[size_t((e * n + o) * k + i)], g = got[size_t((e * k + i) * n + o)];
+        if (!(g == want)) {
+          if (differ++ < 5) ADD_FAILURE() << "expert " << e << " weight (" << o << ", " << i << "): " << g << " != " << want;
+        }
+      }
+  EXPECT_EQ(differ, 0);
+#endif
+}
+
+TEST(CudaMoeFp4, GroupedProductsMatchTheF64ProductOfTheDequantizedWeights) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
+#ifdef PDBRIDGE_HAVE_CUDA
+  if (!cuda::moe_fp4_products_supported(64, 128)) GTEST_SKIP() << "needs an sm_90 GPU: " << cuda::device_summary();
+  const std::vector<int32_t> counts = {0, 1, 127, 128, 300};
+  const int64_t experts = int64_t(counts.size()), half = 128, n = 2 * half;
+  int64_t g = 0;
+  for (int32_t c : counts) g += c;
+  for (const int64_t k : {int64_t(64), int64_t(512)}) {
+    const std::vector<uint8_t> exps = {118, 119, 120, 121, 122};  // weights of magnitude ~2^-8 .. 2^-3
+    // gate and up as two tensors, taken apart into the halves of one [n x k] matrix per expert
+    const auto gate = fp4_blocks(experts, half, k, exps), up = fp4_blocks(experts, half, k, exps);
+    const auto wg = dequantized(gate), wu = dequantized(up);
+    auto dg = upload(gate), du = upload(up);
+    Fp4Device d(experts, n, k);
+    cuda::repack_mxfp4(dg.as<uint8_t>(), half, 0, d.m, nullptr);
+    cuda::repack_mxfp4(du.as<uint8_t>(), half, half, d.m, nullptr);
+    const auto x = round_bf16(randn(size_t(g * k)));
+    auto dx = to_device_bf16(x);
+    const auto tiles = cuda::fp4_tiles(counts.data(), experts);
+    ASSERT_EQ(tiles.size(), size_t(0 + 1 + 1 + 1 + 3));
+    auto dt = upload_tiles(tiles);
+    auto y = poisoned(size_t(g * n) * 2);
+    cuda::moe_fp4_products(dx.as<__nv_bfloat16>(), d.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), y.as<__nv_bfloat16>(), nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto got = from_device_bf16(y, size_t(g * n));
+    double err2 = 0, ref2 = 0, worst_excess = 0;
+    int64_t row = 0;
+    for (int64_t e = 0; e < experts; ++e)
+      for (int32_t r = 0; r < counts[size_t(e)]; ++r, ++row)
+        for (int64_t o = 0; o < n; ++o) {
+          const float* wr = o < half ? wg.data() + (e * half + o) * k : wu.data() + (e * half + o - half) * k;
+          double want = 0;
+          for (int64_t i = 0; i < k; ++i) want += double(x[size_t(row * k + i)]) * wr[i];
+          const double gv = got[size_t(row * n + o)];
+          ASSERT_TRUE(std::isfinite(gv)) << "row " << row << " output " << o;
+          err2 += (gv - want) * (gv - want);
+          ref2 += want * want;
+          // one bf16 rounding of an f32 sum: within 2^-8 of the value, plus the sum's order
+          worst_excess = std::max(worst_excess, std::fabs(gv - want) - std::ldexp(std::fabs(want), -8));
+        }
+    const double rel = std::sqrt(err2 / ref2), rms = std::sqrt(ref2 / double(g * n));
+    std::printf("FP4 grouped products k=%lld: rel RMS %.2e, worst excess over one bf16 rounding %.2e (output RMS %.2e)\n", (long long)k, rel, worst_excess,
+                rms);
+    EXPECT_LT(rel, 3e-3);
+    EXPECT_LT(worst_excess, 1e-4 * rms * std::sqrt(double(k)));
+  }
+#endif
+}
+
+// A benchmark, run on request (PDBRIDGE_BENCH=1; the H200 figures in docs/RESULTS.md): one DeepSeek-V4-Flash layer's
+// routed products at a 32K-token chunk (256 experts of 2048 x 4096, top 6, uniform and skewed routing), from the FP4
+// codes against the path they replace in the same process: every expert expanded to bf16 (mxfp4_to_bf16, three
+// launches) and one cuBLAS product per expert. CUDA events, median of 5 after a warm-up; TFLOP/s of the routed rows.
+TEST(CudaBench, MoeFp4ProductsAtV4FlashShapes) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
+  const char* on = std::getenv("PDBRIDGE_BENCH");
+  if (!on || std::string(on) != "1") GTEST_SKIP() << "a benchmark: PDBRIDGE_BENCH=1 runs it";
+#ifdef PDBRIDGE_HAVE_CUDA
+  if (!cuda::moe_fp4_products_supported(4096, 4096)) GTEST_SKIP() << "needs an sm_90 GPU";
+  const int64_t NE = 256, E = 4096, F = 2048, K = 6, T = 32768, g = T * K;
+  cuda::DeviceBuffer gate(size_t(NE * F * E / 32) * 17), up(size_t(NE * F * E / 32) * 17), down(size_t(NE * E * F / 32) * 17);
+  cuda::fill_random_mxfp4(gate.as<uint8_t>(), NE * F * E / 32, 1, 120, nullptr);
+  cuda::fill_random_mxfp4(up.as<uint8_t>(), NE * F * E / 32, 2, 120, nullptr);
+  cuda::fill_random_mxfp4(down.as<uint8_t>(), NE * E * F / 32, 3, 120, nullptr);
+  Fp4Device gu4(NE, 2 * F, E), dn4(NE, E, F);
+  cuda::repack_mxfp4(gate.as<uint8_t>(), F, 0, gu4.m, nullptr);
+  cuda::repack_mxfp4(up.as<uint8_t>(), F, F, gu4.m, nullptr);
+  cuda::repack_mxfp4(down.as<uint8_t>(), E, 0, dn4.m, nullptr);
+  cuda::DeviceBuffer x(size_t(g * E) * 2), gu(size_t(g * 2 * F) * 2), act(size_t(g * F) * 2), yexp(size_t(g * E) * 2);
+  cuda::DeviceBuffer gu16(size_t(NE * 2 * F * E) * 2), dn16(size_t(NE * E * F) * 2);
+  cuda::fill_random_bf16(x.as<__nv_bfloat16>(), g * E, 4, 1.0f, nullptr);
+  cuda::fill_random_bf16(act.as<__nv_bfloat16>(), g * F, 5, 1.0f, nullptr);
+  cuda::GroupedGemm per_expert(true);
+  const double flops = 2.0 * double(g) * 3.0 * double(F) * double(E);
+  for (const bool skewed : {false, true}) {
+    std::vector<double> weight(static_cast<size_t>(NE));
+    for (int64_t e = 0; e < NE; ++e) weight[size_t(e)] = skewed ? std::pow(double(e + 1), -0.6) : 1.0;
+    std::discrete_distribution<int> pick(weight.begin(), weight.end());
+    std::mt19937 r(11);
+    std::vector<int32_t> counts(static_cast<size_t>(NE), 0);
+    for (int64_t i = 0; i < g; ++i) ++counts[size_t(pick(r))];
+    const auto tiles = cuda::fp4_tiles(counts.data(), NE);
+    auto dt = upload_tiles(tiles);
+    std::vector<cuda::GroupedProduct> p_up(static_cast<size_t>(NE)), p_down(static_cast<size_t>(NE));
+    int64_t off = 0;
+    for (int64_t e = 0; e < NE; ++e) {
+      p_up[size_t(e)] = {x.as<__nv_bfloat16>() + off * E, gu16.as<__nv_bfloat16>() + e * 2 * F * E, gu.as<__nv_bfloat16>() + off * 2 * F, counts[size_t(e)]};
+      p_down[size_t(e)] = {act.as<__nv_bfloat16>() + off * F, dn16.as<__nv_bfloat16>() + e * E * F, yexp.as<__nv_bfloat16>() + off * E, counts[size_t(e)]};
+      off += counts[size_t(e)];
+    }
+    auto fp4 = [&] {
+      cuda::moe_fp4_products(x.as<__nv_bfloat16>(), gu4.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr);
+      cuda::moe_fp4_products(act.as<__nv_bfloat16>(), dn4.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), yexp.as<__nv_bfloat16>(), nullptr);
+    };
+    auto expand = [&] {
+      const int64_t blocks_fe = F * E / 32, per = NE * blocks_fe;
+      cuda::mxfp4_to_bf16(gate.as<uint8_t>(), per, gu16.as<__nv_bfloat16>(), nullptr, blocks_fe, 2 * F * E);
+      cuda::mxfp4_to_bf16(up.as<uint8_t>(), per, gu16.as<__nv_bfloat16>() + F * E, nullptr, blocks_fe, 2 * F * E);
+      cuda::mxfp4_to_bf16(down.as<uint8_t>(), per, dn16.as<__nv_bfloat16>(), nullptr);
+    };
+    auto cublas = [&] {
+      per_expert.xwt(p_up, E, 2 * F, cuda::DType::BF16, nullptr);
+      per_expert.xwt(p_down, F, E, cuda::DType::BF16, nullptr);
+    };
+    auto median_ms = [&](auto&& fn) {
+      fn();
+      PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<double> t;
+      for (int i = 0; i < 5; ++i) t.push_back(mean_ms(1, fn));
+      std::sort(t.begin(), t.end());
+      return t[2];
+    };
+    const double t_fp4 = median_ms(fp4), t_expand = median_ms(expand), t_cublas = median_ms(cublas);
+    int64_t largest = 0;
+    for (int32_t c : counts) largest = std::max<int64_t>(largest, c);
+    std::printf("MOE FP4 V4-Flash layer, %s routing (%zu tiles, largest expert %lld rows): FP4 products %.2f ms (%.0f TFLOP/s); "
+                "expansion %.2f ms + cuBLAS per expert %.2f ms (%.0f TFLOP/s) = %.2f ms; ratio %.2fx\n",
+                skewed ? "skewed" : "uniform", tiles.size(), (long long)largest, t_fp4, flops / (t_fp4 * 1e-3) / 1e12, t_expand, t_cublas,
+                flops / (t_cublas * 1e-3) / 1e12, t_expand + t_cublas, (t_expand + t_cublas) / t_fp4);
+    std::fflush(stdout);
+  }
+#endif
+}
+
+}  // namespace pdb
