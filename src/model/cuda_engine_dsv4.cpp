@@ -94,8 +94,9 @@ void take_fp4_experts_apart(Deepseek4CudaEngine::Impl& I) {
   const int64_t E = I.c.hidden, F = I.c.expert_ff, NE = I.c.experts;
   if (!I.fp4 || Tuning::from_env().dsv4_experts_fp4 != "1" || !cuda::moe_fp4_products_supported(E, 2 * F) || !cuda::moe_fp4_products_supported(F, E))
     return;
+  for (const auto& L : I.layers)
+    if (L.exp_gu.bytes()) return;  // a layer's experts are not FP4: every layer keeps the expansion path
   for (auto& L : I.layers) {
-    if (L.exp_gu.bytes()) throw std::runtime_error("DSV4 FP4 products: a layer's experts are not FP4");
     L.gu4_codes.resize(size_t(NE * 2 * F * E / 2));
     L.gu4_scales.resize(size_t(NE * 2 * F * E / 32));
     L.down4_codes.resize(size_t(NE * E * F / 2));
