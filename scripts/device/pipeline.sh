@@ -590,7 +590,8 @@ stage_moegap3() {
 }
 # Session 30's work, written without a device: the sparse attention on wgmma and the expert products that read FP4
 # codes, each against its CPU twin, then against the path it would replace (kernel benches, the V4-Flash layer bench
-# with each switch), the engine and bridge with the FP4 products, and session 29's padded_products refactor re-checked.
+# with each switch), the engine and bridge with the FP4 products, session 29's padded_products refactor re-checked, and
+# the pinned RoPE tables now shared by the GPU recipe, the MLA attention and the DeepSeek-V4 engine.
 stage_session30() {
   TM=$P/build/test-models
   run test_models_dsv4 bash -c "set -e; $PDB make-model --arch deepseek4 --preset tiny --seed 5 --out $TM/deepseek4-tiny; \
@@ -598,6 +599,9 @@ stage_session30() {
   run unit_session30 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaMoeFp4.*:CudaKernels.*:CudaGroupedGemm.*:MoePadding*'
   run fp4_products env PDBRIDGE_BENCH=1 timeout 200 $P/build/tests/unit_tests --gtest_filter='CudaBench.MoeFp4ProductsAtV4FlashShapes'
   run attn_kernels env PDBRIDGE_BENCH=1 timeout 200 $P/build/tests/unit_tests --gtest_filter='CudaBench.Dsv4SparseAttentionKernels'
+  make_test_models
+  run integration_session30 timeout 500 $P/build/tests/integration_tests \
+    --gtest_filter='GpuRecipe*:CudaEngine.*:CudaParity.*:CudaBridge.*:Deepseek4Cuda.*:Deepseek4CudaBridge.*'
   run integration_fp4 env PDBRIDGE_DSV4_EXPERTS_FP4=1 timeout 400 $P/build/tests/integration_tests \
     --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
   run dsv4_bench_session30 env BENCH_TOKENS=${BENCH_TOKENS:-32768,131072} \

@@ -16,6 +16,7 @@
 #include "cuda/attention.cuh"
 #include "cuda/mla.cuh"
 #include "cuda/rmsnorm.cuh"
+#include "cuda/rope_table.h"
 #include "formats/safetensors.h"
 #include "model/cuda_blocks.h"
 #include "model/cuda_engine_load.h"
@@ -55,7 +56,7 @@ class MlaAttentionCuda final : public CudaAttention {
   std::vector<Layer> layers_;
   CudaKvCache kv_;
   DeviceBuffer front_, qa_, qfull_, q_, ckv_, kvb_, att_, cs_;  // cs_: the chunk's RoPE cos/sin
-  std::vector<float> cs_host_;
+  cuda::RopeTable rope_table_;
   cuda::MlaShape ms_;
   cuda::AttentionShape as_;
   size_t weight_bytes_ = 0;
@@ -64,7 +65,8 @@ class MlaAttentionCuda final : public CudaAttention {
 MlaAttentionCuda::MlaAttentionCuda(const CudaLoad& ld, CudaMatmul& mm)
     : gemm_(mm.gemm()), H_(ld.c.hidden_size), nh_(ld.c.num_heads), nope_(ld.c.qk_nope_head_dim), rope_(ld.c.qk_rope_head_dim),
       qk_(nope_ + rope_), vd_(ld.c.v_head_dim), kvl_(ld.c.kv_lora_rank), ql_(ld.c.q_lora_rank), eps_(float(ld.c.rms_norm_eps)),
-      mr_(mla_rope(ld.c)) {
+      mr_(mla_rope(ld.c)), rope_table_(mr_.rope, 4) {
+  if (mr_.rope.n_dims != rope_) throw std::invalid_argument(fmt::format("MLA: RoPE over {} of the {} rope dims", mr_.rope.n_dims, rope_));
   ms_.n_heads = int(nh_);
   ms_.nope = int(nope_);
   ms_.rope = int(rope_);
@@ -129,17 +131,12 @@ void MlaAttentionCuda::reserve(int64_t T, int64_t chunk, int64_t cache_layers) {
   kvb_.resize(size_t(chunk * nh_ * (nope_ + vd_)) * 2);
   att_.resize(size_t(chunk * nh_ * vd_) * 2);
   cs_.resize(size_t(chunk * rope_) * 4);
-  cs_host_.resize(size_t(chunk * rope_));
 }
 
 void MlaAttentionCuda::begin_chunk(const CudaChunk& c) {
   ms_.rows = as_.n_q = c.n;
   ms_.pos0 = as_.pos0 = c.p0;
-  parallel_for(c.n, 4, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) ggml_rope_cache(mr_.rope, c.p0 + i, cs_host_.data() + i * rope_);
-  });
-  // Pageable source: the copy is staged before the call returns, so the next chunk may refill cs_host_.
-  PDB_CUDA_CHECK(cudaMemcpyAsync(cs_.get(), cs_host_.data(), size_t(c.n * rope_) * 4, cudaMemcpyHostToDevice, c.s));
+  rope_table_.upload(c.p0, c.n, cs_.as<float>(), c.s);  // pinned, computed once per position: the host does not wait
 }
 
 void MlaAttentionCuda::forward(int64_t l, const bf16* x, float* h, const CudaChunk& c) {

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <random>
 #include <stdexcept>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -409,6 +410,11 @@ Deepseek4CudaEngine::PromptRun::PromptRun(Impl& impl, const Deepseek4Config& con
   I.tokens.upload(tokens.data(), size_t(T) * 4);
   size_scratch();
   rp_plain = dsv4_rope(c, 0), rp_comp = dsv4_rope(c, 4);
+  if (!I.rope_plain) {
+    const int threads = int(std::max(1u, std::min(16u, std::thread::hardware_concurrency())));
+    I.rope_plain.emplace(rp_plain, threads);
+    I.rope_comp.emplace(rp_comp, threads);
+  }
   fused_attn = cuda::dsv4_sparse_attention_supported(int(H), int(D)) && tuning.dsv4_attn != "gather";
   wgmma_attn = fused_attn && tuning.dsv4_attn == "wgmma" && cuda::dsv4_sparse_attention_wgmma_supported(int(H), int(D));
   side_expansion = tuning.dsv4_expand != "inline";  // =inline: in the MoE, as before
@@ -563,12 +569,8 @@ int64_t Deepseek4CudaEngine::PromptRun::run(const ChunkHook& hook, const std::fu
     tok = I.tokens.as<int32_t>() + p0;
     cuda::dsv4_embed_streams(I.embed.as<float>(), tok, rows, E, I.x.as<float>(), s);
     cuda::dsv4_row_inv_rms(I.x.as<float>(), rows, 4 * E, eps, I.inv_x.as<float>(), s);  // each later layer's: its hc_post's
-    {
-      auto a = rope_table(rp_plain, rows, [&](int64_t i) { return p0 + i; });
-      auto b = rope_table(rp_comp, rows, [&](int64_t i) { return p0 + i; });
-      I.cs_plain.upload(a.data(), a.size() * 4);
-      I.cs_comp.upload(b.data(), b.size() * 4);
-    }
+    I.rope_plain->upload(p0, rows, I.cs_plain.as<float>(), s);
+    I.rope_comp->upload(p0, rows, I.cs_comp.as<float>(), s);
     for (l = 0; l < c.layers; ++l) {
       if (stop && stop()) return done;
       begin_layer(l);

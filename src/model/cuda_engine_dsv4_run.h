@@ -25,6 +25,7 @@
 #include "cuda/moe_fp4_gemm.cuh"
 #include "cuda/q8_gemm.cuh"
 #include "cuda/rmsnorm.cuh"
+#include "cuda/rope_table.h"
 #include "formats/gguf.h"
 #include "formats/numeric.h"
 #include "model/cuda_engine_load.h"
@@ -81,6 +82,8 @@ struct Deepseek4CudaEngine::Impl {
     } hp, hl;
   };
   Deepseek4Config c;
+  // the decoder's cos/sin of every position so far (uncompressed and compressed layers' RoPE), pinned, made once
+  std::optional<cuda::RopeTable> rope_plain, rope_comp;
   std::vector<Layer> layers;
   DeviceBuffer embed;  // f32 [vocab x E]
   cuda::Gemm gemm;

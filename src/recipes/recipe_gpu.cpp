@@ -22,7 +22,7 @@
 namespace pdb {
 
 GpuRecipe::GpuRecipe(const Recipe& cpu, cuda::Gemm& gemm, int64_t max_rows, bool with_weights)
-    : cpu_(cpu), gemm_(gemm), max_rows_(max_rows), with_weights_(with_weights) {
+    : cpu_(cpu), gemm_(gemm), max_rows_(max_rows), with_weights_(with_weights), rope_table_(cpu.info().rope, cpu.threads()) {
   const auto& in = cpu.info();
   const int64_t E = in.n_embd;
   auto upload = [&](const RecipeWeight& rw) {
@@ -99,21 +99,7 @@ GpuRecipe::~GpuRecipe() = default;
 
 void GpuRecipe::set_positions(int64_t pos0, int64_t rows, cudaStream_t s) {
   if (rows > max_rows_) throw std::invalid_argument(fmt::format("GPU recipe: {} rows, sized for {}", rows, max_rows_));
-  const auto& r = cpu_.info().rope;
-  const size_t nd = size_t(r.n_dims);
-  if (pos0 + rows > cs_rows_) {  // grown (doubling, by at most 256K positions past the need) and filled past what earlier prompts reached
-    const int64_t need = (pos0 + rows + 4095) / 4096 * 4096, grown = std::max(need, std::min(2 * cs_rows_, need + (int64_t(1) << 18)));
-    cuda::PinnedBuffer table(size_t(grown) * nd * 4);
-    PDB_CUDA_CHECK(cudaDeviceSynchronize());  // no copy from the old table is in flight when it is freed
-    if (cs_rows_) std::memcpy(table.as<float>(), cs_table_.as<float>(), size_t(cs_rows_) * nd * 4);
-    float* t = table.as<float>();
-    parallel_for(grown - cs_rows_, cpu_.threads(), [&, from = cs_rows_](int64_t b, int64_t e) {
-      for (int64_t i = from + b; i < from + e; ++i) ggml_rope_cache(r, i, t + size_t(i) * nd);
-    });
-    cs_table_ = std::move(table);
-    cs_rows_ = grown;
-  }
-  PDB_CUDA_CHECK(cudaMemcpyAsync(cs_.get(), cs_table_.as<float>() + size_t(pos0) * nd, size_t(rows) * nd * 4, cudaMemcpyHostToDevice, s));
+  rope_table_.upload(pos0, rows, cs_.as<float>(), s);
 }
 
 bool GpuRecipe::same_activations(const Weight& a, const Weight& b) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda/common.cuh"
+#include "cuda/rope_table.h"
 #include "recipes/recipe.h"
 
 namespace pdb {
@@ -74,8 +75,7 @@ class GpuRecipe {
   std::vector<cuda::DeviceBuffer> norm_, k_norm_, latent_norm_;  // latent_norm_: MLA's kv_a_norm
   cuda::DeviceBuffer x_, xa_, cs_, xq_, xd_;  // xq_/xd_: the activation's Q8_0 codes and scales
   cuda::DeviceBuffer q81c_;                   // Q4_1/Q5_1: the activation's Q8_1 block-sum corrections [rows x cols/32]
-  cuda::PinnedBuffer cs_table_;  // cos/sin of positions [0, cs_rows_) [rows x n_dims]
-  int64_t cs_rows_ = 0;
+  cuda::RopeTable rope_table_;  // the decoder's cos/sin of every position so far, in pinned memory
 };
 
 }  // namespace pdb
