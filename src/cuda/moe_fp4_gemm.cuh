@@ -7,9 +7,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <vector>
+
+#include "cuda/moe_tiles.h"
 
 namespace pdb::cuda {
 
@@ -27,22 +27,6 @@ struct Fp4Matrices {
 // GGUF MXFP4 blocks of `m.experts` matrices [rows x m.cols] into rows row0 .. row0 + rows - 1 of m's (gate and up
 // into the two halves of one [2F x E] matrix per expert).
 void repack_mxfp4(const uint8_t* blocks, int64_t rows, int64_t row0, const Fp4Matrices& m, cudaStream_t s);
-
-// The products' unit of work: up to kFp4TileRows consecutive rows of x (and y), all routed to one expert.
-struct Fp4Tile {
-  int32_t row0 = 0, rows = 0, expert = 0, unused = 0;
-};
-constexpr int kFp4TileRows = 128;
-// The tiles of rows grouped by expert in expert order (counts[e] rows each, from row 0).
-inline std::vector<Fp4Tile> fp4_tiles(const int32_t* counts, int64_t experts) {
-  std::vector<Fp4Tile> t;
-  int32_t at = 0;
-  for (int64_t e = 0; e < experts; ++e) {
-    for (int32_t r = 0; r < counts[e]; r += kFp4TileRows) t.push_back({at + r, std::min(kFp4TileRows, counts[e] - r), int32_t(e), 0});
-    at += counts[e];
-  }
-  return t;
-}
 
 // An sm_90 GPU, in a multiple of 64, out a multiple of 128.
 bool moe_fp4_products_supported(int64_t in, int64_t out);

@@ -2,7 +2,8 @@
 // (formats/ggml_types) and an f64 product. Identity rows make each output a weight, so the expansion inside the
 // tiles is checked bit for bit over the whole E8M0 range (both of its multiply paths, the denormal scales); random
 // rows check the grouped products themselves (experts with 0, 1, 127, 128 and 300 rows, gate and up taken apart
-// into one matrix's halves as the engine does, one and several k-steps). Skips without an sm_90 GPU.
+// into one matrix's halves as the engine does, one and several k-steps). Skips without an sm_90 GPU; the tiles'
+// layout is checked on any machine.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "cuda/device.h"
+#include "cuda/moe_tiles.h"
 #include "formats/ggml_types.h"
 #ifdef PDBRIDGE_HAVE_CUDA
 #include "cuda/common.cuh"
@@ -67,6 +69,32 @@ cuda::DeviceBuffer upload_tiles(const std::vector<cuda::Fp4Tile>& t) {
 
 }  // namespace
 #endif
+
+// The tiles cover every routed row once, in order, each within one expert and at most kFp4TileRows long (CPU).
+TEST(MoeTiles, EveryRowOnceWithinItsExpertInOrder) {
+  const std::vector<int32_t> counts = {0, 1, 127, 128, 129, 0, 300, 256};
+  const auto tiles = cuda::fp4_tiles(counts.data(), int64_t(counts.size()));
+  ASSERT_EQ(tiles.size(), size_t(0 + 1 + 1 + 1 + 2 + 0 + 3 + 2));
+  int32_t next = 0, first_of_expert = 0;
+  int64_t e_prev = -1;
+  for (const auto& t : tiles) {
+    EXPECT_EQ(t.row0, next) << "tiles leave a gap or overlap";
+    EXPECT_GE(t.rows, 1);
+    EXPECT_LE(t.rows, cuda::kFp4TileRows);
+    ASSERT_GE(t.expert, e_prev) << "experts out of order";
+    if (t.expert != e_prev) {
+      first_of_expert = 0;
+      for (int64_t e = 0; e < t.expert; ++e) first_of_expert += counts[size_t(e)];
+      EXPECT_EQ(t.row0, first_of_expert) << "expert " << t.expert << " starts elsewhere";
+      e_prev = t.expert;
+    }
+    EXPECT_LE(t.row0 + t.rows, first_of_expert + counts[size_t(t.expert)]) << "a tile runs into the next expert's rows";
+    next = t.row0 + t.rows;
+  }
+  int32_t total = 0;
+  for (int32_t c : counts) total += c;
+  EXPECT_EQ(next, total);
+}
 
 TEST(CudaMoeFp4, IdentityRowsGiveEachWeightBitForBit) {
   if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
