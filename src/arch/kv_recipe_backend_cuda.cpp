@@ -17,6 +17,8 @@
 #include <future>
 #include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <cuda_fp16.h>
 #include <fmt/format.h>
@@ -36,6 +38,45 @@ namespace pdb {
 namespace {
 
 constexpr int kSlots = 6;
+
+// PDBRIDGE_CAPTURE_STATS=1: where a capture's rows spend their time, part by part (issue 36's "engine + recipe + frames
+// within 3% of the engine"): the GPU time of the rows' own work on the engine's stream (CUDA events around it), the
+// host's time blocked on a free slot, and the delivery thread's time waiting for copies and handing rows on. Printed
+// to stderr once per capture; off, it costs nothing.
+struct CaptureStats {
+  bool on = false;
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> gpu;  // around each row block's device work
+  double slot_wait_ms = 0, copy_wait_ms = 0, deliver_ms = 0;
+  void mark(cudaEvent_t& e, cudaStream_t s) {
+    PDB_CUDA_CHECK(cudaEventCreate(&e));
+    PDB_CUDA_CHECK(cudaEventRecord(e, s));
+  }
+  void begin(cudaStream_t s) {
+    if (!on) return;
+    gpu.emplace_back();
+    mark(gpu.back().first, s);
+  }
+  void end(cudaStream_t s) {
+    if (on) mark(gpu.back().second, s);
+  }
+  void report(int64_t tokens) {
+    if (!on) return;
+    double gpu_ms = 0;
+    for (auto& [a, b] : gpu) {
+      float ms = 0;
+      if (b && cudaEventSynchronize(b) == cudaSuccess && cudaEventElapsedTime(&ms, a, b) == cudaSuccess) gpu_ms += ms;
+      cudaEventDestroy(a);
+      if (b) cudaEventDestroy(b);
+    }
+    fmt::print(stderr,
+               "capture stats: {} tokens, {} row blocks; rows' GPU work {:.2f} ms ({:.3f} per block); host blocked on a free slot {:.2f} ms; "
+               "delivery waited on copies {:.2f} ms, converted and handed on {:.2f} ms\n",
+               tokens, gpu.size(), gpu_ms, gpu.empty() ? 0.0 : gpu_ms / double(gpu.size()), slot_wait_ms, copy_wait_ms, deliver_ms);
+    gpu.clear();
+  }
+};
+using StatsClock = std::chrono::steady_clock;
+double ms_since(StatsClock::time_point t0) { return std::chrono::duration<double, std::milli>(StatsClock::now() - t0).count(); }
 
 class CudaBackend final : public PrefillBackend {
  public:
@@ -117,6 +158,8 @@ class CudaBackend final : public PrefillBackend {
     std::mutex mu;
     std::condition_variable cv;
     uint64_t next_fill = 0;
+    CaptureStats stats;
+    stats.on = Tuning::from_env().capture_stats == "1";
 
     std::thread delivery([&] {
       std::vector<uint8_t> kq, vq;
@@ -128,7 +171,10 @@ class CudaBackend final : public PrefillBackend {
           if (s.state != Slot::Enqueued) return;
         }
         try {
+          const auto t0 = StatsClock::now();
           PDB_CUDA_CHECK(cudaEventSynchronize(s.copied));
+          const auto t1 = StatsClock::now();
+          if (stats.on) stats.copy_wait_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
           if (!stopped) {
             const uint8_t* k = nullptr;
             const uint8_t* v = nullptr;
@@ -137,6 +183,7 @@ class CudaBackend final : public PrefillBackend {
             if (has_v) convert(s, spec.v_type, spec.rot_v, kVRotationSize, s.hv, vq, v, vb, C);
             if (!sink(KvBlock{s.layer, s.pos0, s.rows, k, kb, v, vb})) stopped = true;
           }
+          if (stats.on) stats.deliver_ms += ms_since(t1);
         } catch (...) {
           delivery_error = std::current_exception();
           stopped = true;
@@ -158,8 +205,10 @@ class CudaBackend final : public PrefillBackend {
     auto next_slot = [&](int layer, int64_t rows, int64_t pos0, cudaStream_t rs) -> Slot& {
       Slot& s = slots_[next_fill % kSlots];
       {
+        const auto t0 = StatsClock::now();
         std::unique_lock<std::mutex> l(mu);
         cv.wait(l, [&] { return s.state == Slot::Free; });
+        if (stats.on) stats.slot_wait_ms += ms_since(t0);
       }
       s.layer = layer;
       s.pos0 = pos0;
@@ -189,6 +238,7 @@ class CudaBackend final : public PrefillBackend {
     auto emit = [&](int layer, const float* src, int64_t rows, int64_t pos0, cudaStream_t st) {
       const cudaStream_t rs = recipe_stream_ ? recipe_stream_ : st;
       Slot& s = next_slot(layer, rows, pos0, rs);
+      stats.begin(st);
       const int nb = int(next_fill % kNormBuffers);
       PDB_CUDA_CHECK(cudaStreamWaitEvent(st, normed_free_[nb], 0));
       gpu_recipe_.normalize(layer, src, rows, st, normed_[nb].as<float>());
@@ -197,6 +247,7 @@ class CudaBackend final : public PrefillBackend {
       gpu_recipe_.kv_from_normed(layer, normed_[nb].as<float>(), rows, rs, staged().dk.as<float>(), staged().dv.as<float>());
       PDB_CUDA_CHECK(cudaEventRecord(normed_free_[nb], rs));
       send(s, rs);
+      stats.end(rs);
     };
     // --kv-rows engine: on the engine's stream (its K/V buffers are rewritten at the next layer), RoPE and type only.
     const bool hf_k_order = model_definition(info.arch).gguf_permutes_qk;  // the engine's K rows are in HF's order
@@ -204,8 +255,10 @@ class CudaBackend final : public PrefillBackend {
       if (stopped) return;
       if (layer == 0) gpu_recipe_.set_positions(pos0, rows, st);
       Slot& s = next_slot(layer, rows, pos0, st);
+      stats.begin(st);
       gpu_recipe_.rows_from_engine(layer, k, v, rows, hf_k_order, st, staged().dk.as<float>(), staged().dv.as<float>());
       send(s, st);
+      stats.end(st);
     };
 
     // Layer 0 starts from the decoder's own (possibly quantized) embedding rows, dequantized on the
@@ -292,6 +345,7 @@ class CudaBackend final : public PrefillBackend {
     delivery.join();
     cudaStreamSynchronize(copy_stream_);
     if (recipe_stream_) cudaStreamSynchronize(recipe_stream_);
+    stats.report(int64_t(tokens.size()));
     if (engine_error) std::rethrow_exception(engine_error);
     if (delivery_error) std::rethrow_exception(delivery_error);
     return done;

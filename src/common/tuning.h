@@ -30,6 +30,7 @@ struct Tuning {
   std::string dsv4_expand;       // PDBRIDGE_DSV4_EXPAND=inline: FP4 experts expanded in the MoE, not on a side stream
   std::string act_quant;         // PDBRIDGE_ACT_QUANT=0: the CPU engine's products with a GGUF's quantized weights in f32
   std::string readback;          // PDBRIDGE_READBACK=copy: small device results reach the host by cudaMemcpyAsync, not mapped stores
+  std::string capture_stats;     // PDBRIDGE_CAPTURE_STATS=1: each GPU capture's rows timed part by part, on stderr (no path changes)
 
   static Tuning from_env();
 };
@@ -50,7 +51,7 @@ inline const std::vector<TuningSwitch>& tuning_switches() {
       {"PDBRIDGE_DSV4_EXPERTS_FP4", &Tuning::dsv4_experts_fp4},
       {"PDBRIDGE_DSV4_INDEXER", &Tuning::dsv4_indexer},     {"PDBRIDGE_DSV4_ATTN", &Tuning::dsv4_attn},
       {"PDBRIDGE_DSV4_EXPAND", &Tuning::dsv4_expand},       {"PDBRIDGE_ACT_QUANT", &Tuning::act_quant},
-      {"PDBRIDGE_READBACK", &Tuning::readback},
+      {"PDBRIDGE_READBACK", &Tuning::readback},         {"PDBRIDGE_CAPTURE_STATS", &Tuning::capture_stats},
   };
   return s;
 }
