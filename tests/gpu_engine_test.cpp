@@ -403,7 +403,7 @@ TEST(CudaParity, BridgedStateAgainstTheDecodersOwn) {
 }
 
 // --kv-rows engine: the engine's own K/V products (of the decoder's GGUF) as the cache rows, against the decoder's own
-// state and against the recipe's rows in the same run. The engine's products take bf16 activations and bf16-expanded
+// state and against the recipe's rows in the same run (deepseek2: its latent's product, normed and roped by the recipe). The engine's products take bf16 activations and bf16-expanded
 // weights where the CPU decoder takes Q8/f16 ones: the tolerance class (rel RMS), not the mirrored one. Bounds: layer
 // 0 within 1% RMS of the decoder's (bf16 rounding of the normed rows and the weights is ~0.3% per element), every
 // layer within parity's 5%.
@@ -411,8 +411,8 @@ TEST(CudaParity, EngineKvRowsFromTheDecodersGguf) {
   PDB_SKIP_WITHOUT_GPU();
   struct Case { std::string model, gguf, cache; };
   for (const Case& c : {Case{"llama-tiny", "q4_0", "f16"}, Case{"qwen3-tiny", "q8_0", "f16"}, Case{"llama-tiny", "f16", "q8_0"},
-                       Case{"qwen3moe-tiny", "q8_0", "f16"}}) {
-    const std::string mdir = test::models_dir() + "/" + c.model;
+                       Case{"qwen3moe-tiny", "q8_0", "f16"}, Case{"deepseek2-small", "q8_0", "f16"}}) {
+    const std::string mdir = c.model == "deepseek2-small" ? deepseek2_small_dir() : test::models_dir() + "/" + c.model;
     test::Stack st(test::parity_stack_options(mdir, c.gguf, c.cache));
     const int T = 700;
     auto tokens = test::random_token_ids(std::random_device{}(), T, 100000);

@@ -609,7 +609,8 @@ stage_session30() {
     bash $DEV/dsv4_gpu.sh bench
 }
 # The engine + rows gap part by part (PDBRIDGE_CAPTURE_STATS=1: the rows' GPU work, the host's waits for slots, the
-# delivery's waits for copies), Qwen3-30B-A3B 8 layers and Llama-8B from their F16 GGUFs with the engine's rows.
+# delivery's waits for copies), Qwen3-30B-A3B 8 layers and Llama-8B from their F16 GGUFs with the engine's rows, and
+# DeepSeek-V2-Lite 8 layers with the recipe's latent rows and the engine's.
 stage_rowsgap() {
   local B="--tokens 8192,32768 --reps 5 --chunk 4096 --modes engine,engine+recipe,engine+recipe+frames --out $R/bench_rowsgap.jsonl"
   local Q=$M/q3moe G=$M/llama8b-peer
@@ -617,6 +618,12 @@ stage_rowsgap() {
   run rowsgap_q3moe env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows
   [ -f $G/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $G --no-hf --hf-dtype bf16 --gguf-types f16
   run rowsgap_llama8b env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $G/decoder-f16.gguf --kv-rows engine --label llama8b-f16-rows $B
+  # DeepSeek-V2-Lite from its F16 GGUF: the recipe's latent rows against the engine's (new in session 30), PyTorch after
+  local V=$M/dsv2
+  [ -f $V/decoder-f16.gguf ] || run make_dsv2 $PDB make-model --arch deepseek2 --preset deepseek-v2-lite --layers 8 --seed 13 --out $V --no-hf --hf-dtype bf16 --gguf-types f16
+  run rowsgap_dsv2_recipe env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $V/decoder-f16.gguf $B --label dsv2-L8-gguf-f16-recipe
+  run rowsgap_dsv2_rows env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $V/decoder-f16.gguf --kv-rows engine $B --label dsv2-L8-gguf-f16-rows
+  [ "${PEERS:-1}" = 1 ] && PYTHONUNBUFFERED=1 run torch_dsv2 python3 $DEV/torch_moe_peer.py deepseek2 8
 }
 # The CUDA backend's row path after a change to it: the bridge end to end and the bridged state against the decoder's.
 stage_rowpath() {

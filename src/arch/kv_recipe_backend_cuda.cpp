@@ -84,10 +84,7 @@ class CudaBackend final : public PrefillBackend {
               bool tp_shared_device, bool engine_rows, ProductNumerics numerics)
       : recipe_(std::move(recipe)), engine_(hf_dir, threads, kv_fp8, tp, tp_shared_device, numerics),
         gpu_recipe_(*recipe_, recipe_gemm_, max_chunk, !engine_rows), max_chunk_(max_chunk), threads_(threads), engine_rows_(engine_rows) {
-    if (engine_rows_) {  // every capture's rows from the engine's own K/V products (CudaEngine::KvTap)
-      if (recipe_->info().mla()) throw std::invalid_argument("--kv-rows engine: deepseek2 caches a latent only the recipe computes");
-      engine_.rank0().enable_kv_rows();
-    }
+    if (engine_rows_) engine_.rank0().enable_kv_rows();  // every capture's rows from the engine's own K/V products (CudaEngine::KvTap)
     PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     if (Tuning::from_env().recipe_stream == "1")
       PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&recipe_stream_, cudaStreamNonBlocking));

@@ -46,7 +46,8 @@ void register_make_model(CLI::App& app) {
 
 constexpr const char* KV_ROWS_HELP =
     "CUDA: the cache rows' source. decoder: recomputed from the residual with the decoder's weights and arithmetic; engine: the "
-    "engine's own K/V products, RoPE'd and typed as the decoder does (needs --model to be the decoder's GGUF; not deepseek2/4)";
+    "engine's own K/V products, RoPE'd and typed as the decoder does (deepseek2: its latent, normed as the decoder does; needs --model "
+    "to be the decoder's GGUF; not deepseek4)";
 
 constexpr const char* NUMERICS_HELP =
     "CUDA, --model the decoder's GGUF: how the engine's products round their operands. bf16 (fastest); half (Metal's "

@@ -37,8 +37,12 @@ class MlaAttentionCuda final : public CudaAttention {
   void begin_chunk(const CudaChunk& c) override;
   void forward(int64_t layer, const bf16* x, float* h, const CudaChunk& c) override;
   CudaKvCache& kv() override { return kv_; }
+  std::string enable_kv_rows() override;
+  void kv_rows(int64_t layer, const bf16* x, const CudaChunk& c, const float** k, const float** v) override;
+  size_t kv_rows_weights_end(int64_t layer) const override { return layers_[size_t(layer)].wfront.scratch_end(); }
   size_t buffer_bytes() const override {
-    return kv_.bytes() + front_.bytes() + qa_.bytes() + qfull_.bytes() + q_.bytes() + ckv_.bytes() + kvb_.bytes() + att_.bytes() + cs_.bytes();
+    return kv_.bytes() + front_.bytes() + qa_.bytes() + qfull_.bytes() + q_.bytes() + ckv_.bytes() + kvb_.bytes() + att_.bytes() + cs_.bytes() +
+           kvf_.bytes();
   }
   size_t weight_bytes() const override { return weight_bytes_; }
 
@@ -56,6 +60,8 @@ class MlaAttentionCuda final : public CudaAttention {
   std::vector<Layer> layers_;
   CudaKvCache kv_;
   DeviceBuffer front_, qa_, qfull_, q_, ckv_, kvb_, att_, cs_;  // cs_: the chunk's RoPE cos/sin
+  bool kv_rows_ = false;
+  DeviceBuffer kvf_;  // --kv-rows engine: the chunk's [c_kv | k_pe] as f32 products [rows x (kv_lora + rope)]
   cuda::RopeTable rope_table_;
   cuda::MlaShape ms_;
   cuda::AttentionShape as_;
@@ -104,7 +110,8 @@ void MlaAttentionCuda::load_layer(const CudaLoad& ld, int64_t l) {
 
 size_t MlaAttentionCuda::prompt_bytes(int64_t T, int64_t chunk, int64_t cache_layers) const {
   const size_t kv = size_t(cache_layers) * size_t(nh_ * T) * size_t(qk_ + vd_) * 2;
-  return kv + size_t(chunk) * size_t(front_width() * 2 + ql_ * 2 + 2 * nh_ * qk_ * 2 + kvl_ * 2 + nh_ * (nope_ + vd_) * 2 + nh_ * vd_ * 2 + rope_ * 4);
+  return kv + size_t(chunk) * size_t(front_width() * 2 + ql_ * 2 + 2 * nh_ * qk_ * 2 + kvl_ * 2 + nh_ * (nope_ + vd_) * 2 + nh_ * vd_ * 2 + rope_ * 4 +
+                                     (kv_rows_ ? (kvl_ + rope_) * 4 : 0));
 }
 
 void MlaAttentionCuda::reserve(int64_t T, int64_t chunk, int64_t cache_layers) {
@@ -131,12 +138,30 @@ void MlaAttentionCuda::reserve(int64_t T, int64_t chunk, int64_t cache_layers) {
   kvb_.resize(size_t(chunk * nh_ * (nope_ + vd_)) * 2);
   att_.resize(size_t(chunk * nh_ * vd_) * 2);
   cs_.resize(size_t(chunk * rope_) * 4);
+  if (kv_rows_) kvf_.resize(size_t(chunk * (kvl_ + rope_)) * 4);
 }
 
 void MlaAttentionCuda::begin_chunk(const CudaChunk& c) {
   ms_.rows = as_.n_q = c.n;
   ms_.pos0 = as_.pos0 = c.p0;
   rope_table_.upload(c.p0, c.n, cs_.as<float>(), c.s);  // pinned, computed once per position: the host does not wait
+}
+
+// The decoder caches the latent before its norm's weights and k_pe before RoPE are applied by the recipe
+// (GpuRecipe::rows_from_engine): the rows here are the kv_a columns of the front product, made again in f32 (576 of its
+// outputs at V2's widths) so that an f16 cache is not rounded from bf16.
+std::string MlaAttentionCuda::enable_kv_rows() {
+  kv_rows_ = true;
+  return "";
+}
+
+void MlaAttentionCuda::kv_rows(int64_t l, const bf16* x, const CudaChunk& c, const float** k, const float** v) {
+  if (!kv_rows_) throw std::logic_error("kv_rows: enable_kv_rows was not called");
+  const int64_t qpart = ql_ ? ql_ : nh_ * qk_;
+  const auto* w = layers_[size_t(l)].wfront.as<uint16_t>();  // bf16 [front_width x H]: q (or q_a) rows, then kv_a's
+  gemm_.xwt(cuda::DType::BF16, x, w + qpart * H_, cuda::DType::F32, kvf_.get(), c.n, H_, kvl_ + rope_, 0.0f, c.s);
+  *k = kvf_.as<float>();
+  *v = nullptr;
 }
 
 void MlaAttentionCuda::forward(int64_t l, const bf16* x, float* h, const CudaChunk& c) {

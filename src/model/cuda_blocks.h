@@ -118,7 +118,7 @@ class CudaAttention {
   // The decoder's cache rows from the engine's own products (--kv-rows engine): K and V of the normed rows x as f32
   // products with this layer's weights, before RoPE and qwen3's k norm. They are the decoder's rows up to the
   // products' rounding only when the engine runs the decoder's GGUF. enable_kv_rows before reserve: "" when this
-  // attention has such rows, else why not (MLA caches a latent the recipe computes; FP8 products; a rank's heads).
+  // attention has such rows, else why not (FP8 products; a rank's heads). MLA's are its latent's product, before the norm.
   virtual std::string enable_kv_rows() { return "this attention has no separate K/V rows"; }
   virtual void kv_rows(int64_t /*layer*/, const __nv_bfloat16* /*x*/, const CudaChunk& /*c*/, const float** /*k*/, const float** /*v*/) {}
   // Where the weights kv_rows reads end in the layer's expanded scratch (CudaWeight::scratch_end): a layer run only for

@@ -180,8 +180,11 @@ void GpuRecipe::rows_from_engine(int layer, const float* k, const float* v, int6
                                  float* d_v) {
   const auto& in = cpu_.info();
   check(layer, rows);
-  if (in.mla()) throw std::logic_error("rows_from_engine: MLA caches a latent the recipe computes");
   const size_t bytes = size_t(rows * in.n_embd_kv()) * 4;
+  if (in.mla()) {  // the engine's kv_a product [latent | k_pe]: the latent's norm and k_pe's RoPE are the decoder's
+    PDB_CUDA_CHECK(cudaMemcpyAsync(d_k, k, bytes, cudaMemcpyDeviceToDevice, s));
+    return deepseek2_row(layer, d_k, rows, s);
+  }
   if (hf_k_order) cuda::qk_rows_to_gguf_order(k, d_k, rows, int(in.n_head_kv), int(in.head_dim), s);
   else PDB_CUDA_CHECK(cudaMemcpyAsync(d_k, k, bytes, cudaMemcpyDeviceToDevice, s));
   PDB_CUDA_CHECK(cudaMemcpyAsync(d_v, v, bytes, cudaMemcpyDeviceToDevice, s));

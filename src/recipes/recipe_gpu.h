@@ -46,7 +46,7 @@ class GpuRecipe {
   void kv_from_normed(int layer, const float* d_x, int64_t rows, cudaStream_t s, float* d_k, float* d_v);
   // The engine's K/V rows (CudaEngine::KvTap: products before RoPE) into d_k/d_v as kv_f32 leaves them: K in the
   // GGUF's row order where the converter permuted it (hf_k_order: the engine's K is in HF's), qwen3's K norm and the
-  // decoder's RoPE on K. Not for MLA, whose cached latent only the recipe computes.
+  // decoder's RoPE on K. MLA: k is the kv_a product [latent | k_pe] (v unused), normed and roped as kv_f32 does.
   void rows_from_engine(int layer, const float* k, const float* v, int64_t rows, bool hf_k_order, cudaStream_t s, float* d_k, float* d_v);
 
  private:
