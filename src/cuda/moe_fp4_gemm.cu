@@ -3,8 +3,7 @@
 // weights' codes (16 bytes per thread and step: one 32-block) are loaded into registers a step ahead and expanded by
 // every thread into a bf16 tile for the next step while the tensor cores run this step's products (two bf16 tiles,
 // taken in turn); one barrier per step. Both tiles sit K-major with the 128-byte swizzle; each warpgroup issues m64n128k16 over its 64 rows.
-// e2m1 -> bf16: a code's bits placed as an e4m3 byte hold its value x 2^-6 exactly (subnormals too), the hardware
-// turns pairs of those into halves, and one multiply by the block's power of two gives mxfp4_to_bf16's values.
+// e2m1 -> bf16 as cuda/fp4_expand.cuh says (a code's bits as an e4m3 byte, the hardware's e4m3 -> half, one multiply).
 // 80 KB of shared memory: two CTAs per SM, each one's barriers under the other's products.
 #include "cuda/moe_fp4_gemm.cuh"
 
@@ -17,6 +16,7 @@
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/device_helpers.cuh"
+#include "cuda/fp4_expand.cuh"
 #include "cuda/wgmma.cuh"
 
 namespace pdb::cuda {
@@ -28,16 +28,6 @@ constexpr int kSmemBytes = int(kAStages * kATile + 2 * kBTile) + 1024;  // + ali
 
 // 16-byte chunk c (0..7) of row r of a 64-wide bf16 tile: 128-byte rows, chunks XOR-swizzled by r % 8.
 __device__ __forceinline__ uint32_t chunk_offset(int r, int c) { return uint32_t(r * 128 + ((c ^ (r & 7)) * 16)); }
-
-// Four e2m1 codes (the nibbles at `shift` of a word's four bytes) as four e4m3 bytes of their values x 2^-6.
-__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t w, int shift) {
-  const uint32_t c = (w >> shift) & 0x0f0f0f0fu;
-  return ((c & 0x07070707u) << 2) | ((c & 0x08080808u) << 4);
-}
-__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xffffu), __NV_E4M3);
-  return __half22float2(__half2(h));
-}
 
 struct Fp4Fetch {
   uint4 codes;
@@ -54,35 +44,24 @@ __device__ __forceinline__ Fp4Fetch fetch_codes(const Fp4Matrices& w, int expert
   return {__ldg(reinterpret_cast<const uint4*>(w.codes) + blk), uint32_t(__ldg(w.scales + blk))};
 }
 
-// The fetched block's 32 values into the tile: e4m3 value x m1 (x m2 where kTwo), bf16.
+// The fetched block as 32 bf16 into the tile (cuda/fp4_expand.cuh: mxfp4_to_bf16's values, bit for bit).
 template <bool kTwo>
-__device__ __forceinline__ void expand_block(const uint32_t (&w)[4], uint32_t dst_row, int kb, int n, float m1, float m2) {
+__device__ __forceinline__ void expand_block(const uint32_t (&w)[4], const Fp4Scale& sc, uint32_t sB) {
+  const int n = threadIdx.x >> 1, kb = threadIdx.x & 1;
 #pragma unroll
-  for (int c = 0; c < 4; ++c) {  // elements 8c .. 8c + 7: the low nibbles of bytes 0-7, 8-15, then the high ones
-    const int shift = (c >> 1) * 4;
+  for (int c = 0; c < 4; ++c) {
     uint32_t out[4];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t q = e2m1x4_to_e4m3x4(w[(c & 1) * 2 + h], shift);
-      float2 lo = e4m3x2_to_float2(q), hi = e4m3x2_to_float2(q >> 16);
-      lo.x *= m1, lo.y *= m1, hi.x *= m1, hi.y *= m1;
-      if (kTwo) lo.x *= m2, lo.y *= m2, hi.x *= m2, hi.y *= m2;
-      out[2 * h] = pack_bf16(lo.x, lo.y);
-      out[2 * h + 1] = pack_bf16(hi.x, hi.y);
-    }
-    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(dst_row + chunk_offset(n, kb * 4 + c)), "r"(out[0]), "r"(out[1]), "r"(out[2]),
+    fp4_expand_chunk<kTwo>(w, c, sc, out);
+    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(sB + chunk_offset(n, kb * 4 + c)), "r"(out[0]), "r"(out[1]), "r"(out[2]),
                  "r"(out[3]) : "memory");
   }
 }
 
-// The fetched block as 32 bf16 into the tile: mxfp4_to_bf16's values (kvalues x 2^(e - 128), rounded once). The
-// e4m3 value x 2^(e - 121) is one multiply while that factor is an f32 (e <= 248), two past it.
 __device__ __forceinline__ void expand_codes(const Fp4Fetch& f, uint32_t sB) {
-  const int n = threadIdx.x >> 1, kb = threadIdx.x & 1;
-  const int e = int(f.scale);
   const uint32_t w[4] = {f.codes.x, f.codes.y, f.codes.z, f.codes.w};
-  if (e <= 248) expand_block<false>(w, sB, kb, n, __int_as_float((e + 6) << 23), 1.0f);
-  else expand_block<true>(w, sB, kb, n, 128.0f, __int_as_float((e - 1) << 23));
+  const Fp4Scale sc = fp4_scale(f.scale);
+  if (sc.two) expand_block<true>(w, sc, sB);
+  else expand_block<false>(w, sc, sB);
 }
 
 // x's rows of the tile for one k-step (rows past the tile's are zeros); one cp.async group.

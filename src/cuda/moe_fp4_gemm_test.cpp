@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "cuda/common.cuh"
 #include "cuda/kernel_test_support.h"
 #include "cuda/dsv4.cuh"
+#include "cuda/fp4_expand.cuh"
 #include "cuda/grouped_gemm.cuh"
 #include "cuda/moe_fp4_gemm.cuh"
 #endif
@@ -94,6 +96,42 @@ TEST(MoeTiles, EveryRowOnceWithinItsExpertInOrder) {
   int32_t total = 0;
   for (int32_t c : counts) total += c;
   EXPECT_EQ(next, total);
+}
+
+// The expansion's arithmetic (cuda/fp4_expand.cuh, run here on the host: the same functions the kernel inlines) against
+// ggml's MXFP4 dequantization: every code under every E8M0 byte, as bf16, bit for bit (CUDA builds; no GPU needed).
+TEST(Fp4Expand, EveryCodeUnderEveryScaleIsGgmlsValueInBf16) {
+#ifdef PDBRIDGE_HAVE_CUDA
+  int64_t differ = 0;
+  for (uint32_t e = 0; e < 256; ++e) {
+    uint8_t block[17];
+    block[0] = uint8_t(e);
+    for (int j = 0; j < 16; ++j) block[1 + j] = uint8_t(j | ((15 - j) << 4));  // every code low and high
+    float want[32];
+    dequantize_row(GgmlType::MXFP4, block, want, 32);
+    uint32_t w[4];
+    std::memcpy(w, block + 1, 16);
+    const cuda::Fp4Scale sc = cuda::fp4_scale(e);
+    EXPECT_EQ(sc.two, e > 248);
+    for (int c = 0; c < 4; ++c) {
+      uint32_t out[4];
+      if (sc.two) cuda::fp4_expand_chunk<true>(w, c, sc, out);
+      else cuda::fp4_expand_chunk<false>(w, c, sc, out);
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t bits = (out[i / 2] >> (16 * (i % 2))) & 0xffffu;
+        float got;
+        const uint32_t f32 = bits << 16;
+        std::memcpy(&got, &f32, 4);
+        const float ref = want[8 * c + i];
+        if (!(got == ref) && differ++ < 5)
+          ADD_FAILURE() << "E8M0 " << e << " element " << 8 * c + i << ": " << got << " != ggml's " << ref;
+      }
+    }
+  }
+  EXPECT_EQ(differ, 0);
+#else
+  GTEST_SKIP() << "a build without the CUDA toolkit (the expansion's headers are CUDA's)";
+#endif
 }
 
 TEST(CudaMoeFp4, IdentityRowsGiveEachWeightBitForBit) {
