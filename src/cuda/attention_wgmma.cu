@@ -122,17 +122,6 @@ __device__ __forceinline__ void rescale_o(float* o, const float (&corr)[2]) {
     for (int e = 0; e < 4; ++e) o[j * 4 + e] *= corr[e >> 1];
 }
 
-// P (in sc) to the bf16 A fragments of issue_pv: the fragment for keys 16kk..16kk+15 is S blocks 2kk, 2kk+1.
-__device__ __forceinline__ void pack_p(const float* sc, uint32_t (&pa)[kKeys / 16][4]) {
-#pragma unroll
-  for (int kk = 0; kk < kKeys / 16; ++kk) {
-    pa[kk][0] = pack_bf16(sc[8 * kk + 0], sc[8 * kk + 1]);
-    pa[kk][1] = pack_bf16(sc[8 * kk + 2], sc[8 * kk + 3]);
-    pa[kk][2] = pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
-    pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
-  }
-}
-
 // One tile's softmax step, called with no product in flight: O rescaled, then all of P packed before the
 // next product, so no product waits on registers still being written.
 __device__ __forceinline__ void softmax_tile(float* sc, int64_t key0, bool needs_mask, const int64_t (&qpos)[2], int t, float scale_log2,
@@ -140,7 +129,7 @@ __device__ __forceinline__ void softmax_tile(float* sc, int64_t key0, bool needs
   float corr[2];
   softmax_scores(sc, key0, needs_mask, qpos, t, scale_log2, m_run, l_run, corr);
   rescale_o(o, corr);
-  pack_p(sc, pa);
+  pack_p_fragments<kKeys>(sc, pa);
 }
 
 // What one block of either kernel works on: 2 x 64 query rows of one head (heaviest blocks first),

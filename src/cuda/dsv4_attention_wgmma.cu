@@ -151,13 +151,7 @@ __device__ __forceinline__ void softmax_tile(float* s, const uint8_t* valid, int
 #pragma unroll
     for (int j = 0; j < kHalf / 8; ++j) { o[4 * j + 2 * h] *= corr; o[4 * j + 2 * h + 1] *= corr; }
   }
-#pragma unroll
-  for (int kk = 0; kk < kKT / 16; ++kk) {
-    pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-    pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-    pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-    pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-  }
+  pack_p_fragments<kKT>(s, pa);
 }
 
 // O_w += P V_w: the tile's rows read MN-major, columns 256w .. 256w + 255 (four 64-column blocks, LBO apart), 4
