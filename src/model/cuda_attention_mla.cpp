@@ -147,9 +147,9 @@ void MlaAttentionCuda::begin_chunk(const CudaChunk& c) {
   rope_table_.upload(c.p0, c.n, cs_.as<float>(), c.s);  // pinned, computed once per position: the host does not wait
 }
 
-// The decoder caches the latent before its norm's weights and k_pe before RoPE are applied by the recipe
-// (GpuRecipe::rows_from_engine): the rows here are the kv_a columns of the front product, made again in f32 (576 of its
-// outputs at V2's widths) so that an f16 cache is not rounded from bf16.
+// --kv-rows engine: the rows are the kv_a columns of the front product, [c_kv | k_pe] before the latent's norm and
+// k_pe's RoPE (the recipe applies both as the decoder does: GpuRecipe::rows_from_engine), made again in f32 (576 of
+// its outputs at V2's widths) so that an f16 cache is not rounded from bf16.
 std::string MlaAttentionCuda::enable_kv_rows() {
   kv_rows_ = true;
   return "";
