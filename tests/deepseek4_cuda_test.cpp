@@ -289,7 +289,7 @@ TEST(Deepseek4CudaBench, RealShapeLayersPerKind) {
       double layer_ms = 0;
       json phases;
       for (int p = 0; p < Deepseek4CudaEngine::kPhases; ++p) {
-        if (!Deepseek4CudaEngine::Profile::part_of_another(p)) layer_ms += prof.ms[size_t(l)][size_t(p)];  // the parts are inside the MoE's time
+        if (!Deepseek4CudaEngine::Profile::part_of_another(p)) layer_ms += prof.ms[size_t(l)][size_t(p)];  // parts of (or beside) another phase: not twice
         phases[Deepseek4CudaEngine::Profile::phase_name(p)] = prof.ms[size_t(l)][size_t(p)];
       }
       model_ms += count * layer_ms;

@@ -400,6 +400,30 @@ TEST(Deepseek4Bridge, CompleteThroughPrefillServerAndFrontDoorAnswersAsNative) {
   }
 }
 
+// The sections' bytes as the cache type's rows, however many rows: a long chunk's pool is encoded in slices on the
+// host's cores, and every slice must land where one pass over all the rows would put it.
+TEST(Deepseek4Recipe, SectionBytesAreEachRowInTheCacheTypeWhateverTheCount) {
+  Deepseek4Recipe recipe(test::models_dir() + "/deepseek4-tiny/decoder-f32.gguf");
+  const int64_t D = recipe.config().head_dim, I = recipe.config().index_dim;
+  std::mt19937 rng(42);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const int64_t n : {int64_t(1), int64_t(513), int64_t(3001)})
+    for (const GgmlType kt : {GgmlType::F16, GgmlType::Q8_0}) {
+      Deepseek4LayerSections S;
+      S.ratio = 4;
+      S.pool.resize(size_t(n * D));
+      S.lid.resize(size_t(n * I));
+      for (auto& v : S.pool) v = nd(rng);
+      for (auto& v : S.lid) v = nd(rng);
+      const Dsv4LayerBytes b = recipe.to_bytes(S, kt);
+      std::vector<uint8_t> pool(ggml_row_bytes(kt, D) * size_t(n)), lid(ggml_row_bytes(kt, I) * size_t(n));
+      rows_to_cache_type(kt, S.pool.data(), n, D, pool.data());
+      rows_to_cache_type(kt, S.lid.data(), n, I, lid.data());
+      EXPECT_EQ(b.pool, pool) << n << " rows, " << ggml_type_name(kt);
+      EXPECT_EQ(b.lid, lid) << n << " rows, " << ggml_type_name(kt);
+    }
+}
+
 // The fingerprint front door and prefill server compare covers DeepSeek-V4's cache geometry and the weights its
 // sections come from: another ratio layout or other weights give another fingerprint.
 TEST(Deepseek4Recipe, FingerprintCoversThePooledGeometryAndTheCacheWeights) {

@@ -57,7 +57,8 @@ DeviceBuffer upload_bf16(const std::vector<float>& v) {
 }  // namespace
 
 const char* Deepseek4CudaEngine::Profile::phase_name(int p) {
-  static const char* names[] = {"sections", "query", "indexer", "attention", "output", "moe", "hook", "moe_fp4_expand", "moe_routed_products"};
+  static const char* names[] = {"sections", "query", "indexer", "attention", "output", "moe", "hook", "moe_fp4_expand", "moe_routed_products",
+                                "sections_mix", "sections_window", "sections_pool", "sections_lid"};
   return p >= 0 && p < kPhases ? names[p] : "?";
 }
 
@@ -468,6 +469,11 @@ void Deepseek4CudaEngine::PromptRun::size_scratch() {
   Impl::grow(I.kvrow, size_t(n * D) * 4);
   Impl::grow(I.kvtmp, size_t(n * std::max(D, Id)) * 4);
   Impl::grow(I.pooled, size_t(n / 4 + 2) * std::max(D, Id) * 4);
+  // one layer's sections on the host: the window's last W rows, the pools' and LID's blocks, the rings' tails (a
+  // ratio-128 layer's 128 tokens of a and g, a ratio-4 layer's 8 of 2D and of 2 Id each)
+  I.dl.parts.clear();  // a prompt that ended in an exception may have left some queued
+  I.dl.used = 0;
+  I.dl.buf.resize(size_t(W * D + (n / 4 + 2) * (D + Id) + 2 * 128 * D + 4 * 8 * 2 * std::max(D, Id)) * 4);
   Impl::grow(I.csb, size_t(n / 4 + 2) * r * 4);
   Impl::grow(I.cs_plain, size_t(n * r) * 4);
   Impl::grow(I.cs_comp, size_t(n * r) * 4);
@@ -576,13 +582,18 @@ int64_t Deepseek4CudaEngine::PromptRun::run(const ChunkHook& hook, const std::fu
       begin_layer(l);
       Deepseek4LayerSections S;
       sections(S);
-      const auto h0 = std::chrono::steady_clock::now();
-      const bool go_on = hook(int(l), nullptr, p0, rows, S);
-      const double hook_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - h0).count();
-      if (profile) profile->ms[size_t(l)][kHook] += hook_ms;
-      if (!go_on) return done;
-      mark(8);  // the layer's device work resumes here (the hook ran on the host)
-      if (l == c.layers - 1 && !compute_last) {
+      mark(8);
+      // The hook takes the sections on the host while the GPU runs the layer's attention: it is queued up to the
+      // MoE, whose routing waits for the expert counts on the host.
+      const bool sections_only = l == c.layers - 1 && !compute_last;
+      if (!sections_only) {
+        q_path();
+        indexer();
+        attention();
+        output();
+      }
+      if (!hand_over(hook, S)) return done;
+      if (sections_only) {
         if (profile) {
           float ms = 0;
           PDB_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
@@ -590,10 +601,6 @@ int64_t Deepseek4CudaEngine::PromptRun::run(const ChunkHook& hook, const std::fu
         }
         break;
       }
-      q_path();
-      indexer();
-      attention();
-      output();
       moe();
       record_profile();
     }
@@ -601,6 +608,16 @@ int64_t Deepseek4CudaEngine::PromptRun::run(const ChunkHook& hook, const std::fu
     done = p0 + rows;
   }
   return done;
+}
+
+// The layer's sections to the hook, once their copies are on the host; the hook's own time to the profile (beside the
+// layer's device work: where it outlasts the queued phases, the MoE's events take the wait).
+bool Deepseek4CudaEngine::PromptRun::hand_over(const ChunkHook& hook, const Deepseek4LayerSections& S) {
+  I.take_downloads();
+  const auto h0 = std::chrono::steady_clock::now();
+  const bool go_on = hook(int(l), nullptr, p0, rows, S);
+  if (profile) profile->ms[size_t(l)][kHook] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - h0).count();
+  return go_on;
 }
 
 // The layer's rope table and, for FP4 experts, their expansion on the side stream from the layer's start.
@@ -884,9 +901,11 @@ void Deepseek4CudaEngine::PromptRun::record_profile() {
   if (profile) {
     PDB_CUDA_CHECK(cudaEventSynchronize(ev[6]));
     // sections 0 -> 1 | (hook) | query 8 -> 2 | indexer 2 -> 3 | attention 3 -> 4 | output 4 -> 5 | moe 5 -> 6
-    const int from[6] = {0, 8, 2, 3, 4, 5}, to[6] = {1, 2, 3, 4, 5, 6};
-    const int phase[6] = {kSections, kQuery, kIndexer, kAttention, kOutput, kMoe};
-    for (int i = 0; i < 6; ++i) {
+    // and within the sections: the mixes 0 -> 13 | the window row 13 -> 14 | the pool's compressor 14 -> 15 | the
+    // indexer's 15 -> 1
+    const int from[10] = {0, 8, 2, 3, 4, 5, 0, 13, 14, 15}, to[10] = {1, 2, 3, 4, 5, 6, 13, 14, 15, 1};
+    const int phase[10] = {kSections, kQuery, kIndexer, kAttention, kOutput, kMoe, kSectionsMix, kSectionsWindow, kSectionsPool, kSectionsLid};
+    for (int i = 0; i < 10; ++i) {
       float ms = 0;
       PDB_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[from[i]], ev[to[i]]));
       profile->ms[size_t(l)][phase[i]] += ms;

@@ -23,20 +23,25 @@ namespace pdb {
 
 class Deepseek4CudaEngine {
  public:
-  // As the CPU engine's hook, with x = nullptr (the streams stay on the device); the sections are downloaded, the
+  // As the CPU engine's hook, with x = nullptr (the streams stay on the device), called while the GPU goes on with
+  // the layer's attention; the sections are downloaded (through pinned memory), the
   // window rows only for the chunk's last min(rows, W) positions (window_first says which): all that the wire (the
   // prompt's last W) and a seal at the chunk's end need, where copying every position's row cost a third of the
   // sections' time at 16K-token chunks.
   using ChunkHook = Deepseek4CpuEngine::ChunkHook;
   // kExpand (the FP4 experts' expansion to bf16) and kRouted (the routed experts' grouped products and their
-  // SwiGLU) are parts of the MoE's time, reported apart: Profile::part_of_another says not to add them twice
-  enum Phase { kSections, kQuery, kIndexer, kAttention, kOutput, kMoe, kHook, kExpand, kRouted, kPhases };
+  // SwiGLU) are parts of the MoE's time, reported apart; kHook is the hook's host time, beside the layer's device
+  // work (it runs while the GPU runs the attention; where it outlasts that, the MoE's time holds the wait):
+  // Profile::part_of_another says not to add them twice
+  // The four kSections* parts are the sections' time: the hyper-connection mixes, norm and Q8_0 codes of the
+  // layer's input; the window row; the pool's compressor; the indexer's compressor.
+  enum Phase { kSections, kQuery, kIndexer, kAttention, kOutput, kMoe, kHook, kExpand, kRouted, kSectionsMix, kSectionsWindow, kSectionsPool, kSectionsLid, kPhases };
   // Device milliseconds per layer and phase, summed over the chunks of the prompts run with it set.
   struct Profile {
     std::vector<std::array<double, kPhases>> ms;
     std::vector<int32_t> ratio;
     static const char* phase_name(int p);
-    static bool part_of_another(int p) { return p == kExpand || p == kRouted; }
+    static bool part_of_another(int p) { return p == kExpand || p == kRouted || p == kHook || p >= kSectionsMix; }
   };
 
   // The decoder's weights (for the sections) from the recipe's GGUF; the engine's from `weights`.

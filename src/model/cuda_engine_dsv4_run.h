@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
+#include <utility>
 #include <optional>
 #include <cmath>
 #include <random>
@@ -115,6 +117,17 @@ struct Deepseek4CudaEngine::Impl {
   cuda::Readback counts_back;
   const int32_t* counts_host = nullptr;  // the layer's expert counts, read back
 
+  // A layer's sections on their way to the hook: copied on the layer's stream into pinned memory (a pageable
+  // destination makes each copy stall the stream and the host), taken out on the host once `copied` has passed,
+  // while the GPU runs the layer's attention. One layer's at a time: the hook has taken them before the next
+  // layer's sections are queued.
+  struct SectionsDownload {
+    cuda::PinnedBuffer buf;
+    size_t used = 0;  // floats queued
+    std::vector<std::pair<size_t, std::function<void(const float*)>>> parts;  // where each starts, who takes it
+    cudaEvent_t copied = nullptr;
+  } dl;
+
   Impl() {
     // the layer's stream first wherever an SM frees up, the expansion in the gaps (without priorities its blocks
     // took the SMs from the sections and the layer gained nothing, docs/RESULTS.md)
@@ -125,6 +138,7 @@ struct Deepseek4CudaEngine::Impl {
     PDB_CUDA_CHECK(cudaEventCreateWithFlags(&expanded, cudaEventDisableTiming));
     PDB_CUDA_CHECK(cudaEventCreateWithFlags(&scratch_free, cudaEventDisableTiming));
     PDB_CUDA_CHECK(cudaEventRecord(scratch_free, s));
+    PDB_CUDA_CHECK(cudaEventCreateWithFlags(&dl.copied, cudaEventDisableTiming));
     check_dsv4_cublas(cublasCreate(&blas), "create");
     check_dsv4_cublas(cublasSetStream(blas, s), "set stream");
   }
@@ -133,6 +147,7 @@ struct Deepseek4CudaEngine::Impl {
     if (side) cudaStreamSynchronize(side);
     if (expanded) cudaEventDestroy(expanded);
     if (scratch_free) cudaEventDestroy(scratch_free);
+    if (dl.copied) cudaEventDestroy(dl.copied);
     if (side) cudaStreamDestroy(side);
     if (s) cudaStreamDestroy(s);
   }
@@ -168,9 +183,24 @@ struct Deepseek4CudaEngine::Impl {
     rows = keep;
   }
 
+  // Queues `count` floats at src for the host; `take` gets them there (take_downloads).
+  void download(const void* src, int64_t count, std::function<void(const float*)> take) {
+    count = std::max<int64_t>(count, 0);
+    if (dl.used + size_t(count) > dl.buf.bytes() / 4)
+      throw std::logic_error(fmt::format("DSV4 GPU sections: {} floats to download past the {} staged for them", dl.used + size_t(count), dl.buf.bytes() / 4));
+    if (count > 0) PDB_CUDA_CHECK(cudaMemcpyAsync(dl.buf.as<float>() + dl.used, src, size_t(count) * 4, cudaMemcpyDeviceToHost, s));
+    dl.parts.emplace_back(dl.used, std::move(take));
+    dl.used += size_t(count);
+  }
   void download(std::vector<float>& out, const void* src, int64_t count) {
-    out.resize(size_t(std::max<int64_t>(count, 0)));
-    if (count > 0) PDB_CUDA_CHECK(cudaMemcpyAsync(out.data(), src, size_t(count) * 4, cudaMemcpyDeviceToHost, s));
+    download(src, count, [&out, count](const float* p) { out.assign(p, p + std::max<int64_t>(count, 0)); });
+  }
+  // Every queued download handed over, once the stream has passed `dl.copied` (recorded after the last).
+  void take_downloads() {
+    PDB_CUDA_CHECK(cudaEventSynchronize(dl.copied));
+    for (auto& [at, take] : dl.parts) take(dl.buf.as<float>() + at);
+    dl.parts.clear();
+    dl.used = 0;
   }
 };
 
@@ -199,6 +229,7 @@ struct Deepseek4CudaEngine::PromptRun {
   void size_batches();
   void begin_layer(int64_t layer);
   void sections(Deepseek4LayerSections& S);
+  bool hand_over(const ChunkHook& hook, const Deepseek4LayerSections& S);
   void compress(const SectionProjection& wa, const SectionProjection& wg, const DeviceBuffer& ape, const DeviceBuffer& norm, int64_t width,
                 int ratio, bool hadamard, Impl::Layer::History& h, DeviceBuffer& rows_out, int64_t& n_out, std::vector<float>& pooled,
                 int64_t& first_block, std::vector<float>& ring_kv, std::vector<float>& ring_score);
@@ -231,7 +262,9 @@ struct Deepseek4CudaEngine::PromptRun {
   bool fp8_idx = false, fused_idx = false, fused_attn = false, wgmma_attn = false, side_expansion = true, fp8_experts = false, any_q8 = false;
   GgmlRopeParams rp_plain, rp_comp;
   int64_t max_nk = 0, attn_batch = 1, max_blocks = 0, idx_batch = 1;
-  cudaEvent_t ev[13];  // 0-6 phase bounds, 8 after the hook, 9-10 around the FP4 expansion, 11-12 the routed experts' products
+  // 0-6 phase bounds, 8 the layer's start after the sections, 9-10 around the FP4 expansion, 11-12 the routed
+  // experts' products, 13-15 inside the sections
+  cudaEvent_t ev[16];
   // the chunk and the layer in progress
   int64_t p0 = 0, rows = 0, l = 0;
   const int32_t* tok = nullptr;

@@ -40,6 +40,7 @@ void Deepseek4CudaEngine::PromptRun::sections(Deepseek4LayerSections& S) {
   if (any_q8) cuda::quantize_rows_q8(cur, rows, E, I.qx.as<int8_t>(), I.dx.as<float>(), s);
   qx = I.qx.as<int8_t>();
   dx = I.dx.as<float>();
+  mark(13);
   S.ratio = L.ratio;
   const int64_t handed = std::min(rows, W);  // the window rows handed over: the chunk's last W (all a seal and the wire use)
   S.window_first = p0 + rows - handed;
@@ -54,16 +55,18 @@ void Deepseek4CudaEngine::PromptRun::sections(Deepseek4LayerSections& S) {
   L.win_first = p0 - L.win_rows;
   as_stored(I.kvtmp.as<float>(), rows, D, true, L.win.as<bf16>() + L.win_rows * D);
   L.win_rows += rows;
+  mark(14);
   if (L.ratio)
     compress(L.ckv, L.cgate, L.cape, L.cnorm, D, int(L.ratio), quantized, L.hp, L.pool, L.n_pool, S.pool, S.pool_first, S.ring_kv, S.ring_score);
+  mark(15);
   if (L.ratio == 4) {
     const int64_t had = L.n_lid;
     compress(L.ikv, L.igate, L.iape, L.inorm, Id, 4, true, L.hl, L.lid, L.n_lid, S.lid, S.lid_first, S.lid_kv, S.lid_score);
     if (fp8_idx)  // the FP8 operand of the rows the decoder caches (as stored, then e4m3)
       cuda::indexer_fp8_rows(L.lid.as<bf16>() + had * Id, L.n_lid - had, int(Id), L.lid8.as<uint8_t>() + had * Id, L.lid8_s.as<float>() + had, s);
   }
-  PDB_CUDA_CHECK(cudaStreamSynchronize(s));
   mark(1);
+  PDB_CUDA_CHECK(cudaEventRecord(I.dl.copied, s));  // the hook's rows are on the host past here (take_downloads)
 }
 
 // the compressors: their projections after the carried tokens, the blocks finishing in this chunk, the rings
@@ -107,25 +110,23 @@ void Deepseek4CudaEngine::PromptRun::compress(const SectionProjection& wa, const
     cuda::rope_tail(out + lead * width, I.cs_comp.as<float>() + (ratio * (b0 + lead) - p0) * r, nb - lead, 1, int(width), int(r), width, s,
                     ratio * r);
     if (hadamard) rotate_rows(out, nb, width, s);
-    I.download(pooled, out, nb * width);  // to pageable memory: complete when it returns
+    I.download(pooled, out, nb * width);  // queued before as_stored changes `out`: the stream keeps the order
     // the LID rows stay rotated (the indexer's query is rotated to match); pool rows as the window's
     as_stored(out, nb, width, hadamard && &rows_out != &L.lid, rows_out.as<bf16>() + n_out * width);
     n_out += nb;
   } else {
     pooled.clear();
   }
-  // the rings after this chunk's last token
+  // the rings after this chunk's last token: position t in slot t % ring
   const int64_t end = p0 + rows, from = std::max(h.first, end - ring);
-  std::vector<float> ta, tg;
-  I.download(ta, h.a.as<float>() + (from - h.first) * cw, (end - from) * cw);
-  I.download(tg, h.g.as<float>() + (from - h.first) * cw, (end - from) * cw);
-  PDB_CUDA_CHECK(cudaStreamSynchronize(s));
-  ring_kv.assign(size_t(ring * cw), 0.0f);
-  ring_score.assign(size_t(ring * cw), 0.0f);
-  for (int64_t t = from; t < end; ++t) {
-    std::copy_n(ta.data() + (t - from) * cw, cw, ring_kv.data() + (t % ring) * cw);
-    std::copy_n(tg.data() + (t - from) * cw, cw, ring_score.data() + (t % ring) * cw);
-  }
+  auto to_ring = [from, end, ring, cw](std::vector<float>& out) {
+    return [&out, from, end, ring, cw](const float* tail) {
+      out.assign(size_t(ring * cw), 0.0f);
+      for (int64_t t = from; t < end; ++t) std::copy_n(tail + (t - from) * cw, cw, out.data() + (t % ring) * cw);
+    };
+  };
+  I.download(h.a.as<float>() + (from - h.first) * cw, (end - from) * cw, to_ring(ring_kv));
+  I.download(h.g.as<float>() + (from - h.first) * cw, (end - from) * cw, to_ring(ring_score));
 }
 
 }  // namespace pdb

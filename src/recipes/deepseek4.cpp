@@ -1,5 +1,8 @@
 #include "recipes/deepseek4.h"
 
+#include "common/parallel.h"
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -294,8 +297,12 @@ Dsv4LayerBytes Deepseek4Recipe::to_bytes(const Deepseek4LayerSections& s, GgmlTy
     std::vector<uint8_t> out;
     if (v.empty()) return out;
     const int64_t n = int64_t(v.size()) / width;
-    out.resize(ggml_row_bytes(k_type, width) * size_t(n));
-    rows_to_cache_type(k_type, v.data(), n, width, out.data());
+    const size_t rb = ggml_row_bytes(k_type, width);
+    out.resize(rb * size_t(n));
+    // in slices of >= 512 rows on the host's cores: a 32K-token chunk's CSA pool is 8,192 rows, and the GPU engine
+    // hands its sections over while its attention runs
+    const int threads = int(std::clamp<int64_t>(n / 512, 1, default_threads()));
+    parallel_for(n, threads, [&](int64_t b, int64_t e) { rows_to_cache_type(k_type, v.data() + b * width, e - b, width, out.data() + size_t(b) * rb); });
     return out;
   };
   auto f32 = [](const std::vector<float>& v) {
