@@ -38,6 +38,7 @@ has cudaparity && LLAMA_TARGETS="llama-bench llama-server" && LLAMA_SERVER=ON
   echo $? > $R/llama_build.rc ) &
 # wait_llama: the stages that run llama.cpp CUDA wait for that build (or go on without it where it failed)
 wait_llama() {
+  [ -e $R/llama_build.rc ] || [ -f $DEV/llama-src.tar.xz ] || { ts "no llama.cpp source carried: no CUDA build to wait for"; return 0; }
   [ -e $R/llama_build.rc ] || { ts "waiting for the llama.cpp CUDA build"; while [ ! -e $R/llama_build.rc ]; do sleep 5; done; }
   ts "llama.cpp CUDA build rc=$(cat $R/llama_build.rc)"
 }
