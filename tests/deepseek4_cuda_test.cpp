@@ -253,10 +253,12 @@ TEST(Deepseek4CudaBench, RealShapeLayersPerKind) {
     return std::string(e && *e ? e : fallback);
   };
   // the paths of the run (the A/B switches: the fused attention and indexer, or the gathered keys and S)
-  const json paths = {{"attention", env_or("PDBRIDGE_DSV4_ATTN", "fused")}, {"indexer", env_or("PDBRIDGE_DSV4_INDEXER", "fused")},
+  const json paths = {{"attention", env_or("PDBRIDGE_DSV4_ATTN", "wgmma")}, {"indexer", env_or("PDBRIDGE_DSV4_INDEXER", "fused")},
                       {"moe_gemm", env_or("PDBRIDGE_MOE_GEMM", "loop")},
                       {"fp4_expansion", env_or("PDBRIDGE_DSV4_EXPAND", "side_stream")},
-                      {"moe_experts", env_or("PDBRIDGE_DSV4_EXPERTS_FP8", "0") == "1" ? "fp8" : "bf16"}};
+                      {"moe_experts", env_or("PDBRIDGE_DSV4_EXPERTS_FP8", "0") == "1"   ? "fp8"
+                                      : env_or("PDBRIDGE_DSV4_EXPERTS_FP4", "0") == "1" ? "bf16 products reading FP4"
+                                                                                        : "bf16"}};
   auto eng = Deepseek4CudaEngine::random(c, 7);
   std::printf("DSV4 bench: %s; %.1f GB of weights for %lld layers; %s\n", cuda::device_summary().c_str(), double(eng->weight_bytes()) / 1e9,
               (long long)c.layers, eng->weights_note().c_str());

@@ -626,6 +626,14 @@ stage_rowsgap() {
   run rowsgap_dsv2_rows env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $V/decoder-f16.gguf --kv-rows engine $B --label dsv2-L8-gguf-f16-rows
   [ "${PEERS:-1}" = 1 ] && PYTHONUNBUFFERED=1 run torch_dsv2 python3 $DEV/torch_moe_peer.py deepseek2 8
 }
+# DeepSeek-V2-Lite's part of rowsgap alone (its F16 GGUF failed there before the engine's scratch counted the FFNs' widths)
+stage_dsv2gap() {
+  local B="--tokens 8192,32768 --reps 5 --chunk 4096 --modes engine,engine+recipe,engine+recipe+frames --out $R/bench_rowsgap.jsonl" V=$M/dsv2
+  [ -f $V/decoder-f16.gguf ] || run make_dsv2 $PDB make-model --arch deepseek2 --preset deepseek-v2-lite --layers 8 --seed 13 --out $V --no-hf --hf-dtype bf16 --gguf-types f16
+  run rowsgap_dsv2_recipe env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $V/decoder-f16.gguf $B --label dsv2-L8-gguf-f16-recipe
+  run rowsgap_dsv2_rows env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $V/decoder-f16.gguf --kv-rows engine $B --label dsv2-L8-gguf-f16-rows
+  [ "${PEERS:-1}" = 1 ] && PYTHONUNBUFFERED=1 run torch_dsv2 python3 $DEV/torch_moe_peer.py deepseek2 8
+}
 # The CUDA backend's row path after a change to it: the bridge end to end and the bridged state against the decoder's.
 stage_rowpath() {
   make_test_models
@@ -653,7 +661,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

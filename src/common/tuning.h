@@ -26,7 +26,7 @@ struct Tuning {
   std::string dsv4_experts_fp8;  // PDBRIDGE_DSV4_EXPERTS_FP8=1: FP8 expert products from e4m3 tiles
   std::string dsv4_experts_fp4;  // PDBRIDGE_DSV4_EXPERTS_FP4=1: the expert products read the MXFP4 codes (no expansion)
   std::string dsv4_indexer;      // PDBRIDGE_DSV4_INDEXER=bf16|gemm: the indexer's scores in bf16, or GEMM + sum
-  std::string dsv4_attn;         // PDBRIDGE_DSV4_ATTN=gather: the gathered sparse attention; =wgmma: the fused one on wgmma
+  std::string dsv4_attn;         // PDBRIDGE_DSV4_ATTN=gather: the gathered sparse attention; =mma: the fused one on mma.sync (not wgmma)
   std::string dsv4_expand;       // PDBRIDGE_DSV4_EXPAND=inline: FP4 experts expanded in the MoE, not on a side stream
   std::string act_quant;         // PDBRIDGE_ACT_QUANT=0: the CPU engine's products with a GGUF's quantized weights in f32
   std::string readback;          // PDBRIDGE_READBACK=copy: small device results reach the host by cudaMemcpyAsync, not mapped stores

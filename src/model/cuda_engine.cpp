@@ -124,7 +124,9 @@ bool CudaEngine::any_routed() const {
   return std::any_of(ffns_.begin(), ffns_.end(), [](const auto& f) { return f->routed(); });
 }
 
-int64_t CudaEngine::widest_product_input() const { return std::max({cfg_.hidden_size, shard_.q_heads * cfg_.head_dim, shard_.ff}); }
+// The FFNs' own widths count: a MoE model's shard has no dense columns (shard_.ff = 0), yet deepseek2's leading dense
+// layers (10,944 wide in V2-Lite) and its shared experts multiply through the same scratch.
+int64_t CudaEngine::widest_product_input() const { return std::max({cfg_.hidden_size, shard_.q_heads * cfg_.head_dim, shard_.ff, widest_swiglu()}); }
 
 int64_t CudaEngine::widest_bf16_product() const { return (shard_.q_heads + 2 * shard_.kv_heads) * cfg_.head_dim; }
 

@@ -397,8 +397,8 @@ Deepseek4CudaEngine::PromptRun::PromptRun(Impl& impl, const Deepseek4Config& con
   }
   for (int32_t t : tokens)
     if (t < 0 || t >= c.vocab) throw std::invalid_argument(fmt::format("token {} outside the vocabulary", t));
-  // The fused kernels where they take the shapes; PDBRIDGE_DSV4_ATTN=gather (=wgmma: the sparse attention on wgmma,
-  // opt-in until it is measured against the mma.sync kernel), PDBRIDGE_DSV4_INDEXER=bf16|gemm,
+  // The fused kernels where they take the shapes; PDBRIDGE_DSV4_ATTN=gather (=mma: the fused attention on mma.sync
+  // instead of wgmma, 1.15-1.27x slower at V4-Flash's shapes), PDBRIDGE_DSV4_INDEXER=bf16|gemm,
   // PDBRIDGE_DSV4_EXPAND=inline select the paths before them (the same-run A/B of the benchmark). The indexer
   // in FP8 by default, as DeepSeek runs it: at V4-Flash's shapes it keeps 95-98% of the bf16 top-512 and what it
   // swaps sits within 0.2 score SDs of the k-th (docs/RESULTS.md, on random operands: the hard case of many ties).
@@ -417,7 +417,7 @@ Deepseek4CudaEngine::PromptRun::PromptRun(Impl& impl, const Deepseek4Config& con
     I.rope_comp.emplace(rp_comp, threads);
   }
   fused_attn = cuda::dsv4_sparse_attention_supported(int(H), int(D)) && tuning.dsv4_attn != "gather";
-  wgmma_attn = fused_attn && tuning.dsv4_attn == "wgmma" && cuda::dsv4_sparse_attention_wgmma_supported(int(H), int(D));
+  wgmma_attn = fused_attn && tuning.dsv4_attn != "mma" && cuda::dsv4_sparse_attention_wgmma_supported(int(H), int(D));
   side_expansion = tuning.dsv4_expand != "inline";  // =inline: in the MoE, as before
   prepare_fp8_experts();
   size_batches();
