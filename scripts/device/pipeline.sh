@@ -642,13 +642,8 @@ stage_rowpath() {
 # A short re-check of the engines after a change that the full stages already covered: the test models, the CUDA
 # engine's tests, tensor parallel on one GPU and DeepSeek-V4's GPU engine and bridge.
 stage_recheck() {
-  TM=$P/build/test-models
-  run recheck_models bash -c "set -e; $PDB make-model --arch llama --preset tiny --seed 1 --out $TM/llama-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0,q4_0; \
-    $PDB make-model --arch qwen3 --preset tiny --seed 2 --out $TM/qwen3-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
-    $PDB make-model --arch qwen3moe --preset tiny --seed 3 --out $TM/qwen3moe-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
-    $PDB make-model --arch deepseek4 --preset tiny --seed 5 --out $TM/deepseek4-tiny; \
-    $PDB make-model --arch deepseek4 --preset tiny --seed 5 --hf-dtype fp8 --out $TM/deepseek4-tiny-fp8"
-  run recheck_cuda timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaEngine.*:CudaTensorParallel.RanksOnOneGpu*:Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  make_test_models  # the whole set: CudaEngine.* reads llama-tiny-h16 and the others too
+  run recheck_cuda timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaEngine.*:CudaParity.*:CudaTensorParallel.RanksOnOneGpu*:Deepseek4Cuda.*:Deepseek4CudaBridge.*'
 }
 # Issue 5's scale runs and the million-token prompt: scripts/device/scale.sh (one call of their own).
 # Issue 5's link emulation on the device (needs ip/tc and CAP_NET_ADMIN there): 10 and 1 Gbit.
