@@ -30,11 +30,11 @@ class Deepseek4CudaEngine {
   // sections' time at 16K-token chunks.
   using ChunkHook = Deepseek4CpuEngine::ChunkHook;
   // kExpand (the FP4 experts' expansion to bf16) and kRouted (the routed experts' grouped products and their
-  // SwiGLU) are parts of the MoE's time, reported apart; kHook is the hook's host time, beside the layer's device
-  // work (it runs while the GPU runs the attention; where it outlasts that, the MoE's time holds the wait):
-  // Profile::part_of_another says not to add them twice
-  // The four kSections* parts are the sections' time: the hyper-connection mixes, norm and Q8_0 codes of the
-  // layer's input; the window row; the pool's compressor; the indexer's compressor.
+  // SwiGLU) are parts of the MoE's time, reported apart; the four kSections* parts are the sections' time (the
+  // hyper-connection mixes, norm and Q8_0 codes of the layer's input; the window row; the pool's compressor; the
+  // indexer's compressor); kHook is the hook's host time, beside the layer's device work (it runs while the GPU runs
+  // the attention; where it outlasts that, the MoE's time holds the wait). Profile::part_of_another says which of
+  // them not to add twice.
   enum Phase { kSections, kQuery, kIndexer, kAttention, kOutput, kMoe, kHook, kExpand, kRouted, kSectionsMix, kSectionsWindow, kSectionsPool, kSectionsLid, kPhases };
   // Device milliseconds per layer and phase, summed over the chunks of the prompts run with it set.
   struct Profile {
