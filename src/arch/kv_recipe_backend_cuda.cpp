@@ -45,11 +45,32 @@ constexpr int kSlots = 6;
 // to stderr once per capture; off, it costs nothing.
 struct CaptureStats {
   bool on = false;
-  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> gpu;  // around each row block's device work
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> gpu;      // around each row block's device work
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> staging;  // around the engine's stream's wait for a free staging buffer
   double slot_wait_ms = 0, copy_wait_ms = 0, deliver_ms = 0;
   void mark(cudaEvent_t& e, cudaStream_t s) {
     PDB_CUDA_CHECK(cudaEventCreate(&e));
     PDB_CUDA_CHECK(cudaEventRecord(e, s));
+  }
+  // the GPU's wait on `copied` (stream s held until a staging buffer's rows have left)
+  void wait_staging(cudaStream_t s, cudaEvent_t copied) {
+    if (on) {
+      staging.emplace_back();
+      mark(staging.back().first, s);
+    }
+    PDB_CUDA_CHECK(cudaStreamWaitEvent(s, copied, 0));
+    if (on) mark(staging.back().second, s);
+  }
+  static double total_ms(std::vector<std::pair<cudaEvent_t, cudaEvent_t>>& pairs) {
+    double sum = 0;
+    for (auto& [a, b] : pairs) {
+      float ms = 0;
+      if (b && cudaEventSynchronize(b) == cudaSuccess && cudaEventElapsedTime(&ms, a, b) == cudaSuccess) sum += ms;
+      cudaEventDestroy(a);
+      if (b) cudaEventDestroy(b);
+    }
+    pairs.clear();
+    return sum;
   }
   void begin(cudaStream_t s) {
     if (!on) return;
@@ -61,18 +82,12 @@ struct CaptureStats {
   }
   void report(int64_t tokens) {
     if (!on) return;
-    double gpu_ms = 0;
-    for (auto& [a, b] : gpu) {
-      float ms = 0;
-      if (b && cudaEventSynchronize(b) == cudaSuccess && cudaEventElapsedTime(&ms, a, b) == cudaSuccess) gpu_ms += ms;
-      cudaEventDestroy(a);
-      if (b) cudaEventDestroy(b);
-    }
+    const size_t blocks = gpu.size();
+    const double gpu_ms = total_ms(gpu), staging_ms = total_ms(staging);
     fmt::print(stderr,
-               "capture stats: {} tokens, {} row blocks; rows' GPU work {:.2f} ms ({:.3f} per block); host blocked on a free slot {:.2f} ms; "
-               "delivery waited on copies {:.2f} ms, converted and handed on {:.2f} ms\n",
-               tokens, gpu.size(), gpu_ms, gpu.empty() ? 0.0 : gpu_ms / double(gpu.size()), slot_wait_ms, copy_wait_ms, deliver_ms);
-    gpu.clear();
+               "capture stats: {} tokens, {} row blocks; rows' GPU work {:.2f} ms ({:.3f} per block); the engine's stream held for a free "
+               "staging buffer {:.2f} ms; host blocked on a free slot {:.2f} ms; delivery waited on copies {:.2f} ms, converted and handed on {:.2f} ms\n",
+               tokens, blocks, gpu_ms, blocks ? gpu_ms / double(blocks) : 0.0, staging_ms, slot_wait_ms, copy_wait_ms, deliver_ms);
   }
 };
 using StatsClock = std::chrono::steady_clock;
@@ -210,7 +225,7 @@ class CudaBackend final : public PrefillBackend {
       s.layer = layer;
       s.pos0 = pos0;
       s.rows = rows;
-      PDB_CUDA_CHECK(cudaStreamWaitEvent(rs, staging_[next_fill % kStaging].copied_out, 0));
+      stats.wait_staging(rs, staging_[next_fill % kStaging].copied_out);
       return s;
     };
     auto staged = [&]() -> Staging& { return staging_[next_fill % kStaging]; };

@@ -20,5 +20,13 @@ size_t device_bytes_in_use();
 std::string attention_kernel_summary();
 // cuDNN attention plans built by this process so far (each a host-side pause of 35-580 ms on the H200); 0 without them.
 int64_t attention_plans_built();
+// PDBRIDGE_CAPTURE_STATS=1: the host's synchronizing reads of small device results (cuda/readback.cuh, the MoE's
+// expert counts) so far in this process: how many, how long the host waited in them, and how long the GPU stood
+// idle from each result's arrival until the host queued work again (CUDA events on the stream). Zeros otherwise.
+struct ReadbackTotals {
+  int64_t syncs = 0;
+  double host_wait_ms = 0, gpu_idle_ms = 0;
+};
+ReadbackTotals readback_totals();
 
 }  // namespace pdb::cuda

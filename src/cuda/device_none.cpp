@@ -10,5 +10,6 @@ double measure_bf16_gemm_tflops(int64_t) { return 0.0; }
 size_t device_bytes_in_use() { return 0; }
 std::string attention_kernel_summary() { return "none"; }
 int64_t attention_plans_built() { return 0; }
+ReadbackTotals readback_totals() { return {}; }
 
 }  // namespace pdb::cuda

@@ -21,10 +21,20 @@ class Readback {
   const int32_t* fetch(const int32_t* src, int64_t n, cudaStream_t s);
 
  private:
+  // PDBRIDGE_CAPTURE_STATS=1 (device.h readback_totals): per fetch, timing events at the result's arrival and where
+  // the host queued work again; a pair is read at the next fetch, when both have passed.
+  struct Gap {
+    cudaEvent_t arrived = nullptr, resumed = nullptr;
+    bool pending = false;
+  };
+  void record_gap(cudaStream_t s, double host_wait_ms);
+
   PinnedBuffer host_;
   int32_t* mapped_ = nullptr;  // host_ as the device addresses it
   cudaEvent_t done_ = nullptr;
-  bool copy_ = false;
+  bool copy_ = false, stats_ = false;
+  Gap gaps_[2];
+  int gap_ = 0;
 };
 
 }  // namespace pdb::cuda

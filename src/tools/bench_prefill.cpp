@@ -112,6 +112,7 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
       std::vector<double> ts, rates;
       int64_t bytes = 0;
       const int64_t plans_before = cuda::attention_plans_built();
+      const cuda::ReadbackTotals rb_before = cuda::readback_totals();
       for (int r = 0; r < o.reps; ++r) {
         auto toks = prompt(true);
         const double n = double(toks.size());
@@ -146,6 +147,13 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
       const double tflops = flops / double(T) * tok_s / 1e12;  // the prompts' mean length is about T where they vary
       std::printf("%-8lld %-22s %10.3f %12.0f %10.1f %9.0f%%%s\n", (long long)T, m.name.c_str(), t, tok_s, tflops,
                   gemm_rate > 0 ? 100.0 * tflops / gemm_rate : 0.0, plans ? fmt::format("  ({} attention plans built)", plans).c_str() : "");
+      const cuda::ReadbackTotals rb = cuda::readback_totals();
+      if (rb.syncs > rb_before.syncs) {  // PDBRIDGE_CAPTURE_STATS=1: the MoE's per-layer reads of its expert counts
+        const double n = double(o.reps), syncs = double(rb.syncs - rb_before.syncs);
+        std::printf("#        readbacks: %.0f per prompt; the GPU idle after each %.1f us (%.2f ms per prompt); the host waited %.2f ms per prompt\n",
+                    syncs / n, 1e3 * (rb.gpu_idle_ms - rb_before.gpu_idle_ms) / syncs, (rb.gpu_idle_ms - rb_before.gpu_idle_ms) / n,
+                    (rb.host_wait_ms - rb_before.host_wait_ms) / n);
+      }
       std::fflush(stdout);
       json row = {{"label", o.label}, {"device", be->device()}, {"weights", be->weights()}, {"tp", o.tp}, {"kv_rows", o.kv_rows}, {"numerics", numerics}, {"attention", o.device == "cuda" ? cuda::attention_kernel_summary() : "cpu"}, {"tp_one_gpu", o.tp_one_gpu}, {"arch", c.arch}, {"model", o.model}, {"tokens", T}, {"mode", m.name},
                   {"chunk", o.chunk}, {"cache_type", o.cache_type}, {"seconds_median", t}, {"seconds_all", ts}, {"tok_s", tok_s},
