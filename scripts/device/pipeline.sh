@@ -55,6 +55,12 @@ make_test_models() {
     $PDB make-model --arch qwen3moe --preset tiny --seed 3 --out $TM/qwen3moe-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0; \
     $PDB make-model --arch deepseek2 --preset tiny --seed 4 --out $TM/deepseek2-tiny --hf-dtype f32 --gguf-types f32,f16,q8_0"
 }
+# DeepSeek-V4's two tiny test models (the GPU engine's and bridge's tests read them)
+make_dsv4_test_models() {
+  TM=$P/build/test-models
+  run test_models_dsv4 bash -c "set -e; $PDB make-model --arch deepseek4 --preset tiny --seed 5 --out $TM/deepseek4-tiny; \
+    $PDB make-model --arch deepseek4 --preset tiny --seed 5 --hf-dtype fp8 --out $TM/deepseek4-tiny-fp8"
+}
 stage_tests() {
   # Time limits: a kernel that hangs must not take the session's device time with it (these ran in 7-25 s).
   run unit_cuda timeout 180 $P/build/tests/unit_tests --gtest_filter='Cuda*'
@@ -555,9 +561,7 @@ stage_moegap() {
 # Qwen3-30B-A3B 8-layer F16 GGUF with the engine's rows and the Llama-8B F16 gap at 5 repetitions, PyTorch beside.
 stage_moegap2() {
   make_test_models
-  TM=$P/build/test-models
-  run test_models_dsv4 bash -c "set -e; $PDB make-model --arch deepseek4 --preset tiny --seed 5 --out $TM/deepseek4-tiny; \
-    $PDB make-model --arch deepseek4 --preset tiny --seed 5 --hf-dtype fp8 --out $TM/deepseek4-tiny-fp8"
+  make_dsv4_test_models
   run unit_moegap2 timeout 240 $P/build/tests/unit_tests --gtest_filter='MoePadding*:CudaGroupedGemm.*:CudaKernels.*:CudaAttention.*'
   run integration_moegap2 timeout 540 $P/build/tests/integration_tests \
     --gtest_filter='CudaEngine.*:CudaParity.*:CudaTailCapture.*:TailCapture.*:Deepseek4Cuda.*:CudaBridge.*:GpuRecipe*'
@@ -594,9 +598,7 @@ stage_moegap3() {
 # with each switch), the engine and bridge with the FP4 products, session 29's padded_products refactor re-checked, and
 # the pinned RoPE tables now shared by the GPU recipe, the MLA attention and the DeepSeek-V4 engine.
 stage_session30() {
-  TM=$P/build/test-models
-  run test_models_dsv4 bash -c "set -e; $PDB make-model --arch deepseek4 --preset tiny --seed 5 --out $TM/deepseek4-tiny; \
-    $PDB make-model --arch deepseek4 --preset tiny --seed 5 --hf-dtype fp8 --out $TM/deepseek4-tiny-fp8"
+  make_dsv4_test_models
   run unit_session30 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaMoeFp4.*:CudaKernels.*:CudaGroupedGemm.*:MoePadding*'
   run fp4_products env PDBRIDGE_BENCH=1 timeout 200 $P/build/tests/unit_tests --gtest_filter='CudaBench.MoeFp4ProductsAtV4FlashShapes'
   run attn_kernels env PDBRIDGE_BENCH=1 timeout 200 $P/build/tests/unit_tests --gtest_filter='CudaBench.Dsv4SparseAttentionKernels'
@@ -609,22 +611,52 @@ stage_session30() {
     BENCH_RUNS="${BENCH_RUNS:-fp4:32768 fp4:32768:PDBRIDGE_DSV4_ATTN=wgmma fp4:32768:PDBRIDGE_DSV4_EXPERTS_FP4=1 fp4:32768:PDBRIDGE_DSV4_ATTN=wgmma+PDBRIDGE_DSV4_EXPERTS_FP4=1}" \
     bash $DEV/dsv4_gpu.sh bench
 }
-# The engine + rows gap part by part (PDBRIDGE_CAPTURE_STATS=1: the rows' GPU work, the host's waits for slots, the
-# delivery's waits for copies), Qwen3-30B-A3B 8 layers and Llama-8B from their F16 GGUFs with the engine's rows, and
-# DeepSeek-V2-Lite 8 layers with the recipe's latent rows and the engine's.
-stage_rowsgap() {
+# The engine + rows gap of Qwen3-30B-A3B (8 layers) and Llama-8B from their F16 GGUFs with the engine's rows, timed
+# part by part (PDBRIDGE_CAPTURE_STATS=1)
+rowsgap_q3moe_llama8b() {
   local B="--tokens 8192,32768 --reps 5 --chunk 4096 --modes engine,engine+recipe,engine+recipe+frames --out $R/bench_rowsgap.jsonl"
   local Q=$M/q3moe G=$M/llama8b-peer
   [ -f $Q/decoder-f16.gguf ] || run make_q3moe $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 11 --out $Q --no-hf --hf-dtype bf16 --gguf-types f16
   run rowsgap_q3moe env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows
   [ -f $G/decoder-f16.gguf ] || run make_llama8b $PDB make-model --arch llama --preset 8b --seed 7 --out $G --no-hf --hf-dtype bf16 --gguf-types f16
   run rowsgap_llama8b env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $G/decoder-f16.gguf --kv-rows engine --label llama8b-f16-rows $B
+}
+# The engine + rows gap part by part (PDBRIDGE_CAPTURE_STATS=1: the rows' GPU work, the host's waits for slots, the
+# delivery's waits for copies), Qwen3-30B-A3B 8 layers and Llama-8B from their F16 GGUFs with the engine's rows, and
+# DeepSeek-V2-Lite 8 layers with the recipe's latent rows and the engine's.
+stage_rowsgap() {
+  rowsgap_q3moe_llama8b
+  local B="--tokens 8192,32768 --reps 5 --chunk 4096 --modes engine,engine+recipe,engine+recipe+frames --out $R/bench_rowsgap.jsonl"
   # DeepSeek-V2-Lite from its F16 GGUF: the recipe's latent rows against the engine's (new in session 30), PyTorch after
   local V=$M/dsv2
   [ -f $V/decoder-f16.gguf ] || run make_dsv2 $PDB make-model --arch deepseek2 --preset deepseek-v2-lite --layers 8 --seed 13 --out $V --no-hf --hf-dtype bf16 --gguf-types f16
   run rowsgap_dsv2_recipe env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $V/decoder-f16.gguf $B --label dsv2-L8-gguf-f16-recipe
   run rowsgap_dsv2_rows env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $V/decoder-f16.gguf --kv-rows engine $B --label dsv2-L8-gguf-f16-rows
   [ "${PEERS:-1}" = 1 ] && PYTHONUNBUFFERED=1 run torch_dsv2 python3 $DEV/torch_moe_peer.py deepseek2 8
+}
+# Session 32: the indexer's top-k from shared memory and the Q8_0 products in 128-row tiles (tests, the kernels'
+# A/Bs, the V4-Flash layer bench A/B with the top-k's share of the indexer), then the rows gap of Qwen3-30B-A3B and
+# Llama-8B with the MoE readbacks' GPU idle, the staging waits, the engine's K/V rows and the capture's tail timed.
+stage_session32() {
+  make_dsv4_test_models
+  run unit_session32 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4*:CudaKernels.Readback*:CudaKernels.Q8*:CudaMoe*'
+  run indexer_bench env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaBench.Dsv4IndexerAtV4FlashShapes:CudaBench.Q8BlockProducts*'
+  rowsgap_q3moe_llama8b
+  make_test_models
+  run integration_dsv4 timeout 400 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*:GpuRecipe*:CudaEngine.*'
+  run dsv4_bench_session32 env BENCH_TOKENS=${BENCH_TOKENS:-32768,131072} \
+    BENCH_RUNS="${BENCH_RUNS:-fp4:32768 fp4:32768:PDBRIDGE_Q8_GEMM=64 fp4:32768:PDBRIDGE_DSV4_TOPK=smem}" bash $DEV/dsv4_gpu.sh bench
+}
+# Session 32's second kernels: the FP8 indexer's queries as register fragments and the Q8_0 products' pipelined
+# scales (their tests, the kernels' A/Bs, the DSV4 engine's tests and the V4-Flash layer bench A/B).
+stage_session32b() {
+  make_dsv4_test_models
+  run unit_session32b timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4*:CudaKernels.Q8*'
+  run kernel_bench env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaBench.Dsv4IndexerAtV4FlashShapes:CudaBench.Q8BlockProducts*'
+  make_test_models
+  run integration_session32b timeout 400 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*:GpuRecipe*'
+  run dsv4_bench_session32b env BENCH_TOKENS=${BENCH_TOKENS:-32768,131072} \
+    BENCH_RUNS="${BENCH_RUNS:-fp4:32768 fp4:32768:PDBRIDGE_DSV4_INDEXER_A=registers fp4:32768:PDBRIDGE_Q8_GEMM=64 fp4:32768}" bash $DEV/dsv4_gpu.sh bench
 }
 # DeepSeek-V2-Lite's part of rowsgap alone (its F16 GGUF failed there before the engine's scratch counted the FFNs' widths)
 stage_dsv2gap() {
@@ -656,7 +688,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -45,49 +45,33 @@ constexpr int kSlots = 6;
 // to stderr once per capture; off, it costs nothing.
 struct CaptureStats {
   bool on = false;
-  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> gpu;      // around each row block's device work
-  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> staging;  // around the engine's stream's wait for a free staging buffer
-  double slot_wait_ms = 0, copy_wait_ms = 0, deliver_ms = 0;
-  void mark(cudaEvent_t& e, cudaStream_t s) {
-    PDB_CUDA_CHECK(cudaEventCreate(&e));
-    PDB_CUDA_CHECK(cudaEventRecord(e, s));
-  }
+  cuda::EventSpans gpu;      // each row block's device work
+  cuda::EventSpans staging;  // the engine's stream's waits for a free staging buffer
+  double slot_wait_ms = 0, copy_wait_ms = 0, deliver_ms = 0, tail_ms = 0;
   // the GPU's wait on `copied` (stream s held until a staging buffer's rows have left)
   void wait_staging(cudaStream_t s, cudaEvent_t copied) {
-    if (on) {
-      staging.emplace_back();
-      mark(staging.back().first, s);
-    }
+    if (on) staging.begin(s);
     PDB_CUDA_CHECK(cudaStreamWaitEvent(s, copied, 0));
-    if (on) mark(staging.back().second, s);
-  }
-  static double total_ms(std::vector<std::pair<cudaEvent_t, cudaEvent_t>>& pairs) {
-    double sum = 0;
-    for (auto& [a, b] : pairs) {
-      float ms = 0;
-      if (b && cudaEventSynchronize(b) == cudaSuccess && cudaEventElapsedTime(&ms, a, b) == cudaSuccess) sum += ms;
-      cudaEventDestroy(a);
-      if (b) cudaEventDestroy(b);
-    }
-    pairs.clear();
-    return sum;
+    if (on) staging.end(s);
   }
   void begin(cudaStream_t s) {
-    if (!on) return;
-    gpu.emplace_back();
-    mark(gpu.back().first, s);
+    if (on) gpu.begin(s);
   }
   void end(cudaStream_t s) {
-    if (on) mark(gpu.back().second, s);
+    if (on) gpu.end(s);
   }
-  void report(int64_t tokens) {
+  // engine: the engine's own share of the rows (CudaEngine::take_kv_rows_stats)
+  void report(int64_t tokens, CudaEngine& engine) {
     if (!on) return;
-    const size_t blocks = gpu.size();
-    const double gpu_ms = total_ms(gpu), staging_ms = total_ms(staging);
+    const size_t blocks = gpu.count();
+    const double gpu_ms = gpu.take_ms(), staging_ms = staging.take_ms();
+    const CudaEngine::KvRowsStats e = engine.take_kv_rows_stats();
     fmt::print(stderr,
-               "capture stats: {} tokens, {} row blocks; rows' GPU work {:.2f} ms ({:.3f} per block); the engine's stream held for a free "
-               "staging buffer {:.2f} ms; host blocked on a free slot {:.2f} ms; delivery waited on copies {:.2f} ms, converted and handed on {:.2f} ms\n",
-               tokens, blocks, gpu_ms, blocks ? gpu_ms / double(blocks) : 0.0, staging_ms, slot_wait_ms, copy_wait_ms, deliver_ms);
+               "capture stats: {} tokens, {} row blocks; rows' GPU work {:.2f} ms ({:.3f} per block), the engine's K/V rows {:.2f} ms of "
+               "which the last layer's {:.2f}; the engine's stream held for a free staging buffer {:.2f} ms; host blocked on a free slot "
+               "{:.2f} ms; delivery waited on copies {:.2f} ms, converted and handed on {:.2f} ms; after the engine's return {:.2f} ms\n",
+               tokens, blocks, gpu_ms, blocks ? gpu_ms / double(blocks) : 0.0, e.rows_ms, e.last_layer_ms, staging_ms, slot_wait_ms,
+               copy_wait_ms, deliver_ms, tail_ms);
   }
 };
 using StatsClock = std::chrono::steady_clock;
@@ -349,6 +333,7 @@ class CudaBackend final : public PrefillBackend {
       engine_error = std::current_exception();
     }
     if (engine_rows_) engine_.rank0().set_kv_tap(nullptr);
+    const auto engine_done = StatsClock::now();
     {
       std::lock_guard<std::mutex> l(mu);
       finished = true;
@@ -357,7 +342,8 @@ class CudaBackend final : public PrefillBackend {
     delivery.join();
     cudaStreamSynchronize(copy_stream_);
     if (recipe_stream_) cudaStreamSynchronize(recipe_stream_);
-    stats.report(int64_t(tokens.size()));
+    stats.tail_ms = ms_since(engine_done);
+    stats.report(int64_t(tokens.size()), engine_.rank0());
     if (engine_error) std::rethrow_exception(engine_error);
     if (delivery_error) std::rethrow_exception(delivery_error);
     return done;

@@ -26,8 +26,13 @@ struct Tuning {
   std::string dsv4_experts_fp8;  // PDBRIDGE_DSV4_EXPERTS_FP8=1: FP8 expert products from e4m3 tiles
   std::string dsv4_experts_fp4;  // PDBRIDGE_DSV4_EXPERTS_FP4=1: the expert products read the MXFP4 codes (no expansion)
   std::string dsv4_indexer;      // PDBRIDGE_DSV4_INDEXER=bf16|gemm: the indexer's scores in bf16, or GEMM + sum
+  std::string dsv4_indexer_a;    // PDBRIDGE_DSV4_INDEXER_A=registers|smem: the FP8 indexer's queries as register fragments
+                                 // read once, or from shared memory by every product
   std::string dsv4_attn;         // PDBRIDGE_DSV4_ATTN=gather: the gathered sparse attention; =mma: the fused one on mma.sync (not wgmma)
+  std::string dsv4_topk;         // PDBRIDGE_DSV4_TOPK=smem: the indexer's top-k with each query's scores in shared memory
   std::string dsv4_expand;       // PDBRIDGE_DSV4_EXPAND=inline: FP4 experts expanded in the MoE, not on a side stream
+  std::string q8_gemm;           // PDBRIDGE_Q8_GEMM=64|128: the Q8_0 block products (sections, recipes) in those tiles
+                                 // whatever their size (the default: 128 where they fill the GPU twice)
   std::string act_quant;         // PDBRIDGE_ACT_QUANT=0: the CPU engine's products with a GGUF's quantized weights in f32
   std::string readback;          // PDBRIDGE_READBACK=copy: small device results reach the host by cudaMemcpyAsync, not mapped stores
   std::string capture_stats;     // PDBRIDGE_CAPTURE_STATS=1: each GPU capture's rows timed part by part, on stderr (no path changes)
@@ -49,8 +54,11 @@ inline const std::vector<TuningSwitch>& tuning_switches() {
       {"PDBRIDGE_FP8KV_FUSED", &Tuning::fp8kv_fused},       {"PDBRIDGE_RECIPE_STREAM", &Tuning::recipe_stream},
       {"PDBRIDGE_DSV4_EXPERTS", &Tuning::dsv4_experts},     {"PDBRIDGE_DSV4_EXPERTS_FP8", &Tuning::dsv4_experts_fp8},
       {"PDBRIDGE_DSV4_EXPERTS_FP4", &Tuning::dsv4_experts_fp4},
-      {"PDBRIDGE_DSV4_INDEXER", &Tuning::dsv4_indexer},     {"PDBRIDGE_DSV4_ATTN", &Tuning::dsv4_attn},
-      {"PDBRIDGE_DSV4_EXPAND", &Tuning::dsv4_expand},       {"PDBRIDGE_ACT_QUANT", &Tuning::act_quant},
+      {"PDBRIDGE_DSV4_INDEXER", &Tuning::dsv4_indexer},     {"PDBRIDGE_DSV4_INDEXER_A", &Tuning::dsv4_indexer_a},
+      {"PDBRIDGE_DSV4_ATTN", &Tuning::dsv4_attn},
+      {"PDBRIDGE_DSV4_TOPK", &Tuning::dsv4_topk},
+      {"PDBRIDGE_DSV4_EXPAND", &Tuning::dsv4_expand},       {"PDBRIDGE_Q8_GEMM", &Tuning::q8_gemm},
+      {"PDBRIDGE_ACT_QUANT", &Tuning::act_quant},
       {"PDBRIDGE_READBACK", &Tuning::readback},         {"PDBRIDGE_CAPTURE_STATS", &Tuning::capture_stats},
   };
   return s;

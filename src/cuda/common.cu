@@ -58,4 +58,29 @@ DeviceMemory device_memory() {
   return m;
 }
 
+EventSpans::~EventSpans() { take_ms(); }
+
+void EventSpans::begin(cudaStream_t s) {
+  spans_.emplace_back();
+  PDB_CUDA_CHECK(cudaEventCreate(&spans_.back().first));
+  PDB_CUDA_CHECK(cudaEventRecord(spans_.back().first, s));
+}
+
+void EventSpans::end(cudaStream_t s) {
+  PDB_CUDA_CHECK(cudaEventCreate(&spans_.back().second));
+  PDB_CUDA_CHECK(cudaEventRecord(spans_.back().second, s));
+}
+
+double EventSpans::take_ms() {
+  double sum = 0;
+  for (auto& [a, b] : spans_) {
+    float ms = 0;
+    if (b && cudaEventSynchronize(b) == cudaSuccess && cudaEventElapsedTime(&ms, a, b) == cudaSuccess) sum += ms;
+    cudaEventDestroy(a);
+    if (b) cudaEventDestroy(b);
+  }
+  spans_.clear();
+  return sum;
+}
+
 }  // namespace pdb::cuda

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace pdb::cuda {
 
@@ -79,5 +80,22 @@ struct DeviceMemory {
   size_t free = 0, total = 0;
 };
 DeviceMemory device_memory();
+
+// Diagnostics (PDBRIDGE_CAPTURE_STATS): spans of a stream's device time between two timing events, summed when asked
+// (waiting for the last span's end).
+class EventSpans {
+ public:
+  EventSpans() = default;
+  EventSpans(const EventSpans&) = delete;
+  EventSpans& operator=(const EventSpans&) = delete;
+  ~EventSpans();
+  void begin(cudaStream_t s);
+  void end(cudaStream_t s);
+  size_t count() const { return spans_.size(); }
+  double take_ms();  // the spans' total; they are released
+
+ private:
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> spans_;
+};
 
 }  // namespace pdb::cuda

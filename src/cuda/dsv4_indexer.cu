@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/tuning.h"
 #include "cuda/common.cuh"
 #include "cuda/device_helpers.cuh"
 
@@ -37,7 +38,9 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 
 constexpr int kThreads = 256;
 
-__global__ void topk_kernel(const float* __restrict__ scores, int32_t* __restrict__ idx, IndexerShape sh) {
+// The top-k the engine runs: one block of 256 threads per query, a radix pass per byte over the scores in global memory
+// (PDBRIDGE_DSV4_TOPK=smem: dsv4_indexer_topk.cu, faster only where a launch has few queries, docs/RESULTS.md).
+__global__ void topk_global_kernel(const float* __restrict__ scores, int32_t* __restrict__ idx, IndexerShape sh) {
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan;
   __shared__ int hist[256];
@@ -264,7 +267,8 @@ void indexer_scores(const __nv_bfloat16* q, const __nv_bfloat16* rows, const flo
 void indexer_topk(const float* scores, int32_t* idx, const IndexerShape& sh, cudaStream_t stream) {
   if (sh.n_q <= 0) return;
   if (sh.top_k <= 0) throw std::invalid_argument("indexer: top_k must be positive");
-  topk_kernel<<<unsigned(sh.n_q), kThreads, 0, stream>>>(scores, idx, sh);
+  if (Tuning::from_env().dsv4_topk == "smem" && indexer_topk_smem(scores, idx, sh, stream)) return;
+  topk_global_kernel<<<unsigned(sh.n_q), kThreads, 0, stream>>>(scores, idx, sh);
   PDB_CUDA_CHECK(cudaGetLastError());
 }
 

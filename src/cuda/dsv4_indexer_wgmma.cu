@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/tuning.h"
 #include "cuda/common.cuh"
 #include "cuda/device_helpers.cuh"
 #include "cuda/wgmma.cuh"
@@ -42,6 +43,17 @@ __device__ __forceinline__ void wgmma_e4m3(float* d, uint64_t desc_a, uint64_t d
       "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate)
+      : "memory");
+}
+
+// The same with A from registers (a[4]: the warp's 16 rows x 32 codes, mma.m16n8k32's A fragment): the queries are
+// the block's for the whole prompt, so they are read from shared memory once, not by every product.
+__device__ __forceinline__ void wgmma_e4m3_rs(float* d, const uint32_t* a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate)
       : "memory");
 }
 
@@ -77,8 +89,8 @@ __device__ __forceinline__ void reduce_to_slot(const float* d, float w0, float w
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int HP>
-__global__ void __launch_bounds__(kThreads) indexer_fp8_wgmma_kernel(const uint8_t* __restrict__ q, const float* __restrict__ q_scale,
+template <int HP, bool a_in_registers>
+__global__ void __launch_bounds__(kThreads, 2) indexer_fp8_wgmma_kernel(const uint8_t* __restrict__ q, const float* __restrict__ q_scale,
                                                                     const uint8_t* __restrict__ rows, const float* __restrict__ row_scale,
                                                                     const float* __restrict__ w, float* __restrict__ scores, IndexerShape sh) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -122,20 +134,35 @@ __global__ void __launch_bounds__(kThreads) indexer_fp8_wgmma_kernel(const uint8
       wq[i][k] = t < sh.n_q && h < H ? w[t * H + h] * q_scale[t * H + h] : 0.0f;
     }
   float acc[2][32];
+  uint32_t qa[2][kD / 32][4];  // this warp's query rows as A fragments, read once (PDBRIDGE_DSV4_INDEXER_A=registers; not yet measured)
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int stage = tile & 1;
     cp_async_wait<0>();
     fence_async_shared();
     __syncthreads();  // this tile landed for every thread; every thread is past the previous tile's `red`
     if (tile + 1 < n_tiles) load(tile + 1, stage ^ 1);
+    if (a_in_registers && tile == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int kk = 0; kk < kD / 32; ++kk) {
+          // ldmatrix's four 8 x 16-byte matrices: rows 0-7 / 8-15 of the warp's 16, bytes 0-15 / 16-31 of the k-step
+          const int r = wg * 128 + i * 64 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, chunk = 2 * kk + (lane >> 4);
+          ldmatrix_x4(sQ + swz(r, chunk, 8), qa[i][kk][0], qa[i][kk][1], qa[i][kk][2], qa[i][kk][3]);
+        }
+    }
     const uint32_t sK = sK0 + stage * kTileBytes;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       fence_acc(acc[i]);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kD / 32; ++kk)
-        wgmma_e4m3(acc[i], kmajor_desc(sQ + (wg * 128 + i * 64) * kD + kk * 32), kmajor_desc(sK + kk * 32), kk > 0);
+      for (int kk = 0; kk < kD / 32; ++kk) {
+        if constexpr (a_in_registers)
+          wgmma_e4m3_rs(acc[i], qa[i][kk], kmajor_desc(sK + kk * 32), kk > 0);
+        else
+          wgmma_e4m3(acc[i], kmajor_desc(sQ + (wg * 128 + i * 64) * kD + kk * 32), kmajor_desc(sK + kk * 32), kk > 0);
+      }
       wgmma_commit();
     }
     wgmma_wait<1>();
@@ -170,17 +197,25 @@ __global__ void __launch_bounds__(kThreads) indexer_fp8_wgmma_kernel(const uint8
 #endif
 }
 
-template <int HP>
+template <int HP, bool RS>
 void launch(const uint8_t* q, const float* q_scale, const uint8_t* rows, const float* row_scale, const float* w, float* scores, const IndexerShape& sh,
             cudaStream_t stream) {
   static bool configured = false;  // once per process and instantiation
   if (!configured) {
-    PDB_CUDA_CHECK(cudaFuncSetAttribute(indexer_fp8_wgmma_kernel<HP>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(indexer_fp8_wgmma_kernel<HP, RS>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     configured = true;
   }
   const int64_t blocks = (sh.n_q + kRows / HP - 1) / (kRows / HP);
-  indexer_fp8_wgmma_kernel<HP><<<unsigned(blocks), kThreads, kSmemBytes, stream>>>(q, q_scale, rows, row_scale, w, scores, sh);
+  indexer_fp8_wgmma_kernel<HP, RS><<<unsigned(blocks), kThreads, kSmemBytes, stream>>>(q, q_scale, rows, row_scale, w, scores, sh);
   PDB_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int HP>
+void launch(const uint8_t* q, const float* q_scale, const uint8_t* rows, const float* row_scale, const float* w, float* scores, const IndexerShape& sh,
+            cudaStream_t stream) {
+  const std::string a = Tuning::from_env().dsv4_indexer_a;  // "registers" | "smem"; the default: shared memory
+  if (a == "registers") return launch<HP, true>(q, q_scale, rows, row_scale, w, scores, sh, stream);
+  launch<HP, false>(q, q_scale, rows, row_scale, w, scores, sh, stream);
 }
 
 }  // namespace

@@ -51,8 +51,10 @@ TEST(CudaKernels, Dsv4IndexerScoresAndTopKMatchTheCpuTwin) {
     std::vector<float> q8s(size_t(c.n_q * c.heads)), k8s(static_cast<size_t>(n_blocks)), q8v(q.size()), k8v(k.size());
     dsv4_indexer_fp8_rows(q.data(), c.n_q * c.heads, dim, q8.data(), q8s.data(), q8v.data());
     dsv4_indexer_fp8_rows(k.data(), n_blocks, dim, k8.data(), k8s.data(), k8v.data());
-    for (const std::string path : {"GEMM + ReLU sum", "fused", "fused FP8"}) {
-      const bool fp8 = path == "fused FP8";
+    for (const std::string path : {"GEMM + ReLU sum", "fused", "fused FP8, queries from shared memory", "fused FP8, queries as register fragments"}) {
+      const bool fp8 = path.rfind("fused FP8", 0) == 0;
+      if (fp8) setenv("PDBRIDGE_DSV4_INDEXER_A", path == "fused FP8, queries from shared memory" ? "smem" : "registers", 1);
+      else unsetenv("PDBRIDGE_DSV4_INDEXER_A");
       if (path == "fused" && !cuda::indexer_scores_supported(c.heads, dim)) continue;
       if (fp8 && !cuda::indexer_scores_fp8_supported(c.heads, dim)) continue;
       // the bound on the scores, of the row's largest: f32 accumulation on the bf16 paths; Hopper's FP8 wgmma adds
@@ -138,7 +140,54 @@ TEST(CudaKernels, Dsv4IndexerScoresAndTopKMatchTheCpuTwin) {
       std::printf("DSV4 indexer (%s) H=%d n_q=%lld pos0=%lld top_k=%d: scores rel err %.2e (of the row's largest), %d near-tie swaps\n",
                   path.c_str(), c.heads, (long long)c.n_q, (long long)c.pos0, c.top_k, worst, differing);
       EXPECT_LT(worst, tol);
+      unsetenv("PDBRIDGE_DSV4_INDEXER_A");
     }
+  }
+#endif
+}
+
+// The top-k alone, bit for bit against its twin (dsv4_indexer_top_k) on given scores: both kernels (the default, and
+// PDBRIDGE_DSV4_TOPK=smem), on Gaussian scores of both signs, on scores of five values (thousands tie the
+// k-th: the lower indices must win), where fewer than top_k are visible, and on rows longer than shared memory
+// holds (the shared-memory kernel declines them and the default one runs).
+TEST(CudaKernels, Dsv4IndexerTopKMatchesItsCpuTwin) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
+#ifdef PDBRIDGE_HAVE_CUDA
+  using namespace test_kernels;
+  struct Case { int64_t n_q, pos0, n_blocks; int top_k; bool ties; };
+  const int64_t longest = cuda::indexer_topk_smem_blocks();
+  ASSERT_GT(longest, 8192) << "the shared-memory top-k should hold a 32K prompt's rows";
+  std::mt19937 rng(std::random_device{}());
+  for (const Case c : {Case{64, 30000, 8192, 512, false}, Case{48, 11000, 3000, 512, true}, Case{40, 0, 10, 8, false}, Case{33, 2000, 520, 512, true},
+                       Case{5, 4 * longest - 2, longest + 700, 512, false}, Case{7, 4 * longest - 4, longest + 3, 64, true}}) {
+    std::vector<float> sc(size_t(c.n_q * c.n_blocks), -INFINITY);
+    std::normal_distribution<float> gauss(0.0f, 1.0f);
+    std::uniform_int_distribution<int> five(-1, 3);
+    for (auto& v : sc) v = c.ties ? 0.5f * float(five(rng)) : gauss(rng);
+    for (auto& v : sc) v = v == 0.0f ? 0.0f : v;  // no -0: the twin's < does not order it below +0
+    auto dsc = to_device_f32(sc);
+    const cuda::IndexerShape sh{c.n_q, c.pos0, 64, c.n_blocks, 4, c.top_k};
+    for (const char* way : {"", "smem"}) {
+      setenv("PDBRIDGE_DSV4_TOPK", way, 1);
+      cuda::DeviceBuffer idx(size_t(c.n_q * c.top_k) * 4);
+      cuda::indexer_topk(dsc.as<float>(), idx.as<int32_t>(), sh, nullptr);
+      PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<int32_t> gi(size_t(c.n_q * c.top_k));
+      idx.download(gi.data(), gi.size() * 4);
+      int wrong = 0;
+      for (int64_t t = 0; t < c.n_q; ++t) {
+        const int64_t visible = std::min(c.n_blocks, (c.pos0 + t + 1) / 4);
+        const auto want = dsv4_indexer_top_k(sc.data() + t * c.n_blocks, visible, c.top_k);
+        for (int j = 0; j < c.top_k; ++j) {
+          const int64_t w = j < int(want.size()) ? want[size_t(j)] : -1;
+          if (gi[size_t(t * c.top_k + j)] != w && wrong++ < 5)
+            ADD_FAILURE() << (*way ? way : "default") << " n_blocks " << c.n_blocks << " t " << t << " j " << j << ": " << gi[size_t(t * c.top_k + j)]
+                          << ", the twin " << w;
+        }
+      }
+      EXPECT_EQ(wrong, 0) << (*way ? way : "default") << " n_blocks " << c.n_blocks << (c.ties ? ", ties" : "");
+    }
+    unsetenv("PDBRIDGE_DSV4_TOPK");
   }
 #endif
 }
@@ -327,9 +376,9 @@ TEST(CudaBench, Dsv4IndexerAtV4FlashShapes) {
     auto dw = to_device_f32(randn(size_t(4096) * H, 0.1f));
     const int64_t chunk = std::min<int64_t>(4096, std::max<int64_t>(64, (int64_t(2) << 30) / (int64_t(H) * 4 * std::max<int64_t>(NB, 1))));
     cuda::DeviceBuffer s(size_t(chunk * H * NB) * 4), scores(size_t(chunk * NB) * 4), idx(size_t(chunk * K) * 4);
-    cudaEvent_t e[4];
+    cudaEvent_t e[5];
     for (auto& x : e) PDB_CUDA_CHECK(cudaEventCreate(&x));
-    float t_gemm = 0, t_relu = 0, t_topk = 0;
+    float t_gemm = 0, t_relu = 0, t_topk = 0, t_topk_smem = 0;
     double flops = 0;
     gemm.xwt(cuda::DType::BF16, dq.get(), dk.get(), cuda::DType::F32, s.get(), chunk * H, I, 64, 0.0f, nullptr);  // warm-up (cuBLASLt)
     PDB_CUDA_CHECK(cudaDeviceSynchronize());
@@ -343,21 +392,28 @@ TEST(CudaBench, Dsv4IndexerAtV4FlashShapes) {
       PDB_CUDA_CHECK(cudaEventRecord(e[2]));
       cuda::indexer_topk(scores.as<float>(), idx.as<int32_t>(), sh, nullptr);
       PDB_CUDA_CHECK(cudaEventRecord(e[3]));
-      PDB_CUDA_CHECK(cudaEventSynchronize(e[3]));
-      float a, b, c;
+      setenv("PDBRIDGE_DSV4_TOPK", "smem", 1);  // the shared-memory kernel, same scores (the A/B)
+      cuda::indexer_topk(scores.as<float>(), idx.as<int32_t>(), sh, nullptr);
+      unsetenv("PDBRIDGE_DSV4_TOPK");
+      PDB_CUDA_CHECK(cudaEventRecord(e[4]));
+      PDB_CUDA_CHECK(cudaEventSynchronize(e[4]));
+      float a, b, c, g;
       PDB_CUDA_CHECK(cudaEventElapsedTime(&a, e[0], e[1]));
       PDB_CUDA_CHECK(cudaEventElapsedTime(&b, e[1], e[2]));
       PDB_CUDA_CHECK(cudaEventElapsedTime(&c, e[2], e[3]));
+      PDB_CUDA_CHECK(cudaEventElapsedTime(&g, e[3], e[4]));
       t_gemm += a;
       t_relu += b;
       t_topk += c;
+      t_topk_smem += g;
       flops += 2.0 * double(n) * H * I * double(nb);
     }
     for (auto& x : e) cudaEventDestroy(x);
     const double ms = t_gemm + t_relu + t_topk;
     std::printf("DSV4 INDEXER T=%lld (one ratio-4 layer, chunks of %lld queries): %.2f ms = GEMM %.2f (%.0f TFLOP/s) + ReLU sum %.2f + top-%d %.2f ms;"
-                " 21 ratio-4 layers: %.0f ms\n",
-                (long long)T, (long long)chunk, ms, t_gemm, flops / (t_gemm * 1e-3) / 1e12, t_relu, K, t_topk, 21 * ms);
+                " 21 ratio-4 layers: %.0f ms; the top-k from shared memory (PDBRIDGE_DSV4_TOPK=smem) %.2f ms: %.2fx faster\n",
+                (long long)T, (long long)chunk, ms, t_gemm, flops / (t_gemm * 1e-3) / 1e12, t_relu, K, t_topk, 21 * ms, t_topk_smem,
+                t_topk / t_topk_smem);
   }
   // Then: does an FP8 indexer hold the top-k? At the same shapes, the last 256 queries of a T-token prompt (all T/4
   // blocks visible), their top-k from bf16 q and rows against the top-k from q and rows rounded to e4m3 with one
@@ -423,8 +479,10 @@ TEST(CudaBench, Dsv4IndexerAtV4FlashShapes) {
     cuda::DeviceBuffer dq8(qv.size()), dq8s(size_t(QC * H) * 4), dk8(kv.size()), dk8s(size_t(NB) * 4);
     const int64_t chunk = QC;  // the queries reused along the prompt; <= 512 MiB of scores at 128K
     cuda::DeviceBuffer sc(size_t(chunk * NB) * 4), idx(size_t(chunk * K) * 4);
-    float ms[2] = {0, 0};
-    for (int fp8 = 0; fp8 < 2; ++fp8) {
+    float ms[3] = {0, 0, 0};
+    for (int way = 0; way < 3; ++way) {  // bf16; FP8 reading the queries from shared memory; FP8 with them as register fragments
+      const int fp8 = way > 0;
+      if (fp8) setenv("PDBRIDGE_DSV4_INDEXER_A", way == 1 ? "smem" : "registers", 1);
       for (int rep = 0; rep < 2; ++rep) {  // the first a warm-up
         cudaEvent_t a, b;
         PDB_CUDA_CHECK(cudaEventCreate(&a));
@@ -445,15 +503,18 @@ TEST(CudaBench, Dsv4IndexerAtV4FlashShapes) {
         }
         PDB_CUDA_CHECK(cudaEventRecord(b));
         PDB_CUDA_CHECK(cudaEventSynchronize(b));
-        PDB_CUDA_CHECK(cudaEventElapsedTime(&ms[fp8], a, b));
+        PDB_CUDA_CHECK(cudaEventElapsedTime(&ms[way], a, b));
         cudaEventDestroy(a);
         cudaEventDestroy(b);
       }
+      unsetenv("PDBRIDGE_DSV4_INDEXER_A");
     }
     const double flops = 2.0 * H * I * double(T) * double(T) / 8.0;  // each query t sees (t+1)/4 blocks: T^2/8 dot products in all
     std::printf("DSV4 INDEXER FUSED T=%lld (one ratio-4 layer, scores + top-%d, chunks of %lld queries): bf16 %.2f ms (%.0f TFLOP/s), FP8 %.2f ms "
-                "(%.0f TFLOP/s, quantization included): FP8/bf16 %.2fx faster\n",
-                (long long)T, K, (long long)chunk, ms[0], flops / (ms[0] * 1e-3) / 1e12, ms[1], flops / (ms[1] * 1e-3) / 1e12, ms[0] / ms[1]);
+                "(%.0f TFLOP/s, quantization included): FP8/bf16 %.2fx faster; FP8 with the queries as register fragments "
+                "(PDBRIDGE_DSV4_INDEXER_A=registers) %.2f ms (%.0f TFLOP/s): %.2fx the shared-memory operand's speed\n",
+                (long long)T, K, (long long)chunk, ms[0], flops / (ms[0] * 1e-3) / 1e12, ms[1], flops / (ms[1] * 1e-3) / 1e12, ms[0] / ms[1], ms[2],
+                flops / (ms[2] * 1e-3) / 1e12, ms[1] / ms[2]);
   }
 #endif
 }

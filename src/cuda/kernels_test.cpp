@@ -4,7 +4,9 @@
 // Runs where a GPU is present; skips (saying why) elsewhere.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -87,44 +89,102 @@ TEST(CudaKernels, FlashAttentionMatchesTheF64TwinForEveryShapeAndChunk) {
 
 // The recipe's Q8_0/Q4_0 products on int8 tensor cores against the host twin (numerics/q8_dot.cpp):
 // the same integer block sums and the same f32 operations in the same order, so every element is
-// bit-identical; ragged rows and outputs exercise the tile edges.
+// bit-identical; ragged rows and outputs exercise the tile edges. Both kernels (64- and 128-row tiles), each
+// on a shape smaller than one of its tiles and on one of several tiles with ragged edges.
 TEST(CudaKernels, Q8BlockProductIsBitIdenticalToTheRecipesHostProduct) {
   SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA
-  const int64_t rows = 77, K = 384, N = 200;
-  auto x = randn(size_t(rows * K));
-  auto wf = randn(size_t(N * K), 0.05f);
-  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0}) {
-    const size_t rb = ggml_row_bytes(t, K);
-    std::vector<uint8_t> blocks(rb * size_t(N));
-    for (int64_t o = 0; o < N; ++o) quantize_row(t, wf.data() + o * K, blocks.data() + size_t(o) * rb, K);
-    const Q8Matrix m = unpack_q8_blocks(t, blocks.data(), N, K);
-    std::vector<int8_t> qx(x.size());
-    std::vector<float> dx(x.size() / 32), want(size_t(rows * N));
-    quantize_rows_q8(x.data(), rows, K, qx.data(), dx.data());
-    q8_block_gemm(qx.data(), dx.data(), m, rows, want.data());
+  struct Shape {
+    int64_t rows, K, N;
+    const char* way;
+  };
+  for (const Shape sh : {Shape{77, 384, 200, "64"}, Shape{77, 384, 200, "128"}, Shape{300, 512, 330, "64"}, Shape{300, 512, 330, "128"},
+                         Shape{257, 256, 131, "128"}}) {
+    setenv("PDBRIDGE_Q8_GEMM", sh.way, 1);
+    const int64_t rows = sh.rows, K = sh.K, N = sh.N;
+    auto x = randn(size_t(rows * K));
+    auto wf = randn(size_t(N * K), 0.05f);
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0}) {
+      const size_t rb = ggml_row_bytes(t, K);
+      std::vector<uint8_t> blocks(rb * size_t(N));
+      for (int64_t o = 0; o < N; ++o) quantize_row(t, wf.data() + o * K, blocks.data() + size_t(o) * rb, K);
+      const Q8Matrix m = unpack_q8_blocks(t, blocks.data(), N, K);
+      std::vector<int8_t> qx(x.size());
+      std::vector<float> dx(x.size() / 32), want(size_t(rows * N));
+      quantize_rows_q8(x.data(), rows, K, qx.data(), dx.data());
+      q8_block_gemm(qx.data(), dx.data(), m, rows, want.data());
 
-    auto dxf = to_device_f32(x);
-    cuda::DeviceBuffer dq(qx.size()), dd(dx.size() * 4), dqw(m.q.size()), ddw(m.d.size() * 4);
-    dqw.upload(m.q.data(), m.q.size());
-    ddw.upload(m.d.data(), m.d.size() * 4);
-    cuda::quantize_rows_q8(dxf.as<float>(), rows, K, dq.as<int8_t>(), dd.as<float>(), nullptr);
-    auto dy = poisoned(want.size() * 4);
-    cuda::q8_block_gemm(dq.as<int8_t>(), dd.as<float>(), dqw.as<int8_t>(), ddw.as<float>(), dy.as<float>(), rows, K, N, nullptr);
-    PDB_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<int8_t> gq(qx.size());
-    std::vector<float> gd(dx.size()), got(want.size());
-    dq.download(gq.data(), gq.size());
-    dd.download(gd.data(), gd.size() * 4);
-    dy.download(got.data(), got.size() * 4);
-    EXPECT_EQ(std::memcmp(gq.data(), qx.data(), qx.size()), 0) << "activation codes";
-    EXPECT_EQ(std::memcmp(gd.data(), dx.data(), dx.size() * 4), 0) << "activation scales";
-    size_t same = 0;
-    for (size_t i = 0; i < got.size(); ++i) same += std::memcmp(&got[i], &want[i], 4) == 0;
-    std::printf("q8 block product %s: %zu/%zu elements bit-identical to the host's\n", ggml_type_name(t).c_str(), same, got.size());
-    EXPECT_EQ(same, got.size());
+      auto dxf = to_device_f32(x);
+      cuda::DeviceBuffer dq(qx.size()), dd(dx.size() * 4), dqw(m.q.size()), ddw(m.d.size() * 4);
+      dqw.upload(m.q.data(), m.q.size());
+      ddw.upload(m.d.data(), m.d.size() * 4);
+      cuda::quantize_rows_q8(dxf.as<float>(), rows, K, dq.as<int8_t>(), dd.as<float>(), nullptr);
+      auto dy = poisoned(want.size() * 4);
+      cuda::q8_block_gemm(dq.as<int8_t>(), dd.as<float>(), dqw.as<int8_t>(), ddw.as<float>(), dy.as<float>(), rows, K, N, nullptr);
+      PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<int8_t> gq(qx.size());
+      std::vector<float> gd(dx.size()), got(want.size());
+      dq.download(gq.data(), gq.size());
+      dd.download(gd.data(), gd.size() * 4);
+      dy.download(got.data(), got.size() * 4);
+      EXPECT_EQ(std::memcmp(gq.data(), qx.data(), qx.size()), 0) << "activation codes";
+      EXPECT_EQ(std::memcmp(gd.data(), dx.data(), dx.size() * 4), 0) << "activation scales";
+      size_t same = 0;
+      for (size_t i = 0; i < got.size(); ++i) same += std::memcmp(&got[i], &want[i], 4) == 0;
+      std::printf("q8 block product %s, %lld x %lld x %lld, %s-row tiles: %zu/%zu elements bit-identical to the host's\n", ggml_type_name(t).c_str(),
+                  (long long)rows, (long long)K, (long long)N, sh.way, same, got.size());
+      EXPECT_EQ(same, got.size());
+    }
   }
+  unsetenv("PDBRIDGE_Q8_GEMM");
   EXPECT_THROW(cuda::q8_block_gemm(nullptr, nullptr, nullptr, nullptr, nullptr, 1, 96, 1, nullptr), std::invalid_argument);
+#endif
+}
+
+// A benchmark, run on request (PDBRIDGE_BENCH=1; the H200 figures in docs/RESULTS.md): the Q8_0 block products at
+// DeepSeek-V4-Flash's section shapes (32,768 tokens of 4,096 into the pool compressor's 1,024, the window's 512 and
+// the indexer compressor's 256), both kernels in one process, each the median of 5 after a warm-up.
+TEST(CudaBench, Q8BlockProductsAtV4FlashSectionShapes) {
+  SKIP_WITHOUT_GPU();
+  const char* on = std::getenv("PDBRIDGE_BENCH");
+  if (!on || std::string(on) != "1") GTEST_SKIP() << "a benchmark: PDBRIDGE_BENCH=1 runs it";
+#ifdef PDBRIDGE_HAVE_CUDA
+  const int64_t rows = 32768, K = 4096;
+  std::mt19937 rng(7);
+  std::vector<int8_t> codes(size_t(rows * K));
+  for (auto& c : codes) c = int8_t(int(rng() % 255) - 127);
+  std::vector<float> scales(size_t(rows * K / 32), 0.01f);
+  cuda::DeviceBuffer dq(codes.size()), dd(scales.size() * 4), dy(size_t(rows * 1024) * 4);
+  dq.upload(codes.data(), codes.size());
+  dd.upload(scales.data(), scales.size() * 4);
+  for (const int64_t N : {int64_t(1024), int64_t(512), int64_t(256)}) {
+    double ms[2] = {0, 0};
+    for (int way = 0; way < 2; ++way) {
+      setenv("PDBRIDGE_Q8_GEMM", way ? "128" : "64", 1);
+      std::vector<float> times;
+      for (int rep = 0; rep < 6; ++rep) {
+        cudaEvent_t a, b;
+        PDB_CUDA_CHECK(cudaEventCreate(&a));
+        PDB_CUDA_CHECK(cudaEventCreate(&b));
+        PDB_CUDA_CHECK(cudaEventRecord(a));
+        // the weights: the first N rows of the same codes (the values do not change the work)
+        cuda::q8_block_gemm(dq.as<int8_t>(), dd.as<float>(), dq.as<int8_t>(), dd.as<float>(), dy.as<float>(), rows, K, N, nullptr);
+        PDB_CUDA_CHECK(cudaEventRecord(b));
+        PDB_CUDA_CHECK(cudaEventSynchronize(b));
+        float t = 0;
+        PDB_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+        if (rep) times.push_back(t);
+        cudaEventDestroy(a);
+        cudaEventDestroy(b);
+      }
+      std::sort(times.begin(), times.end());
+      ms[way] = times[times.size() / 2];
+    }
+    unsetenv("PDBRIDGE_Q8_GEMM");
+    const double ops = 2.0 * double(rows) * double(K) * double(N);
+    std::printf("Q8_0 BLOCK PRODUCT %lld x %lld -> %lld: 64-row tiles %.3f ms (%.0f TOPS), 128-row tiles %.3f ms (%.0f TOPS): %.2fx\n", (long long)rows,
+                (long long)K, (long long)N, ms[0], ops / (ms[0] * 1e-3) / 1e12, ms[1], ops / (ms[1] * 1e-3) / 1e12, ms[0] / ms[1]);
+  }
 #endif
 }
 

@@ -278,9 +278,12 @@ void CudaEngine::enable_kv_rows() {
   kv_rows_ = true;
 }
 
+CudaEngine::KvRowsStats CudaEngine::take_kv_rows_stats() { return KvRowsStats{kv_rows_spans_.take_ms(), last_layer_spans_.take_ms()}; }
+
 void CudaEngine::set_kv_tap(KvTap tap) {
   if (tap && !kv_rows_) throw std::logic_error("set_kv_tap before enable_kv_rows");
   kv_tap_ = std::move(tap);
+  kv_rows_stats_ = Tuning::from_env().capture_stats == "1";
 }
 
 int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, const DeviceHook& hook,
@@ -333,11 +336,15 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
       if (hook) hook(int(l), h, ch.n, p0, s);
       const bool last = l == L - 1 && !full_last_layer;
       if (last && !kv_tap_) break;
+      if (last && kv_rows_stats_) last_layer_spans_.begin(s);
       if (quant_) quant_->expand(l, s, last ? attention_->kv_rows_weights_end(l) : SIZE_MAX);  // the last: its K/V rows only
       norm_rows(h, in_norm_[size_t(l)], ch);
       if (kv_tap_) {
         const float *k = nullptr, *v = nullptr;
+        if (kv_rows_stats_) kv_rows_spans_.begin(s);
         attention_->kv_rows(l, x, ch, &k, &v);
+        if (kv_rows_stats_) kv_rows_spans_.end(s);
+        if (last && kv_rows_stats_) last_layer_spans_.end(s);
         kv_tap_(int(l), k, v, ch.n, p0, s);
         if (last) break;
       }

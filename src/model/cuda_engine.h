@@ -86,6 +86,12 @@ class CudaEngine {
   // calls the tap set (null: none, and no products for it) at every layer.
   void enable_kv_rows();
   void set_kv_tap(KvTap tap);
+  // PDBRIDGE_CAPTURE_STATS=1: the device time of the K/V rows' products (CudaAttention::kv_rows) since the last call,
+  // and of the last layer's norm and rows (the layer the engine alone does not run).
+  struct KvRowsStats {
+    double rows_ms = 0, last_layer_ms = 0;
+  };
+  KvRowsStats take_kv_rows_stats();
   const TpShard& shard() const { return shard_; }
   // A new group's comm for the same rank (the old group was aborted after a rank failed).
   void set_tp_comm(cuda::TpComm* tp) { tp_ = tp; }
@@ -119,6 +125,8 @@ class CudaEngine {
   std::unique_ptr<CudaAttention> attention_;
   bool kv_rows_ = false;
   KvTap kv_tap_;
+  bool kv_rows_stats_ = false;
+  cuda::EventSpans kv_rows_spans_, last_layer_spans_;
   std::vector<std::unique_ptr<CudaFfn>> ffns_;
   CudaFfnScratch ffn_scratch_;
   cuda::DeviceBuffer tokens_, h_, x_;  // per prompt, grown on demand and kept for the next one

@@ -103,13 +103,18 @@ std::vector<int64_t> dsv4_indexer_select(const float* q, const float* w, const f
     }
     sc[size_t(b)] = s;
   }
+  auto order = dsv4_indexer_top_k(sc.data(), visible, top_k);
+  if (scores_out) *scores_out = std::move(sc);
+  return order;
+}
+
+std::vector<int64_t> dsv4_indexer_top_k(const float* sc, int64_t visible, int64_t top_k) {
   std::vector<int64_t> order(static_cast<size_t>(visible));
   for (int64_t b = 0; b < visible; ++b) order[size_t(b)] = b;
   const size_t k = size_t(std::min(visible, top_k));
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return sc[size_t(a)] > sc[size_t(b)]; });
   order.resize(k);
   std::sort(order.begin(), order.end());
-  if (scores_out) *scores_out = std::move(sc);
   return order;
 }
 

@@ -31,6 +31,8 @@ void dsv4_hc_post(const Dsv4HcMix& m, const float* f, const float* x, int64_t E,
 // score in ascending block order (ties of the k-th score: lower indices first); all of them when fewer are visible.
 std::vector<int64_t> dsv4_indexer_select(const float* q, const float* w, const float* keys, int64_t heads, int64_t dim, int64_t visible,
                                          int64_t top_k, std::vector<float>* scores = nullptr);
+// The selection alone (the GPU twin: cuda/dsv4_indexer.cuh indexer_topk): the top_k of `visible` scores, as above.
+std::vector<int64_t> dsv4_indexer_top_k(const float* scores, int64_t visible, int64_t top_k);
 
 // The FP8 operands of the GPU's FP8 lightning indexer (cuda/dsv4_indexer.cuh indexer_fp8_rows, its twin): each
 // dim-wide row of x as e4m3 codes with one power-of-two scale (ue8m0, as DeepSeek's own FP8 indexer), scale =
