@@ -647,14 +647,20 @@ stage_session32() {
   run dsv4_bench_session32 env BENCH_TOKENS=${BENCH_TOKENS:-32768,131072} \
     BENCH_RUNS="${BENCH_RUNS:-fp4:32768 fp4:32768:PDBRIDGE_Q8_GEMM=64 fp4:32768:PDBRIDGE_DSV4_TOPK=smem}" bash $DEV/dsv4_gpu.sh bench
 }
-# Session 32's second kernels: the FP8 indexer's queries as register fragments and the Q8_0 products' pipelined
-# scales (their tests, the kernels' A/Bs, the DSV4 engine's tests and the V4-Flash layer bench A/B).
+# Session 32's kernels not yet run: the FP8 indexer's queries as register fragments and the engine rows of an f16
+# cache in one kernel (their tests, the kernels' A/Bs, the bridge with the fused rows, the V4-Flash layer bench A/B,
+# Qwen3-30B-A3B's rows gap with the fused rows; the default's rows gap is stage session32's).
 stage_session32b() {
   make_dsv4_test_models
-  run unit_session32b timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4*:CudaKernels.Q8*'
+  run unit_session32b timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4*:CudaKernels.Q8*:CudaKernels.KvRows*'
   run kernel_bench env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaBench.Dsv4IndexerAtV4FlashShapes:CudaBench.Q8BlockProducts*'
   make_test_models
   run integration_session32b timeout 400 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*:GpuRecipe*'
+  run integration_rows_fused env PDBRIDGE_ROWS_FUSED=1 timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaBridge.*:CudaParity.*'
+  # the rows' kernels fused (PDBRIDGE_ROWS_FUSED=1) against the default, Qwen3-30B-A3B 8 layers
+  local Q=$M/q3moe B="--tokens 8192,32768 --reps 5 --chunk 4096 --modes engine,engine+recipe,engine+recipe+frames --out $R/bench_rowsgap.jsonl"
+  [ -f $Q/decoder-f16.gguf ] || run make_q3moe $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 11 --out $Q --no-hf --hf-dtype bf16 --gguf-types f16
+  run rowsgap_q3moe_fused env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_ROWS_FUSED=1 $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows-fused
   run dsv4_bench_session32b env BENCH_TOKENS=${BENCH_TOKENS:-32768,131072} \
     BENCH_RUNS="${BENCH_RUNS:-fp4:32768 fp4:32768:PDBRIDGE_DSV4_INDEXER_A=registers fp4:32768:PDBRIDGE_Q8_GEMM=64 fp4:32768}" bash $DEV/dsv4_gpu.sh bench
 }

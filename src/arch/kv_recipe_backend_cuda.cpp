@@ -214,11 +214,15 @@ class CudaBackend final : public PrefillBackend {
     };
     auto staged = [&]() -> Staging& { return staging_[next_fill % kStaging]; };
     // The staged f32 rows (computed on rs) encoded and out to the slot's pinned host memory on the copy stream.
-    auto send = [&](Slot& s, cudaStream_t rs) {
+    // encoded: the staging's bytes already hold the rows in the cache types (the fused f16 rows).
+    auto send = [&](Slot& s, cudaStream_t rs, bool encoded = false) {
       Staging& g = staged();
       const int64_t rows = s.rows;
-      const size_t kbytes = encode(spec.k_type, rot_k, k_rotation_size(info.head_dim), g.dk, g.dkq, rows, C, rs);
-      const size_t vbytes = has_v ? encode(spec.v_type, spec.rot_v, kVRotationSize, g.dv, g.dvq, rows, C, rs) : 0;
+      const size_t kbytes = encoded ? ggml_row_bytes(spec.k_type, C) * size_t(rows)
+                                    : encode(spec.k_type, rot_k, k_rotation_size(info.head_dim), g.dk, g.dkq, rows, C, rs);
+      const size_t vbytes = !has_v ? 0
+                            : encoded ? ggml_row_bytes(spec.v_type, C) * size_t(rows)
+                                      : encode(spec.v_type, spec.rot_v, kVRotationSize, g.dv, g.dvq, rows, C, rs);
       PDB_CUDA_CHECK(cudaEventRecord(s.computed, rs));
       PDB_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, s.computed, 0));
       PDB_CUDA_CHECK(cudaMemcpyAsync(s.hk.as<uint8_t>(), outgoing(spec.k_type, g.dk, g.dkq), kbytes, cudaMemcpyDeviceToHost, copy_stream_));
@@ -247,13 +251,19 @@ class CudaBackend final : public PrefillBackend {
     };
     // --kv-rows engine: on the engine's stream (its K/V buffers are rewritten at the next layer), RoPE and type only.
     const bool hf_k_order = model_definition(info.arch).gguf_permutes_qk;  // the engine's K rows are in HF's order
+    // PDBRIDGE_ROWS_FUSED=1, an f16 cache without rotation: the rows' bytes in one pass (not yet measured on a GPU)
+    const bool fused = Tuning::from_env().rows_fused == "1" && spec.k_type == GgmlType::F16 && spec.v_type == GgmlType::F16 && !rot_k && !spec.rot_v;
     CudaEngine::KvTap engine_rows = [&](int layer, const float* k, const float* v, int64_t rows, int64_t pos0, cudaStream_t st) {
       if (stopped) return;
       if (layer == 0) gpu_recipe_.set_positions(pos0, rows, st);
       Slot& s = next_slot(layer, rows, pos0, st);
       stats.begin(st);
-      gpu_recipe_.rows_from_engine(layer, k, v, rows, hf_k_order, st, staged().dk.as<float>(), staged().dv.as<float>());
-      send(s, st);
+      if (fused && gpu_recipe_.rows_f16_from_engine(layer, k, v, rows, hf_k_order, st, staged().dkq.get(), staged().dvq.get())) {
+        send(s, st, true);
+      } else {
+        gpu_recipe_.rows_from_engine(layer, k, v, rows, hf_k_order, st, staged().dk.as<float>(), staged().dv.as<float>());
+        send(s, st);
+      }
       stats.end(st);
     };
 

@@ -35,6 +35,7 @@ struct Tuning {
                                  // whatever their size (the default: 128 where they fill the GPU twice)
   std::string act_quant;         // PDBRIDGE_ACT_QUANT=0: the CPU engine's products with a GGUF's quantized weights in f32
   std::string readback;          // PDBRIDGE_READBACK=copy: small device results reach the host by cudaMemcpyAsync, not mapped stores
+  std::string rows_fused;        // PDBRIDGE_ROWS_FUSED=1: the GPU backend's engine rows of an f16 cache in one kernel
   std::string capture_stats;     // PDBRIDGE_CAPTURE_STATS=1: each GPU capture's rows timed part by part, on stderr (no path changes)
 
   static Tuning from_env();
@@ -59,7 +60,8 @@ inline const std::vector<TuningSwitch>& tuning_switches() {
       {"PDBRIDGE_DSV4_TOPK", &Tuning::dsv4_topk},
       {"PDBRIDGE_DSV4_EXPAND", &Tuning::dsv4_expand},       {"PDBRIDGE_Q8_GEMM", &Tuning::q8_gemm},
       {"PDBRIDGE_ACT_QUANT", &Tuning::act_quant},
-      {"PDBRIDGE_READBACK", &Tuning::readback},         {"PDBRIDGE_CAPTURE_STATS", &Tuning::capture_stats},
+      {"PDBRIDGE_READBACK", &Tuning::readback},             {"PDBRIDGE_ROWS_FUSED", &Tuning::rows_fused},
+      {"PDBRIDGE_CAPTURE_STATS", &Tuning::capture_stats},
   };
   return s;
 }

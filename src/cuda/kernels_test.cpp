@@ -188,6 +188,50 @@ TEST(CudaBench, Q8BlockProductsAtV4FlashSectionShapes) {
 #endif
 }
 
+// The engine rows of an f16 cache in one pass (cuda::kv_rows_to_f16, PDBRIDGE_ROWS_FUSED=1) against the passes it
+// replaces (HF order to the GGUF's or a copy, rope_ggml_rows with and without the K norm, encode_rows to F16): the
+// same bytes, in both RoPE modes, a partial rotation and both row orders.
+TEST(CudaKernels, KvRowsToF16AreTheUnfusedPassesBytes) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  const int64_t rows = 37;
+  const int heads = 4, hd = 128;
+  const int64_t n = rows * heads * hd;
+  const auto k = randn(size_t(n)), v = randn(size_t(n)), norm = randn(size_t(hd), 0.5f);
+  for (const int n_dims : {128, 64})
+    for (const bool neox : {false, true})
+      for (const bool hf_order : {false, true})
+        for (const bool with_norm : {false, true}) {
+          std::vector<float> cs(size_t(rows * n_dims));
+          for (int64_t r = 0; r < rows; ++r)
+            for (int i = 0; i < n_dims / 2; ++i) {
+              const double a = double(r + 100) * std::pow(10000.0, -2.0 * i / n_dims);
+              cs[size_t(r * n_dims + 2 * i)] = float(std::cos(a));
+              cs[size_t(r * n_dims + 2 * i + 1)] = float(std::sin(a));
+            }
+          auto dk = to_device_f32(k), dv = to_device_f32(v), dcs = to_device_f32(cs), dn = to_device_f32(norm);
+          const float* kn = with_norm ? dn.as<float>() : nullptr;
+          cuda::DeviceBuffer kf(size_t(n) * 4), kb(size_t(n) * 2), vb(size_t(n) * 2);
+          if (hf_order) cuda::qk_rows_to_gguf_order(dk.as<float>(), kf.as<float>(), rows, heads, hd, nullptr);
+          else PDB_CUDA_CHECK(cudaMemcpy(kf.get(), dk.get(), size_t(n) * 4, cudaMemcpyDeviceToDevice));
+          cuda::rope_ggml_rows(kf.as<float>(), dcs.as<float>(), rows, heads, hd, n_dims, neox, kn, 1e-6f, nullptr);
+          cuda::encode_rows(GgmlType::F16, kf.as<float>(), n, kb.as<uint8_t>(), nullptr);
+          cuda::encode_rows(GgmlType::F16, dv.as<float>(), n, vb.as<uint8_t>(), nullptr);
+          auto fk = poisoned(size_t(n) * 2), fv = poisoned(size_t(n) * 2);
+          cuda::kv_rows_to_f16(dk.as<float>(), dv.as<float>(), dcs.as<float>(), rows, heads, hd, n_dims, neox, hf_order, kn, 1e-6f, fk.get(), fv.get(), nullptr);
+          PDB_CUDA_CHECK(cudaDeviceSynchronize());
+          const size_t count = static_cast<size_t>(n);
+          std::vector<uint16_t> want_k(count), want_v(count), got_k(count), got_v(count);
+          kb.download(want_k.data(), size_t(n) * 2);
+          vb.download(want_v.data(), size_t(n) * 2);
+          fk.download(got_k.data(), size_t(n) * 2);
+          fv.download(got_v.data(), size_t(n) * 2);
+          EXPECT_EQ(got_k, want_k) << "K, n_dims " << n_dims << (neox ? " neox" : " normal") << (hf_order ? " hf order" : "") << (with_norm ? " normed" : "");
+          EXPECT_EQ(got_v, want_v) << "V";
+        }
+#endif
+}
+
 TEST(CudaKernels, QkvRopeMatchesItsTwinWithAndWithoutHeadNorms) {
   SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA

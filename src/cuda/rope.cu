@@ -1,5 +1,7 @@
 #include "cuda/rope.cuh"
 
+#include <cuda_fp16.h>
+
 #include <stdexcept>
 
 #include "cuda/common.cuh"
@@ -99,6 +101,22 @@ __global__ void qkv_rope_kernel(const __nv_bfloat16* __restrict__ qkv, __nv_bflo
   for (int i = 0; i < PER; ++i) dst[lane + 32 * i] = __float2bfloat16_rn(y[i]);
 }
 
+// Element t of a head row after the decoder's per-head RMSNorm (qwen3's attn_k_norm; ggml's order: a sequential
+// double sum, x * scale, then * w). Every thread of the head's block calls it.
+__device__ __forceinline__ float k_norm_value(float v, const float* __restrict__ k_norm, double* red, int t, int head_dim, float eps) {
+  red[t] = double(v * v);
+  __syncthreads();
+  if (t == 0) {  // sequential double sum: ggml-cpu's order
+    double s = 0.0;
+    for (int i = 0; i < head_dim; ++i) s += red[i];
+    red[0] = s;
+  }
+  __syncthreads();
+  const float mean = float(red[0] / double(head_dim));
+  const float scale = 1.0f / sqrtf(mean + eps);
+  return __fmul_rn(__fmul_rn(v, scale), k_norm[t]);
+}
+
 // One block (head_dim threads) per (row, head).
 __global__ void rope_ggml_kernel(float* __restrict__ k, int64_t row_stride, const float* __restrict__ cs, int n_heads, int head_dim, int n_dims,
                                  bool neox, const float* __restrict__ k_norm, float eps) {
@@ -109,19 +127,7 @@ __global__ void rope_ggml_kernel(float* __restrict__ k, int64_t row_stride, cons
   __shared__ double red[kMaxHeadDim];
   const int t = threadIdx.x;
   float v = x[t];
-  if (k_norm) {
-    red[t] = double(v * v);
-    __syncthreads();
-    if (t == 0) {  // sequential double sum: ggml-cpu's order
-      double s = 0.0;
-      for (int i = 0; i < head_dim; ++i) s += red[i];
-      red[0] = s;
-    }
-    __syncthreads();
-    const float mean = float(red[0] / double(head_dim));
-    const float scale = 1.0f / sqrtf(mean + eps);
-    v = __fmul_rn(__fmul_rn(v, scale), k_norm[t]);
-  }
+  if (k_norm) v = k_norm_value(v, k_norm, red, t, head_dim, eps);
   buf[t] = v;
   __syncthreads();
   if (t < n_dims / 2) {
@@ -136,7 +142,45 @@ __global__ void rope_ggml_kernel(float* __restrict__ k, int64_t row_stride, cons
   }
 }
 
+// The same rows straight from the engine's products into an f16 cache's bytes: one block (head_dim threads) per
+// (row, head); element t of K read from HF's order where asked, normed, rotated as rope_ggml_kernel's pair of it
+// (the same expressions), both rows rounded as encode_rows' F16.
+__global__ void kv_rows_f16_kernel(const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ cs, int n_heads, int head_dim,
+                                   int n_dims, bool neox, bool hf_order, const float* __restrict__ k_norm, float eps, __half* __restrict__ k_out,
+                                   __half* __restrict__ v_out) {
+  const int64_t r = blockIdx.x / n_heads;
+  const int64_t base = int64_t(blockIdx.x) * head_dim;  // row r, head blockIdx.x % n_heads
+  __shared__ float buf[kMaxHeadDim];
+  __shared__ double red[kMaxHeadDim];
+  const int t = threadIdx.x;
+  float x = k[base + (hf_order ? (t % 2) * (head_dim / 2) + t / 2 : t)];
+  if (k_norm) x = k_norm_value(x, k_norm, red, t, head_dim, eps);
+  buf[t] = x;
+  __syncthreads();
+  float out = x;
+  if (t < n_dims) {  // pair p: elements (p, p + n_dims/2) in NEOX mode, (2p, 2p + 1) otherwise
+    const int half = n_dims / 2;
+    const bool first = neox ? t < half : t % 2 == 0;
+    const int p = neox ? (first ? t : t - half) : t / 2;
+    const int ia = neox ? p : 2 * p, ib = neox ? p + half : 2 * p + 1;
+    const float c = cs[r * n_dims + 2 * p], s = cs[r * n_dims + 2 * p + 1];
+    const float x0 = buf[ia], x1 = buf[ib];
+    out = first ? x0 * c - x1 * s : x0 * s + x1 * c;
+  }
+  k_out[base + t] = __float2half_rn(out);
+  v_out[base + t] = __float2half_rn(v[base + t]);
+}
+
 }  // namespace
+
+void kv_rows_to_f16(const float* k, const float* v, const float* cs, int64_t rows, int n_heads, int head_dim, int n_dims, bool neox, bool hf_order,
+                    const float* k_norm, float eps, void* k_out, void* v_out, cudaStream_t s) {
+  if (rows == 0) return;
+  if (head_dim > kMaxHeadDim || n_dims > head_dim || n_dims % 2 || head_dim % 2) throw std::invalid_argument("kv_rows_to_f16: bad head_dim/n_dims");
+  kv_rows_f16_kernel<<<unsigned(rows * n_heads), unsigned(head_dim), 0, s>>>(k, v, cs, n_heads, head_dim, n_dims, neox, hf_order, k_norm, eps,
+                                                                          static_cast<__half*>(k_out), static_cast<__half*>(v_out));
+  PDB_CUDA_LAUNCHED();
+}
 
 void qkv_rope_to_cache(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
                        const QkvRopeArgs& a, cudaStream_t s) {

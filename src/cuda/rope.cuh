@@ -45,6 +45,13 @@ void qkv_rope_to_cache(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, __nv_bflo
 void rope_ggml_rows(float* k, const float* cs, int64_t rows, int n_heads, int head_dim, int n_dims, bool neox,
                     const float* k_norm, float eps, cudaStream_t s, int64_t row_stride = 0);
 
+// The engine's K and V rows [rows x n_heads x head_dim] (f32) straight into an f16 cache's bytes in one pass: K from
+// HF's order where hf_order (as qk_rows_to_gguf_order), k_norm and the decoder's RoPE (as rope_ggml_rows), both
+// rounded to f16 (as encode_rows); k_out and v_out hold rows x n_heads x head_dim halves. (PDBRIDGE_ROWS_FUSED=1:
+// the GPU backend's engine rows for an f16 cache without rotation, in place of two copies, the RoPE and two encodes.)
+void kv_rows_to_f16(const float* k, const float* v, const float* cs, int64_t rows, int n_heads, int head_dim, int n_dims, bool neox, bool hf_order,
+                    const float* k_norm, float eps, void* k_out, void* v_out, cudaStream_t s);
+
 // Q/K rows from HF's order into the order convert_hf_to_gguf permutes llama's rows into (per head, element 2i + a is
 // HF's a * head_dim/2 + i): the CPU twin is formats/hf_to_gguf.h's permute_qk_rows. in and out must not overlap.
 void qk_rows_to_gguf_order(const float* in, float* out, int64_t rows, int n_heads, int head_dim, cudaStream_t s);

@@ -191,4 +191,15 @@ void GpuRecipe::rows_from_engine(int layer, const float* k, const float* v, int6
   rope_k(layer, d_k, rows, s);
 }
 
+bool GpuRecipe::rows_f16_from_engine(int layer, const float* k, const float* v, int64_t rows, bool hf_k_order, cudaStream_t s, void* k_f16,
+                                     void* v_f16) {
+  const auto& in = cpu_.info();
+  if (in.mla()) return false;
+  check(layer, rows);
+  const float* kn = k_norm_.empty() ? nullptr : k_norm_[size_t(layer)].as<float>();
+  cuda::kv_rows_to_f16(k, v, cs_.as<float>(), rows, int(in.n_head_kv), int(in.head_dim), in.rope.n_dims, in.rope.mode == RopeMode::Neox, hf_k_order,
+                       kn, in.norm_eps, k_f16, v_f16, s);
+  return true;
+}
+
 }  // namespace pdb
