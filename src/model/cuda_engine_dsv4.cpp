@@ -672,7 +672,6 @@ void Deepseek4CudaEngine::PromptRun::indexer() {
     I.gemm.xwt(cuda::DType::BF16, I.cur_b.get(), L.idx_proj.get(), cuda::DType::F32, I.iw.get(), rows, E, Hi, 0.0f, s);
     cuda::scale_f32(I.iw.as<float>(), rows * Hi, 1.0f / std::sqrt(float(Id * Hi)), s);
     const int64_t nblocks = L.n_lid;
-    topk_marks = 0;
     if (nblocks == 0) {
       PDB_CUDA_CHECK(cudaMemsetAsync(I.idx.get(), 0xff, size_t(rows * topk) * 4, s));
     } else {
@@ -688,9 +687,9 @@ void Deepseek4CudaEngine::PromptRun::indexer() {
           I.gemm.xwt(cuda::DType::BF16, I.iq_b.as<bf16>() + q0 * Hi * Id, L.lid.get(), cuda::DType::F32, I.isc.get(), nq * Hi, Id, nblocks, 0.0f, s);
           cuda::indexer_weighted_relu(I.isc.as<float>(), I.iw.as<float>() + q0 * Hi, I.iscores.as<float>(), sh, s);
         }
-        topk_mark();
+        if (profile) topk_spans.begin(s);
         cuda::indexer_topk(I.iscores.as<float>(), I.idx.as<int32_t>() + q0 * topk, sh, s);
-        topk_mark();
+        if (profile) topk_spans.end(s);
       }
     }
   }
@@ -921,12 +920,7 @@ void Deepseek4CudaEngine::PromptRun::record_profile() {
     float routed = 0;
     PDB_CUDA_CHECK(cudaEventElapsedTime(&routed, ev[11], ev[12]));
     profile->ms[size_t(l)][kRouted] += routed;
-    for (int i = 0; i + 1 < topk_marks; i += 2) {
-      float ms = 0;
-      PDB_CUDA_CHECK(cudaEventElapsedTime(&ms, topk_ev[size_t(i)], topk_ev[size_t(i + 1)]));
-      profile->ms[size_t(l)][kIndexerTopk] += ms;
-    }
-    topk_marks = 0;
+    profile->ms[size_t(l)][kIndexerTopk] += topk_spans.take_ms();
   }
 }
 

@@ -32,16 +32,16 @@ class Deepseek4CudaEngine {
   // kExpand (the FP4 experts' expansion to bf16) and kRouted (the routed experts' grouped products and their
   // SwiGLU) are parts of the MoE's time, reported apart; the four kSections* parts are the sections' time (the
   // hyper-connection mixes, norm and Q8_0 codes of the layer's input; the window row; the pool's compressor; the
-  // indexer's compressor); kIndexerTopk is the indexer's top-k selection; kHook is the hook's host time, beside the layer's device work (it runs while the GPU runs
-  // the attention; where it outlasts that, the MoE's time holds the wait). Profile::part_of_another says which of
-  // them not to add twice.
+  // indexer's compressor); kIndexerTopk is the indexer's top-k selection, part of kIndexer; kHook is the hook's host
+  // time, beside the layer's device work (it runs while the GPU runs the attention; where it outlasts that, the MoE's
+  // time holds the wait). Profile::part_of_another says which of them not to add twice.
   enum Phase { kSections, kQuery, kIndexer, kAttention, kOutput, kMoe, kHook, kExpand, kRouted, kSectionsMix, kSectionsWindow, kSectionsPool, kSectionsLid, kIndexerTopk, kPhases };
   // Device milliseconds per layer and phase, summed over the chunks of the prompts run with it set.
   struct Profile {
     std::vector<std::array<double, kPhases>> ms;
     std::vector<int32_t> ratio;
     static const char* phase_name(int p);
-    static bool part_of_another(int p) { return p == kExpand || p == kRouted || p == kHook || p >= kSectionsMix; }  // kIndexerTopk: the indexer's
+    static bool part_of_another(int p) { return p == kExpand || p == kRouted || p == kHook || p >= kSectionsMix; }
   };
 
   // The decoder's weights (for the sections) from the recipe's GGUF; the engine's from `weights`.

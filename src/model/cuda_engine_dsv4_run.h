@@ -220,7 +220,6 @@ struct Deepseek4CudaEngine::PromptRun {
   PromptRun(Impl& impl, const Deepseek4Config& config, const std::vector<int32_t>& tokens, int64_t chunk_tokens, GgmlType kt, Profile* prof);
   ~PromptRun() {
     for (auto& e : ev) cudaEventDestroy(e);
-    for (auto& e : topk_ev) cudaEventDestroy(e);
   }
   int64_t run(const ChunkHook& hook, const std::function<bool()>& stop, bool compute_last);
 
@@ -250,15 +249,6 @@ struct Deepseek4CudaEngine::PromptRun {
   void mark(int phase) {
     if (profile) PDB_CUDA_CHECK(cudaEventRecord(ev[phase], s));
   }
-  // profiled: an event before and after each query batch's top-k (kIndexerTopk), made as the batches first need them
-  void topk_mark() {
-    if (!profile) return;
-    if (topk_marks == int(topk_ev.size())) {
-      topk_ev.emplace_back();
-      PDB_CUDA_CHECK(cudaEventCreate(&topk_ev.back()));
-    }
-    PDB_CUDA_CHECK(cudaEventRecord(topk_ev[size_t(topk_marks++)], s));
-  }
 
   Impl& I;
   const Deepseek4Config& c;
@@ -275,8 +265,7 @@ struct Deepseek4CudaEngine::PromptRun {
   // 0-6 phase bounds, 8 the layer's start after the sections, 9-10 around the FP4 expansion, 11-12 the routed
   // experts' products, 13-15 inside the sections
   cudaEvent_t ev[16];
-  std::vector<cudaEvent_t> topk_ev;
-  int topk_marks = 0;
+  cuda::EventSpans topk_spans;  // profiled: each query batch's top-k (kIndexerTopk)
   // the chunk and the layer in progress
   int64_t p0 = 0, rows = 0, l = 0;
   const int32_t* tok = nullptr;
