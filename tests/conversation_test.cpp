@@ -51,7 +51,7 @@ CapturedRows capture_rows(PrefillBackend& be, const std::vector<int32_t>& tokens
         out.rows[{h.layer, int(h.kind), h.pos0 + r}] = std::vector<uint8_t>(p + r * rb, p + (r + 1) * rb);
     }
   });
-  run_capture(be, pr, chunk, EmitFn([&](std::vector<uint8_t>&& f, bool) { parser.feed(f.data(), f.size()); return Emit::Ok; }), cache);
+  run_capture(be, pr, chunk, EmitFn([&](wire::Bytes&& f, bool) { parser.feed(f.data(), f.size()); return Emit::Ok; }), cache);
   return out;
 }
 

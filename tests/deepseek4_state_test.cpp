@@ -637,7 +637,7 @@ CaptureResult capture_into(PrefillBackend& backend, StateAssembler& as, const st
   req.fingerprint = recipe_fingerprint(backend.info());
   req.k_type = req.v_type = kt;
   req.rot_k = req.rot_v = kt == GgmlType::Q8_0;
-  return run_capture(backend, req, chunk, EmitFn([&](std::vector<uint8_t>&& buf, bool force) {
+  return run_capture(backend, req, chunk, EmitFn([&](wire::Bytes&& buf, bool force) {
     if (!force && seal_at_emit && ++emits >= seal_at_emit) return Emit::Seal;  // as the prefill server's full backlog says
     if (!tamper) {
       as.feed(buf.data(), buf.size());
@@ -775,8 +775,9 @@ TEST(Deepseek4Wire, AssemblerRefusesWhatIsNotTheDecodersState) {
     std::memcpy(&h.n_rows, f.data() + 16, 4);
     std::vector<uint8_t> payload(f.begin() + wire::kHeaderBytes, f.begin() + std::ptrdiff_t(wire::kHeaderBytes + n));
     edit(h);
-    f.clear();
-    wire::encode_frame(h, payload.data(), payload.size(), f);
+    wire::Bytes out;
+    wire::encode_frame(h, payload.data(), payload.size(), out);
+    f.assign(out.begin(), out.end());
   };
   struct Case { std::string name, fingerprint, want; std::function<void(std::vector<uint8_t>&)> tamper; };
   int n_frame = 0;

@@ -75,7 +75,7 @@ class FrameDigest {
     XXH3_64bits_reset(state_);
   }
   ~FrameDigest() { XXH3_freeState(state_); }
-  void feed(const std::vector<uint8_t>& f) { parser_.feed(f.data(), f.size()); }
+  void feed(const wire::Bytes& f) { parser_.feed(f.data(), f.size()); }
   std::string hash() const { return fmt::format("{}:{}", frames_, hex(XXH3_64bits_digest(state_))); }
 
  private:
@@ -136,7 +136,7 @@ wire::PrefillRequest request_for(const PrefillBackend& be, const std::vector<int
 CaptureResult capture(PrefillBackend& be, const wire::PrefillRequest& req, int64_t chunk, FrameDigest& digest, StateAssembler* as,
                       int seal_at = 0) {
   int emits = 0;
-  return run_capture(be, req, chunk, EmitFn([&](std::vector<uint8_t>&& f, bool force) {
+  return run_capture(be, req, chunk, EmitFn([&](wire::Bytes&& f, bool force) {
     if (!force && seal_at && ++emits >= seal_at) return Emit::Seal;
     digest.feed(f);
     if (as) as->feed(f.data(), f.size());

@@ -340,8 +340,8 @@ TEST(Hardening, EveryFrameCorruptionIsDetected) {
   wire::PrefillRequest req;
   req.tokens = tokens;
   req.fingerprint = recipe_fingerprint(recipe->info());
-  std::vector<std::vector<uint8_t>> frames;
-  ASSERT_EQ(run_capture(engine, *recipe, req, 32, [&](std::vector<uint8_t>&& f) { frames.push_back(std::move(f)); return true; }).status, "complete");
+  std::vector<wire::Bytes> frames;
+  ASSERT_EQ(run_capture(engine, *recipe, req, 32, [&](wire::Bytes&& f) { frames.push_back(std::move(f)); return true; }).status, "complete");
   StateLayout layout;
   for (int l = 0; l < recipe->info().n_layer; ++l) {
     StateLayerTypes t;

@@ -37,7 +37,7 @@ void bridged_state(CpuEngine& engine, const Recipe& recipe, const StateLayout& l
   req.k_type = spec.k_type; req.v_type = spec.v_type; req.rot_k = spec.rot_k; req.rot_v = spec.rot_v;
   req.simd_width = host_simd_width() ? host_simd_width() : 8;
   CaptureAssembler as(path, layout, tokens, req.fingerprint);
-  auto r = run_capture(engine, recipe, req, chunk, [&](std::vector<uint8_t>&& f) { as.feed(f.data(), f.size()); return true; });
+  auto r = run_capture(engine, recipe, req, chunk, [&](wire::Bytes&& f) { as.feed(f.data(), f.size()); return true; });
   ASSERT_EQ(r.status, "complete") << r.reason;
   as.finish();
 }

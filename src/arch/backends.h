@@ -42,6 +42,6 @@ CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::P
 
 // Convenience for in-process use: every frame accepted.
 CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::PrefillRequest& req, int64_t chunk,
-                          const std::function<bool(std::vector<uint8_t>&&)>& emit);
+                          const std::function<bool(wire::Bytes&&)>& emit);
 
 }  // namespace pdb

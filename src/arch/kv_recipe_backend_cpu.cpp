@@ -95,8 +95,8 @@ std::unique_ptr<PrefillBackend> make_cpu_backend(std::shared_ptr<CpuEngine> engi
 }
 
 CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::PrefillRequest& req, int64_t chunk,
-                          const std::function<bool(std::vector<uint8_t>&&)>& emit) {
-  return run_capture(engine, recipe, req, chunk, EmitFn([&](std::vector<uint8_t>&& f, bool) { return emit(std::move(f)) ? Emit::Ok : Emit::Gone; }));
+                          const std::function<bool(wire::Bytes&&)>& emit) {
+  return run_capture(engine, recipe, req, chunk, EmitFn([&](wire::Bytes&& f, bool) { return emit(std::move(f)) ? Emit::Ok : Emit::Gone; }));
 }
 
 CaptureResult run_capture(CpuEngine& engine, const Recipe& recipe, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit) {

@@ -38,6 +38,40 @@ namespace pdb {
 namespace {
 
 constexpr int kSlots = 6;
+// Buffers beyond the slots' own: a slot whose buffer left as a block's frames takes one of these, so the frames can
+// wait for the wire while the slot fills again. Without a spare (frames piling up behind a slow link) the rows are
+// copied into frames of their own, as before.
+constexpr int kSpareFrameBuffers = 4;
+
+// The slots' pinned buffers, each laid out as a block's frames: header room, K, header room, V. Shared with the
+// frames that left in them: those may outlive a capture (in the prefill server's queue) and give theirs back here.
+class FrameBuffers {
+ public:
+  FrameBuffers(int count, size_t bytes) : bytes_(bytes) {
+    bufs_.reserve(size_t(count));
+    free_.reserve(size_t(count));
+    for (int i = 0; i < count; ++i) bufs_.emplace_back(bytes);
+  }
+  uint8_t* data(int i) { return bufs_[size_t(i)].as<uint8_t>(); }
+  size_t bytes() const { return bytes_; }
+  int take_spare() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (free_.empty()) return -1;
+    const int i = free_.back();
+    free_.pop_back();
+    return i;
+  }
+  void give_back(int i) noexcept {
+    std::lock_guard<std::mutex> l(mu_);
+    free_.push_back(i);  // within the capacity reserved: no allocation
+  }
+
+ private:
+  size_t bytes_;
+  std::vector<cuda::PinnedBuffer> bufs_;
+  std::mutex mu_;
+  std::vector<int> free_;
+};
 
 // PDBRIDGE_CAPTURE_STATS=1: where a capture's rows spend their time, part by part (issue 36's "engine + recipe + frames
 // within 3% of the engine"): the GPU time of the rows' own work on the engine's stream (CUDA events around it), the
@@ -48,6 +82,7 @@ struct CaptureStats {
   cuda::EventSpans gpu;      // each row block's device work
   cuda::EventSpans staging;  // the engine's stream's waits for a free staging buffer
   double slot_wait_ms = 0, copy_wait_ms = 0, deliver_ms = 0, tail_ms = 0;
+  int frames_handed_over = 0, frames_copied = 0;  // blocks whose slot buffer left as their frames, or found no spare (copied)
   // the GPU's wait on `copied` (stream s held until a staging buffer's rows have left)
   void wait_staging(cudaStream_t s, cudaEvent_t copied) {
     if (on) staging.begin(s);
@@ -69,9 +104,10 @@ struct CaptureStats {
     fmt::print(stderr,
                "capture stats: {} tokens, {} row blocks; rows' GPU work {:.2f} ms ({:.3f} per block), the engine's K/V rows {:.2f} ms of "
                "which the last layer's {:.2f}; the engine's stream held for a free staging buffer {:.2f} ms; host blocked on a free slot "
-               "{:.2f} ms; delivery waited on copies {:.2f} ms, converted and handed on {:.2f} ms; after the engine's return {:.2f} ms\n",
+               "{:.2f} ms; delivery waited on copies {:.2f} ms, converted and handed on {:.2f} ms (slot buffers handed over as frames {}, "
+               "none spare {}); after the engine's return {:.2f} ms\n",
                tokens, blocks, gpu_ms, blocks ? gpu_ms / double(blocks) : 0.0, e.rows_ms, e.last_layer_ms, staging_ms, slot_wait_ms,
-               copy_wait_ms, deliver_ms, tail_ms);
+               copy_wait_ms, deliver_ms, frames_handed_over, frames_copied, tail_ms);
   }
 };
 using StatsClock = std::chrono::steady_clock;
@@ -105,9 +141,12 @@ class CudaBackend final : public PrefillBackend {
       g.dvq.resize(size_t(max_chunk * C) * 2);
       PDB_CUDA_CHECK(cudaEventCreateWithFlags(&g.copied_out, cudaEventDisableTiming));
     }
-    for (auto& s : slots_) {
-      s.hk.resize(size_t(max_chunk * C) * 4);
-      s.hv.resize(size_t(max_chunk * C) * 4);
+    // header room, up to f32 K rows, header room (and alignment for f32 V rows), up to f32 V rows
+    frames_ = std::make_shared<FrameBuffers>(kSlots + kSpareFrameBuffers, 2 * (wire::kHeaderBytes + 16) + 2 * size_t(max_chunk * C) * 4);
+    for (int i = kSlots; i < kSlots + kSpareFrameBuffers; ++i) frames_->give_back(i);
+    for (int i = 0; i < kSlots; ++i) {
+      Slot& s = slots_[i];
+      s.buf = i;
       PDB_CUDA_CHECK(cudaEventCreateWithFlags(&s.computed, cudaEventDisableTiming));
       PDB_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming | cudaEventBlockingSync));
     }
@@ -156,6 +195,8 @@ class CudaBackend final : public PrefillBackend {
     uint64_t next_fill = 0;
     CaptureStats stats;
     stats.on = Tuning::from_env().capture_stats == "1";
+    // PDBRIDGE_FRAMES=handover: a delivered slot's buffer leaves as its block's frames (not yet run on a GPU)
+    const bool hand_over_frames = Tuning::from_env().frames == "handover";
 
     std::thread delivery([&] {
       std::vector<uint8_t> kq, vq;
@@ -175,9 +216,13 @@ class CudaBackend final : public PrefillBackend {
             const uint8_t* k = nullptr;
             const uint8_t* v = nullptr;
             size_t kb = 0, vb = 0;
-            convert(s, spec.k_type, rot_k, k_rotation_size(info.head_dim), s.hk, kq, k, kb, C);
-            if (has_v) convert(s, spec.v_type, spec.rot_v, kVRotationSize, s.hv, vq, v, vb, C);
-            if (!sink(KvBlock{s.layer, s.pos0, s.rows, k, kb, v, vb})) stopped = true;
+            uint8_t* buf = frames_->data(s.buf);
+            convert(s, spec.k_type, rot_k, k_rotation_size(info.head_dim), buf + s.k_at, kq, k, kb, C);
+            if (has_v) convert(s, spec.v_type, spec.rot_v, kVRotationSize, buf + s.v_at, vq, v, vb, C);
+            KvBlock block{s.layer, s.pos0, s.rows, k, kb, v, vb};
+            if (hand_over_frames && cuda::encodes_on_gpu(spec.k_type) && (!has_v || cuda::encodes_on_gpu(spec.v_type)))
+              block.take_frames = [&, frame_bytes = (has_v ? s.v_at + vb : s.k_at + kb)] { return hand_over(s, frame_bytes, stats); };
+            if (!sink(block)) stopped = true;
           }
           if (stats.on) stats.deliver_ms += ms_since(t1);
         } catch (...) {
@@ -225,9 +270,15 @@ class CudaBackend final : public PrefillBackend {
                                       : encode(spec.v_type, spec.rot_v, kVRotationSize, g.dv, g.dvq, rows, C, rs);
       PDB_CUDA_CHECK(cudaEventRecord(s.computed, rs));
       PDB_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, s.computed, 0));
-      PDB_CUDA_CHECK(cudaMemcpyAsync(s.hk.as<uint8_t>(), outgoing(spec.k_type, g.dk, g.dkq), kbytes, cudaMemcpyDeviceToHost, copy_stream_));
+      // K right behind header room; V behind more, right after K where it leaves as it is (the buffer is then the
+      // block's frames), 16-byte aligned where the host converts its f32 rows
+      uint8_t* buf = frames_->data(s.buf);
+      const size_t hb = wire::kHeaderBytes;
+      s.k_at = hb;
+      s.v_at = cuda::encodes_on_gpu(spec.v_type) ? hb + kbytes + hb : (hb + kbytes + hb + 15) / 16 * 16;
+      PDB_CUDA_CHECK(cudaMemcpyAsync(buf + s.k_at, outgoing(spec.k_type, g.dk, g.dkq), kbytes, cudaMemcpyDeviceToHost, copy_stream_));
       if (has_v)
-        PDB_CUDA_CHECK(cudaMemcpyAsync(s.hv.as<uint8_t>(), outgoing(spec.v_type, g.dv, g.dvq), vbytes, cudaMemcpyDeviceToHost, copy_stream_));
+        PDB_CUDA_CHECK(cudaMemcpyAsync(buf + s.v_at, outgoing(spec.v_type, g.dv, g.dvq), vbytes, cudaMemcpyDeviceToHost, copy_stream_));
       PDB_CUDA_CHECK(cudaEventRecord(g.copied_out, copy_stream_));
       PDB_CUDA_CHECK(cudaEventRecord(s.copied, copy_stream_));
       std::lock_guard<std::mutex> l(mu);
@@ -369,7 +420,8 @@ class CudaBackend final : public PrefillBackend {
     enum State { Free, Enqueued } state = Free;
     int layer = 0;
     int64_t pos0 = 0, rows = 0;
-    cuda::PinnedBuffer hk, hv;  // the rows as they leave: cache-type bytes, or f32 for the host to convert
+    int buf = 0;  // its buffer in frames_: the rows as they leave (cache-type bytes, or f32 for the host to convert)
+    size_t k_at = 0, v_at = 0;  // where K's and V's rows lie in it
     cudaEvent_t computed = nullptr, copied = nullptr;
   };
   // Device rows between their computation and their copy to a slot: two are enough (the copy of one overlaps the
@@ -395,15 +447,15 @@ class CudaBackend final : public PrefillBackend {
 
   // Rows the GPU encoded arrive as they go on the wire; other types are rotated and quantized here,
   // with the decoder's own conversion (the same code as the CPU recipe).
-  void convert(Slot& s, GgmlType t, bool rot, int64_t rot_n, cuda::PinnedBuffer& host, std::vector<uint8_t>& scratch, const uint8_t*& out,
+  void convert(Slot& s, GgmlType t, bool rot, int64_t rot_n, uint8_t* host, std::vector<uint8_t>& scratch, const uint8_t*& out,
                size_t& bytes, int64_t C) const {
     const int64_t rows = s.rows;
     if (cuda::encodes_on_gpu(t)) {
-      out = host.as<uint8_t>();
+      out = host;
       bytes = ggml_row_bytes(t, C) * size_t(rows);
       return;
     }
-    float* x = host.as<float>();
+    float* x = reinterpret_cast<float*>(host);
     const size_t rb = ggml_row_bytes(t, C);
     scratch.resize(rb * size_t(rows));
     parallel_for(rows, threads_, [&](int64_t b, int64_t e) {
@@ -412,6 +464,19 @@ class CudaBackend final : public PrefillBackend {
     });
     out = scratch.data();
     bytes = scratch.size();
+  }
+
+  // A delivered slot's buffer as its block's frames (`bytes` of it, header room included), a spare taking its place
+  // in the slot; empty bytes where no spare is free (the sink then copies the rows).
+  wire::Bytes hand_over(Slot& s, size_t bytes, CaptureStats& stats) {
+    const int spare = frames_->take_spare();
+    if (spare < 0) {
+      ++stats.frames_copied;
+      return wire::Bytes();
+    }
+    ++stats.frames_handed_over;
+    const int mine = std::exchange(s.buf, spare);
+    return wire::Bytes::adopt(frames_->data(mine), bytes, frames_->bytes(), [frames = frames_, mine](uint8_t*) { frames->give_back(mine); });
   }
 
   std::shared_ptr<const Recipe> recipe_;
@@ -423,6 +488,7 @@ class CudaBackend final : public PrefillBackend {
   cudaStream_t copy_stream_ = nullptr;
   cudaStream_t recipe_stream_ = nullptr;  // null: the recipe runs on the engine's stream
   Slot slots_[kSlots];
+  std::shared_ptr<FrameBuffers> frames_;
   static constexpr int kStaging = 2;
   Staging staging_[kStaging];
   static constexpr int kNormBuffers = 3;

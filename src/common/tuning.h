@@ -37,6 +37,7 @@ struct Tuning {
   std::string readback;          // PDBRIDGE_READBACK=copy: small device results reach the host by cudaMemcpyAsync, not mapped stores
   std::string rows_fused;        // PDBRIDGE_ROWS_FUSED=1: the GPU backend's engine rows of an f16 cache in one kernel
   std::string capture_stats;     // PDBRIDGE_CAPTURE_STATS=1: each GPU capture's rows timed part by part, on stderr (no path changes)
+  std::string frames;            // PDBRIDGE_FRAMES=handover: the GPU backend's pinned slot buffers leave as the frames (no copy)
 
   static Tuning from_env();
 };
@@ -61,7 +62,7 @@ inline const std::vector<TuningSwitch>& tuning_switches() {
       {"PDBRIDGE_DSV4_EXPAND", &Tuning::dsv4_expand},       {"PDBRIDGE_Q8_GEMM", &Tuning::q8_gemm},
       {"PDBRIDGE_ACT_QUANT", &Tuning::act_quant},
       {"PDBRIDGE_READBACK", &Tuning::readback},             {"PDBRIDGE_ROWS_FUSED", &Tuning::rows_fused},
-      {"PDBRIDGE_CAPTURE_STATS", &Tuning::capture_stats},
+      {"PDBRIDGE_CAPTURE_STATS", &Tuning::capture_stats},    {"PDBRIDGE_FRAMES", &Tuning::frames},
   };
   return s;
 }

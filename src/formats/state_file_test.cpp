@@ -159,11 +159,11 @@ TEST(StateFile, AssemblerRefusesVRowsForALayoutWithoutThem) {
   const StateLayout lay = mla_layout(1, 1);
   std::vector<int32_t> tokens(4, 3);
   CaptureAssembler as(scratch("asm.bin"), lay, tokens, "fp");
-  std::vector<uint8_t> frames;
+  wire::Bytes frames;
   wire::encode_json_frame(wire::FrameKind::Hello, {{"fingerprint", "fp"}, {"n_tokens", 4}, {"k_row_bytes", 1152}, {"v_row_bytes", 0}}, frames);
   as.feed(frames.data(), frames.size());
   const auto rows = pattern(1152 * 4, 1);
-  std::vector<uint8_t> v;
+  wire::Bytes v;
   wire::FrameHeader h;
   h.kind = wire::FrameKind::V;
   h.type = uint8_t(GgmlType::F16);
@@ -177,7 +177,7 @@ TEST(StateFile, KOnlyCaptureCommitsWhenEveryKSectionIsCovered) {
   std::vector<int32_t> tokens(4, 3);
   const std::string path = scratch("asm2.bin");
   CaptureAssembler as(path, lay, tokens, "fp");
-  std::vector<uint8_t> f;
+  wire::Bytes f;
   wire::encode_json_frame(wire::FrameKind::Hello, {{"fingerprint", "fp"}, {"n_tokens", 4}, {"k_row_bytes", 1152}, {"v_row_bytes", 0}}, f);
   const auto rows = pattern(1152 * 4, 2);
   for (uint32_t l = 0; l < 2; ++l) {

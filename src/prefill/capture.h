@@ -29,7 +29,7 @@ enum class Emit { Ok, Seal, Gone };
 
 // `emit` receives encoded frames (HELLO first, TRAILER last). `force` frames (the trailer) must be
 // accepted whatever the memory limit says.
-using EmitFn = std::function<Emit(std::vector<uint8_t>&& frame, bool force)>;
+using EmitFn = std::function<Emit(wire::Bytes&& frame, bool force)>;
 // `cache`: the prefill server's prefix cache (null: none): a tail capture (req.tail_from > 0) resumes from the
 // longest prefix it holds (at most tail_from), and every resumable capture leaves its engine state there.
 CaptureResult run_capture(PrefillBackend& backend, const wire::PrefillRequest& req, int64_t chunk, const EmitFn& emit,

@@ -38,13 +38,13 @@ namespace {
 struct FrameQueue {
   std::mutex m;
   std::condition_variable cv;
-  std::deque<std::vector<uint8_t>> q;
+  std::deque<wire::Bytes> q;
   size_t bytes = 0, limit;
   bool closed = false, receiver_gone = false;
   explicit FrameQueue(size_t l) : limit(l) {}
   // Never blocks on memory: past the limit the capture seals instead (the engine must not stall or
   // grow without bound behind a slow link); forced frames (the trailer) always go in.
-  Emit push(std::vector<uint8_t>&& f, bool force) {
+  Emit push(wire::Bytes&& f, bool force) {
     std::lock_guard<std::mutex> l(m);
     if (receiver_gone) return Emit::Gone;
     if (!force && !q.empty() && bytes + f.size() > limit) return Emit::Seal;
@@ -57,7 +57,7 @@ struct FrameQueue {
   size_t peak = 0;
   void close() { std::lock_guard<std::mutex> l(m); closed = true; cv.notify_all(); }
   void gone() { std::lock_guard<std::mutex> l(m); receiver_gone = true; cv.notify_all(); }
-  bool pop(std::vector<uint8_t>& out) {  // false when closed and drained
+  bool pop(wire::Bytes& out) {  // false when closed and drained
     std::unique_lock<std::mutex> l(m);
     cv.wait(l, [&] { return closed || !q.empty(); });
     if (q.empty()) return false;
@@ -318,7 +318,7 @@ void PrefillService::stream(const wire::PrefillRequest& pr, httplib::Response& r
           *pace_start = Clock::now();
           *worker = std::thread([=, this] {
             m_active_.Increment();
-            auto r = run_capture(*engine_, pr, chunk, EmitFn([&](std::vector<uint8_t>&& f, bool force) { return queue->push(std::move(f), force); }),
+            auto r = run_capture(*engine_, pr, chunk, EmitFn([&](wire::Bytes&& f, bool force) { return queue->push(std::move(f), force); }),
                                  &prefix_cache_);
             m_computed_.Increment(double(r.computed));
             if (r.tail_from > 0) m_tail_.Increment();
@@ -335,7 +335,7 @@ void PrefillService::stream(const wire::PrefillRequest& pr, httplib::Response& r
             leave_gate();
           });
         }
-        std::vector<uint8_t> f;
+        wire::Bytes f;
         if (!queue->pop(f)) {
           sink.done();
           return true;

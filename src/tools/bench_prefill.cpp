@@ -130,7 +130,7 @@ int run_bench_prefill(const BenchPrefillOptions& o) {
           CaptureResult cr;
           bytes = 0;
           ts.push_back(seconds([&] {
-            cr = run_capture(*be, req, o.chunk, EmitFn([&](std::vector<uint8_t>&& f, bool) { bytes += int64_t(f.size()); return Emit::Ok; }));
+            cr = run_capture(*be, req, o.chunk, EmitFn([&](wire::Bytes&& f, bool) { bytes += int64_t(f.size()); return Emit::Ok; }));
           }));
           if (cr.status != "complete") throw std::runtime_error("capture " + cr.status + ": " + cr.reason);
         } else if (!m.attention) {

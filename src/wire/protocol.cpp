@@ -1,8 +1,12 @@
 #include "wire/protocol.h"
 
+#include <algorithm>
 #include <cstring>
+#include <system_error>
+#include <thread>
 
 #include <fmt/format.h>
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
 
 namespace pdb::wire {
@@ -38,18 +42,9 @@ uint32_t header_hash(const uint8_t* h) {
   std::memcpy(tmp + 20, h + 24, 16);
   return XXH32(tmp, sizeof tmp, 0);
 }
-}  // namespace
 
-uint64_t payload_hash(const uint8_t* payload, size_t n) { return XXH3_64bits(payload, n); }
-
-void encode_frame(FrameHeader h, const uint8_t* payload, size_t n, std::vector<uint8_t>& out) {
-  encode_frame_hashed(h, payload, n, XXH3_64bits(payload, n), out);
-}
-
-void encode_frame_hashed(FrameHeader h, const uint8_t* payload, size_t n, uint64_t hash, std::vector<uint8_t>& out) {
-  h.payload_bytes = n;
-  h.payload_hash = hash;
-  uint8_t b[kHeaderBytes] = {};
+void write_header(FrameHeader h, uint8_t* b) {
+  std::memset(b, 0, kHeaderBytes);
   const uint16_t ver = uint16_t(kWireVersion);
   std::memcpy(b, &kFrameMagic, 4);
   std::memcpy(b + 4, &ver, 2);
@@ -62,11 +57,138 @@ void encode_frame_hashed(FrameHeader h, const uint8_t* payload, size_t n, uint64
   std::memcpy(b + 32, &h.payload_hash, 8);
   const uint32_t hh = header_hash(b);
   std::memcpy(b + 20, &hh, 4);
-  out.insert(out.end(), b, b + kHeaderBytes);
-  out.insert(out.end(), payload, payload + n);
 }
 
-void encode_json_frame(FrameKind kind, const nlohmann::json& j, std::vector<uint8_t>& out) {
+// Pieces small enough to be hashed from the core's cache right after their copy (one read of the source).
+constexpr size_t kHashPiece = size_t(256) << 10;
+constexpr size_t kOwnThreadBytes = size_t(1) << 20;
+
+uint64_t copy_and_hash(uint8_t* dst, const uint8_t* src, size_t n) {
+  if (n <= kHashPiece) {
+    if (n) std::memcpy(dst, src, n);
+    return XXH3_64bits(dst, n);
+  }
+  XXH3_state_t st;
+  XXH3_INITSTATE(&st);
+  XXH3_64bits_reset(&st);
+  for (size_t at = 0; at < n; at += kHashPiece) {
+    const size_t m = std::min(kHashPiece, n - at);
+    std::memcpy(dst + at, src + at, m);
+    XXH3_64bits_update(&st, dst + at, m);
+  }
+  return XXH3_64bits_digest(&st);
+}
+
+// One frame to finish: its header at `at`, its payload copied from `src` right behind it (null: already there).
+struct FrameJob {
+  FrameHeader header;
+  uint8_t* at;
+  const uint8_t* src;
+  size_t bytes;
+};
+
+void finish(FrameJob& j) {
+  j.header.payload_bytes = j.bytes;
+  uint8_t* payload = j.at + kHeaderBytes;
+  j.header.payload_hash = j.src ? copy_and_hash(payload, j.src, j.bytes) : XXH3_64bits(payload, j.bytes);
+  write_header(j.header, j.at);
+}
+
+void finish_all(std::vector<FrameJob>& jobs) {
+  std::vector<std::thread> helpers;
+  std::vector<char> on_helper(jobs.size(), 0);
+  bool first_large = true;  // stays on this thread
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (jobs[i].bytes < kOwnThreadBytes) continue;
+    if (first_large) { first_large = false; continue; }
+    try {
+      helpers.emplace_back([&jobs, i] { finish(jobs[i]); });
+      on_helper[i] = 1;
+    } catch (const std::system_error&) {  // no thread to be had: framed here
+    }
+  }
+  for (size_t i = 0; i < jobs.size(); ++i)
+    if (!on_helper[i]) finish(jobs[i]);
+  for (auto& t : helpers) t.join();
+}
+
+void encode_payloads(const FramePayload* p, size_t count, Bytes& out) {
+  std::vector<size_t> at(count);
+  size_t end = out.size();
+  for (size_t i = 0; i < count; ++i) {
+    at[i] = end;
+    end += kHeaderBytes + p[i].bytes;
+  }
+  out.resize(end);
+  std::vector<FrameJob> jobs;
+  jobs.reserve(count);
+  for (size_t i = 0; i < count; ++i) jobs.push_back({p[i].header, out.data() + at[i], p[i].data, p[i].bytes});
+  finish_all(jobs);
+}
+}  // namespace
+
+uint64_t payload_hash(const uint8_t* payload, size_t n) { return XXH3_64bits(payload, n); }
+
+Bytes Bytes::adopt(uint8_t* p, size_t n, size_t cap, std::function<void(uint8_t*)> give_back) {
+  Bytes b;
+  b.p_ = p;
+  b.n_ = n;
+  b.cap_ = cap;
+  b.give_back_ = std::move(give_back);
+  return b;
+}
+
+void Bytes::release() noexcept {
+  if (!p_) return;
+  if (give_back_) give_back_(p_);
+  else delete[] p_;
+  p_ = nullptr;
+}
+
+void Bytes::reserve(size_t n) {
+  if (n <= cap_) return;
+  std::unique_ptr<uint8_t[]> p(new uint8_t[n]);  // not value-initialized: written by whoever grew it
+  if (n_) std::memcpy(p.get(), p_, n_);
+  release();
+  p_ = p.release();
+  give_back_ = nullptr;
+  cap_ = n;
+}
+
+void Bytes::append(const uint8_t* p, size_t n) {
+  const size_t at = n_;
+  resize(n_ + n);
+  if (n) std::memcpy(p_ + at, p, n);
+}
+
+void encode_frames(std::initializer_list<FramePayload> payloads, Bytes& out) { encode_payloads(payloads.begin(), payloads.size(), out); }
+void encode_frames(const std::vector<FramePayload>& payloads, Bytes& out) { encode_payloads(payloads.data(), payloads.size(), out); }
+
+void frame_in_place(std::initializer_list<FrameInPlace> frames, Bytes& buffer) {
+  std::vector<FrameJob> jobs;
+  for (const auto& f : frames) {
+    if (f.at + kHeaderBytes + f.bytes > buffer.size())
+      throw std::out_of_range(fmt::format("frame_in_place: a frame at {} of {} payload bytes past the buffer's {}", f.at, f.bytes, buffer.size()));
+    jobs.push_back({f.header, buffer.data() + f.at, nullptr, f.bytes});
+  }
+  finish_all(jobs);
+}
+
+void encode_frame(FrameHeader h, const uint8_t* payload, size_t n, Bytes& out) {
+  encode_frame_hashed(h, payload, n, XXH3_64bits(payload, n), out);
+}
+
+void encode_frame_hashed(FrameHeader h, const uint8_t* payload, size_t n, uint64_t hash, Bytes& out) {
+  h.payload_bytes = n;
+  h.payload_hash = hash;
+  uint8_t b[kHeaderBytes];
+  write_header(h, b);
+  out.reserve(out.size() + kHeaderBytes + n);
+  out.append(b, kHeaderBytes);
+  out.append(payload, n);
+}
+
+void encode_json_frame(FrameKind kind, const nlohmann::json& j, Bytes& out) {
   const std::string s = j.dump();
   FrameHeader h;
   h.kind = kind;

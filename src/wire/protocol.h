@@ -2,9 +2,13 @@
 // body is a stream of self-describing, checksummed binary frames: one HELLO, K/V row frames as the
 // engine produces them, and one TRAILER that says complete / partial / error.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -40,12 +44,82 @@ struct FrameHeader {
   uint64_t payload_hash = 0;  // XXH3-64 of the payload
 };
 
+// Encoded frames, one or more back to back: what a capture emits and the prefill server's queue holds. Unlike a
+// std::vector<uint8_t>, growing it leaves the new bytes unwritten and moves the old ones with one memcpy: a
+// frame's megabytes of payload are written once, by the encoder's copy.
+class Bytes {
+ public:
+  Bytes() = default;
+  Bytes(const Bytes& o) { append(o.data(), o.size()); }
+  Bytes(Bytes&& o) noexcept { swap(o); }
+  Bytes& operator=(Bytes o) noexcept {
+    swap(o);
+    return *this;
+  }
+  ~Bytes() { release(); }
+  // `n` bytes at `p` (room for `cap`) that someone else owns, such as a backend's pinned buffer it laid out as
+  // frames: `give_back` gets `p` when these bytes are done with; growing past `cap` first moves them into memory
+  // of their own.
+  static Bytes adopt(uint8_t* p, size_t n, size_t cap, std::function<void(uint8_t*)> give_back);
+  uint8_t* data() { return p_; }
+  const uint8_t* data() const { return p_; }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  uint8_t* begin() { return p_; }
+  uint8_t* end() { return p_ + n_; }
+  const uint8_t* begin() const { return p_; }
+  const uint8_t* end() const { return p_ + n_; }
+  uint8_t& operator[](size_t i) { return p_[i]; }
+  uint8_t operator[](size_t i) const { return p_[i]; }
+  uint8_t& back() { return p_[n_ - 1]; }
+  void clear() { n_ = 0; }
+  void reserve(size_t n);
+  void resize(size_t n) {  // the bytes past the old size are left unwritten
+    if (n > cap_) reserve(std::max(n, 2 * cap_));
+    n_ = n;
+  }
+  void append(const uint8_t* p, size_t n);
+
+ private:
+  void swap(Bytes& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    std::swap(cap_, o.cap_);
+    std::swap(give_back_, o.give_back_);
+  }
+  void release() noexcept;
+  uint8_t* p_ = nullptr;
+  size_t n_ = 0, cap_ = 0;
+  std::function<void(uint8_t*)> give_back_;  // null: p_ is ours (new[])
+};
+
 // Serializes header + payload into out (appends).
-void encode_frame(FrameHeader h, const uint8_t* payload, size_t n, std::vector<uint8_t>& out);
+void encode_frame(FrameHeader h, const uint8_t* payload, size_t n, Bytes& out);
 // The same, with the payload hash computed by the caller (e.g. on another thread).
-void encode_frame_hashed(FrameHeader h, const uint8_t* payload, size_t n, uint64_t payload_hash, std::vector<uint8_t>& out);
+void encode_frame_hashed(FrameHeader h, const uint8_t* payload, size_t n, uint64_t payload_hash, Bytes& out);
 uint64_t payload_hash(const uint8_t* payload, size_t n);
-void encode_json_frame(FrameKind kind, const nlohmann::json& j, std::vector<uint8_t>& out);
+void encode_json_frame(FrameKind kind, const nlohmann::json& j, Bytes& out);
+
+// Frames of several payloads appended to out, the same bytes as encode_frame's one after the other. Each payload
+// is read once: copied in pieces that its hash then reads from the cache. Payloads of a megabyte or more are
+// framed on threads of their own (a K/V block's K and V at once): the last block of a capture is framed after
+// the engine has finished, on the request's critical path.
+struct FramePayload {
+  FrameHeader header;
+  const uint8_t* data = nullptr;
+  size_t bytes = 0;
+};
+void encode_frames(std::initializer_list<FramePayload> payloads, Bytes& out);
+void encode_frames(const std::vector<FramePayload>& payloads, Bytes& out);
+// Frames whose payloads already lie in `frames` (a backend copied its rows there, each behind kHeaderBytes of room
+// at `at`): each payload hashed where it lies, large ones on threads of their own, and its header written. No byte
+// of a payload is copied.
+struct FrameInPlace {
+  FrameHeader header;
+  size_t at = 0;  // the header's offset in the buffer, the payload right after it
+  size_t bytes = 0;
+};
+void frame_in_place(std::initializer_list<FrameInPlace> frames, Bytes& buffer);
 
 // Incremental parser: feed() any byte slices; complete frames go to the callback. Any corruption
 // (magic, version, header or payload checksum, oversized payload) throws wire::Error; the stream

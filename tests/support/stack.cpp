@@ -235,7 +235,7 @@ StatePair native_and_bridged_states(Stack& st, PrefillBackend& backend, const st
   req.simd_width = out.fidelity.simd_width ? out.fidelity.simd_width : 8;
   {
     CaptureAssembler as(st.slot_dir + "/bridged.bin", out.native.layout, tokens, req.fingerprint);
-    auto cr = run_capture(backend, req, chunk, EmitFn([&](std::vector<uint8_t>&& f, bool) { as.feed(f.data(), f.size()); return Emit::Ok; }));
+    auto cr = run_capture(backend, req, chunk, EmitFn([&](wire::Bytes&& f, bool) { as.feed(f.data(), f.size()); return Emit::Ok; }));
     if (cr.status != "complete") throw std::runtime_error("capture " + cr.status + ": " + cr.reason);
     as.finish();
   }
