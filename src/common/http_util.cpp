@@ -1,5 +1,7 @@
 #include "common/http_util.h"
 
+#include <algorithm>
+
 #include <sys/socket.h>
 
 #include <memory>
@@ -63,6 +65,13 @@ bool listen_with_backlog(httplib::Server& srv, const std::string& host, int port
   if (*fd != INVALID_SOCKET) ::listen(*fd, backlog);
   if (on_bound) on_bound();
   return srv.listen_after_bind();
+}
+
+bool write_in_pieces(httplib::DataSink& sink, const uint8_t* data, size_t n) {
+  constexpr size_t kPiece = size_t(1) << 20;
+  for (size_t at = 0; at < n; at += kPiece)
+    if (!sink.write(reinterpret_cast<const char*>(data) + at, std::min(kPiece, n - at))) return false;
+  return true;
 }
 
 }  // namespace pdb

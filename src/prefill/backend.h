@@ -37,11 +37,11 @@ struct KvBlock {
   size_t k_bytes = 0;
   const uint8_t* v = nullptr;
   size_t v_bytes = 0;
-  std::vector<SectionRows> sections;
+  std::vector<SectionRows> sections = {};
   // Where the backend copied k and v into one buffer laid out as their frames (kHeaderBytes of room before k, and
   // before v right after k): hands that buffer over as the frames' bytes, so that the sink writes the headers and
   // copies nothing. It may return empty bytes (no buffer to spare just now); null where the rows lie otherwise.
-  std::function<wire::Bytes()> take_frames;
+  std::function<wire::Bytes()> take_frames = {};
   // A pooled cache's seal (after the sink refused a block): > 0, the prefix P of complete chunks these
   // sections (window rows before P, rings at P) make a valid state of with the pool rows already sent.
   int64_t seal_tokens = 0;

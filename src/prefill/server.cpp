@@ -345,7 +345,7 @@ void PrefillService::stream(const wire::PrefillRequest& pr, httplib::Response& r
           const auto due = *pace_start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(*paced_bytes * 8 / (o_.link_gbps * 1e9)));
           std::this_thread::sleep_until(due);
         }
-        if (!sink.write(reinterpret_cast<const char*>(f.data()), f.size())) {
+        if (!write_in_pieces(sink, f.data(), f.size())) {
           queue->gone();
           return false;
         }
