@@ -671,8 +671,9 @@ stage_session33() {
   run rowsgap_q3moe env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows
   run rowsgap_q3moe_fused env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_ROWS_FUSED=1 $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows-fused
   run rowsgap_q3moe_handover env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_FRAMES=handover $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows-handover
-  # the K/V blocks' frames (encode_frames and frame_in_place against session 32's framing) on the device's host cores
-  run wire_bench env PDBRIDGE_BENCH=1 timeout 120 $P/build/tests/unit_tests --gtest_filter='Wire*'
+  # the K/V blocks' frames (encode_frames and frame_in_place against session 32's framing; written whole or in
+  # pieces through httplib to the front door's reader) on the device's host cores
+  run wire_bench env PDBRIDGE_BENCH=1 timeout 180 $P/build/tests/unit_tests --gtest_filter='Wire*:HttpStream*'
 }
 # DeepSeek-V2-Lite's part of rowsgap alone (its F16 GGUF failed there before the engine's scratch counted the FFNs' widths)
 stage_dsv2gap() {
