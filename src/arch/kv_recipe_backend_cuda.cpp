@@ -142,8 +142,10 @@ class CudaBackend final : public PrefillBackend {
       PDB_CUDA_CHECK(cudaEventCreateWithFlags(&g.copied_out, cudaEventDisableTiming));
     }
     // header room, up to f32 K rows, header room (and alignment for f32 V rows), up to f32 V rows
-    frames_ = std::make_shared<FrameBuffers>(kSlots + kSpareFrameBuffers, 2 * (wire::kHeaderBytes + 16) + 2 * size_t(max_chunk * C) * 4);
-    for (int i = kSlots; i < kSlots + kSpareFrameBuffers; ++i) frames_->give_back(i);
+    // (the spares only where PDBRIDGE_FRAMES=handover asks for them at the start: pinned memory is not free)
+    const int spares = Tuning::from_env().frames == "handover" ? kSpareFrameBuffers : 0;
+    frames_ = std::make_shared<FrameBuffers>(kSlots + spares, 2 * (wire::kHeaderBytes + 16) + 2 * size_t(max_chunk * C) * 4);
+    for (int i = kSlots; i < kSlots + spares; ++i) frames_->give_back(i);
     for (int i = 0; i < kSlots; ++i) {
       Slot& s = slots_[i];
       s.buf = i;
