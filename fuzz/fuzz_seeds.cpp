@@ -37,7 +37,9 @@ int main(int argc, char** argv) {
   // capture streams matching the fuzz_frames layouts: 2 layers, 64-wide f16 rows, 8 tokens, fingerprint "fp";
   // a leading selector byte: 0 K and V sections, 1 K only (MLA)
   for (const bool k_only : {false, true}) {
-    std::vector<uint8_t> s = {uint8_t(k_only ? 1 : 0)};
+    pdb::wire::Bytes s;
+    const uint8_t selector = k_only ? 1 : 0;
+    s.append(&selector, 1);
     pdb::wire::encode_json_frame(pdb::wire::FrameKind::Hello,
                                  {{"fingerprint", "fp"}, {"n_tokens", 8}, {"k_row_bytes", 128}, {"v_row_bytes", k_only ? 0 : 128}}, s);
     std::vector<uint8_t> rows(128 * 8, 0x3c);
@@ -49,7 +51,7 @@ int main(int argc, char** argv) {
         pdb::wire::encode_frame(h, rows.data(), rows.size(), s);
       }
     pdb::wire::encode_json_frame(pdb::wire::FrameKind::Trailer, {{"status", "complete"}, {"tokens", 8}}, s);
-    write(d + (k_only ? "/corpus-fuzz_frames/seed-k-only.bin" : "/corpus-fuzz_frames/seed.bin"), s);
+    write(d + (k_only ? "/corpus-fuzz_frames/seed-k-only.bin" : "/corpus-fuzz_frames/seed.bin"), std::vector<uint8_t>(s.begin(), s.end()));
   }
   // request + state file
   pdb::wire::PrefillRequest r;
@@ -83,7 +85,7 @@ int main(int argc, char** argv) {
   write(d + "/corpus-fuzz_dsv4_state/dsv4.bin", b);
   {  // a complete DSV4 capture of 8 tokens for that layout: window 8 rows x 2 layers, 2 CSA and LID rows, the rings
     fs::create_directories(d + "/corpus-fuzz_dsv4_frames");
-    std::vector<uint8_t> s;
+    pdb::wire::Bytes s;
     pdb::wire::encode_json_frame(pdb::wire::FrameKind::Hello, {{"fingerprint", "fp"}, {"n_tokens", 8}, {"cache", "dsv4"}, {"window", 8}, {"k_row_bytes", 32}}, s);
     auto rows = [&](pdb::wire::FrameKind k, uint8_t type, uint32_t layer, uint32_t n, size_t row_bytes) {
       pdb::wire::FrameHeader h;
@@ -101,7 +103,7 @@ int main(int argc, char** argv) {
     rows(K::LidKvRing, 0, 1, 8, 512);
     rows(K::LidScoreRing, 0, 1, 8, 512);
     pdb::wire::encode_json_frame(K::Trailer, {{"status", "complete"}, {"tokens", 8}, {"n_tokens", 8}}, s);
-    write(d + "/corpus-fuzz_dsv4_frames/capture.bin", s);
+    write(d + "/corpus-fuzz_dsv4_frames/capture.bin", std::vector<uint8_t>(s.begin(), s.end()));
   }
   return 0;
 }
