@@ -659,21 +659,22 @@ stage_session32b() {
   run dsv4_bench_session32b env BENCH_TOKENS=${BENCH_TOKENS:-32768,131072} \
     BENCH_RUNS="${BENCH_RUNS:-fp4:32768 fp4:32768:PDBRIDGE_DSV4_INDEXER_A=registers fp4:32768:PDBRIDGE_Q8_GEMM=64 fp4:32768}" bash $DEV/dsv4_gpu.sh bench
 }
-# Session 33's row path: the fused rows (PDBRIDGE_ROWS_FUSED=1) and the slot buffers handed over as frames
-# (PDBRIDGE_FRAMES=handover) through the bridge and parity suites, then Qwen3-30B-A3B's rows gap (8 layers) with
-# each against the default in the same call, and the frames' bench on the host's cores.
+# Session 33's row path: the frames' benches on the host's cores, Qwen3-30B-A3B's rows gap (8 layers) with the slot
+# buffers handed over as frames (PDBRIDGE_FRAMES=handover) and with the fused rows (PDBRIDGE_ROWS_FUSED=1) against
+# the default in the same call, then both through the bridge and parity suites (measurements first: a short call
+# still brings them back).
 stage_session33() {
-  make_test_models
-  run integration_rows_fused env PDBRIDGE_ROWS_FUSED=1 timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaBridge.*:CudaParity.*'
-  run integration_frames_handover env PDBRIDGE_FRAMES=handover timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaBridge.*:CudaParity.*:CudaTailCapture.*'
-  local Q=$M/q3moe B="--tokens 8192,32768 --reps 5 --chunk 4096 --modes engine,engine+recipe,engine+recipe+frames --out $R/bench_rowsgap.jsonl"
-  [ -f $Q/decoder-f16.gguf ] || run make_q3moe $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 11 --out $Q --no-hf --hf-dtype bf16 --gguf-types f16
-  run rowsgap_q3moe env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows
-  run rowsgap_q3moe_fused env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_ROWS_FUSED=1 $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows-fused
-  run rowsgap_q3moe_handover env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_FRAMES=handover $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows-handover
   # the K/V blocks' frames (encode_frames and frame_in_place against session 32's framing; written whole or in
   # pieces through httplib to the front door's reader) on the device's host cores
   run wire_bench env PDBRIDGE_BENCH=1 timeout 180 $P/build/tests/unit_tests --gtest_filter='Wire*:HttpStream*'
+  local Q=$M/q3moe B="--tokens 8192,32768 --reps 5 --chunk 4096 --modes engine,engine+recipe,engine+recipe+frames --out $R/bench_rowsgap.jsonl"
+  [ -f $Q/decoder-f16.gguf ] || run make_q3moe $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 11 --out $Q --no-hf --hf-dtype bf16 --gguf-types f16
+  run rowsgap_q3moe env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows
+  run rowsgap_q3moe_handover env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_FRAMES=handover $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows-handover
+  run rowsgap_q3moe_fused env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_ROWS_FUSED=1 $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows-fused
+  make_test_models
+  run integration_frames_handover env PDBRIDGE_FRAMES=handover timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaBridge.*:CudaParity.*:CudaTailCapture.*'
+  run integration_rows_fused env PDBRIDGE_ROWS_FUSED=1 timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaBridge.*:CudaParity.*'
 }
 # DeepSeek-V2-Lite's part of rowsgap alone (its F16 GGUF failed there before the engine's scratch counted the FFNs' widths)
 stage_dsv2gap() {
