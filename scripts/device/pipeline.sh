@@ -673,6 +673,7 @@ stage_session33() {
   run rowsgap_q3moe_handover env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_FRAMES=handover $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows-handover
   run rowsgap_q3moe_fused env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_ROWS_FUSED=1 $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows-fused
   make_test_models
+  run integration_frames_default timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaBridge.*:CudaParity.*:CudaTailCapture.*'
   run integration_frames_handover env PDBRIDGE_FRAMES=handover timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaBridge.*:CudaParity.*:CudaTailCapture.*'
   run integration_rows_fused env PDBRIDGE_ROWS_FUSED=1 timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaBridge.*:CudaParity.*'
 }
