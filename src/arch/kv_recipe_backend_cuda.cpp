@@ -181,236 +181,7 @@ class CudaBackend final : public PrefillBackend {
   bool resumable() const override { return engine_.resumable(); }
 
   int64_t capture(const std::vector<int32_t>& tokens, int64_t chunk, const CacheSpec& spec, const KvSink& sink,
-                  const std::function<bool()>& stop, CaptureReuse* reuse) override {
-    std::lock_guard<std::mutex> one_at_a_time(capture_mu_);  // the slots and the engine's K/V are per capture
-    chunk = std::min(chunk <= 0 ? max_chunk_ : chunk, max_chunk_);
-    const auto& info = recipe_->info();
-    const int64_t C = info.n_embd_kv();
-    const bool has_v = info.n_embd_v() > 0;  // MLA: one K row per token, no V section
-    const bool rot_k = spec.rot_k && recipe_->rotates_k();
-    for (auto& s : slots_) s.state = Slot::Free;
-    std::atomic<bool> stopped{false};
-    bool finished = false;
-    std::exception_ptr delivery_error;
-    std::mutex mu;
-    std::condition_variable cv;
-    uint64_t next_fill = 0;
-    CaptureStats stats;
-    stats.on = Tuning::from_env().capture_stats == "1";
-    // PDBRIDGE_FRAMES=handover: a delivered slot's buffer leaves as its block's frames (not yet run on a GPU)
-    const bool hand_over_frames = Tuning::from_env().frames == "handover";
-
-    std::thread delivery([&] {
-      std::vector<uint8_t> kq, vq;
-      for (uint64_t seq = 0;; ++seq) {
-        Slot& s = slots_[seq % kSlots];
-        {
-          std::unique_lock<std::mutex> l(mu);
-          cv.wait(l, [&] { return s.state == Slot::Enqueued || (finished && seq >= next_fill); });
-          if (s.state != Slot::Enqueued) return;
-        }
-        try {
-          const auto t0 = StatsClock::now();
-          PDB_CUDA_CHECK(cudaEventSynchronize(s.copied));
-          const auto t1 = StatsClock::now();
-          if (stats.on) stats.copy_wait_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
-          if (!stopped) {
-            const uint8_t* k = nullptr;
-            const uint8_t* v = nullptr;
-            size_t kb = 0, vb = 0;
-            uint8_t* buf = frames_->data(s.buf);
-            convert(s, spec.k_type, rot_k, k_rotation_size(info.head_dim), buf + s.k_at, kq, k, kb, C);
-            if (has_v) convert(s, spec.v_type, spec.rot_v, kVRotationSize, buf + s.v_at, vq, v, vb, C);
-            KvBlock block{s.layer, s.pos0, s.rows, k, kb, v, vb};
-            if (hand_over_frames && cuda::encodes_on_gpu(spec.k_type) && (!has_v || cuda::encodes_on_gpu(spec.v_type)))
-              block.take_frames = [&, frame_bytes = (has_v ? s.v_at + vb : s.k_at + kb)] { return hand_over(s, frame_bytes, stats); };
-            if (!sink(block)) stopped = true;
-          }
-          if (stats.on) stats.deliver_ms += ms_since(t1);
-        } catch (...) {
-          delivery_error = std::current_exception();
-          stopped = true;
-        }
-        std::lock_guard<std::mutex> l(mu);
-        s.state = Slot::Free;
-        cv.notify_all();
-      }
-    });
-
-    // Rows of one layer of one chunk into the next free slot, then out to pinned host memory on the
-    // copy stream. The decoder's norm of the residual runs on the engine's stream (it must read the
-    // residual before the layer changes it); the rest of the recipe runs on the recipe stream, which
-    // is the engine's own unless PDBRIDGE_RECIPE_STREAM=1 gives it a stream of its own (an A/B switch
-    // until it is measured: the recipe's products then fill the engine's gaps instead of queueing
-    // behind them). A ring of normalized buffers lets the recipe stream lag a layer or two.
-    // The next host slot once delivered, and the device staging its rows are computed in: stream rs waits (on the
-    // GPU, the host does not) until the staging's previous rows have left for their slot.
-    auto next_slot = [&](int layer, int64_t rows, int64_t pos0, cudaStream_t rs) -> Slot& {
-      Slot& s = slots_[next_fill % kSlots];
-      {
-        const auto t0 = StatsClock::now();
-        std::unique_lock<std::mutex> l(mu);
-        cv.wait(l, [&] { return s.state == Slot::Free; });
-        if (stats.on) stats.slot_wait_ms += ms_since(t0);
-      }
-      s.layer = layer;
-      s.pos0 = pos0;
-      s.rows = rows;
-      stats.wait_staging(rs, staging_[next_fill % kStaging].copied_out);
-      return s;
-    };
-    auto staged = [&]() -> Staging& { return staging_[next_fill % kStaging]; };
-    // The staged f32 rows (computed on rs) encoded and out to the slot's pinned host memory on the copy stream.
-    // encoded: the staging's bytes already hold the rows in the cache types (the fused f16 rows).
-    auto send = [&](Slot& s, cudaStream_t rs, bool encoded = false) {
-      Staging& g = staged();
-      const int64_t rows = s.rows;
-      const size_t kbytes = encoded ? ggml_row_bytes(spec.k_type, C) * size_t(rows)
-                                    : encode(spec.k_type, rot_k, k_rotation_size(info.head_dim), g.dk, g.dkq, rows, C, rs);
-      const size_t vbytes = !has_v ? 0
-                            : encoded ? ggml_row_bytes(spec.v_type, C) * size_t(rows)
-                                      : encode(spec.v_type, spec.rot_v, kVRotationSize, g.dv, g.dvq, rows, C, rs);
-      PDB_CUDA_CHECK(cudaEventRecord(s.computed, rs));
-      PDB_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, s.computed, 0));
-      // K right behind header room; V behind more, right after K where it leaves as it is (the buffer is then the
-      // block's frames), 16-byte aligned where the host converts its f32 rows
-      uint8_t* buf = frames_->data(s.buf);
-      const size_t hb = wire::kHeaderBytes;
-      s.k_at = hb;
-      s.v_at = cuda::encodes_on_gpu(spec.v_type) ? hb + kbytes + hb : (hb + kbytes + hb + 15) / 16 * 16;
-      PDB_CUDA_CHECK(cudaMemcpyAsync(buf + s.k_at, outgoing(spec.k_type, g.dk, g.dkq), kbytes, cudaMemcpyDeviceToHost, copy_stream_));
-      if (has_v)
-        PDB_CUDA_CHECK(cudaMemcpyAsync(buf + s.v_at, outgoing(spec.v_type, g.dv, g.dvq), vbytes, cudaMemcpyDeviceToHost, copy_stream_));
-      PDB_CUDA_CHECK(cudaEventRecord(g.copied_out, copy_stream_));
-      PDB_CUDA_CHECK(cudaEventRecord(s.copied, copy_stream_));
-      std::lock_guard<std::mutex> l(mu);
-      s.state = Slot::Enqueued;
-      ++next_fill;
-      cv.notify_all();
-    };
-    auto emit = [&](int layer, const float* src, int64_t rows, int64_t pos0, cudaStream_t st) {
-      const cudaStream_t rs = recipe_stream_ ? recipe_stream_ : st;
-      Slot& s = next_slot(layer, rows, pos0, rs);
-      stats.begin(st);
-      const int nb = int(next_fill % kNormBuffers);
-      PDB_CUDA_CHECK(cudaStreamWaitEvent(st, normed_free_[nb], 0));
-      gpu_recipe_.normalize(layer, src, rows, st, normed_[nb].as<float>());
-      PDB_CUDA_CHECK(cudaEventRecord(normed_ready_[nb], st));
-      PDB_CUDA_CHECK(cudaStreamWaitEvent(rs, normed_ready_[nb], 0));
-      gpu_recipe_.kv_from_normed(layer, normed_[nb].as<float>(), rows, rs, staged().dk.as<float>(), staged().dv.as<float>());
-      PDB_CUDA_CHECK(cudaEventRecord(normed_free_[nb], rs));
-      send(s, rs);
-      stats.end(rs);
-    };
-    // --kv-rows engine: on the engine's stream (its K/V buffers are rewritten at the next layer), RoPE and type only.
-    const bool hf_k_order = model_definition(info.arch).gguf_permutes_qk;  // the engine's K rows are in HF's order
-    // PDBRIDGE_ROWS_FUSED=1, an f16 cache without rotation: the rows' bytes in one pass (not yet measured on a GPU)
-    const bool fused = Tuning::from_env().rows_fused == "1" && spec.k_type == GgmlType::F16 && spec.v_type == GgmlType::F16 && !rot_k && !spec.rot_v;
-    CudaEngine::KvTap engine_rows = [&](int layer, const float* k, const float* v, int64_t rows, int64_t pos0, cudaStream_t st) {
-      if (stopped) return;
-      if (layer == 0) gpu_recipe_.set_positions(pos0, rows, st);
-      Slot& s = next_slot(layer, rows, pos0, st);
-      stats.begin(st);
-      if (fused && gpu_recipe_.rows_f16_from_engine(layer, k, v, rows, hf_k_order, st, staged().dkq.get(), staged().dvq.get())) {
-        send(s, st, true);
-      } else {
-        gpu_recipe_.rows_from_engine(layer, k, v, rows, hf_k_order, st, staged().dk.as<float>(), staged().dv.as<float>());
-        send(s, st);
-      }
-      stats.end(st);
-    };
-
-    // Layer 0 starts from the decoder's own (possibly quantized) embedding rows, dequantized on the
-    // host. Done inline that cost the GPU ~30 ms per 4K-token chunk (the launching thread waited on
-    // it): a helper thread makes each chunk's rows one chunk ahead into two pinned buffers, and the
-    // layer-0 rows are computed at a later layer's hook (below), so even the first chunk's are made
-    // while the GPU runs. Each layer's rows still leave in position order, and a chunk's last layer last.
-    const int64_t T = int64_t(tokens.size());
-    const int layers = engine_.config().num_layers;
-    struct EmbedJob { int64_t pos0 = -1, rows = 0; int buf = 0; std::future<void> ready; } job;
-    auto start_embedding = [&](int64_t pos0, int buf) {
-      EmbedJob j;
-      j.pos0 = pos0;
-      j.rows = std::min(chunk, T - pos0);
-      j.buf = buf;
-      if (j.rows <= 0) return j;
-      j.ready = std::async(std::launch::async, [this, &tokens, pos0, rows = j.rows, buf] {
-        PDB_CUDA_CHECK(cudaEventSynchronize(embed_uploaded_[buf]));  // its previous upload has left the buffer
-        recipe_->decoder_embedding(tokens.data() + pos0, rows, embed_pinned_[buf].as<float>());
-      });
-      return j;
-    };
-    int64_t chunk_pos0 = 0, chunk_rows = 0;
-    auto emit_layer0 = [&](cudaStream_t st) {
-      if (job.pos0 != chunk_pos0 || job.rows != chunk_rows || !job.ready.valid()) {  // the engine chunked otherwise: make them now
-        if (job.ready.valid()) job.ready.wait();
-        job = EmbedJob{chunk_pos0, chunk_rows, job.buf, {}};
-        PDB_CUDA_CHECK(cudaEventSynchronize(embed_uploaded_[job.buf]));
-        recipe_->decoder_embedding(tokens.data() + chunk_pos0, chunk_rows, embed_pinned_[job.buf].as<float>());
-      } else {
-        job.ready.get();  // rethrows a token outside the decoder's vocabulary
-      }
-      const size_t bytes = size_t(chunk_rows * info.n_embd) * 4;
-      PDB_CUDA_CHECK(cudaMemcpyAsync(embed_dev_.get(), embed_pinned_[job.buf].as<float>(), bytes, cudaMemcpyHostToDevice, st));
-      PDB_CUDA_CHECK(cudaEventRecord(embed_uploaded_[job.buf], st));
-      const int buf = job.buf;
-      job = start_embedding(chunk_pos0 + chunk_rows, buf ^ 1);
-      emit(0, embed_dev_.as<float>(), chunk_rows, chunk_pos0, st);
-    };
-    const bool resume = reuse && resumable();
-    const ResumePoint from = resume ? ResumePoint{reuse->resume_state.get(), reuse->resume_tokens} : ResumePoint{};
-    if (!engine_rows_) job = start_embedding(from.tokens, 0);
-    // Layer 0's rows of the chunk in flight not yet out. They go out at the first later hook that finds
-    // the helper's embedding rows ready, at the latest at the last layer's (whose rows mark the chunk
-    // complete), so the GPU does not wait on the host: for the first chunk there was no chunk ahead to
-    // make them in. (The recipe's overhead on the H200 fits ~9 ms per capture + ~8 ms per 4K-token chunk;
-    // this wait was suspected of the fixed part, but the 15:29 run with it removed measured the same.)
-    bool layer0_due = false;
-    auto layer0_ready = [&] {
-      return job.pos0 != chunk_pos0 || !job.ready.valid() || job.ready.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-    };
-
-    int64_t done = 0;
-    std::exception_ptr engine_error;
-    try {
-      if (engine_rows_) engine_.rank0().set_kv_tap(engine_rows);
-      CudaEngine::DeviceHook recipe_hook = [&](int layer, const float* d_h, int64_t rows, int64_t pos0, cudaStream_t st) {
-        if (stopped) return;
-        if (layer == 0) {
-          gpu_recipe_.set_positions(pos0, rows, recipe_stream_ ? recipe_stream_ : st);  // the stream RoPE runs on
-          chunk_pos0 = pos0;
-          chunk_rows = rows;
-          layer0_due = true;
-          if (layers > 1) return;
-        }
-        if (layer0_due && (layer == layers - 1 || layer0_ready())) {
-          emit_layer0(st);
-          layer0_due = false;
-        }
-        if (layer > 0) emit(layer, d_h, rows, pos0, st);
-      };
-      done = engine_.prefill(tokens, chunk, engine_rows_ ? CudaEngine::DeviceHook{} : recipe_hook,
-                             [&] { return stopped.load() || (stop && stop()); }, false, false, from, resume && reuse->wants_state() ? &reuse->kept : nullptr,
-                             resume ? reuse->keep_max_bytes : SIZE_MAX);
-    } catch (...) {
-      engine_error = std::current_exception();
-    }
-    if (engine_rows_) engine_.rank0().set_kv_tap(nullptr);
-    const auto engine_done = StatsClock::now();
-    {
-      std::lock_guard<std::mutex> l(mu);
-      finished = true;
-      cv.notify_all();
-    }
-    delivery.join();
-    cudaStreamSynchronize(copy_stream_);
-    if (recipe_stream_) cudaStreamSynchronize(recipe_stream_);
-    stats.tail_ms = ms_since(engine_done);
-    stats.report(int64_t(tokens.size()), engine_.rank0());
-    if (engine_error) std::rethrow_exception(engine_error);
-    if (delivery_error) std::rethrow_exception(delivery_error);
-    return done;
-  }
+                  const std::function<bool()>& stop, CaptureReuse* reuse) override;
 
   int64_t forward_only(const std::vector<int32_t>& tokens, int64_t chunk, bool full_last_layer, bool skip_attention) override {
     std::lock_guard<std::mutex> one_at_a_time(capture_mu_);
@@ -418,6 +189,7 @@ class CudaBackend final : public PrefillBackend {
   }
 
  private:
+  class Capture;  // one capture's state and steps
   struct Slot {
     enum State { Free, Enqueued } state = Free;
     int layer = 0;
@@ -502,6 +274,284 @@ class CudaBackend final : public PrefillBackend {
   bool engine_rows_ = false;  // --kv-rows engine
   std::mutex capture_mu_;
 };
+
+// One capture: its delivery thread, the slots' fill and the rows' hooks on the engine's streams. It lives for one call of
+// CudaBackend::capture; the backend keeps what outlives a capture (buffers, streams, events).
+//
+// Rows of one layer of one chunk go into the next free slot, then out to pinned host memory on the copy stream. The
+// decoder's norm of the residual runs on the engine's stream (it must read the residual before the layer changes it);
+// the rest of the recipe runs on the recipe stream, which is the engine's own unless PDBRIDGE_RECIPE_STREAM=1 gives it a
+// stream of its own (the recipe's products then fill the engine's gaps instead of queueing behind them). A ring of
+// normalized buffers lets the recipe stream lag a layer or two.
+class CudaBackend::Capture {
+ public:
+  Capture(CudaBackend& b, const std::vector<int32_t>& tokens, int64_t chunk, const CacheSpec& spec, const KvSink& sink)
+      : b_(b), tokens_(tokens), chunk_(chunk), spec_(spec), sink_(sink), info_(b.recipe_->info()), C_(info_.n_embd_kv()),
+        has_v_(info_.n_embd_v() > 0), rot_k_(spec.rot_k && b.recipe_->rotates_k()), layers_(b.engine_.config().num_layers),
+        hf_k_order_(model_definition(info_.arch).gguf_permutes_qk) {
+    const Tuning t = Tuning::from_env();
+    stats_.on = t.capture_stats == "1";
+    hand_over_frames_ = t.frames == "handover";
+    // an f16 cache without rotation: the rows' bytes in one pass
+    fused_ = t.rows_fused == "1" && spec.k_type == GgmlType::F16 && spec.v_type == GgmlType::F16 && !rot_k_ && !spec.rot_v;
+    for (auto& s : b_.slots_) s.state = Slot::Free;
+  }
+
+  int64_t run(const std::function<bool()>& stop, CaptureReuse* reuse) {
+    std::thread delivery([this] { deliver(); });
+    int64_t done = 0;
+    std::exception_ptr engine_error;
+    try {
+      done = prefill(stop, reuse);
+    } catch (...) {
+      engine_error = std::current_exception();
+    }
+    if (b_.engine_rows_) b_.engine_.rank0().set_kv_tap(nullptr);
+    const auto engine_done = StatsClock::now();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      finished_ = true;
+      cv_.notify_all();
+    }
+    delivery.join();
+    cudaStreamSynchronize(b_.copy_stream_);
+    if (b_.recipe_stream_) cudaStreamSynchronize(b_.recipe_stream_);
+    stats_.tail_ms = ms_since(engine_done);
+    stats_.report(int64_t(tokens_.size()), b_.engine_.rank0());
+    if (engine_error) std::rethrow_exception(engine_error);
+    if (delivery_error_) std::rethrow_exception(delivery_error_);
+    return done;
+  }
+
+ private:
+  struct EmbedJob {
+    int64_t pos0 = -1, rows = 0;
+    int buf = 0;
+    std::future<void> ready;
+  };
+
+  // The engine's forward with the rows on its hook: the engine's K/V products (--kv-rows engine) or the recipe's.
+  int64_t prefill(const std::function<bool()>& stop, CaptureReuse* reuse) {
+    const bool resume = reuse && b_.resumable();
+    const ResumePoint from = resume ? ResumePoint{reuse->resume_state.get(), reuse->resume_tokens} : ResumePoint{};
+    CudaEngine::DeviceHook hook;
+    if (b_.engine_rows_) {
+      b_.engine_.rank0().set_kv_tap([this](int layer, const float* k, const float* v, int64_t rows, int64_t pos0, cudaStream_t st) {
+        rows_from_engine(layer, k, v, rows, pos0, st);
+      });
+    } else {
+      job_ = start_embedding(from.tokens, 0);
+      hook = [this](int layer, const float* d_h, int64_t rows, int64_t pos0, cudaStream_t st) { recipe_hook(layer, d_h, rows, pos0, st); };
+    }
+    return b_.engine_.prefill(tokens_, chunk_, hook, [&] { return stopped_.load() || (stop && stop()); }, false, false, from,
+                              resume && reuse->wants_state() ? &reuse->kept : nullptr, resume ? reuse->keep_max_bytes : SIZE_MAX);
+  }
+
+  // The delivery thread: filled slots to the sink in the order they were filled.
+  void deliver() {
+    std::vector<uint8_t> kq, vq;
+    for (uint64_t seq = 0;; ++seq) {
+      Slot& s = b_.slots_[seq % kSlots];
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return s.state == Slot::Enqueued || (finished_ && seq >= next_fill_); });
+        if (s.state != Slot::Enqueued) return;
+      }
+      try {
+        deliver_slot(s, kq, vq);
+      } catch (...) {
+        delivery_error_ = std::current_exception();
+        stopped_ = true;
+      }
+      std::lock_guard<std::mutex> l(mu_);
+      s.state = Slot::Free;
+      cv_.notify_all();
+    }
+  }
+  void deliver_slot(Slot& s, std::vector<uint8_t>& kq, std::vector<uint8_t>& vq) {
+    const auto t0 = StatsClock::now();
+    PDB_CUDA_CHECK(cudaEventSynchronize(s.copied));
+    const auto t1 = StatsClock::now();
+    if (stats_.on) stats_.copy_wait_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
+    if (!stopped_) {
+      const uint8_t* k = nullptr;
+      const uint8_t* v = nullptr;
+      size_t kb = 0, vb = 0;
+      uint8_t* buf = b_.frames_->data(s.buf);
+      b_.convert(s, spec_.k_type, rot_k_, k_rotation_size(info_.head_dim), buf + s.k_at, kq, k, kb, C_);
+      if (has_v_) b_.convert(s, spec_.v_type, spec_.rot_v, kVRotationSize, buf + s.v_at, vq, v, vb, C_);
+      KvBlock block{s.layer, s.pos0, s.rows, k, kb, v, vb};
+      // PDBRIDGE_FRAMES=handover: the slot's buffer leaves as its block's frames
+      if (hand_over_frames_ && cuda::encodes_on_gpu(spec_.k_type) && (!has_v_ || cuda::encodes_on_gpu(spec_.v_type)))
+        block.take_frames = [this, &s, frame_bytes = (has_v_ ? s.v_at + vb : s.k_at + kb)] { return b_.hand_over(s, frame_bytes, stats_); };
+      if (!sink_(block)) stopped_ = true;
+    }
+    if (stats_.on) stats_.deliver_ms += ms_since(t1);
+  }
+
+  // The next host slot once delivered, and the device staging its rows are computed in: stream rs waits (on the GPU,
+  // the host does not) until the staging's previous rows have left for their slot.
+  Slot& next_slot(int layer, int64_t rows, int64_t pos0, cudaStream_t rs) {
+    Slot& s = b_.slots_[next_fill_ % kSlots];
+    {
+      const auto t0 = StatsClock::now();
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return s.state == Slot::Free; });
+      if (stats_.on) stats_.slot_wait_ms += ms_since(t0);
+    }
+    s.layer = layer;
+    s.pos0 = pos0;
+    s.rows = rows;
+    stats_.wait_staging(rs, staged().copied_out);
+    return s;
+  }
+  Staging& staged() { return b_.staging_[next_fill_ % kStaging]; }
+
+  // The staged f32 rows (computed on rs) encoded and out to the slot's pinned host memory on the copy stream.
+  // encoded: the staging's bytes already hold the rows in the cache types (the fused f16 rows).
+  void send(Slot& s, cudaStream_t rs, bool encoded = false) {
+    Staging& g = staged();
+    const int64_t rows = s.rows;
+    const size_t kbytes = encoded ? ggml_row_bytes(spec_.k_type, C_) * size_t(rows)
+                                  : encode(spec_.k_type, rot_k_, k_rotation_size(info_.head_dim), g.dk, g.dkq, rows, C_, rs);
+    const size_t vbytes = !has_v_ ? 0
+                          : encoded ? ggml_row_bytes(spec_.v_type, C_) * size_t(rows)
+                                    : encode(spec_.v_type, spec_.rot_v, kVRotationSize, g.dv, g.dvq, rows, C_, rs);
+    PDB_CUDA_CHECK(cudaEventRecord(s.computed, rs));
+    PDB_CUDA_CHECK(cudaStreamWaitEvent(b_.copy_stream_, s.computed, 0));
+    // K right behind header room; V behind more, right after K where it leaves as it is (the buffer is then the
+    // block's frames), 16-byte aligned where the host converts its f32 rows
+    uint8_t* buf = b_.frames_->data(s.buf);
+    const size_t hb = wire::kHeaderBytes;
+    s.k_at = hb;
+    s.v_at = cuda::encodes_on_gpu(spec_.v_type) ? hb + kbytes + hb : (hb + kbytes + hb + 15) / 16 * 16;
+    PDB_CUDA_CHECK(cudaMemcpyAsync(buf + s.k_at, outgoing(spec_.k_type, g.dk, g.dkq), kbytes, cudaMemcpyDeviceToHost, b_.copy_stream_));
+    if (has_v_)
+      PDB_CUDA_CHECK(cudaMemcpyAsync(buf + s.v_at, outgoing(spec_.v_type, g.dv, g.dvq), vbytes, cudaMemcpyDeviceToHost, b_.copy_stream_));
+    PDB_CUDA_CHECK(cudaEventRecord(g.copied_out, b_.copy_stream_));
+    PDB_CUDA_CHECK(cudaEventRecord(s.copied, b_.copy_stream_));
+    std::lock_guard<std::mutex> l(mu_);
+    s.state = Slot::Enqueued;
+    ++next_fill_;
+    cv_.notify_all();
+  }
+
+  // The recipe's rows of one layer from its input (the residual on stream st).
+  void emit(int layer, const float* src, int64_t rows, int64_t pos0, cudaStream_t st) {
+    const cudaStream_t rs = b_.recipe_stream_ ? b_.recipe_stream_ : st;
+    Slot& s = next_slot(layer, rows, pos0, rs);
+    stats_.begin(st);
+    const int nb = int(next_fill_ % kNormBuffers);
+    PDB_CUDA_CHECK(cudaStreamWaitEvent(st, b_.normed_free_[nb], 0));
+    b_.gpu_recipe_.normalize(layer, src, rows, st, b_.normed_[nb].as<float>());
+    PDB_CUDA_CHECK(cudaEventRecord(b_.normed_ready_[nb], st));
+    PDB_CUDA_CHECK(cudaStreamWaitEvent(rs, b_.normed_ready_[nb], 0));
+    b_.gpu_recipe_.kv_from_normed(layer, b_.normed_[nb].as<float>(), rows, rs, staged().dk.as<float>(), staged().dv.as<float>());
+    PDB_CUDA_CHECK(cudaEventRecord(b_.normed_free_[nb], rs));
+    send(s, rs);
+    stats_.end(rs);
+  }
+
+  // --kv-rows engine: on the engine's stream (its K/V buffers are rewritten at the next layer), RoPE and type only.
+  void rows_from_engine(int layer, const float* k, const float* v, int64_t rows, int64_t pos0, cudaStream_t st) {
+    if (stopped_) return;
+    if (layer == 0) b_.gpu_recipe_.set_positions(pos0, rows, st);
+    Slot& s = next_slot(layer, rows, pos0, st);
+    stats_.begin(st);
+    if (fused_ && b_.gpu_recipe_.rows_f16_from_engine(layer, k, v, rows, hf_k_order_, st, staged().dkq.get(), staged().dvq.get())) {
+      send(s, st, true);
+    } else {
+      b_.gpu_recipe_.rows_from_engine(layer, k, v, rows, hf_k_order_, st, staged().dk.as<float>(), staged().dv.as<float>());
+      send(s, st);
+    }
+    stats_.end(st);
+  }
+
+  // Layer 0 starts from the decoder's own (possibly quantized) embedding rows, dequantized on the host. Done inline
+  // that cost the GPU ~30 ms per 4K-token chunk (the launching thread waited on it): a helper thread makes each
+  // chunk's rows one chunk ahead into two pinned buffers, and the layer-0 rows are computed at a later layer's hook
+  // (recipe_hook), so even the first chunk's are made while the GPU runs. Each layer's rows still leave in position
+  // order, and a chunk's last layer last.
+  EmbedJob start_embedding(int64_t pos0, int buf) {
+    EmbedJob j;
+    j.pos0 = pos0;
+    j.rows = std::min(chunk_, int64_t(tokens_.size()) - pos0);
+    j.buf = buf;
+    if (j.rows <= 0) return j;
+    j.ready = std::async(std::launch::async, [this, pos0, rows = j.rows, buf] {
+      PDB_CUDA_CHECK(cudaEventSynchronize(b_.embed_uploaded_[buf]));  // its previous upload has left the buffer
+      b_.recipe_->decoder_embedding(tokens_.data() + pos0, rows, b_.embed_pinned_[buf].as<float>());
+    });
+    return j;
+  }
+  void emit_layer0(cudaStream_t st) {
+    if (job_.pos0 != chunk_pos0_ || job_.rows != chunk_rows_ || !job_.ready.valid()) {  // the engine chunked otherwise: make them now
+      if (job_.ready.valid()) job_.ready.wait();
+      job_ = EmbedJob{chunk_pos0_, chunk_rows_, job_.buf, {}};
+      PDB_CUDA_CHECK(cudaEventSynchronize(b_.embed_uploaded_[job_.buf]));
+      b_.recipe_->decoder_embedding(tokens_.data() + chunk_pos0_, chunk_rows_, b_.embed_pinned_[job_.buf].as<float>());
+    } else {
+      job_.ready.get();  // rethrows a token outside the decoder's vocabulary
+    }
+    const size_t bytes = size_t(chunk_rows_ * info_.n_embd) * 4;
+    PDB_CUDA_CHECK(cudaMemcpyAsync(b_.embed_dev_.get(), b_.embed_pinned_[job_.buf].as<float>(), bytes, cudaMemcpyHostToDevice, st));
+    PDB_CUDA_CHECK(cudaEventRecord(b_.embed_uploaded_[job_.buf], st));
+    const int buf = job_.buf;
+    job_ = start_embedding(chunk_pos0_ + chunk_rows_, buf ^ 1);
+    emit(0, b_.embed_dev_.as<float>(), chunk_rows_, chunk_pos0_, st);
+  }
+  bool layer0_ready() {
+    return job_.pos0 != chunk_pos0_ || !job_.ready.valid() || job_.ready.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+  // The engine's hook at each layer's input. Layer 0's rows of the chunk in flight go out at the first later hook that
+  // finds the helper's embedding rows ready, at the latest at the last layer's (whose rows mark the chunk complete), so
+  // the GPU does not wait on the host: for the first chunk there was no chunk ahead to make them in.
+  void recipe_hook(int layer, const float* d_h, int64_t rows, int64_t pos0, cudaStream_t st) {
+    if (stopped_) return;
+    if (layer == 0) {
+      b_.gpu_recipe_.set_positions(pos0, rows, b_.recipe_stream_ ? b_.recipe_stream_ : st);  // the stream RoPE runs on
+      chunk_pos0_ = pos0;
+      chunk_rows_ = rows;
+      layer0_due_ = true;
+      if (layers_ > 1) return;
+    }
+    if (layer0_due_ && (layer == layers_ - 1 || layer0_ready())) {
+      emit_layer0(st);
+      layer0_due_ = false;
+    }
+    if (layer > 0) emit(layer, d_h, rows, pos0, st);
+  }
+
+  CudaBackend& b_;
+  const std::vector<int32_t>& tokens_;
+  const int64_t chunk_;
+  const CacheSpec& spec_;
+  const KvSink& sink_;
+  const RecipeInfo& info_;
+  const int64_t C_;
+  const bool has_v_;  // MLA: one K row per token, no V section
+  const bool rot_k_;
+  const int layers_;
+  const bool hf_k_order_;  // the engine's K rows are in HF's order
+  bool hand_over_frames_ = false, fused_ = false;
+  CaptureStats stats_;
+  std::atomic<bool> stopped_{false};
+  bool finished_ = false;
+  std::exception_ptr delivery_error_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t next_fill_ = 0;
+  EmbedJob job_;
+  int64_t chunk_pos0_ = 0, chunk_rows_ = 0;
+  bool layer0_due_ = false;
+};
+
+int64_t CudaBackend::capture(const std::vector<int32_t>& tokens, int64_t chunk, const CacheSpec& spec, const KvSink& sink,
+                             const std::function<bool()>& stop, CaptureReuse* reuse) {
+  std::lock_guard<std::mutex> one_at_a_time(capture_mu_);  // the slots and the engine's K/V are per capture
+  chunk = std::min(chunk <= 0 ? max_chunk_ : chunk, max_chunk_);
+  return Capture(*this, tokens, chunk, spec, sink).run(stop, reuse);
+}
 
 }  // namespace
 
