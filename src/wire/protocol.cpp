@@ -175,12 +175,8 @@ void frame_in_place(std::initializer_list<FrameInPlace> frames, Bytes& buffer) {
 }
 
 void encode_frame(FrameHeader h, const uint8_t* payload, size_t n, Bytes& out) {
-  encode_frame_hashed(h, payload, n, XXH3_64bits(payload, n), out);
-}
-
-void encode_frame_hashed(FrameHeader h, const uint8_t* payload, size_t n, uint64_t hash, Bytes& out) {
   h.payload_bytes = n;
-  h.payload_hash = hash;
+  h.payload_hash = XXH3_64bits(payload, n);
   uint8_t b[kHeaderBytes];
   write_header(h, b);
   out.reserve(out.size() + kHeaderBytes + n);

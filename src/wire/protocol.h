@@ -95,8 +95,6 @@ class Bytes {
 
 // Serializes header + payload into out (appends).
 void encode_frame(FrameHeader h, const uint8_t* payload, size_t n, Bytes& out);
-// The same, with the payload hash computed by the caller (e.g. on another thread).
-void encode_frame_hashed(FrameHeader h, const uint8_t* payload, size_t n, uint64_t payload_hash, Bytes& out);
 uint64_t payload_hash(const uint8_t* payload, size_t n);
 void encode_json_frame(FrameKind kind, const nlohmann::json& j, Bytes& out);
 
