@@ -16,9 +16,9 @@ struct BenchPrefillOptions {
   int64_t chunk = 4096;
   int reps = 3, threads = 0;
   int tp = 1;              // CUDA: tensor parallel over GPUs 0..tp-1
-  bool tp_one_gpu = false;
-  double max_gpu_mem_gib = 0;
-  std::vector<std::string> modes;  // only these (empty: every mode)  // the CUDA engine's cap on the device memory in use (0: none)  // every rank on GPU 0 (the sharding's overhead on one GPU, not a speed-up)
+  bool tp_one_gpu = false;      // every rank on GPU 0 (the sharding's overhead on one GPU, not a speed-up)
+  double max_gpu_mem_gib = 0;  // the CUDA engine's cap on the device memory in use (0: none)
+  std::vector<std::string> modes;  // only these (empty: every mode)
   uint64_t seed = 0;  // 0: from the clock
   // Each timed prompt shorter by a fresh 0..vary_lengths-1 tokens: lengths the warm-up did not see, as a server meets
   // them (the attention plans and buffers of a new length are then part of the time). 0: every prompt T tokens.
