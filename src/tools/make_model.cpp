@@ -5,6 +5,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -187,14 +189,10 @@ void write_decoder_ggufs(const HfConfig& c, const HfWeightSource& master, const 
   for (auto& tmp : temporary) fs::remove(tmp);
 }
 
-void make_model(const MakeModelOptions& o) {
-  if (o.out.empty()) throw std::invalid_argument("--out is required");
-  const int threads = o.threads > 0 ? o.threads : default_threads();
-  if (o.arch == "deepseek4") {
-    const std::string vocab_dir = o.vocab_dir.empty() ? self_dir() + "/llama/src/models" : o.vocab_dir;
-    std::filesystem::create_directories(o.out);
-    return make_deepseek4_model(o, vocab_dir + "/" + vocab_name_for_arch(o.arch));
-  }
+namespace {
+
+// The preset's config with the options' layers, context, dtype and the vocabulary's size.
+HfConfig make_model_config(const MakeModelOptions& o, const std::string& vocab) {
   HfConfig c = preset_config(o.arch, o.preset);
   if (o.context_length < 0) throw std::invalid_argument("--context-length must be positive");
   if (o.context_length > 0) c.max_position_embeddings = o.context_length;
@@ -203,8 +201,6 @@ void make_model(const MakeModelOptions& o) {
     if (c.arch == "deepseek2" && o.layers <= c.first_k_dense_replace) throw std::invalid_argument("--layers must leave at least one MoE layer");
     c.num_layers = o.layers;
   }
-  const std::string vocab_dir = o.vocab_dir.empty() ? self_dir() + "/llama/src/models" : o.vocab_dir;
-  const std::string vocab = vocab_dir + "/" + vocab_name_for_arch(o.arch);
   if (!fs::exists(vocab)) throw std::runtime_error("vocab GGUF not found: " + vocab + " (run scripts/setup.sh)");
   c.vocab_size = vocab_size_of(vocab);
   if (o.hf_dtype == "fp8") { c.fp8 = true; c.torch_dtype = "bfloat16"; }
@@ -212,12 +208,90 @@ void make_model(const MakeModelOptions& o) {
   else if (o.hf_dtype == "f16") c.torch_dtype = "float16";
   else if (o.hf_dtype == "f32") c.torch_dtype = "float32";
   else throw std::invalid_argument("--hf-dtype must be f32, f16, bf16 or fp8");
+  return c;
+}
 
+using FillFn = std::function<void(const HfTensorSpec&, float*)>;
+
+// A block-FP8 matrix and its weight_scale_inv (e4m3 codes, one f32 scale per block), quantized once when the writer
+// asks for either half; block rows in parallel (an 8B checkpoint has 7e9 weights).
+void add_fp8_tensor(SafetensorsWriter& sw, const HfConfig& c, const HfTensorSpec& sp, const FillFn& fill, int threads) {
+  const int64_t rows = sp.shape[0], cols = sp.shape[1], br = c.fp8_block_rows, bc = c.fp8_block_cols;
+  const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+  auto cache = std::make_shared<std::pair<std::vector<uint8_t>, std::vector<float>>>();
+  auto quantize = [=, &fill]() {
+    if (!cache->first.empty()) return;
+    std::vector<float> f(static_cast<size_t>(rows * cols));
+    fill(sp, f.data());
+    cache->first.resize(f.size());
+    cache->second.assign(size_t(sr * sc), 0.0f);
+    parallel_for(sr, threads, [&](int64_t b0, int64_t b1) {
+      for (int64_t bi = b0; bi < b1; ++bi)
+        for (int64_t bj = 0; bj < sc; ++bj) {
+          float amax = 0;
+          for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r)
+            for (int64_t col = bj * bc; col < std::min(cols, (bj + 1) * bc); ++col) amax = std::max(amax, std::fabs(f[r * cols + col]));
+          const float scale = amax > 0 ? amax / 448.0f : 1.0f;
+          cache->second[bi * sc + bj] = scale;
+          for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r)
+            for (int64_t col = bj * bc; col < std::min(cols, (bj + 1) * bc); ++col)
+              cache->first[r * cols + col] = f32_to_fp8_e4m3(f[r * cols + col] / scale);
+        }
+    });
+  };
+  sw.add(sp.hf_name, StDtype::F8_E4M3, sp.shape, [quantize, cache](uint8_t* dst, size_t n) { quantize(); std::memcpy(dst, cache->first.data(), n); });
+  const std::string sname = sp.hf_name.substr(0, sp.hf_name.size() - std::string("weight").size()) + "weight_scale_inv";
+  sw.add(sname, StDtype::F32, {sr, sc}, [quantize, cache](uint8_t* dst, size_t n) {
+    quantize(); std::memcpy(dst, cache->second.data(), n); cache->first.clear(); cache->first.shrink_to_fit();
+  });
+}
+
+// The HF checkpoint (safetensors, config.json, generation_config.json) under out/hf, unless --no-hf.
+void write_hf_checkpoint(const MakeModelOptions& o, const HfConfig& c, const std::vector<HfTensorSpec>& specs, const FillFn& fill, int threads) {
+  SafetensorsWriter sw;
+  for (const auto& sp : specs) {
+    if (sp.hf_name.empty()) continue;  // a GGUF-only stack of HF tensors (MoE experts)
+    const bool matrix = sp.shape.size() == 2;
+    if (c.fp8 && matrix && sp.hf_name != "model.embed_tokens.weight" && sp.hf_name != "lm_head.weight") {
+      add_fp8_tensor(sw, c, sp, fill, threads);
+      continue;
+    }
+    const StDtype dt = o.hf_dtype == "f32" ? StDtype::F32 : o.hf_dtype == "f16" ? StDtype::F16 : StDtype::BF16;
+    sw.add(sp.hf_name, dt, sp.shape, [sp, dt, &fill](uint8_t* dst, size_t n) {
+      std::vector<float> f(n / st_dtype_size(dt));
+      fill(sp, f.data());
+      if (dt == StDtype::F32) std::memcpy(dst, f.data(), n);
+      else
+        for (size_t i = 0; i < f.size(); ++i) {
+          const uint16_t h = dt == StDtype::F16 ? f32_to_fp16(f[i]) : f32_to_bf16(f[i]);
+          std::memcpy(dst + 2 * i, &h, 2);
+        }
+    });
+  }
+  if (o.no_hf) return;
+  sw.write(o.out + "/hf", size_t(4) << 30, 1);
+  std::ofstream(o.out + "/hf/config.json") << c.to_json().dump(2) << "\n";
+  nlohmann::json gen = {{"bos_token_id", nullptr}, {"do_sample", false}};
+  std::ofstream(o.out + "/hf/generation_config.json") << gen.dump(2) << "\n";
+}
+
+}  // namespace
+
+void make_model(const MakeModelOptions& o) {
+  if (o.out.empty()) throw std::invalid_argument("--out is required");
+  const int threads = o.threads > 0 ? o.threads : default_threads();
+  const std::string vocab_dir = o.vocab_dir.empty() ? self_dir() + "/llama/src/models" : o.vocab_dir;
+  const std::string vocab = vocab_dir + "/" + vocab_name_for_arch(o.arch);
+  if (o.arch == "deepseek4") {
+    std::filesystem::create_directories(o.out);
+    return make_deepseek4_model(o, vocab);
+  }
+  const HfConfig c = make_model_config(o, vocab);
   fs::create_directories(o.no_hf ? o.out : o.out + "/hf");
   const uint64_t seed = o.seed;
   const int64_t L = c.num_layers;
   const std::vector<bool> emit_ok = printable_tokens(*GgufFile::open(vocab));
-  auto fill_master = [seed, L, threads, &emit_ok](const HfTensorSpec& sp, float* dst) {
+  const FillFn fill_master = [seed, L, threads, &emit_ok](const HfTensorSpec& sp, float* dst) {
     int64_t n = 1;
     for (auto d : sp.shape) n *= d;
     const Init in = init_for(sp.hf_name, sp.shape.back(), L);
@@ -232,66 +306,10 @@ void make_model(const MakeModelOptions& o) {
   std::map<std::string, HfTensorSpec> by_name;
   for (const auto& s : specs)
     if (!s.hf_name.empty()) by_name[s.hf_name] = s;
-  HfWeightSource master = [&](const std::string& name, float* dst) { fill_master(by_name.at(name), dst); };
 
-  // HF checkpoint
   spdlog::info("make-model: {} {} seed {} -> {} ({}, vocab {})", o.arch, o.preset, seed, o.no_hf ? o.out : o.out + "/hf",
                o.no_hf ? "the decoder GGUFs only" : o.hf_dtype, c.vocab_size);
-  SafetensorsWriter sw;
-  for (const auto& sp : specs) {
-    if (sp.hf_name.empty()) continue;  // a GGUF-only stack of HF tensors (MoE experts)
-    const bool matrix = sp.shape.size() == 2;
-    const bool fp8_weight = c.fp8 && matrix && sp.hf_name != "model.embed_tokens.weight" && sp.hf_name != "lm_head.weight";
-    StDtype dt = o.hf_dtype == "f32" ? StDtype::F32 : o.hf_dtype == "f16" ? StDtype::F16 : StDtype::BF16;
-    if (fp8_weight) {
-      const int64_t rows = sp.shape[0], cols = sp.shape[1], br = c.fp8_block_rows, bc = c.fp8_block_cols;
-      const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
-      // Quantize once per tensor and hand the two halves to the writer.
-      auto cache = std::make_shared<std::pair<std::vector<uint8_t>, std::vector<float>>>();
-      auto quantize = [=, &fill_master]() {  // block rows in parallel: an 8B checkpoint has 7e9 weights
-        if (!cache->first.empty()) return;
-        std::vector<float> f(static_cast<size_t>(rows * cols));
-        fill_master(sp, f.data());
-        cache->first.resize(f.size());
-        cache->second.assign(size_t(sr * sc), 0.0f);
-        parallel_for(sr, threads, [&](int64_t b0, int64_t b1) {
-          for (int64_t bi = b0; bi < b1; ++bi)
-            for (int64_t bj = 0; bj < sc; ++bj) {
-              float amax = 0;
-              for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r)
-                for (int64_t col = bj * bc; col < std::min(cols, (bj + 1) * bc); ++col) amax = std::max(amax, std::fabs(f[r * cols + col]));
-              const float scale = amax > 0 ? amax / 448.0f : 1.0f;
-              cache->second[bi * sc + bj] = scale;
-              for (int64_t r = bi * br; r < std::min(rows, (bi + 1) * br); ++r)
-                for (int64_t col = bj * bc; col < std::min(cols, (bj + 1) * bc); ++col)
-                  cache->first[r * cols + col] = f32_to_fp8_e4m3(f[r * cols + col] / scale);
-            }
-        });
-      };
-      sw.add(sp.hf_name, StDtype::F8_E4M3, sp.shape, [quantize, cache](uint8_t* dst, size_t n) { quantize(); std::memcpy(dst, cache->first.data(), n); });
-      const std::string sname = sp.hf_name.substr(0, sp.hf_name.size() - std::string("weight").size()) + "weight_scale_inv";
-      sw.add(sname, StDtype::F32, {sr, sc}, [quantize, cache](uint8_t* dst, size_t n) {
-        quantize(); std::memcpy(dst, cache->second.data(), n); cache->first.clear(); cache->first.shrink_to_fit();
-      });
-      continue;
-    }
-    sw.add(sp.hf_name, dt, sp.shape, [sp, dt, &fill_master](uint8_t* dst, size_t n) {
-      std::vector<float> f(n / st_dtype_size(dt));
-      fill_master(sp, f.data());
-      if (dt == StDtype::F32) std::memcpy(dst, f.data(), n);
-      else
-        for (size_t i = 0; i < f.size(); ++i) {
-          const uint16_t h = dt == StDtype::F16 ? f32_to_fp16(f[i]) : f32_to_bf16(f[i]);
-          std::memcpy(dst + 2 * i, &h, 2);
-        }
-    });
-  }
-  if (!o.no_hf) {
-    sw.write(o.out + "/hf", size_t(4) << 30, 1);
-    std::ofstream(o.out + "/hf/config.json") << c.to_json().dump(2) << "\n";
-    nlohmann::json gen = {{"bos_token_id", nullptr}, {"do_sample", false}};
-    std::ofstream(o.out + "/hf/generation_config.json") << gen.dump(2) << "\n";
-  }
+  write_hf_checkpoint(o, c, specs, fill_master, threads);
 
   // The GGUFs are what converting this checkpoint gives: its f16/bf16 values, not the f32 master's
   // (norms stay F32 in a GGUF but hold the checkpoint's rounded values). Block-FP8 checkpoints convert
