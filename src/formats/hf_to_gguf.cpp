@@ -189,15 +189,13 @@ std::vector<float> llama3_rope_factors(const HfConfig& c) {
   return factors;
 }
 
-void write_decoder_gguf(const HfConfig& c, const HfWeightSource& src, const GgufConvertOptions& o, const std::string& path) {
-  if (o.type != GgmlType::F32 && o.type != GgmlType::F16 && o.type != GgmlType::BF16 && o.type != GgmlType::Q8_0)
-    throw std::invalid_argument("write_decoder_gguf writes f32, f16, bf16 or q8_0; use llama-quantize for other types");
-  auto vocab = GgufFile::open(o.vocab_gguf);
-  GgufWriter w;
-  const std::string a = c.arch;
+namespace {
+
+// The shapes every architecture writes; llama_ftype: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q8_0 7, MOSTLY_BF16 32.
+void set_model_keys(GgufWriter& w, const HfConfig& c, const GgufConvertOptions& o) {
+  const std::string& a = c.arch;
   w.set("general.architecture", GgufValue::of_str(a));
   w.set("general.name", GgufValue::of_str(o.name.empty() ? "pdbridge-model" : o.name));
-  // llama_ftype: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q8_0 7, MOSTLY_BF16 32
   w.set("general.file_type", GgufValue::of_u32(o.type == GgmlType::F32 ? 0 : o.type == GgmlType::F16 ? 1 : o.type == GgmlType::Q8_0 ? 7 : 32));
   w.set(a + ".block_count", GgufValue::of_u32(uint32_t(c.num_layers)));
   w.set(a + ".context_length", GgufValue::of_u32(uint32_t(c.max_position_embeddings)));
@@ -216,28 +214,34 @@ void write_decoder_gguf(const HfConfig& c, const HfWeightSource& src, const Gguf
     w.set(a + ".expert_used_count", GgufValue::of_u32(uint32_t(c.num_experts_per_tok)));
     w.set(a + ".expert_feed_forward_length", GgufValue::of_u32(uint32_t(c.moe_intermediate_size)));
   }
-  if (c.arch == "deepseek2") {
-    // MLA as llama.cpp reads it (src/models/deepseek2.cpp): one KV head whose K row is the latent plus
-    // the roped part and whose V is the latent; the per-head score/value widths in the _mla keys.
-    w.set(a + ".attention.head_count_kv", GgufValue::of_u32(1));
-    w.set(a + ".attention.key_length", GgufValue::of_u32(uint32_t(c.kv_lora_rank + c.qk_rope_head_dim)));
-    w.set(a + ".attention.value_length", GgufValue::of_u32(uint32_t(c.kv_lora_rank)));
-    w.set(a + ".attention.key_length_mla", GgufValue::of_u32(uint32_t(c.qk_nope_head_dim + c.qk_rope_head_dim)));
-    w.set(a + ".attention.value_length_mla", GgufValue::of_u32(uint32_t(c.v_head_dim)));
-    w.set(a + ".rope.dimension_count", GgufValue::of_u32(uint32_t(c.qk_rope_head_dim)));
-    // Always written (llama.cpp's converter omits it for a null q_lora_rank, which only loads at 26/27 layers).
-    w.set(a + ".attention.q_lora_rank", GgufValue::of_u32(uint32_t(c.q_lora_rank)));
-    w.set(a + ".attention.kv_lora_rank", GgufValue::of_u32(uint32_t(c.kv_lora_rank)));
-    w.set(a + ".leading_dense_block_count", GgufValue::of_u32(uint32_t(c.first_k_dense_replace)));
-    w.set(a + ".expert_shared_count", GgufValue::of_u32(uint32_t(c.n_shared_experts)));
-    w.set(a + ".expert_weights_scale", GgufValue::of_f32(float(c.routed_scaling_factor)));
-    w.set(a + ".expert_weights_norm", GgufValue::of_bool(c.norm_topk_prob));
-    w.set(a + ".expert_gating_func", GgufValue::of_u32(1));  // softmax
-    if (c.n_group) w.set(a + ".expert_group_count", GgufValue::of_u32(uint32_t(c.n_group)));
-    if (c.topk_group) w.set(a + ".expert_group_used_count", GgufValue::of_u32(uint32_t(c.topk_group)));
-    if (c.rope_scaling.type == RopeScalingType::Yarn && c.rope_scaling.mscale_all_dim)
-      w.set(a + ".rope.scaling.yarn_log_multiplier", GgufValue::of_f32(float(0.1 * c.rope_scaling.mscale_all_dim)));
-  }
+}
+
+// MLA as llama.cpp reads it (src/models/deepseek2.cpp): one KV head whose K row is the latent plus the roped part and
+// whose V is the latent; the per-head score/value widths in the _mla keys.
+void set_deepseek2_keys(GgufWriter& w, const HfConfig& c) {
+  const std::string& a = c.arch;
+  w.set(a + ".attention.head_count_kv", GgufValue::of_u32(1));
+  w.set(a + ".attention.key_length", GgufValue::of_u32(uint32_t(c.kv_lora_rank + c.qk_rope_head_dim)));
+  w.set(a + ".attention.value_length", GgufValue::of_u32(uint32_t(c.kv_lora_rank)));
+  w.set(a + ".attention.key_length_mla", GgufValue::of_u32(uint32_t(c.qk_nope_head_dim + c.qk_rope_head_dim)));
+  w.set(a + ".attention.value_length_mla", GgufValue::of_u32(uint32_t(c.v_head_dim)));
+  w.set(a + ".rope.dimension_count", GgufValue::of_u32(uint32_t(c.qk_rope_head_dim)));
+  // Always written (llama.cpp's converter omits it for a null q_lora_rank, which only loads at 26/27 layers).
+  w.set(a + ".attention.q_lora_rank", GgufValue::of_u32(uint32_t(c.q_lora_rank)));
+  w.set(a + ".attention.kv_lora_rank", GgufValue::of_u32(uint32_t(c.kv_lora_rank)));
+  w.set(a + ".leading_dense_block_count", GgufValue::of_u32(uint32_t(c.first_k_dense_replace)));
+  w.set(a + ".expert_shared_count", GgufValue::of_u32(uint32_t(c.n_shared_experts)));
+  w.set(a + ".expert_weights_scale", GgufValue::of_f32(float(c.routed_scaling_factor)));
+  w.set(a + ".expert_weights_norm", GgufValue::of_bool(c.norm_topk_prob));
+  w.set(a + ".expert_gating_func", GgufValue::of_u32(1));  // softmax
+  if (c.n_group) w.set(a + ".expert_group_count", GgufValue::of_u32(uint32_t(c.n_group)));
+  if (c.topk_group) w.set(a + ".expert_group_used_count", GgufValue::of_u32(uint32_t(c.topk_group)));
+  if (c.rope_scaling.type == RopeScalingType::Yarn && c.rope_scaling.mscale_all_dim)
+    w.set(a + ".rope.scaling.yarn_log_multiplier", GgufValue::of_f32(float(0.1 * c.rope_scaling.mscale_all_dim)));
+}
+
+void set_rope_scaling_keys(GgufWriter& w, const HfConfig& c) {
+  const std::string& a = c.arch;
   const auto& rs = c.rope_scaling;
   if (rs.type == RopeScalingType::Linear) {
     w.set(a + ".rope.scaling.type", GgufValue::of_str("linear"));
@@ -250,6 +254,11 @@ void write_decoder_gguf(const HfConfig& c, const HfWeightSource& src, const Gguf
     w.set(a + ".rope.scaling.yarn_beta_slow", GgufValue::of_f32(float(rs.beta_slow)));
     if (rs.attention_factor) w.set(a + ".rope.scaling.yarn_attn_factor", GgufValue::of_f32(float(*rs.attention_factor)));
   }
+}
+
+// The vocabulary GGUF's tokenizer keys, and a chat template where it has none.
+void copy_tokenizer(GgufWriter& w, const HfConfig& c, const GgufConvertOptions& o) {
+  auto vocab = GgufFile::open(o.vocab_gguf);
   bool has_template = false;
   int64_t n_vocab = 0;
   for (const auto& [k, v] : vocab->kv()) {
@@ -260,37 +269,44 @@ void write_decoder_gguf(const HfConfig& c, const HfWeightSource& src, const Gguf
   }
   if (n_vocab != c.vocab_size)
     throw std::runtime_error(fmt::format("vocab {} has {} tokens but the model has vocab_size {}", o.vocab_gguf, n_vocab, c.vocab_size));
-  if (!has_template) w.set("tokenizer.chat_template", GgufValue::of_str(a == "llama" ? kLlama3Template : kChatmlTemplate));
+  if (!has_template) w.set("tokenizer.chat_template", GgufValue::of_str(c.arch == "llama" ? kLlama3Template : kChatmlTemplate));
+}
 
-  auto specs = hf_tensor_specs(c);
-  if (rs.type == RopeScalingType::Llama3) {
+// One tensor's f32 values as the GGUF holds them: MLA's kv_b halves split, MoE experts stacked, q/k heads permuted.
+void gguf_tensor_values(const HfConfig& c, const HfTensorSpec& sp, const HfWeightSource& src, std::vector<float>& f) {
+  if (sp.kv_b_part) {
+    std::vector<float> kvb(static_cast<size_t>(c.num_heads * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank));
+    src(sp.derive_from, kvb.data());
+    split_kv_b(c, sp.kv_b_part, kvb.data(), f.data());
+  } else if (sp.stack.empty()) {
+    src(sp.hf_name, f.data());
+  } else {
+    for (size_t e = 0; e < sp.stack.size(); ++e) src(sp.stack[e], f.data() + e * (f.size() / sp.stack.size()));
+  }
+  if (sp.permute_heads) {
+    std::vector<float> p(f.size());
+    permute_qk_rows(f.data(), p.data(), sp.permute_heads, c.head_dim, sp.shape[1]);
+    f.swap(p);
+  }
+}
+
+void add_weight_tensors(GgufWriter& w, const HfConfig& c, const HfWeightSource& src, const GgufConvertOptions& o) {
+  if (c.rope_scaling.type == RopeScalingType::Llama3) {
     std::vector<float> factors = llama3_rope_factors(c);
     std::vector<uint8_t> bytes(factors.size() * 4);
     std::memcpy(bytes.data(), factors.data(), bytes.size());
     w.add_tensor_bytes("rope_freqs.weight", GgmlType::F32, {int64_t(factors.size())}, std::move(bytes));
   }
-  for (const auto& sp : specs) {
+  for (const auto& sp : hf_tensor_specs(c)) {
     if (sp.gguf_name.empty()) continue;
     const bool is_matrix = sp.shape.size() >= 2 && !sp.keep_f32;
     const GgmlType t = is_matrix ? o.type : GgmlType::F32;
     std::vector<int64_t> ne(sp.shape.rbegin(), sp.shape.rend());
-    const int threads = o.threads;
-    w.add_tensor(sp.gguf_name, t, ne, [sp, t, &src, threads, hd = c.head_dim, &c](uint8_t* dst, size_t nbytes) {
+    w.add_tensor(sp.gguf_name, t, ne, [sp, t, &src, threads = o.threads, &c](uint8_t* dst, size_t nbytes) {
       int64_t n = 1;
       for (auto d : sp.shape) n *= d;
       std::vector<float> f(static_cast<size_t>(n));
-      if (sp.kv_b_part) {
-        std::vector<float> kvb(static_cast<size_t>(c.num_heads * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank));
-        src(sp.derive_from, kvb.data());
-        split_kv_b(c, sp.kv_b_part, kvb.data(), f.data());
-      } else if (sp.stack.empty()) src(sp.hf_name, f.data());
-      else
-        for (size_t e = 0; e < sp.stack.size(); ++e) src(sp.stack[e], f.data() + e * size_t(n / int64_t(sp.stack.size())));
-      if (sp.permute_heads) {
-        std::vector<float> p(f.size());
-        permute_qk_rows(f.data(), p.data(), sp.permute_heads, hd, sp.shape[1]);
-        f.swap(p);
-      }
+      gguf_tensor_values(c, sp, src, f);
       const int64_t cols = sp.shape.back(), rows = n / cols;
       const size_t row_bytes = ggml_row_bytes(t, cols);
       if (row_bytes * size_t(rows) != nbytes) throw std::logic_error("GGUF tensor size mismatch for " + sp.gguf_name);
@@ -299,6 +315,19 @@ void write_decoder_gguf(const HfConfig& c, const HfWeightSource& src, const Gguf
       });
     });
   }
+}
+
+}  // namespace
+
+void write_decoder_gguf(const HfConfig& c, const HfWeightSource& src, const GgufConvertOptions& o, const std::string& path) {
+  if (o.type != GgmlType::F32 && o.type != GgmlType::F16 && o.type != GgmlType::BF16 && o.type != GgmlType::Q8_0)
+    throw std::invalid_argument("write_decoder_gguf writes f32, f16, bf16 or q8_0; use llama-quantize for other types");
+  GgufWriter w;
+  set_model_keys(w, c, o);
+  if (c.arch == "deepseek2") set_deepseek2_keys(w, c);
+  set_rope_scaling_keys(w, c);
+  copy_tokenizer(w, c, o);
+  add_weight_tensors(w, c, src, o);
   w.write(path);
 }
 
