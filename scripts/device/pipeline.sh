@@ -667,6 +667,10 @@ stage_session33() {
   # the K/V blocks' frames (encode_frames and frame_in_place against session 32's framing; written whole or in
   # pieces through httplib to the front door's reader) on the device's host cores
   run wire_bench env PDBRIDGE_BENCH=1 timeout 180 $P/build/tests/unit_tests --gtest_filter='Wire*:HttpStream*'
+  # DeepSeek-V4's sparse attention with the indexer's choices read all at once per tile (both kernels against the twin,
+  # then the bench: ratio 0 and 128 read no choices and anchor the run against session 31's)
+  run dsv4_attn_kernels env PDBRIDGE_BENCH=1 timeout 200 $P/build/tests/unit_tests \
+    --gtest_filter='CudaKernels.Dsv4SparseAttention*:CudaBench.Dsv4SparseAttentionKernels'
   local Q=$M/q3moe B="--tokens 8192,32768 --reps 5 --chunk 4096 --modes engine,engine+recipe,engine+recipe+frames --out $R/bench_rowsgap.jsonl"
   [ -f $Q/decoder-f16.gguf ] || run make_q3moe $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 11 --out $Q --no-hf --hf-dtype bf16 --gguf-types f16
   run rowsgap_q3moe env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows

@@ -50,25 +50,32 @@ __global__ void __launch_bounds__(256, 1) sparse_attention_kernel(Dsv4SparseAtte
     cp_async16(sQ + swz(r, c, C), a.q + (qi * a.H + (ok ? r : 0)) * D + c * 8, ok);
   }
   cp_async_commit();
+  auto key_row = [&](int slot) -> const __nv_bfloat16* {  // null: no key in that slot
+    if (slot < a.W) {
+      const int64_t p = t - a.W + 1 + slot;
+      return p >= 0 && p >= a.win_first ? a.win + (p - a.win_first) * D : nullptr;
+    }
+    if (slot >= n_slots) return nullptr;
+    const int j = slot - a.W;
+    if (a.ratio == 128) return a.pool + int64_t(j) * D;
+    const int32_t b = a.idx[qi * a.top_k + j];
+    return b >= 0 && b < a.n_pool ? a.pool + int64_t(b) * D : nullptr;
+  };
+  // Each thread copies one 16-byte column chunk of rows r0, r0 + kStep, ...: their sources first, so the indexer's
+  // choices are read with every load in flight at once (read between two copies, each waited its whole latency:
+  // ratio 4's tiles cost 1.7x the window's), then the copies.
   auto load = [&](int tile, int stage) {
-    const int s0 = tile * KT;
-    for (int i = threadIdx.x; i < KT * C; i += 256) {
-      const int r = i / C, c = i % C, slot = s0 + r;
-      const __nv_bfloat16* src = nullptr;
-      if (slot < a.W) {
-        const int64_t p = t - a.W + 1 + slot;
-        if (p >= 0 && p >= a.win_first) src = a.win + (p - a.win_first) * D;
-      } else if (slot < n_slots) {
-        const int j = slot - a.W;
-        if (a.ratio == 128) {
-          src = a.pool + int64_t(j) * D;
-        } else {
-          const int32_t b = a.idx[qi * a.top_k + j];
-          if (b >= 0 && b < a.n_pool) src = a.pool + int64_t(b) * D;
-        }
-      }
-      cp_async16(sK0 + stage * kTileBytes + swz(r, c, C), src ? src + c * 8 : a.q, src != nullptr);
-      if (c == 0) s_valid[stage * KT + r] = src != nullptr;
+    constexpr int kPer = KT * C / 256, kStep = 256 / C;
+    static_assert(KT * C % 256 == 0 && 256 % C == 0, "each thread copies the same column chunk of every row it copies");
+    const int c = threadIdx.x % C, r0 = threadIdx.x / C;
+    const __nv_bfloat16* src[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) src[k] = key_row(tile * KT + r0 + k * kStep);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int r = r0 + k * kStep;
+      cp_async16(sK0 + stage * kTileBytes + swz(r, c, C), src[k] ? src[k] + c * 8 : a.q, src[k] != nullptr);
+      if (c == 0) s_valid[stage * KT + r] = src[k] != nullptr;
     }
     cp_async_commit();
   };

@@ -72,13 +72,22 @@ __device__ __forceinline__ QueryKeys query_keys(const Dsv4SparseAttention& a) {
   return k;
 }
 
-// One tile of kKT key rows into a stage, and which of its slots hold a key; one cp.async group.
+// One tile of kKT key rows into a stage, and which of its slots hold a key; one cp.async group. Each thread copies
+// one 16-byte column chunk of rows r0, r0 + 4, ...: their sources first, so the indexer's choices are read with every
+// load in flight at once (read between two copies, each waited its whole latency: ratio 4's tiles cost 1.7x the
+// window's), then the copies.
 __device__ __forceinline__ void load_keys(const QueryKeys& qk, int tile, uint32_t sK, uint8_t* valid) {
-  for (int i = threadIdx.x; i < kKT * (kD / 8); i += kThreads) {
-    const int r = i / (kD / 8), c = i % (kD / 8);
-    const __nv_bfloat16* src = qk.row(tile * kKT + r);
-    cp_async16(sK + tile_offset(kKT, r, c), src ? src + c * 8 : qk.a->q, src != nullptr);
-    if (c == 0) valid[r] = src != nullptr;
+  constexpr int kPer = kKT * (kD / 8) / kThreads, kStep = kThreads / (kD / 8);
+  static_assert(kKT * (kD / 8) % kThreads == 0 && kThreads % (kD / 8) == 0, "each thread copies the same column chunk of every row it copies");
+  const int c = threadIdx.x % (kD / 8), r0 = threadIdx.x / (kD / 8);
+  const __nv_bfloat16* src[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) src[k] = qk.row(tile * kKT + r0 + k * kStep);
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int r = r0 + k * kStep;
+    cp_async16(sK + tile_offset(kKT, r, c), src[k] ? src[k] + c * 8 : qk.a->q, src[k] != nullptr);
+    if (c == 0) valid[r] = src[k] != nullptr;
   }
   cp_async_commit();
 }
