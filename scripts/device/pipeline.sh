@@ -659,14 +659,14 @@ stage_session32b() {
   run dsv4_bench_session32b env BENCH_TOKENS=${BENCH_TOKENS:-32768,131072} \
     BENCH_RUNS="${BENCH_RUNS:-fp4:32768 fp4:32768:PDBRIDGE_DSV4_INDEXER_A=registers fp4:32768:PDBRIDGE_Q8_GEMM=64 fp4:32768}" bash $DEV/dsv4_gpu.sh bench
 }
-# Session 33's row path: the frames' benches on the host's cores, Qwen3-30B-A3B's rows gap (8 layers) with the slot
-# buffers handed over as frames (PDBRIDGE_FRAMES=handover) and with the fused rows (PDBRIDGE_ROWS_FUSED=1) against
-# the default in the same call, then both through the bridge and parity suites (measurements first: a short call
-# still brings them back).
+# Session 33's row path: the default path's bridge and parity suites, DeepSeek-V4's attention kernels, Qwen3-30B-A3B's
+# rows gap (8 layers) with the slot buffers handed over as frames (PDBRIDGE_FRAMES=handover) and with the fused rows
+# (PDBRIDGE_ROWS_FUSED=1) against the default in the same call, the frames' benches on the host's cores, then both
+# switches through the bridge and parity suites.
 stage_session33() {
-  # the K/V blocks' frames (encode_frames and frame_in_place against session 32's framing; written whole or in
-  # pieces through httplib to the front door's reader) on the device's host cores
-  run wire_bench env PDBRIDGE_BENCH=1 timeout 180 $P/build/tests/unit_tests --gtest_filter='Wire*:HttpStream*'
+  # the default path first: its slot buffers' layout and the capture's steps changed unrun (session 33/34)
+  make_test_models
+  run integration_frames_default timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaBridge.*:CudaParity.*:CudaTailCapture.*'
   # DeepSeek-V4's sparse attention with the indexer's choices read all at once per tile (both kernels against the twin,
   # then the bench: ratio 0 and 128 read no choices and anchor the run against session 31's)
   run dsv4_attn_kernels env PDBRIDGE_BENCH=1 timeout 200 $P/build/tests/unit_tests \
@@ -676,8 +676,9 @@ stage_session33() {
   run rowsgap_q3moe env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows
   run rowsgap_q3moe_handover env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_FRAMES=handover $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows-handover
   run rowsgap_q3moe_fused env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_ROWS_FUSED=1 $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows-fused
-  make_test_models
-  run integration_frames_default timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaBridge.*:CudaParity.*:CudaTailCapture.*'
+  # the K/V blocks' frames (encode_frames and frame_in_place against session 32's framing; written whole or in
+  # pieces through httplib to the front door's reader) on the device's host cores
+  run wire_bench env PDBRIDGE_BENCH=1 timeout 180 $P/build/tests/unit_tests --gtest_filter='Wire*:HttpStream*'
   run integration_frames_handover env PDBRIDGE_FRAMES=handover timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaBridge.*:CudaParity.*:CudaTailCapture.*'
   run integration_rows_fused env PDBRIDGE_ROWS_FUSED=1 timeout 400 $P/build/tests/integration_tests --gtest_filter='CudaBridge.*:CudaParity.*'
 }
