@@ -62,8 +62,8 @@ __global__ void __launch_bounds__(256, 1) sparse_attention_kernel(Dsv4SparseAtte
     return b >= 0 && b < a.n_pool ? a.pool + int64_t(b) * D : nullptr;
   };
   // Each thread copies one 16-byte column chunk of rows r0, r0 + kStep, ...: their sources first, so the indexer's
-  // choices are read with every load in flight at once (read between two copies, each waited its whole latency:
-  // ratio 4's tiles cost 1.7x the window's), then the copies.
+  // choices are read with every load in flight at once, then the copies (each read between two copies waited its whole
+  // latency: a tile of chosen rows cost 1.6x a contiguous one, docs/RESULTS.md session 34).
   auto load = [&](int tile, int stage) {
     constexpr int kPer = KT * C / 256, kStep = 256 / C;
     static_assert(KT * C % 256 == 0 && 256 % C == 0, "each thread copies the same column chunk of every row it copies");

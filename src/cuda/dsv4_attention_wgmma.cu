@@ -74,8 +74,8 @@ __device__ __forceinline__ QueryKeys query_keys(const Dsv4SparseAttention& a) {
 
 // One tile of kKT key rows into a stage, and which of its slots hold a key; one cp.async group. Each thread copies
 // one 16-byte column chunk of rows r0, r0 + 4, ...: their sources first, so the indexer's choices are read with every
-// load in flight at once (read between two copies, each waited its whole latency: ratio 4's tiles cost 1.7x the
-// window's), then the copies.
+// load in flight at once, then the copies (each read between two copies waited its whole latency: a tile of chosen
+// rows cost 1.6x a contiguous one, docs/RESULTS.md session 34).
 __device__ __forceinline__ void load_keys(const QueryKeys& qk, int tile, uint32_t sK, uint8_t* valid) {
   constexpr int kPer = kKT * (kD / 8) / kThreads, kStep = kThreads / (kD / 8);
   static_assert(kKT * (kD / 8) % kThreads == 0 && kThreads % (kD / 8) == 0, "each thread copies the same column chunk of every row it copies");
