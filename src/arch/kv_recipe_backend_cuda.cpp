@@ -276,13 +276,8 @@ class CudaBackend final : public PrefillBackend {
 };
 
 // One capture: its delivery thread, the slots' fill and the rows' hooks on the engine's streams. It lives for one call of
-// CudaBackend::capture; the backend keeps what outlives a capture (buffers, streams, events).
-//
-// Rows of one layer of one chunk go into the next free slot, then out to pinned host memory on the copy stream. The
-// decoder's norm of the residual runs on the engine's stream (it must read the residual before the layer changes it);
-// the rest of the recipe runs on the recipe stream, which is the engine's own unless PDBRIDGE_RECIPE_STREAM=1 gives it a
-// stream of its own (the recipe's products then fill the engine's gaps instead of queueing behind them). A ring of
-// normalized buffers lets the recipe stream lag a layer or two.
+// CudaBackend::capture; the backend keeps what outlives a capture (buffers, streams, events). The streams' roles are
+// the file's first comment's; a ring of normalized buffers lets the recipe stream lag a layer or two.
 class CudaBackend::Capture {
  public:
   Capture(CudaBackend& b, const std::vector<int32_t>& tokens, int64_t chunk, const CacheSpec& spec, const KvSink& sink)
