@@ -38,6 +38,78 @@ double num(const json& j, const char* k, double dflt) {
 }
 }  // namespace
 
+namespace {
+// DeepSeek-V2's MLA widths and routing; what llama.cpp's deepseek2 cannot run is refused here.
+void parse_deepseek2(const json& j, HfConfig& c) {
+  c.q_lora_rank = j.contains("q_lora_rank") && !j["q_lora_rank"].is_null() ? req_int(j, "q_lora_rank") : 0;
+  c.kv_lora_rank = req_int(j, "kv_lora_rank");
+  c.qk_nope_head_dim = req_int(j, "qk_nope_head_dim");
+  c.qk_rope_head_dim = req_int(j, "qk_rope_head_dim");
+  c.v_head_dim = req_int(j, "v_head_dim");
+  if (c.qk_rope_head_dim % 2) bad("qk_rope_head_dim must be even");
+  c.num_experts = req_int(j, "n_routed_experts");
+  c.num_experts_per_tok = req_int(j, "num_experts_per_tok");
+  c.moe_intermediate_size = req_int(j, "moe_intermediate_size");
+  c.n_shared_experts = req_int(j, "n_shared_experts");
+  c.first_k_dense_replace = j.value("first_k_dense_replace", int64_t(0));
+  c.norm_topk_prob = j.value("norm_topk_prob", false);
+  c.routed_scaling_factor = num(j, "routed_scaling_factor", 1.0);
+  if (j.value("scoring_func", std::string("softmax")) != "softmax") bad("scoring_func other than softmax (DeepSeek-V3's sigmoid) is not supported");
+  if (j.value("n_group", int64_t(1)) > 1 && j.value("topk_group", int64_t(1)) < j.value("n_group", int64_t(1)))
+    bad("group-limited routing (n_group > 1) is not supported: llama.cpp's rule differs from DeepSeek-V2's");
+  if (j.value("moe_layer_freq", int64_t(1)) != 1) bad("moe_layer_freq != 1 is not what llama.cpp's deepseek2 runs");
+  c.n_group = j.value("n_group", int64_t(0));
+  c.topk_group = j.value("topk_group", int64_t(0));
+}
+
+void parse_qwen3moe(const json& j, HfConfig& c) {
+  c.num_experts = req_int(j, "num_experts");
+  c.num_experts_per_tok = req_int(j, "num_experts_per_tok");
+  c.moe_intermediate_size = req_int(j, "moe_intermediate_size");
+  if (c.num_experts_per_tok > c.num_experts) bad(fmt::format("num_experts_per_tok {} exceeds num_experts {}", c.num_experts_per_tok, c.num_experts));
+  // Kept for the record only: llama.cpp's qwen3moe always renormalizes the top-k weights
+  // (src/models/qwen3moe.cpp), and the engine computes what the decoder computes.
+  c.norm_topk_prob = j.value("norm_topk_prob", false);
+  // Dense layers between MoE layers have no experts to convert: llama.cpp's qwen3moe cannot load them.
+  if (j.value("decoder_sparse_step", int64_t(1)) != 1) bad("decoder_sparse_step != 1 (dense layers between MoE layers) is not what llama.cpp's qwen3moe runs");
+  if (j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array() && !j["mlp_only_layers"].empty())
+    bad("mlp_only_layers is not empty: llama.cpp's qwen3moe runs every layer as MoE");
+}
+
+// Needs c.max_position_embeddings: the default of original_max_position_embeddings.
+void parse_rope_scaling(const json& rs, HfConfig& c) {
+  if (!rs.is_object()) bad("rope_scaling must be an object or null");
+  std::string t = rs.value("rope_type", rs.value("type", "default"));
+  auto& s = c.rope_scaling;
+  if (t == "default") s.type = RopeScalingType::None;
+  else if (t == "linear") s.type = RopeScalingType::Linear;
+  else if (t == "yarn") s.type = RopeScalingType::Yarn;
+  else if (t == "llama3") s.type = RopeScalingType::Llama3;
+  else bad(fmt::format("rope_scaling type '{}' is not supported (default, linear, yarn, llama3)", t));
+  s.factor = num(rs, "factor", 1.0);
+  if (s.type != RopeScalingType::None && !(s.factor >= 1.0)) bad(fmt::format("rope_scaling.factor {} must be >= 1", s.factor));
+  s.original_max_position_embeddings = int64_t(num(rs, "original_max_position_embeddings", double(c.max_position_embeddings)));
+  s.low_freq_factor = num(rs, "low_freq_factor", 1.0);
+  s.high_freq_factor = num(rs, "high_freq_factor", 4.0);
+  s.beta_fast = num(rs, "beta_fast", 32.0);
+  s.beta_slow = num(rs, "beta_slow", 1.0);
+  if (rs.contains("attention_factor") && !rs["attention_factor"].is_null()) s.attention_factor = num(rs, "attention_factor", 1.0);
+  s.mscale = num(rs, "mscale", 0.0);
+  s.mscale_all_dim = num(rs, "mscale_all_dim", 0.0);
+}
+
+void parse_quantization(const json& q, HfConfig& c) {
+  if (q.value("quant_method", "") != "fp8") bad(fmt::format("quantization_config.quant_method '{}' is not supported (fp8)", q.value("quant_method", "")));
+  c.fp8 = true;
+  if (q.contains("weight_block_size")) {
+    const json& b = q["weight_block_size"];
+    if (!b.is_array() || b.size() != 2) bad("weight_block_size must be [rows, cols]");
+    c.fp8_block_rows = b[0].get<int64_t>();
+    c.fp8_block_cols = b[1].get<int64_t>();
+  }
+}
+}  // namespace
+
 HfConfig HfConfig::parse(const json& j) {
   if (!j.is_object()) bad("not a JSON object");
   HfConfig c;
@@ -50,40 +122,8 @@ HfConfig HfConfig::parse(const json& j) {
   c.hidden_size = req_int(j, "hidden_size");
   // A MoE checkpoint's intermediate_size is the unused dense width (Qwen3-30B-A3B: 6144); optional there.
   c.intermediate_size = c.arch == "qwen3moe" && !j.contains("intermediate_size") ? 0 : req_int(j, "intermediate_size");
-  if (c.arch == "deepseek2") {
-    c.q_lora_rank = j.contains("q_lora_rank") && !j["q_lora_rank"].is_null() ? req_int(j, "q_lora_rank") : 0;
-    c.kv_lora_rank = req_int(j, "kv_lora_rank");
-    c.qk_nope_head_dim = req_int(j, "qk_nope_head_dim");
-    c.qk_rope_head_dim = req_int(j, "qk_rope_head_dim");
-    c.v_head_dim = req_int(j, "v_head_dim");
-    if (c.qk_rope_head_dim % 2) bad("qk_rope_head_dim must be even");
-    c.num_experts = req_int(j, "n_routed_experts");
-    c.num_experts_per_tok = req_int(j, "num_experts_per_tok");
-    c.moe_intermediate_size = req_int(j, "moe_intermediate_size");
-    c.n_shared_experts = req_int(j, "n_shared_experts");
-    c.first_k_dense_replace = j.value("first_k_dense_replace", int64_t(0));
-    c.norm_topk_prob = j.value("norm_topk_prob", false);
-    c.routed_scaling_factor = num(j, "routed_scaling_factor", 1.0);
-    if (j.value("scoring_func", std::string("softmax")) != "softmax") bad("scoring_func other than softmax (DeepSeek-V3's sigmoid) is not supported");
-    if (j.value("n_group", int64_t(1)) > 1 && j.value("topk_group", int64_t(1)) < j.value("n_group", int64_t(1)))
-      bad("group-limited routing (n_group > 1) is not supported: llama.cpp's rule differs from DeepSeek-V2's");
-    if (j.value("moe_layer_freq", int64_t(1)) != 1) bad("moe_layer_freq != 1 is not what llama.cpp's deepseek2 runs");
-    c.n_group = j.value("n_group", int64_t(0));
-    c.topk_group = j.value("topk_group", int64_t(0));
-  }
-  if (c.arch == "qwen3moe") {
-    c.num_experts = req_int(j, "num_experts");
-    c.num_experts_per_tok = req_int(j, "num_experts_per_tok");
-    c.moe_intermediate_size = req_int(j, "moe_intermediate_size");
-    if (c.num_experts_per_tok > c.num_experts) bad(fmt::format("num_experts_per_tok {} exceeds num_experts {}", c.num_experts_per_tok, c.num_experts));
-    // Kept for the record only: llama.cpp's qwen3moe always renormalizes the top-k weights
-    // (src/models/qwen3moe.cpp), and the engine computes what the decoder computes.
-    c.norm_topk_prob = j.value("norm_topk_prob", false);
-    // Dense layers between MoE layers have no experts to convert: llama.cpp's qwen3moe cannot load them.
-    if (j.value("decoder_sparse_step", int64_t(1)) != 1) bad("decoder_sparse_step != 1 (dense layers between MoE layers) is not what llama.cpp's qwen3moe runs");
-    if (j.contains("mlp_only_layers") && j["mlp_only_layers"].is_array() && !j["mlp_only_layers"].empty())
-      bad("mlp_only_layers is not empty: llama.cpp's qwen3moe runs every layer as MoE");
-  }
+  if (c.arch == "deepseek2") parse_deepseek2(j, c);
+  if (c.arch == "qwen3moe") parse_qwen3moe(j, c);
   c.num_layers = req_int(j, "num_hidden_layers");
   c.num_heads = req_int(j, "num_attention_heads");
   c.num_kv_heads = j.contains("num_key_value_heads") ? req_int(j, "num_key_value_heads") : c.num_heads;
@@ -103,38 +143,8 @@ HfConfig HfConfig::parse(const json& j) {
   c.torch_dtype = j.value("torch_dtype", "float32");
   // transformers 5 re-saves call it rope_parameters
   const char* rs_key = j.contains("rope_scaling") && !j["rope_scaling"].is_null() ? "rope_scaling" : "rope_parameters";
-  if (j.contains(rs_key) && !j[rs_key].is_null()) {
-    const json& rs = j[rs_key];
-    if (!rs.is_object()) bad("rope_scaling must be an object or null");
-    std::string t = rs.value("rope_type", rs.value("type", "default"));
-    auto& s = c.rope_scaling;
-    if (t == "default") s.type = RopeScalingType::None;
-    else if (t == "linear") s.type = RopeScalingType::Linear;
-    else if (t == "yarn") s.type = RopeScalingType::Yarn;
-    else if (t == "llama3") s.type = RopeScalingType::Llama3;
-    else bad(fmt::format("rope_scaling type '{}' is not supported (default, linear, yarn, llama3)", t));
-    s.factor = num(rs, "factor", 1.0);
-    if (s.type != RopeScalingType::None && !(s.factor >= 1.0)) bad(fmt::format("rope_scaling.factor {} must be >= 1", s.factor));
-    s.original_max_position_embeddings = int64_t(num(rs, "original_max_position_embeddings", double(c.max_position_embeddings)));
-    s.low_freq_factor = num(rs, "low_freq_factor", 1.0);
-    s.high_freq_factor = num(rs, "high_freq_factor", 4.0);
-    s.beta_fast = num(rs, "beta_fast", 32.0);
-    s.beta_slow = num(rs, "beta_slow", 1.0);
-    if (rs.contains("attention_factor") && !rs["attention_factor"].is_null()) s.attention_factor = num(rs, "attention_factor", 1.0);
-    s.mscale = num(rs, "mscale", 0.0);
-    s.mscale_all_dim = num(rs, "mscale_all_dim", 0.0);
-  }
-  if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
-    const json& q = j["quantization_config"];
-    if (q.value("quant_method", "") != "fp8") bad(fmt::format("quantization_config.quant_method '{}' is not supported (fp8)", q.value("quant_method", "")));
-    c.fp8 = true;
-    if (q.contains("weight_block_size")) {
-      const json& b = q["weight_block_size"];
-      if (!b.is_array() || b.size() != 2) bad("weight_block_size must be [rows, cols]");
-      c.fp8_block_rows = b[0].get<int64_t>();
-      c.fp8_block_cols = b[1].get<int64_t>();
-    }
-  }
+  if (j.contains(rs_key) && !j[rs_key].is_null()) parse_rope_scaling(j[rs_key], c);
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null()) parse_quantization(j["quantization_config"], c);
   return c;
 }
 
