@@ -135,12 +135,25 @@ Deepseek4CudaEngine::Deepseek4CudaEngine(const Deepseek4Config& c) : c_(c), impl
 
 Deepseek4CudaEngine::~Deepseek4CudaEngine() = default;
 
-Deepseek4CudaEngine::Deepseek4CudaEngine(const Deepseek4Recipe& recipe, const Deepseek4Weights& W) : Deepseek4CudaEngine(recipe.config()) {
-  const auto& c = c_;
-  const GgufFile& g = recipe.gguf();
-  const int64_t E = c.hidden, NE = c.experts, F = c.expert_ff;
-  auto rf = [&](const std::string& n) { return upload_f32(g.to_f32(g.tensor(n))); };
-  auto sec = [&](const std::string& n) {
+namespace {
+
+// One layer's tensors from the decoder's GGUF (the sections' weights) and the engine's weights (W), uploaded as the
+// engine keeps them; every upload counted in `bytes`.
+struct GgufLayerLoader {
+  const GgufFile& g;
+  const Deepseek4Weights& W;
+  const Deepseek4Config& c;
+  size_t& bytes;
+
+  DeviceBuffer decoder_f32(const std::string& n) const { return upload_f32(g.to_f32(g.tensor(n))); }
+  DeviceBuffer f32(const std::string& n) const { return upload_f32(W.f32(n)); }
+  DeviceBuffer bf16(const std::string& n) const {
+    auto b = upload_bf16(W.f32(n));
+    bytes += b.bytes();
+    return b;
+  }
+  // Q8_0-family weights stay integer blocks (their products run in integers, as the decoder's do); others as f32.
+  SectionProjection section(const std::string& n) const {
     SectionProjection P;
     const auto& ti = g.tensor(n);
     P.in = ti.ne[0];
@@ -154,94 +167,112 @@ Deepseek4CudaEngine::Deepseek4CudaEngine(const Deepseek4Recipe& recipe, const De
     } else {
       P.w = upload_f32(g.to_f32(ti));
     }
-    weight_bytes_ += P.w.bytes() + P.d.bytes();
+    bytes += P.w.bytes() + P.d.bytes();
     return P;
-  };
-  auto ef = [&](const std::string& n) { return upload_f32(W.f32(n)); };
-  auto eb = [&](const std::string& n) {
-    auto b = upload_bf16(W.f32(n));
-    weight_bytes_ += b.bytes();
-    return b;
-  };
-  impl_->embed = upload_f32(g.to_f32(g.tensor("token_embd.weight")));  // the decoder's embedding: what its layer 0 sees
-  bool any_fp4 = false;
-  for (int64_t l = 0; l < c.layers; ++l) {
-    const std::string p = fmt::format("blk.{}.", l);
-    Impl::Layer L;
-    L.ratio = c.compress_ratios.at(size_t(l));
-    L.r_hc_fn = rf(p + "hc_attn_fn.weight");
-    L.r_hc_base = rf(p + "hc_attn_base.weight");
-    L.r_hc_scale = rf(p + "hc_attn_scale.weight");
-    L.attn_norm = rf(p + "attn_norm.weight");
-    L.kv_norm = rf(p + "attn_kv_a_norm.weight");
-    L.wkv = sec(p + "attn_kv.weight");
+  }
+
+  // What the cached rows are computed from: the decoder's own weights.
+  void sections(Deepseek4CudaEngine::Impl::Layer& L, const std::string& p) const {
+    L.r_hc_fn = decoder_f32(p + "hc_attn_fn.weight");
+    L.r_hc_base = decoder_f32(p + "hc_attn_base.weight");
+    L.r_hc_scale = decoder_f32(p + "hc_attn_scale.weight");
+    L.attn_norm = decoder_f32(p + "attn_norm.weight");
+    L.kv_norm = decoder_f32(p + "attn_kv_a_norm.weight");
+    L.wkv = section(p + "attn_kv.weight");
     if (L.ratio) {
-      L.ckv = sec(p + "attn_compressor_kv.weight");
-      L.cgate = sec(p + "attn_compressor_gate.weight");
-      L.cape = rf(p + "attn_compressor_ape.weight");
-      L.cnorm = rf(p + "attn_compressor_norm.weight");
+      L.ckv = section(p + "attn_compressor_kv.weight");
+      L.cgate = section(p + "attn_compressor_gate.weight");
+      L.cape = decoder_f32(p + "attn_compressor_ape.weight");
+      L.cnorm = decoder_f32(p + "attn_compressor_norm.weight");
     }
     if (L.ratio == 4) {
-      L.ikv = sec(p + "indexer_compressor_kv.weight");
-      L.igate = sec(p + "indexer_compressor_gate.weight");
-      L.iape = rf(p + "indexer_compressor_ape.weight");
-      L.inorm = rf(p + "indexer_compressor_norm.weight");
-      L.idx_q_b = eb(p + "indexer.attn_q_b.weight");
-      L.idx_proj = eb(p + "indexer.proj.weight");
+      L.ikv = section(p + "indexer_compressor_kv.weight");
+      L.igate = section(p + "indexer_compressor_gate.weight");
+      L.iape = decoder_f32(p + "indexer_compressor_ape.weight");
+      L.inorm = decoder_f32(p + "indexer_compressor_norm.weight");
     }
-    L.hc_attn_fn = ef(p + "hc_attn_fn.weight");
-    L.hc_attn_base = ef(p + "hc_attn_base.weight");
-    L.hc_attn_scale = ef(p + "hc_attn_scale.weight");
-    L.hc_ffn_fn = ef(p + "hc_ffn_fn.weight");
-    Impl::stack_attn_hc(L);
-    L.hc_ffn_base = ef(p + "hc_ffn_base.weight");
-    L.hc_ffn_scale = ef(p + "hc_ffn_scale.weight");
-    L.q_a_norm = ef(p + "attn_q_a_norm.weight");
-    L.sinks = ef(p + "attn_sinks.weight");
-    L.ffn_norm = ef(p + "ffn_norm.weight");
-    L.router = ef(p + "ffn_gate_inp.weight");
-    L.wq_a = eb(p + "attn_q_a.weight");
-    L.wq_b = eb(p + "attn_q_b.weight");
-    L.wo_a = eb(p + "attn_output_a.weight");
-    L.wo_b = eb(p + "attn_output_b.weight");
-    if (l < c.hash_layers) {
+  }
+
+  // The engine's layer: hyper-connections, the indexer's query, attention, the router and the shared expert.
+  void engine(Deepseek4CudaEngine::Impl::Layer& L, const std::string& p, bool hash_layer) const {
+    if (L.ratio == 4) {
+      L.idx_q_b = bf16(p + "indexer.attn_q_b.weight");
+      L.idx_proj = bf16(p + "indexer.proj.weight");
+    }
+    L.hc_attn_fn = f32(p + "hc_attn_fn.weight");
+    L.hc_attn_base = f32(p + "hc_attn_base.weight");
+    L.hc_attn_scale = f32(p + "hc_attn_scale.weight");
+    L.hc_ffn_fn = f32(p + "hc_ffn_fn.weight");
+    Deepseek4CudaEngine::Impl::stack_attn_hc(L);
+    L.hc_ffn_base = f32(p + "hc_ffn_base.weight");
+    L.hc_ffn_scale = f32(p + "hc_ffn_scale.weight");
+    L.q_a_norm = f32(p + "attn_q_a_norm.weight");
+    L.sinks = f32(p + "attn_sinks.weight");
+    L.ffn_norm = f32(p + "ffn_norm.weight");
+    L.router = f32(p + "ffn_gate_inp.weight");
+    L.wq_a = bf16(p + "attn_q_a.weight");
+    L.wq_b = bf16(p + "attn_q_b.weight");
+    L.wo_a = bf16(p + "attn_output_a.weight");
+    L.wo_b = bf16(p + "attn_output_b.weight");
+    if (hash_layer) {
       const auto ids = W.i32(p + "ffn_gate_tid2eid.weight");
       if (int64_t(ids.size()) != c.experts_used * c.vocab) throw std::runtime_error(p + "ffn_gate_tid2eid: not k ids per token");
       L.tid2eid.resize(ids.size() * 4);
       L.tid2eid.upload(ids.data(), ids.size() * 4);
       L.hash = true;
     } else {
-      L.probs_bias = ef(p + "exp_probs_b.bias");
+      L.probs_bias = f32(p + "exp_probs_b.bias");
     }
-    {  // the shared expert: gate rows, then up rows
-      auto gs = W.f32(p + "ffn_gate_shexp.weight"), us = W.f32(p + "ffn_up_shexp.weight");
-      gs.insert(gs.end(), us.begin(), us.end());
-      L.sh_gu = upload_bf16(gs);
-      L.sh_down = eb(p + "ffn_down_shexp.weight");
-      weight_bytes_ += L.sh_gu.bytes();
-    }
+    auto gs = W.f32(p + "ffn_gate_shexp.weight"), us = W.f32(p + "ffn_up_shexp.weight");  // gate rows, then up rows
+    gs.insert(gs.end(), us.begin(), us.end());
+    L.sh_gu = upload_bf16(gs);
+    L.sh_down = bf16(p + "ffn_down_shexp.weight");
+    bytes += L.sh_gu.bytes();
+  }
+
+  // The routed experts: their MXFP4 blocks as stored where the weights have them (true), else bf16 with gate and up
+  // fused into 2F rows per expert.
+  bool experts(Deepseek4CudaEngine::Impl::Layer& L, const std::string& p) const {
+    const int64_t E = c.hidden, NE = c.experts, F = c.expert_ff;
     std::vector<uint8_t> gb, ub, db;
     if (W.mxfp4 && W.mxfp4(p + "ffn_gate_exps.weight", gb) && W.mxfp4(p + "ffn_up_exps.weight", ub) && W.mxfp4(p + "ffn_down_exps.weight", db)) {
       auto put = [&](DeviceBuffer& b, const std::vector<uint8_t>& v) {
         b.resize(v.size());
         b.upload(v.data(), v.size());
-        weight_bytes_ += v.size();
+        bytes += v.size();
       };
       put(L.gate_fp4, gb);
       put(L.up_fp4, ub);
       put(L.down_fp4, db);
-      any_fp4 = true;
-    } else {
-      const auto ge = W.f32(p + "ffn_gate_exps.weight"), ue = W.f32(p + "ffn_up_exps.weight");
-      std::vector<float> gu(size_t(NE * 2 * F * E));
-      for (int64_t e = 0; e < NE; ++e) {
-        std::copy_n(ge.data() + e * F * E, F * E, gu.data() + e * 2 * F * E);
-        std::copy_n(ue.data() + e * F * E, F * E, gu.data() + e * 2 * F * E + F * E);
-      }
-      L.exp_gu = upload_bf16(gu);
-      L.exp_down = eb(p + "ffn_down_exps.weight");
-      weight_bytes_ += L.exp_gu.bytes();
+      return true;
     }
+    const auto ge = W.f32(p + "ffn_gate_exps.weight"), ue = W.f32(p + "ffn_up_exps.weight");
+    std::vector<float> gu(size_t(NE * 2 * F * E));
+    for (int64_t e = 0; e < NE; ++e) {
+      std::copy_n(ge.data() + e * F * E, F * E, gu.data() + e * 2 * F * E);
+      std::copy_n(ue.data() + e * F * E, F * E, gu.data() + e * 2 * F * E + F * E);
+    }
+    L.exp_gu = upload_bf16(gu);
+    L.exp_down = bf16(p + "ffn_down_exps.weight");
+    bytes += L.exp_gu.bytes();
+    return false;
+  }
+};
+
+}  // namespace
+
+Deepseek4CudaEngine::Deepseek4CudaEngine(const Deepseek4Recipe& recipe, const Deepseek4Weights& W) : Deepseek4CudaEngine(recipe.config()) {
+  const GgufFile& g = recipe.gguf();
+  const GgufLayerLoader load{g, W, c_, weight_bytes_};
+  impl_->embed = upload_f32(g.to_f32(g.tensor("token_embd.weight")));  // the decoder's embedding: what its layer 0 sees
+  bool any_fp4 = false;
+  for (int64_t l = 0; l < c_.layers; ++l) {
+    const std::string p = fmt::format("blk.{}.", l);
+    Impl::Layer L;
+    L.ratio = c_.compress_ratios.at(size_t(l));
+    load.sections(L, p);
+    load.engine(L, p, l < c_.hash_layers);
+    any_fp4 |= load.experts(L, p);
     impl_->layers.push_back(std::move(L));
   }
   impl_->fp4 = any_fp4;
@@ -255,25 +286,29 @@ Deepseek4CudaEngine::Deepseek4CudaEngine(const Deepseek4Recipe& recipe, const De
                       impl_->layers.empty() || !impl_->layers[0].wkv.q8 ? "f32" : "Q8_0 in integers");
 }
 
-std::unique_ptr<Deepseek4CudaEngine> Deepseek4CudaEngine::random(const Deepseek4Config& c, uint64_t seed) {
-  std::unique_ptr<Deepseek4CudaEngine> eng(new Deepseek4CudaEngine(c));
-  Impl& I = *eng->impl_;
-  const int64_t E = c.hidden, D = c.head_dim, H = c.heads, Lq = c.q_lora, G = c.out_groups, R = c.out_lora, NE = c.experts, F = c.expert_ff;
-  const int64_t FS = F * c.shared_experts, Hi = c.index_heads, Id = c.index_dim;
-  uint64_t k = seed * 1000;
-  size_t& total = eng->weight_bytes_;
-  auto f32 = [&](int64_t n, float sd, float mean) {
+namespace {
+
+// Random weights at a configuration's shapes, drawn on the GPU in a fixed order (seed * 1000 + the draw's number),
+// so a seed always gives the same engine.
+struct RandomLayerWeights {
+  Deepseek4CudaEngine::Impl& I;
+  const Deepseek4Config& c;
+  size_t& bytes;
+  uint64_t k;
+  std::mt19937 rng;
+
+  DeviceBuffer f32(int64_t n, float sd, float mean) {
     DeviceBuffer b(size_t(n) * 4);
     cuda::fill_random_f32(b.as<float>(), n, ++k, sd, mean, I.s);
     return b;
-  };
-  auto b16 = [&](int64_t out, int64_t in) {
+  }
+  DeviceBuffer b16(int64_t out, int64_t in) {
     DeviceBuffer b(size_t(out * in) * 2);
     cuda::fill_random_bf16(b.as<bf16>(), out * in, ++k, 1.0f / std::sqrt(float(in)), I.s);
-    total += b.bytes();
+    bytes += b.bytes();
     return b;
-  };
-  auto q8 = [&](int64_t out, int64_t in) {
+  }
+  SectionProjection q8(int64_t out, int64_t in) {
     SectionProjection P;
     P.in = in;
     P.out = out;
@@ -281,21 +316,19 @@ std::unique_ptr<Deepseek4CudaEngine> Deepseek4CudaEngine::random(const Deepseek4
     P.w.resize(size_t(out * in));
     P.d.resize(size_t(out * in / 32) * 4);
     cuda::fill_random_q8(P.w.as<int8_t>(), P.d.as<float>(), out * in, ++k, 1.0f / (73.0f * std::sqrt(float(in))), I.s);
-    total += P.w.bytes() + P.d.bytes();
+    bytes += P.w.bytes() + P.d.bytes();
     return P;
-  };
-  auto fp4 = [&](int64_t elements) {
+  }
+  DeviceBuffer fp4(int64_t elements) {
     DeviceBuffer b(size_t(elements / 32) * 17);
     cuda::fill_random_mxfp4(b.as<uint8_t>(), elements / 32, ++k, 120, I.s);
-    total += b.bytes();
+    bytes += b.bytes();
     return b;
-  };
-  I.embed = f32(c.vocab * E, 1.0f, 0.0f);
-  std::mt19937 rng{static_cast<uint32_t>(seed)};
-  const bool bf16_experts = Tuning::from_env().dsv4_experts == "bf16";
-  for (int64_t l = 0; l < c.layers; ++l) {
-    Impl::Layer L;
-    L.ratio = c.compress_ratios.at(size_t(l));
+  }
+
+  // The sections' weights and the indexer's, in the GGUF loader's order.
+  void sections(Deepseek4CudaEngine::Impl::Layer& L) {
+    const int64_t E = c.hidden, D = c.head_dim, Lq = c.q_lora, Hi = c.index_heads, Id = c.index_dim;
     L.r_hc_fn = f32(24 * 4 * E, 0.01f, 0.0f);
     L.r_hc_base = f32(24, 0.1f, 0.0f);
     L.r_hc_scale = f32(3, 0.0f, 1.0f);
@@ -317,41 +350,49 @@ std::unique_ptr<Deepseek4CudaEngine> Deepseek4CudaEngine::random(const Deepseek4
       L.idx_q_b = b16(Hi * Id, Lq);
       L.idx_proj = b16(Hi, E);
     }
+  }
+
+  void attention(Deepseek4CudaEngine::Impl::Layer& L) {
+    const int64_t E = c.hidden, D = c.head_dim, H = c.heads, Lq = c.q_lora, G = c.out_groups, R = c.out_lora;
     L.hc_attn_fn = f32(24 * 4 * E, 0.01f, 0.0f);
     L.hc_attn_base = f32(24, 0.1f, 0.0f);
     L.hc_attn_scale = f32(3, 0.0f, 1.0f);
     L.hc_ffn_fn = f32(24 * 4 * E, 0.01f, 0.0f);
-    Impl::stack_attn_hc(L);
+    Deepseek4CudaEngine::Impl::stack_attn_hc(L);
     L.hc_ffn_base = f32(24, 0.1f, 0.0f);
     L.hc_ffn_scale = f32(3, 0.0f, 1.0f);
     L.q_a_norm = f32(Lq, 0.0f, 1.0f);
     L.sinks = f32(H, 0.5f, 0.0f);
     L.ffn_norm = f32(E, 0.0f, 1.0f);
-    L.router = f32(NE * E, 1.0f / std::sqrt(float(E)), 0.0f);
+    L.router = f32(c.experts * E, 1.0f / std::sqrt(float(E)), 0.0f);
     L.wq_a = b16(Lq, E);
     L.wq_b = b16(H * D, Lq);
     L.wo_a = b16(G * R, H * D / G);
     L.wo_b = b16(E, G * R);
-    if (l < c.hash_layers) {
-      std::vector<int32_t> ids(size_t(c.vocab * c.experts_used));
-      std::uniform_int_distribution<int32_t> pick(0, int32_t(NE - 1));
-      for (int64_t t = 0; t < c.vocab; ++t)
-        for (int64_t j = 0; j < c.experts_used; ++j) {  // distinct experts per token
-          int32_t e;
-          bool dup;
-          do {
-            e = pick(rng);
-            dup = false;
-            for (int64_t i = 0; i < j; ++i) dup |= ids[size_t(t * c.experts_used + i)] == e;
-          } while (dup);
-          ids[size_t(t * c.experts_used + j)] = e;
-        }
-      L.tid2eid.resize(ids.size() * 4);
-      L.tid2eid.upload(ids.data(), ids.size() * 4);
-      L.hash = true;
-    } else {
-      L.probs_bias = f32(NE, 0.0f, 0.0f);
-    }
+  }
+
+  // A hash layer's k distinct experts per token id, drawn on the host.
+  void hash_routing(Deepseek4CudaEngine::Impl::Layer& L) {
+    std::vector<int32_t> ids(size_t(c.vocab * c.experts_used));
+    std::uniform_int_distribution<int32_t> pick(0, int32_t(c.experts - 1));
+    for (int64_t t = 0; t < c.vocab; ++t)
+      for (int64_t j = 0; j < c.experts_used; ++j) {
+        int32_t e;
+        bool dup;
+        do {
+          e = pick(rng);
+          dup = false;
+          for (int64_t i = 0; i < j; ++i) dup |= ids[size_t(t * c.experts_used + i)] == e;
+        } while (dup);
+        ids[size_t(t * c.experts_used + j)] = e;
+      }
+    L.tid2eid.resize(ids.size() * 4);
+    L.tid2eid.upload(ids.data(), ids.size() * 4);
+    L.hash = true;
+  }
+
+  void experts(Deepseek4CudaEngine::Impl::Layer& L, bool bf16_experts) {
+    const int64_t E = c.hidden, NE = c.experts, F = c.expert_ff, FS = F * c.shared_experts;
     L.sh_gu = b16(2 * FS, E);
     L.sh_down = b16(E, FS);
     if (bf16_experts) {
@@ -362,6 +403,25 @@ std::unique_ptr<Deepseek4CudaEngine> Deepseek4CudaEngine::random(const Deepseek4
       L.up_fp4 = fp4(NE * F * E);
       L.down_fp4 = fp4(NE * E * F);
     }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Deepseek4CudaEngine> Deepseek4CudaEngine::random(const Deepseek4Config& c, uint64_t seed) {
+  std::unique_ptr<Deepseek4CudaEngine> eng(new Deepseek4CudaEngine(c));
+  Impl& I = *eng->impl_;
+  RandomLayerWeights r{I, c, eng->weight_bytes_, seed * 1000, std::mt19937{static_cast<uint32_t>(seed)}};
+  I.embed = r.f32(c.vocab * c.hidden, 1.0f, 0.0f);
+  const bool bf16_experts = Tuning::from_env().dsv4_experts == "bf16";
+  for (int64_t l = 0; l < c.layers; ++l) {
+    Impl::Layer L;
+    L.ratio = c.compress_ratios.at(size_t(l));
+    r.sections(L);
+    r.attention(L);
+    if (l < c.hash_layers) r.hash_routing(L);
+    else L.probs_bias = r.f32(c.experts, 0.0f, 0.0f);
+    r.experts(L, bf16_experts);
     I.layers.push_back(std::move(L));
   }
   I.fp4 = !bf16_experts;
