@@ -690,6 +690,21 @@ stage_session34() {
   make_test_models
   run integration_frames_default timeout 300 $P/build/tests/integration_tests --gtest_filter='CudaBridge.*:CudaParity.*:CudaTailCapture.*'
 }
+# Where DeepSeek-V4's sparse attention spends a tile (0.134 ms per 4,096 queries, ~3x its products' time): Nsight
+# Compute on the wgmma kernel's second launch of each kind in the bench (ratio 4 at 32K: the indexer's choices; ratio 0:
+# the window alone), the full section set as text; the kernel's launches in the bench are 11 per kind, ratio 4 first.
+stage_ncudsv4() {
+  local NCU; NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$NCU" ] || { ts "no ncu here"; return 0; }
+  local skip name
+  for spec in 1:r4 23:r0; do
+    skip=${spec%%:*}; name=${spec##*:}
+    run ncu_dsv4_$name env PDBRIDGE_BENCH=1 timeout 300 $NCU --clock-control none --kernel-name regex:sparse_attention_wgmma_kernel \
+      --launch-skip $skip --launch-count 1 --set full --import-source no -f -o $R/ncu_dsv4_$name $P/build/tests/unit_tests \
+      --gtest_filter=CudaBench.Dsv4SparseAttentionKernels
+    $NCU --import $R/ncu_dsv4_$name.ncu-rep --page details > $R/ncu_dsv4_$name.txt 2>&1 && rm -f $R/ncu_dsv4_$name.ncu-rep
+  done
+}
 # DeepSeek-V2-Lite's part of rowsgap alone (its F16 GGUF failed there before the engine's scratch counted the FFNs' widths)
 stage_dsv2gap() {
   local B="--tokens 8192,32768 --reps 5 --chunk 4096 --modes engine,engine+recipe,engine+recipe+frames --out $R/bench_rowsgap.jsonl" V=$M/dsv2
@@ -720,7 +735,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|ncudsv4) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac
