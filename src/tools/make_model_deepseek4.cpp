@@ -67,9 +67,8 @@ uint8_t e2m1_code(float x) {  // nearest e2m1 value (ties to the even code)
   return uint8_t(best | (x < 0 && best ? 8 : 0));
 }
 
-}  // namespace
-
-void make_deepseek4_model(const MakeModelOptions& o, const std::string& vocab_gguf) {
+// The preset with the options' layers, compress ratios, hash layers and context applied.
+Deepseek4Config deepseek4_model_config(const MakeModelOptions& o) {
   Deepseek4Config c = Deepseek4Config::preset(o.preset);
   if (o.layers > 0) {
     if (o.layers > int64_t(c.compress_ratios.size())) throw std::invalid_argument("--layers: the preset has fewer compress ratios");
@@ -90,6 +89,86 @@ void make_deepseek4_model(const MakeModelOptions& o, const std::string& vocab_gg
     c.hash_layers = o.hash_layers;
   }
   if (o.context_length > 0) c.context = o.context_length;
+  return c;
+}
+
+std::string scale_name(const std::string& weight_name) { return weight_name.substr(0, weight_name.size() - std::string("weight").size()) + "scale"; }
+
+// e4m3 values of w / scale, one ue8m0 scale per 128 x 128 block (amax fits 448): the official checkpoint's matrices.
+void add_block_fp8(SafetensorsWriter& w, const Dsv4HfTensor& t, uint64_t seed, const std::vector<bool>& emit_ok) {
+  const int64_t rows = t.shape[0], cols = t.shape[1], br = (rows + 127) / 128, bc = (cols + 127) / 128;
+  auto scales = [=, &emit_ok]() {
+    const auto v = master_values(seed, t, emit_ok);
+    std::vector<uint8_t> s(static_cast<size_t>(br * bc));
+    for (int64_t bi = 0; bi < br; ++bi)
+      for (int64_t bj = 0; bj < bc; ++bj) {
+        float amax = 0.0f;
+        for (int64_t r = bi * 128; r < std::min(rows, bi * 128 + 128); ++r)
+          for (int64_t q = bj * 128; q < std::min(cols, bj * 128 + 128); ++q) amax = std::max(amax, std::fabs(v[size_t(r * cols + q)]));
+        s[size_t(bi * bc + bj)] = ue8m0_at_least(amax / 448.0f);
+      }
+    return std::make_pair(v, s);
+  };
+  w.add(t.hf, StDtype::F8_E4M3, t.shape, [=](uint8_t* dst, size_t) {
+    const auto [v, s] = scales();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t q = 0; q < cols; ++q) dst[r * cols + q] = f32_to_fp8_e4m3(v[size_t(r * cols + q)] / e8m0_to_f32(s[size_t((r / 128) * bc + q / 128)]));
+  });
+  w.add(scale_name(t.hf), StDtype::F8_E8M0, {br, bc}, [=](uint8_t* dst, size_t n) { std::memcpy(dst, scales().second.data(), n); });
+}
+
+// An FP4 routed expert: e2m1 pairs (low nibble first), one ue8m0 scale per 32 values (amax fits 6).
+void add_mxfp4(SafetensorsWriter& w, const Dsv4HfTensor& t, uint64_t seed, const std::vector<bool>& emit_ok) {
+  const int64_t n = t.elements();
+  auto scales = [=, &emit_ok]() {
+    const auto v = master_values(seed, t, emit_ok);
+    std::vector<uint8_t> s(static_cast<size_t>(n / 32));
+    for (int64_t b = 0; b < n / 32; ++b) {
+      float amax = 0.0f;
+      for (int64_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[size_t(32 * b + i)]));
+      s[size_t(b)] = ue8m0_at_least(amax / 6.0f);
+    }
+    return std::make_pair(v, s);
+  };
+  w.add(t.hf, StDtype::I8, {t.shape[0], t.shape[1] / 2}, [=](uint8_t* dst, size_t) {
+    const auto [v, s] = scales();
+    for (int64_t i = 0; i < n; i += 2) {
+      const float d = e8m0_to_f32(s[size_t(i / 32)]);
+      dst[i / 2] = uint8_t(e2m1_code(v[size_t(i)] / d) | (e2m1_code(v[size_t(i + 1)] / d) << 4));
+    }
+  });
+  w.add(scale_name(t.hf), StDtype::F8_E8M0, {t.shape[0], t.shape[1] / 32}, [=](uint8_t* dst, size_t bytes) { std::memcpy(dst, scales().second.data(), bytes); });
+}
+
+// One tensor in its store: every float tensor F32 for tests, the official layout's stores with fp8.
+void add_tensor(SafetensorsWriter& w, const Dsv4HfTensor& t, bool official, uint64_t seed, const std::vector<bool>& emit_ok, int64_t n_expert) {
+  using S = Dsv4HfTensor::Store;
+  if (t.store == S::I64) {
+    w.add(t.hf, StDtype::I64, t.shape, [=](uint8_t* dst, size_t n) {
+      const auto e = tid2eid_values(seed, t, n_expert);
+      std::memcpy(dst, e.data(), n);
+    });
+    return;
+  }
+  const S store = official ? t.store : S::F32;
+  if (store == S::F32) {
+    w.add(t.hf, StDtype::F32, t.shape, [=, &emit_ok](uint8_t* dst, size_t n) { std::memcpy(dst, master_values(seed, t, emit_ok).data(), n); });
+  } else if (store == S::Bf16) {
+    w.add(t.hf, StDtype::BF16, t.shape, [=, &emit_ok](uint8_t* dst, size_t) {
+      const auto v = master_values(seed, t, emit_ok);
+      for (size_t i = 0; i < v.size(); ++i) { const uint16_t b = f32_to_bf16(v[i]); std::memcpy(dst + 2 * i, &b, 2); }
+    });
+  } else if (store == S::Fp8) {
+    add_block_fp8(w, t, seed, emit_ok);
+  } else {
+    add_mxfp4(w, t, seed, emit_ok);
+  }
+}
+
+}  // namespace
+
+void make_deepseek4_model(const MakeModelOptions& o, const std::string& vocab_gguf) {
+  Deepseek4Config c = deepseek4_model_config(o);
   if (o.hf_dtype != "f32" && o.hf_dtype != "fp8")
     throw std::invalid_argument("--hf-dtype for deepseek4: f32 (tests) or fp8 (the official layout: FP8 matrices, FP4 experts, bf16 elsewhere)");
   if (!fs::exists(vocab_gguf)) throw std::runtime_error("vocab GGUF not found: " + vocab_gguf + " (run scripts/setup.sh)");
@@ -102,69 +181,8 @@ void make_deepseek4_model(const MakeModelOptions& o, const std::string& vocab_gg
     std::ofstream f(hf + "/config.json");
     f << deepseek4_hf_config_json(c, official).dump(2) << "\n";
   }
-  using S = Dsv4HfTensor::Store;
-  const uint64_t seed = o.seed;
   SafetensorsWriter w;
-  for (const auto& t : deepseek4_hf_tensors(c)) {
-    if (t.store == S::I64) {
-      w.add(t.hf, StDtype::I64, t.shape, [=, &c](uint8_t* dst, size_t n) {
-        const auto e = tid2eid_values(seed, t, c.experts);
-        std::memcpy(dst, e.data(), n);
-      });
-      continue;
-    }
-    const S store = official ? t.store : S::F32;
-    if (store == S::F32) {
-      w.add(t.hf, StDtype::F32, t.shape, [=, &emit_ok](uint8_t* dst, size_t n) { std::memcpy(dst, master_values(seed, t, emit_ok).data(), n); });
-    } else if (store == S::Bf16) {
-      w.add(t.hf, StDtype::BF16, t.shape, [=, &emit_ok](uint8_t* dst, size_t) {
-        const auto v = master_values(seed, t, emit_ok);
-        for (size_t i = 0; i < v.size(); ++i) { const uint16_t b = f32_to_bf16(v[i]); std::memcpy(dst + 2 * i, &b, 2); }
-      });
-    } else if (store == S::Fp8) {  // e4m3 values of w / scale, one ue8m0 scale per 128x128 block (amax fits 448)
-      const int64_t rows = t.shape[0], cols = t.shape[1], br = (rows + 127) / 128, bc = (cols + 127) / 128;
-      auto scales = [=, &emit_ok]() {
-        const auto v = master_values(seed, t, emit_ok);
-        std::vector<uint8_t> s(static_cast<size_t>(br * bc));
-        for (int64_t bi = 0; bi < br; ++bi)
-          for (int64_t bj = 0; bj < bc; ++bj) {
-            float amax = 0.0f;
-            for (int64_t r = bi * 128; r < std::min(rows, bi * 128 + 128); ++r)
-              for (int64_t q = bj * 128; q < std::min(cols, bj * 128 + 128); ++q) amax = std::max(amax, std::fabs(v[size_t(r * cols + q)]));
-            s[size_t(bi * bc + bj)] = ue8m0_at_least(amax / 448.0f);
-          }
-        return std::make_pair(v, s);
-      };
-      w.add(t.hf, StDtype::F8_E4M3, t.shape, [=](uint8_t* dst, size_t) {
-        const auto [v, s] = scales();
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t q = 0; q < cols; ++q) dst[r * cols + q] = f32_to_fp8_e4m3(v[size_t(r * cols + q)] / e8m0_to_f32(s[size_t((r / 128) * bc + q / 128)]));
-      });
-      const std::string sn = t.hf.substr(0, t.hf.size() - std::string("weight").size()) + "scale";
-      w.add(sn, StDtype::F8_E8M0, {br, bc}, [=](uint8_t* dst, size_t n) { std::memcpy(dst, scales().second.data(), n); });
-    } else {  // FP4 expert: e2m1 pairs (low nibble first), one ue8m0 scale per 32 values (amax fits 6)
-      const int64_t n = t.elements();
-      auto scales = [=, &emit_ok]() {
-        const auto v = master_values(seed, t, emit_ok);
-        std::vector<uint8_t> s(static_cast<size_t>(n / 32));
-        for (int64_t b = 0; b < n / 32; ++b) {
-          float amax = 0.0f;
-          for (int64_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[size_t(32 * b + i)]));
-          s[size_t(b)] = ue8m0_at_least(amax / 6.0f);
-        }
-        return std::make_pair(v, s);
-      };
-      w.add(t.hf, StDtype::I8, {t.shape[0], t.shape[1] / 2}, [=](uint8_t* dst, size_t) {
-        const auto [v, s] = scales();
-        for (int64_t i = 0; i < n; i += 2) {
-          const float d = e8m0_to_f32(s[size_t(i / 32)]);
-          dst[i / 2] = uint8_t(e2m1_code(v[size_t(i)] / d) | (e2m1_code(v[size_t(i + 1)] / d) << 4));
-        }
-      });
-      const std::string sn = t.hf.substr(0, t.hf.size() - std::string("weight").size()) + "scale";
-      w.add(sn, StDtype::F8_E8M0, {t.shape[0], t.shape[1] / 32}, [=](uint8_t* dst, size_t bytes) { std::memcpy(dst, scales().second.data(), bytes); });
-    }
-  }
+  for (const auto& t : deepseek4_hf_tensors(c)) add_tensor(w, t, official, o.seed, emit_ok, c.experts);
   w.write(hf, size_t(4) << 30, o.threads > 0 ? o.threads : default_threads());
   auto ck = Deepseek4Checkpoint::open(hf);
   const std::string path = o.out + (official ? "/decoder-mxfp4_moe.gguf" : "/decoder-f32.gguf");
