@@ -712,6 +712,17 @@ stage_session35() {
   run integration_rows_fused env PDBRIDGE_ROWS_FUSED=1 timeout 300 $P/build/tests/integration_tests --gtest_filter='CudaBridge.*:CudaParity.*'
   run wire_bench env PDBRIDGE_BENCH=1 timeout 180 $P/build/tests/unit_tests --gtest_filter='Wire*:HttpStream*'
 }
+# Session 35's second call: both sparse attention kernels with each row's source worked out once per warp (shuffled
+# to the lanes that copy it) and the wgmma kernel's next-tile copies issued under its score products: the twin test
+# and bench, DeepSeek-V4's GPU suites, its layer bench, and the ratio-4 profile.
+stage_session35b() {
+  run dsv4_attn_kernels env PDBRIDGE_BENCH=1 timeout 120 $P/build/tests/unit_tests \
+    --gtest_filter='CudaKernels.Dsv4SparseAttention*:CudaBench.Dsv4SparseAttentionKernels'
+  make_dsv4_test_models
+  run integration_dsv4 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  run dsv4_bench_session35b env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768" bash $DEV/dsv4_gpu.sh bench
+  NCU_ONLY=r4 stage_ncudsv4
+}
 # Where DeepSeek-V4's sparse attention spends a tile (0.134 ms per 4,096 queries, ~3x its products' time): Nsight
 # Compute on the wgmma kernel's second launch of each kind in the bench (ratio 4 at 32K: the indexer's choices; ratio 0:
 # the window alone), the full section set as text; the kernel's launches in the bench are 11 per kind, ratio 4 first.
@@ -721,6 +732,7 @@ stage_ncudsv4() {
   local skip name
   for spec in 1:r4 23:r0; do
     skip=${spec%%:*}; name=${spec##*:}
+    [ -n "${NCU_ONLY:-}" ] && [ "$name" != "$NCU_ONLY" ] && continue
     run ncu_dsv4_$name env PDBRIDGE_BENCH=1 timeout 300 $NCU --clock-control none --kernel-name regex:sparse_attention_wgmma_kernel \
       --launch-skip $skip --launch-count 1 --set full --import-source no -f -o $R/ncu_dsv4_$name $P/build/tests/unit_tests \
       --gtest_filter=CudaBench.Dsv4SparseAttentionKernels
@@ -757,7 +769,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|ncudsv4) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|ncudsv4) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

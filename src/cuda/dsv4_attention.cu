@@ -5,6 +5,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/device_helpers.cuh"
+#include "cuda/dsv4_attention_keys.cuh"
 
 namespace pdb::cuda {
 namespace {
@@ -17,7 +18,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 // group agree on the tile's row maxima through shared memory and hand each other their half of P there. Key
 // tiles of KT rows in two shared-memory stages (cp.async straight from the window and the pool: no gathered copy).
 template <int D, int KT>
-__global__ void __launch_bounds__(256, 1) sparse_attention_kernel(Dsv4SparseAttention a, __nv_bfloat16* __restrict__ out) {
+__global__ void __launch_bounds__(256, 1) sparse_attention_kernel(const __grid_constant__ Dsv4SparseAttention a, __nv_bfloat16* __restrict__ out) {
   constexpr int C = D / 8, KS = D / 16, CP = KT / 8;
   constexpr int NT_S = KT / 16;  // 8-key n-tiles of S per warp: half the tile
   constexpr int NT_O = D / 16;   // 8-column n-tiles of O per warp: half of D
@@ -31,17 +32,9 @@ __global__ void __launch_bounds__(256, 1) sparse_attention_kernel(Dsv4SparseAtte
   uint8_t* s_valid = reinterpret_cast<uint8_t*>(s_sum + 128);               // [2][KT]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rg = warp >> 1, cg = warp & 1;
-  const int64_t qi = int64_t(gridDim.x) - 1 - blockIdx.x;  // the latest queries (the most keys) first
-  const int64_t t = a.t0 + qi;
-  int n_comp = 0;
-  if (a.ratio == 128) {
-    const int64_t v = (t + 1) / 128;
-    n_comp = int(v < a.n_pool ? v : a.n_pool);
-  } else if (a.ratio == 4) {
-    const int64_t v = (t + 1) / 4;
-    n_comp = int(v < a.top_k ? v : a.top_k);
-  }
-  const int n_slots = a.W + n_comp;
+  const Dsv4QueryKeys<D> qk = dsv4_query_keys<D>(a);
+  const int64_t qi = qk.qi;
+  const int n_slots = qk.n_slots;
   const int n_tiles = (n_slots + KT - 1) / KT;
 
   for (int i = threadIdx.x; i < 64 * C; i += 256) {
@@ -50,34 +43,8 @@ __global__ void __launch_bounds__(256, 1) sparse_attention_kernel(Dsv4SparseAtte
     cp_async16(sQ + swz(r, c, C), a.q + (qi * a.H + (ok ? r : 0)) * D + c * 8, ok);
   }
   cp_async_commit();
-  auto key_row = [&](int slot) -> const __nv_bfloat16* {  // null: no key in that slot
-    if (slot < a.W) {
-      const int64_t p = t - a.W + 1 + slot;
-      return p >= 0 && p >= a.win_first ? a.win + (p - a.win_first) * D : nullptr;
-    }
-    if (slot >= n_slots) return nullptr;
-    const int j = slot - a.W;
-    if (a.ratio == 128) return a.pool + int64_t(j) * D;
-    const int32_t b = a.idx[qi * a.top_k + j];
-    return b >= 0 && b < a.n_pool ? a.pool + int64_t(b) * D : nullptr;
-  };
-  // Each thread copies one 16-byte column chunk of rows r0, r0 + kStep, ...: their sources first, so the indexer's
-  // choices are read with every load in flight at once, then the copies (each read between two copies waited its whole
-  // latency: a tile of chosen rows cost 1.6x a contiguous one, docs/RESULTS.md session 34).
   auto load = [&](int tile, int stage) {
-    constexpr int kPer = KT * C / 256, kStep = 256 / C;
-    static_assert(KT * C % 256 == 0 && 256 % C == 0, "each thread copies the same column chunk of every row it copies");
-    const int c = threadIdx.x % C, r0 = threadIdx.x / C;
-    const __nv_bfloat16* src[kPer];
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) src[k] = key_row(tile * KT + r0 + k * kStep);
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int r = r0 + k * kStep;
-      cp_async16(sK0 + stage * kTileBytes + swz(r, c, C), src[k] ? src[k] + c * 8 : a.q, src[k] != nullptr);
-      if (c == 0) s_valid[stage * KT + r] = src[k] != nullptr;
-    }
-    cp_async_commit();
+    dsv4_load_key_tile<D, KT, 256>(qk, tile, sK0 + stage * kTileBytes, s_valid + stage * KT, [](int r, int c) { return swz(r, c, C); });
   };
   load(0, 0);
 

@@ -9,6 +9,7 @@
 // partial S in 2 x 16 KB: 225 KB in all, one block per SM. Built for sm_90a only; other targets get a kernel that
 // traps (the launcher checks the device first).
 #include "cuda/dsv4_attention.cuh"
+#include "cuda/dsv4_attention_keys.cuh"
 
 #include <stdexcept>
 #include <string>
@@ -38,63 +39,15 @@ __device__ __forceinline__ uint32_t tile_offset(int rows, int r, int c) {
 }
 
 
-// Which keys a query sees, slot by slot: the window's W positions t - W + 1 .. t, then its compressed rows (ratio
-// 128: the finished blocks; ratio 4: the indexer's choices, -1 for none). nullptr: no key in that slot.
-struct QueryKeys {
-  const Dsv4SparseAttention* a;
-  int64_t qi, t;
-  int n_slots;
-  __device__ const __nv_bfloat16* row(int slot) const {
-    if (slot < a->W) {
-      const int64_t p = t - a->W + 1 + slot;
-      return p >= 0 && p >= a->win_first ? a->win + (p - a->win_first) * kD : nullptr;
-    }
-    if (slot >= n_slots) return nullptr;
-    const int j = slot - a->W;
-    if (a->ratio == 128) return a->pool + int64_t(j) * kD;
-    const int32_t b = a->idx[qi * a->top_k + j];
-    return b >= 0 && b < a->n_pool ? a->pool + int64_t(b) * kD : nullptr;
-  }
-};
-
-__device__ __forceinline__ QueryKeys query_keys(const Dsv4SparseAttention& a) {
-  QueryKeys k{&a, int64_t(gridDim.x) - 1 - blockIdx.x, 0, 0};  // the latest queries (the most keys) first
-  k.t = a.t0 + k.qi;
-  int n_comp = 0;
-  if (a.ratio == 128) {
-    const int64_t v = (k.t + 1) / 128;
-    n_comp = int(v < a.n_pool ? v : a.n_pool);
-  } else if (a.ratio == 4) {
-    const int64_t v = (k.t + 1) / 4;
-    n_comp = int(v < a.top_k ? v : a.top_k);
-  }
-  k.n_slots = a.W + n_comp;
-  return k;
-}
-
-// One tile of kKT key rows into a stage, and which of its slots hold a key; one cp.async group. Each thread copies
-// one 16-byte column chunk of rows r0, r0 + 4, ...: their sources first, so the indexer's choices are read with every
-// load in flight at once, then the copies (each read between two copies waited its whole latency: a tile of chosen
-// rows cost 1.6x a contiguous one, docs/RESULTS.md session 34).
-__device__ __forceinline__ void load_keys(const QueryKeys& qk, int tile, uint32_t sK, uint8_t* valid) {
-  constexpr int kPer = kKT * (kD / 8) / kThreads, kStep = kThreads / (kD / 8);
-  static_assert(kKT * (kD / 8) % kThreads == 0 && kThreads % (kD / 8) == 0, "each thread copies the same column chunk of every row it copies");
-  const int c = threadIdx.x % (kD / 8), r0 = threadIdx.x / (kD / 8);
-  const __nv_bfloat16* src[kPer];
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) src[k] = qk.row(tile * kKT + r0 + k * kStep);
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int r = r0 + k * kStep;
-    cp_async16(sK + tile_offset(kKT, r, c), src[k] ? src[k] + c * 8 : qk.a->q, src[k] != nullptr);
-    if (c == 0) valid[r] = src[k] != nullptr;
-  }
-  cp_async_commit();
+// One tile of key rows into a stage in tile_offset's layout (dsv4_attention_keys.cuh).
+__device__ __forceinline__ void load_keys(const Dsv4QueryKeys<kD>& qk, int tile, uint32_t sK, uint8_t* valid) {
+  dsv4_load_key_tile<kD, kKT, kThreads>(qk, tile, sK, valid, [](int r, int c) { return tile_offset(kKT, r, c); });
 }
 
 // Warpgroup w's half of S for one tile: dimensions 256w .. 256w + 255 in 16 steps of 16; a step moves 32 bytes
-// inside a 64-column block, every fourth the next block. Issued, committed and waited for.
-__device__ __forceinline__ void partial_scores(float* s, uint32_t sQ, uint32_t sK, int w) {
+// inside a 64-column block, every fourth the next block. Issued and committed: scores_ready waits for it, so the
+// next tile's copies are issued while the tensor cores work.
+__device__ __forceinline__ void issue_partial_scores(float* s, uint32_t sQ, uint32_t sK, int w) {
   fence_registers<32>(s);
   wgmma_fence();
 #pragma unroll
@@ -104,6 +57,9 @@ __device__ __forceinline__ void partial_scores(float* s, uint32_t sQ, uint32_t s
     wgmma_ss_n64(s, smem_desc(sQ + block * (64 * 128) + off, 16, 1024), smem_desc(sK + block * (kKT * 128) + off, 16, 1024), kk > 0);
   }
   wgmma_commit();
+}
+
+__device__ __forceinline__ void scores_ready(float* s) {
   wgmma_wait<0>();
   fence_registers<32>(s);
 }
@@ -186,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_wgmma_kernel(con
   const uint32_t sQ = (raw + 1023u) & ~1023u, sK0 = sQ + kQBytes, sX = sK0 + 2 * kTileBytes;  // swizzle atoms: 1024-aligned
   uint8_t* valid0 = smem_raw + (sX + 2 * kXBytes - raw);  // [2][kKT]
   const int w = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, t = lane % 4;
-  const QueryKeys qk = query_keys(a);
+  const Dsv4QueryKeys<kD> qk = dsv4_query_keys<kD>(a);
   const int n_tiles = (qk.n_slots + kKT - 1) / kKT;
 
   for (int i = threadIdx.x; i < 64 * (kD / 8); i += kThreads) {
@@ -217,9 +173,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_wgmma_kernel(con
     cp_async_wait<0>();  // this tile (and on the first, Q)
     fence_async_shared();
     __syncthreads();  // every copy visible; both warpgroups are done with the other stage and with sX
-    if (tile + 1 < n_tiles) load_keys(qk, tile + 1, sK0 + (stage ^ 1) * kTileBytes, valid0 + (stage ^ 1) * kKT);
     const uint32_t sK = sK0 + stage * kTileBytes;
-    partial_scores(s, sQ, sK, w);
+    issue_partial_scores(s, sQ, sK, w);
+    if (tile + 1 < n_tiles) load_keys(qk, tile + 1, sK0 + (stage ^ 1) * kTileBytes, valid0 + (stage ^ 1) * kKT);
+    scores_ready(s);
     sum_halves(s, sX, w);
     softmax_tile(s, valid0 + stage * kKT, t, scale_log2, m_run, l_run, o, pa);
     accumulate_pv(o, pa, sK, w);
