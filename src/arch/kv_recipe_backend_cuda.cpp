@@ -142,8 +142,8 @@ class CudaBackend final : public PrefillBackend {
       PDB_CUDA_CHECK(cudaEventCreateWithFlags(&g.copied_out, cudaEventDisableTiming));
     }
     // header room, up to f32 K rows, header room (and alignment for f32 V rows), up to f32 V rows
-    // (the spares only where PDBRIDGE_FRAMES=handover asks for them at the start: pinned memory is not free)
-    const int spares = Tuning::from_env().frames == "handover" ? kSpareFrameBuffers : 0;
+    // (the spares only where the slot buffers leave as frames, the default: PDBRIDGE_FRAMES=copy copies them instead)
+    const int spares = Tuning::from_env().frames != "copy" ? kSpareFrameBuffers : 0;
     frames_ = std::make_shared<FrameBuffers>(kSlots + spares, 2 * (wire::kHeaderBytes + 16) + 2 * size_t(max_chunk * C) * 4);
     for (int i = kSlots; i < kSlots + spares; ++i) frames_->give_back(i);
     for (int i = 0; i < kSlots; ++i) {
@@ -286,7 +286,7 @@ class CudaBackend::Capture {
         hf_k_order_(model_definition(info_.arch).gguf_permutes_qk) {
     const Tuning t = Tuning::from_env();
     stats_.on = t.capture_stats == "1";
-    hand_over_frames_ = t.frames == "handover";
+    hand_over_frames_ = t.frames != "copy";
     // an f16 cache without rotation: the rows' bytes in one pass
     fused_ = t.rows_fused == "1" && spec.k_type == GgmlType::F16 && spec.v_type == GgmlType::F16 && !rot_k_ && !spec.rot_v;
     for (auto& s : b_.slots_) s.state = Slot::Free;
@@ -376,7 +376,7 @@ class CudaBackend::Capture {
       b_.convert(s, spec_.k_type, rot_k_, k_rotation_size(info_.head_dim), buf + s.k_at, kq, k, kb, C_);
       if (has_v_) b_.convert(s, spec_.v_type, spec_.rot_v, kVRotationSize, buf + s.v_at, vq, v, vb, C_);
       KvBlock block{s.layer, s.pos0, s.rows, k, kb, v, vb};
-      // PDBRIDGE_FRAMES=handover: the slot's buffer leaves as its block's frames
+      // the slot's buffer leaves as its block's frames (PDBRIDGE_FRAMES=copy: copied into new ones instead)
       if (hand_over_frames_ && cuda::encodes_on_gpu(spec_.k_type) && (!has_v_ || cuda::encodes_on_gpu(spec_.v_type)))
         block.take_frames = [this, &s, frame_bytes = (has_v_ ? s.v_at + vb : s.k_at + kb)] { return b_.hand_over(s, frame_bytes, stats_); };
       if (!sink_(block)) stopped_ = true;

@@ -37,7 +37,7 @@ struct Tuning {
   std::string readback;          // PDBRIDGE_READBACK=copy: small device results reach the host by cudaMemcpyAsync, not mapped stores
   std::string rows_fused;        // PDBRIDGE_ROWS_FUSED=1: the GPU backend's engine rows of an f16 cache in one kernel
   std::string capture_stats;     // PDBRIDGE_CAPTURE_STATS=1: each GPU capture's rows timed part by part, on stderr (no path changes)
-  std::string frames;            // PDBRIDGE_FRAMES=handover: the GPU backend's pinned slot buffers leave as the frames (no copy)
+  std::string frames;            // PDBRIDGE_FRAMES=copy: the GPU backend copies its pinned slot buffers into frames (default: they leave as the frames)
 
   static Tuning from_env();
 };
