@@ -58,7 +58,8 @@ DeviceBuffer upload_bf16(const std::vector<float>& v) {
 
 const char* Deepseek4CudaEngine::Profile::phase_name(int p) {
   static const char* names[] = {"sections", "query", "indexer", "attention", "output", "moe", "hook", "moe_fp4_expand", "moe_routed_products",
-                                "sections_mix", "sections_window", "sections_pool", "sections_lid", "indexer_topk"};
+                                "sections_mix", "sections_window", "sections_pool", "sections_lid", "indexer_topk", "moe_route", "moe_expand_wait",
+                                "moe_shared_combine"};
   return p >= 0 && p < kPhases ? names[p] : "?";
 }
 
@@ -833,6 +834,7 @@ void Deepseek4CudaEngine::PromptRun::output() {
 // ---- the MoE: pre-mix, ffn_norm, routing, routed experts (one grouped product each for gate|up and down), shared expert
 void Deepseek4CudaEngine::PromptRun::moe() {
   route_and_gather();
+  mark(16);
   routed_experts();
   shared_expert_and_combine();
   mark(6);
@@ -964,10 +966,13 @@ void Deepseek4CudaEngine::PromptRun::record_profile() {
     PDB_CUDA_CHECK(cudaEventSynchronize(ev[6]));
     // sections 0 -> 1 | (hook) | query 8 -> 2 | indexer 2 -> 3 | attention 3 -> 4 | output 4 -> 5 | moe 5 -> 6
     // and within the sections: the mixes 0 -> 13 | the window row 13 -> 14 | the pool's compressor 14 -> 15 | the
-    // indexer's 15 -> 1
-    const int from[10] = {0, 8, 2, 3, 4, 5, 0, 13, 14, 15}, to[10] = {1, 2, 3, 4, 5, 6, 13, 14, 15, 1};
-    const int phase[10] = {kSections, kQuery, kIndexer, kAttention, kOutput, kMoe, kSectionsMix, kSectionsWindow, kSectionsPool, kSectionsLid};
-    for (int i = 0; i < 10; ++i) {
+    // indexer's 15 -> 1; within the MoE: routing and gather 5 -> 16 | the wait for the expansion (or the expansion
+    // itself, inline) 16 -> 11 | the routed products 11 -> 12 | the shared expert and the combine 12 -> 6
+    constexpr int kSpans = 13;
+    const int from[kSpans] = {0, 8, 2, 3, 4, 5, 0, 13, 14, 15, 5, 16, 12}, to[kSpans] = {1, 2, 3, 4, 5, 6, 13, 14, 15, 1, 16, 11, 6};
+    const int phase[kSpans] = {kSections,    kQuery,          kIndexer,     kAttention, kOutput,        kMoe,      kSectionsMix,
+                               kSectionsWindow, kSectionsPool, kSectionsLid, kMoeRoute,  kMoeExpandWait, kMoeShared};
+    for (int i = 0; i < kSpans; ++i) {
       float ms = 0;
       PDB_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[from[i]], ev[to[i]]));
       profile->ms[size_t(l)][phase[i]] += ms;

@@ -35,7 +35,7 @@ class Deepseek4CudaEngine {
   // indexer's compressor); kIndexerTopk is the indexer's top-k selection, part of kIndexer; kHook is the hook's host
   // time, beside the layer's device work (it runs while the GPU runs the attention; where it outlasts that, the MoE's
   // time holds the wait). Profile::part_of_another says which of them not to add twice.
-  enum Phase { kSections, kQuery, kIndexer, kAttention, kOutput, kMoe, kHook, kExpand, kRouted, kSectionsMix, kSectionsWindow, kSectionsPool, kSectionsLid, kIndexerTopk, kPhases };
+  enum Phase { kSections, kQuery, kIndexer, kAttention, kOutput, kMoe, kHook, kExpand, kRouted, kSectionsMix, kSectionsWindow, kSectionsPool, kSectionsLid, kIndexerTopk, kMoeRoute, kMoeExpandWait, kMoeShared, kPhases };
   // Device milliseconds per layer and phase, summed over the chunks of the prompts run with it set.
   struct Profile {
     std::vector<std::array<double, kPhases>> ms;

@@ -263,8 +263,8 @@ struct Deepseek4CudaEngine::PromptRun {
   GgmlRopeParams rp_plain, rp_comp;
   int64_t max_nk = 0, attn_batch = 1, max_blocks = 0, idx_batch = 1;
   // 0-6 phase bounds, 8 the layer's start after the sections, 9-10 around the FP4 expansion, 11-12 the routed
-  // experts' products, 13-15 inside the sections
-  cudaEvent_t ev[16];
+  // experts' products, 13-15 inside the sections, 16 the MoE's routing done
+  cudaEvent_t ev[17];
   cuda::EventSpans topk_spans;  // profiled: each query batch's top-k (kIndexerTopk)
   // the chunk and the layer in progress
   int64_t p0 = 0, rows = 0, l = 0;
