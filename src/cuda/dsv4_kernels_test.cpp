@@ -358,6 +358,60 @@ TEST(CudaBench, Dsv4SparseAttentionKernels) {
 #endif
 }
 
+// A benchmark, run on request (PDBRIDGE_BENCH=1): the f32 work of DeepSeek-V4's hyper-connection mixes and router
+// at V4-Flash's shapes for a 32K chunk (hidden 4096, 4 streams, 256 experts), which the session-35 profile put at
+// ~11 ms of a ratio-4 layer's 75 (the sections' mix 5.3, the MoE's routing and gather 5.7): each product's time
+// against reading its input once at the device's bandwidth, and the elementwise passes beside them.
+TEST(CudaBench, Dsv4F32MixAndRouterProducts) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
+  const char* on = std::getenv("PDBRIDGE_BENCH");
+  if (!on || std::string(on) != "1") GTEST_SKIP() << "a benchmark: PDBRIDGE_BENCH=1 runs it";
+#ifdef PDBRIDGE_HAVE_CUDA
+  using namespace test_kernels;
+  const int64_t rows = 32768, E = 4096, NE = 256, kMix = cuda::kDsv4MixFloats;
+  cuda::Gemm gemm;
+  cuda::DeviceBuffer x(size_t(rows * 4 * E) * 4), y(size_t(rows * NE) * 4), pre(size_t(rows * E) * 4), normed(size_t(rows * E) * 4);
+  cuda::fill_random_f32(x.as<float>(), rows * 4 * E, 1, 1.0f, 0.0f, nullptr);
+  auto w = to_device_f32(randn(size_t(NE * 4 * E), 0.01f));
+  auto mix = to_device_f32(randn(size_t(rows * kMix), 0.1f));
+  auto norm_w = to_device_f32(randn(size_t(E), 0.1f));
+  auto median_ms = [](const std::function<void()>& run) {
+    run();
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    cudaEvent_t e0, e1;
+    PDB_CUDA_CHECK(cudaEventCreate(&e0));
+    PDB_CUDA_CHECK(cudaEventCreate(&e1));
+    std::vector<float> ms;
+    for (int r = 0; r < 10; ++r) {
+      PDB_CUDA_CHECK(cudaEventRecord(e0));
+      run();
+      PDB_CUDA_CHECK(cudaEventRecord(e1));
+      PDB_CUDA_CHECK(cudaEventSynchronize(e1));
+      float t = 0;
+      PDB_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+      ms.push_back(t);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    std::sort(ms.begin(), ms.end());
+    return double(ms[ms.size() / 2]);
+  };
+  struct Shape { const char* what; int64_t in, out; };
+  for (const Shape& sh : {Shape{"the sections' two mixes (decoder's and engine's)", 4 * E, 2 * kMix}, Shape{"the FFN's mix", 4 * E, kMix},
+                          Shape{"the router", E, NE}}) {
+    const double ms = median_ms([&] { gemm.xwt(cuda::DType::F32, x.get(), w.get(), cuda::DType::F32, y.get(), rows, sh.in, sh.out, 0.0f, nullptr); });
+    const double bytes = double(rows) * sh.in * 4 + double(sh.in) * sh.out * 4 + double(rows) * sh.out * 4;
+    std::printf("DSV4 F32 PRODUCT %s: %lld x %lld -> %lld: %.3f ms, %.1f TFLOP/s, %.0f GB/s of its operands read once\n", sh.what, (long long)rows,
+                (long long)sh.in, (long long)sh.out, ms, 2.0 * rows * sh.in * sh.out / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9);
+  }
+  const double pre_ms = median_ms([&] { cuda::dsv4_hc_pre_sum(x.as<float>(), mix.as<float>(), rows, E, pre.as<float>(), nullptr); });
+  const double norm_ms = median_ms([&] { cuda::rmsnorm_rows(pre.as<float>(), norm_w.as<float>(), normed.as<float>(), rows, E, 1e-6f, nullptr); });
+  std::printf("DSV4 F32 PASSES: the streams' pre-sum %.3f ms (%.0f GB/s), the rms norm %.3f ms (%.0f GB/s)\n", pre_ms,
+              double(rows) * E * 4 * 5 / (pre_ms * 1e-3) / 1e9, norm_ms, double(rows) * E * 4 * 2 / (norm_ms * 1e-3) / 1e9);
+  std::fflush(stdout);
+#endif
+}
+
 // A benchmark, run on request (PDBRIDGE_BENCH=1; the H200 figures in docs/RESULTS.md): one ratio-4 layer's indexer
 // over a whole prompt at DeepSeek-V4-Flash's shapes (64 heads x 128 dims, top 512), query chunks sized so that S
 // stays <= 2 GiB; the time of the q.k GEMMs, the weighted ReLU and the top-k, and the GEMMs' TFLOP/s.
