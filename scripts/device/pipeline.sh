@@ -735,6 +735,13 @@ stage_session35c() {
 stage_session35d() {
   run dsv4_f32_bench env PDBRIDGE_BENCH=1 timeout 120 $P/build/tests/unit_tests --gtest_filter='CudaBench.Dsv4F32MixAndRouterProducts'
 }
+# Session 35's fifth call: the sections' two mixes as two f32 products of 24 (the default now) against the one of 48
+# (PDBRIDGE_DSV4_MIX=stacked), DeepSeek-V4's GPU suites on the default first.
+stage_session35e() {
+  make_dsv4_test_models
+  run integration_dsv4 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  run dsv4_bench_session35e env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:PDBRIDGE_DSV4_MIX=stacked fp4:32768" bash $DEV/dsv4_gpu.sh bench
+}
 # Where DeepSeek-V4's sparse attention spends a tile (0.134 ms per 4,096 queries, ~3x its products' time): Nsight
 # Compute on the wgmma kernel's second launch of each kind in the bench (ratio 4 at 32K: the indexer's choices; ratio 0:
 # the window alone), the full section set as text; the kernel's launches in the bench are 11 per kind, ratio 4 first.
@@ -781,7 +788,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|ncudsv4) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|ncudsv4) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac
