@@ -480,7 +480,6 @@ Deepseek4CudaEngine::PromptRun::PromptRun(Impl& impl, const Deepseek4Config& con
   fused_attn = cuda::dsv4_sparse_attention_supported(int(H), int(D)) && tuning.dsv4_attn != "gather";
   wgmma_attn = fused_attn && tuning.dsv4_attn != "mma" && cuda::dsv4_sparse_attention_wgmma_supported(int(H), int(D));
   side_expansion = tuning.dsv4_expand != "inline";  // =inline: in the MoE, as before
-  split_mix = tuning.dsv4_mix != "stacked";
   prepare_fp8_experts();
   size_batches();
   if (profile) {

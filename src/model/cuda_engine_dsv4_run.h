@@ -259,7 +259,7 @@ struct Deepseek4CudaEngine::PromptRun {
   int round_kind = 0;
   bool quantized = false;
   Tuning tuning;
-  bool fp8_idx = false, fused_idx = false, fused_attn = false, wgmma_attn = false, side_expansion = true, split_mix = true, fp8_experts = false, any_q8 = false;
+  bool fp8_idx = false, fused_idx = false, fused_attn = false, wgmma_attn = false, side_expansion = true, fp8_experts = false, any_q8 = false;
   GgmlRopeParams rp_plain, rp_comp;
   int64_t max_nk = 0, attn_batch = 1, max_blocks = 0, idx_batch = 1;
   // 0-6 phase bounds, 8 the layer's start after the sections, 9-10 around the FP4 expansion, 11-12 the routed

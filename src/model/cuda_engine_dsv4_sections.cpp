@@ -25,24 +25,16 @@ void Deepseek4CudaEngine::PromptRun::as_stored(float* rows_, int64_t count, int6
 void Deepseek4CudaEngine::PromptRun::sections(Deepseek4LayerSections& S) {
   Impl::Layer& L = *layer_;
   // the pre-mixes: the decoder's (its pre feeds the sections and the layer) and the engine's (its post and comb
-  // make the residual), from f32 products of the raw streams scaled by their inv-rms: two of 24 columns (cuBLAS
-  // took 3x as long for the one product of 48 on the H100, docs/RESULTS.md session 35), or that one (=stacked)
+  // make the residual), from one f32 product of the raw streams scaled by their inv-rms (two products of 24 columns
+  // made this step 1.9 ms slower per 32K layer, though cuBLAS alone ran the 24 faster: docs/RESULTS.md session 35)
   x = I.x.as<float>();
   inv_x = I.inv_x.as<float>();
   constexpr int64_t kMix = cuda::kDsv4MixFloats;
-  float* m = I.m.as<float>();
-  const float* m_r = m;
-  const float* m_e = split_mix ? m + rows * kMix : m + kMix;
-  const int64_t ldm = split_mix ? kMix : 2 * kMix;
-  if (split_mix) {
-    I.gemm.xwt(cuda::DType::F32, x, L.hc_attn_fns.get(), cuda::DType::F32, m, rows, 4 * E, kMix, 0.0f, s);
-    I.gemm.xwt(cuda::DType::F32, x, L.hc_attn_fns.as<float>() + kMix * 4 * E, cuda::DType::F32, m + rows * kMix, rows, 4 * E, kMix, 0.0f, s);
-  } else {
-    I.gemm.xwt(cuda::DType::F32, x, L.hc_attn_fns.get(), cuda::DType::F32, m, rows, 4 * E, 2 * kMix, 0.0f, s);
-  }
-  cuda::dsv4_hc_coefs(m_r, ldm, inv_x, L.r_hc_base.as<float>(), L.r_hc_scale.as<float>(), rows, c.hc_eps, int(c.hc_iterations), I.mix_r.as<float>(), s);
-  cuda::dsv4_hc_coefs(m_e, ldm, inv_x, L.hc_attn_base.as<float>(), L.hc_attn_scale.as<float>(), rows, c.hc_eps, int(c.hc_iterations),
-                      I.mix_e.as<float>(), s);
+  I.gemm.xwt(cuda::DType::F32, x, L.hc_attn_fns.get(), cuda::DType::F32, I.m.get(), rows, 4 * E, 2 * kMix, 0.0f, s);
+  cuda::dsv4_hc_coefs(I.m.as<float>(), 2 * kMix, inv_x, L.r_hc_base.as<float>(), L.r_hc_scale.as<float>(), rows, c.hc_eps,
+                      int(c.hc_iterations), I.mix_r.as<float>(), s);
+  cuda::dsv4_hc_coefs(I.m.as<float>() + kMix, 2 * kMix, inv_x, L.hc_attn_base.as<float>(), L.hc_attn_scale.as<float>(), rows, c.hc_eps,
+                      int(c.hc_iterations), I.mix_e.as<float>(), s);
   cuda::dsv4_hc_pre_sum(x, I.mix_r.as<float>(), rows, E, I.pre.as<float>(), s);
   cur = I.cur.as<float>();
   cuda::rmsnorm_rows(I.pre.as<float>(), L.attn_norm.as<float>(), cur, rows, E, eps, s);
