@@ -330,25 +330,7 @@ TEST(CudaBench, Dsv4SparseAttentionKernels) {
           if (wgmma) cuda::dsv4_sparse_attention_wgmma(a, out.as<__nv_bfloat16>(), nullptr);
           else cuda::dsv4_sparse_attention(a, out.as<__nv_bfloat16>(), nullptr);
         };
-        run();
-        PDB_CUDA_CHECK(cudaDeviceSynchronize());
-        std::vector<float> ms;
-        cudaEvent_t e0, e1;
-        PDB_CUDA_CHECK(cudaEventCreate(&e0));
-        PDB_CUDA_CHECK(cudaEventCreate(&e1));
-        for (int r = 0; r < 10; ++r) {
-          PDB_CUDA_CHECK(cudaEventRecord(e0));
-          run();
-          PDB_CUDA_CHECK(cudaEventRecord(e1));
-          PDB_CUDA_CHECK(cudaEventSynchronize(e1));
-          float x = 0;
-          PDB_CUDA_CHECK(cudaEventElapsedTime(&x, e0, e1));
-          ms.push_back(x);
-        }
-        cudaEventDestroy(e0);
-        cudaEventDestroy(e1);
-        std::sort(ms.begin(), ms.end());
-        const double med = ms[ms.size() / 2];
+        const double med = median_ms(10, run);
         std::printf("DSV4 SPARSE ATTENTION T=%lld ratio %d (%s): %.3f ms for %lld queries, %.0f keys each, %.0f TFLOP/s\n", (long long)T, ratio,
                     wgmma ? "wgmma" : "mma.sync", med, (long long)NQ, keys / double(NQ), 4.0 * H * D * keys / (med * 1e-3) / 1e12);
         std::fflush(stdout);
@@ -375,37 +357,16 @@ TEST(CudaBench, Dsv4F32MixAndRouterProducts) {
   auto w = to_device_f32(randn(size_t(NE * 4 * E), 0.01f));
   auto mix = to_device_f32(randn(size_t(rows * kMix), 0.1f));
   auto norm_w = to_device_f32(randn(size_t(E), 0.1f));
-  auto median_ms = [](const std::function<void()>& run) {
-    run();
-    PDB_CUDA_CHECK(cudaDeviceSynchronize());
-    cudaEvent_t e0, e1;
-    PDB_CUDA_CHECK(cudaEventCreate(&e0));
-    PDB_CUDA_CHECK(cudaEventCreate(&e1));
-    std::vector<float> ms;
-    for (int r = 0; r < 10; ++r) {
-      PDB_CUDA_CHECK(cudaEventRecord(e0));
-      run();
-      PDB_CUDA_CHECK(cudaEventRecord(e1));
-      PDB_CUDA_CHECK(cudaEventSynchronize(e1));
-      float t = 0;
-      PDB_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-      ms.push_back(t);
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    std::sort(ms.begin(), ms.end());
-    return double(ms[ms.size() / 2]);
-  };
   struct Shape { const char* what; int64_t in, out; };
   for (const Shape& sh : {Shape{"the sections' two mixes (decoder's and engine's)", 4 * E, 2 * kMix}, Shape{"the FFN's mix", 4 * E, kMix},
                           Shape{"the router", E, NE}}) {
-    const double ms = median_ms([&] { gemm.xwt(cuda::DType::F32, x.get(), w.get(), cuda::DType::F32, y.get(), rows, sh.in, sh.out, 0.0f, nullptr); });
+    const double ms = median_ms(10, [&] { gemm.xwt(cuda::DType::F32, x.get(), w.get(), cuda::DType::F32, y.get(), rows, sh.in, sh.out, 0.0f, nullptr); });
     const double bytes = double(rows) * sh.in * 4 + double(sh.in) * sh.out * 4 + double(rows) * sh.out * 4;
     std::printf("DSV4 F32 PRODUCT %s: %lld x %lld -> %lld: %.3f ms, %.1f TFLOP/s, %.0f GB/s of its operands read once\n", sh.what, (long long)rows,
                 (long long)sh.in, (long long)sh.out, ms, 2.0 * rows * sh.in * sh.out / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9);
   }
-  const double pre_ms = median_ms([&] { cuda::dsv4_hc_pre_sum(x.as<float>(), mix.as<float>(), rows, E, pre.as<float>(), nullptr); });
-  const double norm_ms = median_ms([&] { cuda::rmsnorm_rows(pre.as<float>(), norm_w.as<float>(), normed.as<float>(), rows, E, 1e-6f, nullptr); });
+  const double pre_ms = median_ms(10, [&] { cuda::dsv4_hc_pre_sum(x.as<float>(), mix.as<float>(), rows, E, pre.as<float>(), nullptr); });
+  const double norm_ms = median_ms(10, [&] { cuda::rmsnorm_rows(pre.as<float>(), norm_w.as<float>(), normed.as<float>(), rows, E, 1e-6f, nullptr); });
   std::printf("DSV4 F32 PASSES: the streams' pre-sum %.3f ms (%.0f GB/s), the rms norm %.3f ms (%.0f GB/s)\n", pre_ms,
               double(rows) * E * 4 * 5 / (pre_ms * 1e-3) / 1e9, norm_ms, double(rows) * E * 4 * 2 / (norm_ms * 1e-3) / 1e9);
   std::fflush(stdout);

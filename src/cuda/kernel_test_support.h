@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -35,6 +36,31 @@ double mean_ms(int reps, F&& fn) {
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return double(t) / reps;
+}
+
+// Median milliseconds of fn() over reps calls after one warm-up, each timed alone with CUDA events on the default
+// stream (a bench's row: one slow call does not move it).
+template <class F>
+double median_ms(int reps, F&& fn) {
+  fn();
+  PDB_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  PDB_CUDA_CHECK(cudaEventCreate(&a));
+  PDB_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int r = 0; r < reps; ++r) {
+    PDB_CUDA_CHECK(cudaEventRecord(a));
+    fn();
+    PDB_CUDA_CHECK(cudaEventRecord(b));
+    PDB_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    PDB_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return double(ms[ms.size() / 2]);
 }
 
 inline std::mt19937& rng() {
