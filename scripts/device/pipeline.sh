@@ -743,6 +743,22 @@ stage_session35e() {
   run integration_dsv4 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
   run dsv4_bench_session35e env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:PDBRIDGE_DSV4_MIX=stacked fp4:32768" bash $DEV/dsv4_gpu.sh bench
 }
+# Session 35's figures on whichever card the next call gets (session 35 ran on an H100, the targets' table is the
+# H200's): DeepSeek-V4's attention kernels and layer bench (two default runs around nothing else: the spread), the
+# rows gap with the hand-over now the default, and the suites the defaults go through.
+stage_session36() {
+  make_test_models
+  run integration_default timeout 300 $P/build/tests/integration_tests --gtest_filter='CudaBridge.*:CudaParity.*:CudaTailCapture.*'
+  run dsv4_attn_kernels env PDBRIDGE_BENCH=1 timeout 120 $P/build/tests/unit_tests \
+    --gtest_filter='CudaKernels.Dsv4SparseAttention*:CudaBench.Dsv4SparseAttentionKernels:CudaBench.Dsv4F32MixAndRouterProducts'
+  make_dsv4_test_models
+  run integration_dsv4 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  run dsv4_bench_session36 env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768" bash $DEV/dsv4_gpu.sh bench
+  local Q=$M/q3moe B="--tokens 8192,32768 --reps 5 --chunk 4096 --modes engine,engine+recipe,engine+recipe+frames --out $R/bench_rowsgap.jsonl"
+  [ -f $Q/decoder-f16.gguf ] || run make_q3moe $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 11 --out $Q --no-hf --hf-dtype bf16 --gguf-types f16
+  run rowsgap_q3moe env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows
+  run rowsgap_q3moe_copy env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_FRAMES=copy $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows-copy
+}
 # Where DeepSeek-V4's sparse attention spends a tile (0.134 ms per 4,096 queries, ~3x its products' time): Nsight
 # Compute on the wgmma kernel's second launch of each kind in the bench (ratio 4 at 32K: the indexer's choices; ratio 0:
 # the window alone), the full section set as text; the kernel's launches in the bench are 11 per kind, ratio 4 first.
@@ -789,7 +805,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|ncudsv4) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|ncudsv4) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac
