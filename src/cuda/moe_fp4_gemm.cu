@@ -1,10 +1,11 @@
 // The grouped FP4 expert products of moe_fp4_gemm.cuh on Hopper's warpgroup tensor cores. A CTA computes a 128 x 128
-// tile of y (one expert's rows x 128 outputs) in 64-wide k-steps: x's rows come by cp.async into three stages; the
-// weights' codes (16 bytes per thread and step: one 32-block) are loaded into registers a step ahead and expanded by
-// every thread into a bf16 tile for the next step while the tensor cores run this step's products (two bf16 tiles,
-// taken in turn); one barrier per step. Both tiles sit K-major with the 128-byte swizzle; each warpgroup issues m64n128k16 over its 64 rows.
-// e2m1 -> bf16 as cuda/fp4_expand.cuh says (a code's bits as an e4m3 byte, the hardware's e4m3 -> half, one multiply).
-// 80 KB of shared memory: two CTAs per SM, each one's barriers under the other's products.
+// tile of y (one expert's rows x 128 outputs) in 64-wide k-steps: x's rows come by cp.async, the weights' codes (16
+// bytes per thread and step: one 32-block) are loaded into registers two steps ahead and expanded by every thread
+// into a bf16 tile; three stages of each. Step j + 1's products are issued while step j's still run, and the tile of
+// step j + 2 is made under them: the tensor cores always have a step queued (one barrier per step, after waiting for
+// step j - 1 only). Both tiles sit K-major with the 128-byte swizzle; each warpgroup issues m64n128k16 over its 64 rows.
+// e2m1 -> bf16 by table (cuda/fp4_expand.cuh: an E8M0 byte's eight magnitudes, byte permutes; mxfp4_to_bf16's
+// values bit for bit), the 256 tables in shared memory, made once per CTA. 100 KB of shared memory: two CTAs per SM.
 #include "cuda/moe_fp4_gemm.cuh"
 
 #include <cuda_fp16.h>
@@ -22,9 +23,11 @@
 namespace pdb::cuda {
 namespace {
 
-constexpr int kBM = kFp4TileRows, kBN = 128, kBK = 64, kThreads = 256, kAStages = 3;
+constexpr int kBM = kFp4TileRows, kBN = 128, kBK = 64, kThreads = 256, kStages = 3;
 constexpr uint32_t kATile = kBM * kBK * 2, kBTile = kBN * kBK * 2;  // 16 KB each
-constexpr int kSmemBytes = int(kAStages * kATile + 2 * kBTile) + 1024;  // + alignment slack
+constexpr uint32_t kTableBytes = 256 * sizeof(Fp4Table);
+constexpr int kSmemBytes = int(kStages * (kATile + kBTile) + kTableBytes) + 1024;  // + alignment slack
+static_assert(kThreads == 256, "one thread per E8M0 byte makes the tables");
 
 // 16-byte chunk c (0..7) of row r of a 64-wide bf16 tile: 128-byte rows, chunks XOR-swizzled by r % 8.
 __device__ __forceinline__ uint32_t chunk_offset(int r, int c) { return uint32_t(r * 128 + ((c ^ (r & 7)) * 16)); }
@@ -44,24 +47,21 @@ __device__ __forceinline__ Fp4Fetch fetch_codes(const Fp4Matrices& w, int expert
   return {__ldg(reinterpret_cast<const uint4*>(w.codes) + blk), uint32_t(__ldg(w.scales + blk))};
 }
 
-// The fetched block as 32 bf16 into the tile (cuda/fp4_expand.cuh: mxfp4_to_bf16's values, bit for bit).
-template <bool kTwo>
-__device__ __forceinline__ void expand_block(const uint32_t (&w)[4], const Fp4Scale& sc, uint32_t sB) {
+// The fetched block as 32 bf16 into the tile, by its scale's table.
+__device__ __forceinline__ void expand_codes(const Fp4Fetch& f, uint32_t sB, uint32_t tables) {
   const int n = threadIdx.x >> 1, kb = threadIdx.x & 1;
+  Fp4Table t;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(t.lo[0]), "=r"(t.lo[1]), "=r"(t.hi[0]), "=r"(t.hi[1])
+               : "r"(tables + f.scale * uint32_t(sizeof(Fp4Table))));
+  const uint32_t w[4] = {f.codes.x, f.codes.y, f.codes.z, f.codes.w};
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     uint32_t out[4];
-    fp4_expand_chunk<kTwo>(w, c, sc, out);
+    fp4_lookup_chunk(w, c, t, out);
     asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(sB + chunk_offset(n, kb * 4 + c)), "r"(out[0]), "r"(out[1]), "r"(out[2]),
                  "r"(out[3]) : "memory");
   }
-}
-
-__device__ __forceinline__ void expand_codes(const Fp4Fetch& f, uint32_t sB) {
-  const uint32_t w[4] = {f.codes.x, f.codes.y, f.codes.z, f.codes.w};
-  const Fp4Scale sc = fp4_scale(f.scale);
-  if (sc.two) expand_block<true>(w, sc, sB);
-  else expand_block<false>(w, sc, sB);
 }
 
 // x's rows of the tile for one k-step (rows past the tile's are zeros); one cp.async group.
@@ -76,8 +76,9 @@ __device__ __forceinline__ void load_rows(uint32_t sA, const __nv_bfloat16* __re
 }
 
 // Warpgroup w's 64 rows x 128 outputs += one k-step, issued and committed.
+// No register fence here: the previous step's products may still be in flight on d, and any other instruction that
+// defines d in between makes ptxas serialize the products (C7515).
 __device__ __forceinline__ void issue_step(float* d, uint32_t sA, uint32_t sB, int w, bool accumulate) {
-  fence_registers<64>(d);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kBK / 16; ++kk)
@@ -94,39 +95,50 @@ moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4M
   __trap();  // wgmma is sm_90a's
 #else
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t sA0 = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u, sB0 = sA0 + kAStages * kATile;
+  const uint32_t sA0 = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u, sB0 = sA0 + kStages * kATile;
+  const uint32_t tables = sB0 + kStages * kBTile;
   const int n_tiles_n = int(w.rows / kBN);
   const Fp4Tile t = tiles[blockIdx.x / n_tiles_n];
   const int64_t n0 = int64_t(blockIdx.x % n_tiles_n) * kBN, K = w.cols;
   const int nk = int(K / kBK), wg = threadIdx.x / 128;
+  auto a_stage = [&](int j) { return sA0 + uint32_t(j % kStages) * kATile; };
+  auto b_stage = [&](int j) { return sB0 + uint32_t(j % kStages) * kBTile; };
 
-  load_rows(sA0, x, K, t, 0, true);
-  load_rows(sA0 + kATile, x, K, t, kBK, nk > 1);
+  {  // thread i makes E8M0 byte i's table
+    const Fp4Table tb = fp4_table(threadIdx.x);
+    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(tables + threadIdx.x * uint32_t(sizeof(Fp4Table))), "r"(tb.lo[0]), "r"(tb.lo[1]),
+                 "r"(tb.hi[0]), "r"(tb.hi[1]) : "memory");
+  }
+  load_rows(a_stage(0), x, K, t, 0, true);
+  load_rows(a_stage(1), x, K, t, kBK, nk > 1);
   Fp4Fetch f = fetch_codes(w, t.expert, n0, 0);
-  expand_codes(f, sB0);
-  if (nk > 1) f = fetch_codes(w, t.expert, n0, kBK);
-  cp_async_wait<1>();
+  Fp4Fetch f2 = fetch_codes(w, t.expert, n0, nk > 1 ? kBK : 0);
+  __syncthreads();  // the tables
+  expand_codes(f, b_stage(0), tables);
+  if (nk > 1) expand_codes(f2, b_stage(1), tables);
+  if (nk > 2) f = fetch_codes(w, t.expert, n0, 2 * kBK);
+  cp_async_wait<1>();  // step 0's rows
   fence_async_shared();
   __syncthreads();
 
   float d[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) d[i] = 0.0f;
-  // Step j's products run while this CTA loads step j + 2's rows and expands step j + 1's weights into the other
-  // tile (step j - 1's, which every warpgroup has finished: the barrier that ended the previous step).
+  fence_registers<64>(d);
   for (int j = 0; j < nk; ++j) {
-    issue_step(d, sA0 + (j % kAStages) * kATile, sB0 + (j & 1) * kBTile, wg, j > 0);
-    load_rows(sA0 + ((j + 2) % kAStages) * kATile, x, K, t, int64_t(j + 2) * kBK, j + 2 < nk);
-    if (j + 1 < nk) {
-      expand_codes(f, sB0 + ((j + 1) & 1) * kBTile);
-      if (j + 2 < nk) f = fetch_codes(w, t.expert, n0, int64_t(j + 2) * kBK);
-    }
-    cp_async_wait<1>();  // step j + 1's rows
+    issue_step(d, a_stage(j), b_stage(j), wg, j > 0);
+    wgmma_wait<1>();     // this warpgroup's step j - 1 done; step j runs on
+    cp_async_wait<0>();  // step j + 1's rows (the newest group)
     fence_async_shared();
-    wgmma_wait<0>();
-    fence_registers<64>(d);
-    __syncthreads();  // every thread's copies and stores for step j + 1 visible; both warpgroups done with step j
+    __syncthreads();  // step j + 1's tiles visible to both warpgroups; step j - 1's stages free
+    if (j + 2 < nk) {
+      load_rows(a_stage(j + 2), x, K, t, int64_t(j + 2) * kBK, true);
+      expand_codes(f, b_stage(j + 2), tables);
+      if (j + 3 < nk) f = fetch_codes(w, t.expert, n0, int64_t(j + 3) * kBK);
+    }
   }
+  wgmma_wait<0>();
+  fence_registers<64>(d);
 
   const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
 #pragma unroll

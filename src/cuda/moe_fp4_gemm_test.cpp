@@ -98,8 +98,9 @@ TEST(MoeTiles, EveryRowOnceWithinItsExpertInOrder) {
   EXPECT_EQ(next, total);
 }
 
-// The expansion's arithmetic (cuda/fp4_expand.cuh, run here on the host: the same functions the kernel inlines) against
-// ggml's MXFP4 dequantization: every code under every E8M0 byte, as bf16, bit for bit (CUDA builds; no GPU needed).
+// The expansion's arithmetic (cuda/fp4_expand.cuh, run here on the host: the same functions the kernels inline) against
+// ggml's MXFP4 dequantization: every code under every E8M0 byte, as bf16, bit for bit, by the products (mxfp4_to_bf16's
+// path) and by the byte-permute table (the FP4 products' tiles; the permute emulated) (CUDA builds; no GPU needed).
 TEST(Fp4Expand, EveryCodeUnderEveryScaleIsGgmlsValueInBf16) {
 #ifdef PDBRIDGE_HAVE_CUDA
   int64_t differ = 0;
@@ -113,10 +114,12 @@ TEST(Fp4Expand, EveryCodeUnderEveryScaleIsGgmlsValueInBf16) {
     std::memcpy(w, block + 1, 16);
     const cuda::Fp4Scale sc = cuda::fp4_scale(e);
     EXPECT_EQ(sc.two, e > 248);
+    const cuda::Fp4Table table = cuda::fp4_table(e);
     for (int c = 0; c < 4; ++c) {
-      uint32_t out[4];
+      uint32_t out[4], looked_up[4];
       if (sc.two) cuda::fp4_expand_chunk<true>(w, c, sc, out);
       else cuda::fp4_expand_chunk<false>(w, c, sc, out);
+      cuda::fp4_lookup_chunk(w, c, table, looked_up);
       for (int i = 0; i < 8; ++i) {
         const uint32_t bits = (out[i / 2] >> (16 * (i % 2))) & 0xffffu;
         float got;
@@ -125,6 +128,11 @@ TEST(Fp4Expand, EveryCodeUnderEveryScaleIsGgmlsValueInBf16) {
         const float ref = want[8 * c + i];
         if (!(got == ref) && differ++ < 5)
           ADD_FAILURE() << "E8M0 " << e << " element " << 8 * c + i << ": " << got << " != ggml's " << ref;
+        // the table path (the products' tiles): the same bf16 bits, zero's sign included
+        const uint32_t table_bits = (looked_up[i / 2] >> (16 * (i % 2))) & 0xffffu;
+        if (table_bits != bits && differ++ < 5)
+          ADD_FAILURE() << "E8M0 " << e << " element " << 8 * c + i << ": table gives bf16 0x" << std::hex << table_bits << ", the products 0x" << bits
+                        << std::dec;
       }
     }
   }
