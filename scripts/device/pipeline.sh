@@ -743,21 +743,37 @@ stage_session35e() {
   run integration_dsv4 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
   run dsv4_bench_session35e env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:PDBRIDGE_DSV4_MIX=stacked fp4:32768" bash $DEV/dsv4_gpu.sh bench
 }
-# Session 35's figures on whichever card the next call gets (session 35 ran on an H100, the targets' table is the
-# H200's): DeepSeek-V4's attention kernels and layer bench (two default runs around nothing else: the spread), the
-# rows gap with the hand-over now the default, and the suites the defaults go through.
+# Session 36's call: the FP4 expert products by byte-permute tables with a step of products kept in flight (their
+# twin tests, their bench against expansion + cuBLAS, DeepSeek-V4's suites and layer bench with them on, a profile)
+# and the mixes' narrow f32 kernel (its twin test, its bench against cuBLAS, the suites through it, the layer bench's A/B),
+# then session 35's figures on whichever card this is: the attention kernels, the f32 products, two default layer-bench
+# runs (the spread), the default suites and the rows gap with the hand-over now the default.
 stage_session36() {
+  run fp4_kernels env PDBRIDGE_BENCH=1 timeout 200 $P/build/tests/unit_tests \
+    --gtest_filter='Fp4Expand*:MoeTiles*:CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
+  run f32_narrow env PDBRIDGE_BENCH=1 timeout 200 $P/build/tests/unit_tests --gtest_filter='CudaKernels.F32Narrow*:CudaBench.Dsv4F32MixAndRouterProducts'
+  make_dsv4_test_models
+  run integration_dsv4_fp4_narrow env PDBRIDGE_DSV4_EXPERTS_FP4=1 PDBRIDGE_DSV4_MIX=narrow timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  run dsv4_bench_session36 env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:PDBRIDGE_DSV4_MIX=cublas fp4:32768:PDBRIDGE_DSV4_EXPERTS_FP4=1 fp4:32768" bash $DEV/dsv4_gpu.sh bench
+  stage_ncufp4
+  run dsv4_attn_kernels env PDBRIDGE_BENCH=1 timeout 120 $P/build/tests/unit_tests \
+    --gtest_filter='CudaKernels.Dsv4SparseAttention*:CudaBench.Dsv4SparseAttentionKernels'
+  run integration_dsv4 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
   make_test_models
   run integration_default timeout 300 $P/build/tests/integration_tests --gtest_filter='CudaBridge.*:CudaParity.*:CudaTailCapture.*'
-  run dsv4_attn_kernels env PDBRIDGE_BENCH=1 timeout 120 $P/build/tests/unit_tests \
-    --gtest_filter='CudaKernels.Dsv4SparseAttention*:CudaBench.Dsv4SparseAttentionKernels:CudaBench.Dsv4F32MixAndRouterProducts'
-  make_dsv4_test_models
-  run integration_dsv4 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
-  run dsv4_bench_session36 env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768" bash $DEV/dsv4_gpu.sh bench
   local Q=$M/q3moe B="--tokens 8192,32768 --reps 5 --chunk 4096 --modes engine,engine+recipe,engine+recipe+frames --out $R/bench_rowsgap.jsonl"
   [ -f $Q/decoder-f16.gguf ] || run make_q3moe $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 11 --out $Q --no-hf --hf-dtype bf16 --gguf-types f16
   run rowsgap_q3moe env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows
   run rowsgap_q3moe_copy env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_FRAMES=copy $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows-copy
+}
+# The FP4 expert products under Nsight Compute: the gate|up launch of the bench's uniform routing (its second
+# launch: the first is the warm-up's), the full section set as text.
+stage_ncufp4() {
+  local NCU; NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$NCU" ] || { ts "no ncu here"; return 0; }
+  run ncu_fp4 env PDBRIDGE_BENCH=1 timeout 300 $NCU --clock-control none --kernel-name regex:moe_fp4_kernel --launch-skip 2 --launch-count 1 \
+    --set full --import-source no -f -o $R/ncu_fp4 $P/build/tests/unit_tests --gtest_filter=CudaBench.MoeFp4ProductsAtV4FlashShapes
+  $NCU --import $R/ncu_fp4.ncu-rep --page details > $R/ncu_fp4.txt 2>&1 && rm -f $R/ncu_fp4.ncu-rep
 }
 # Where DeepSeek-V4's sparse attention spends a tile (0.134 ms per 4,096 queries, ~3x its products' time): Nsight
 # Compute on the wgmma kernel's second launch of each kind in the bench (ratio 4 at 32K: the indexer's choices; ratio 0:
@@ -805,7 +821,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|ncudsv4) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|ncudsv4|ncufp4) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

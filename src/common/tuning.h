@@ -31,6 +31,8 @@ struct Tuning {
   std::string dsv4_attn;         // PDBRIDGE_DSV4_ATTN=gather: the gathered sparse attention; =mma: the fused one on mma.sync (not wgmma)
   std::string dsv4_topk;         // PDBRIDGE_DSV4_TOPK=smem: the indexer's top-k with each query's scores in shared memory
   std::string dsv4_expand;       // PDBRIDGE_DSV4_EXPAND=inline: FP4 experts expanded in the MoE, not on a side stream
+  std::string dsv4_mix;          // PDBRIDGE_DSV4_MIX=cublas: the hyper-connection mixes' f32 products by cuBLAS, not the
+                                 // narrow kernel; =narrow: the kernel at any row count (the tests' tiny prompts)
   std::string q8_gemm;           // PDBRIDGE_Q8_GEMM=64|128: the Q8_0 block products (sections, recipes) in those tiles
                                  // whatever their size (the default: 128 where they fill the GPU twice)
   std::string act_quant;         // PDBRIDGE_ACT_QUANT=0: the CPU engine's products with a GGUF's quantized weights in f32
@@ -59,7 +61,8 @@ inline const std::vector<TuningSwitch>& tuning_switches() {
       {"PDBRIDGE_DSV4_INDEXER", &Tuning::dsv4_indexer},     {"PDBRIDGE_DSV4_INDEXER_A", &Tuning::dsv4_indexer_a},
       {"PDBRIDGE_DSV4_ATTN", &Tuning::dsv4_attn},
       {"PDBRIDGE_DSV4_TOPK", &Tuning::dsv4_topk},
-      {"PDBRIDGE_DSV4_EXPAND", &Tuning::dsv4_expand},       {"PDBRIDGE_Q8_GEMM", &Tuning::q8_gemm},
+      {"PDBRIDGE_DSV4_EXPAND", &Tuning::dsv4_expand},       {"PDBRIDGE_DSV4_MIX", &Tuning::dsv4_mix},
+      {"PDBRIDGE_Q8_GEMM", &Tuning::q8_gemm},
       {"PDBRIDGE_ACT_QUANT", &Tuning::act_quant},
       {"PDBRIDGE_READBACK", &Tuning::readback},             {"PDBRIDGE_ROWS_FUSED", &Tuning::rows_fused},
       {"PDBRIDGE_CAPTURE_STATS", &Tuning::capture_stats},    {"PDBRIDGE_FRAMES", &Tuning::frames},

@@ -24,6 +24,7 @@
 #include "cuda/dsv4_attention.cuh"
 #include "cuda/dsv4_indexer.cuh"
 #include "cuda/elementwise.cuh"
+#include "cuda/f32_narrow.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/kernel_test_support.h"
@@ -340,6 +341,43 @@ TEST(CudaBench, Dsv4SparseAttentionKernels) {
 #endif
 }
 
+// The hyper-connection mixes' narrow f32 products (cuda/f32_narrow.cuh) against the f64 product: both widths, rows
+// past a tile's end, one k-step and several (the stages' rotation), and a row count that fills the GPU.
+TEST(CudaKernels, F32NarrowProductsMatchTheF64Product) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
+#ifdef PDBRIDGE_HAVE_CUDA
+  using namespace test_kernels;
+  struct Case { int64_t rows, k, n; };
+  for (const Case& c : {Case{200, 32, 24}, Case{300, 160, 48}, Case{17000, 96, 48}, Case{130, 4096, 24}}) {
+    const auto x = randn(size_t(c.rows * c.k)), w = randn(size_t(c.n * c.k), 0.05f);
+    auto dx = to_device_f32(x), dw = to_device_f32(w);
+    ASSERT_TRUE(cuda::f32_narrow_supported(dx.as<float>(), dw.as<float>(), c.k, c.n));
+    auto dy = poisoned(size_t(c.rows * c.n) * 4);
+    cuda::f32_narrow_xwt(dx.as<float>(), dw.as<float>(), dy.as<float>(), c.rows, c.k, c.n, nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto y = from_device_f32(dy, size_t(c.rows * c.n));
+    double worst = 0;
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t o = 0; o < c.n; ++o) {
+        double want = 0, magnitude = 0;
+        for (int64_t i = 0; i < c.k; ++i) {
+          const double term = double(x[size_t(r * c.k + i)]) * w[size_t(o * c.k + i)];
+          want += term;
+          magnitude += std::fabs(term);
+        }
+        const double got = y[size_t(r * c.n + o)];
+        ASSERT_TRUE(std::isfinite(got)) << "row " << r << " output " << o << " (rows " << c.rows << ")";
+        // an f32 sum of k terms in order: each addition rounds within 2^-24 of the running sum
+        worst = std::max(worst, std::fabs(got - want) / (magnitude * double(c.k) * std::ldexp(1.0, -24) + 1e-30));
+      }
+    std::printf("F32 NARROW %lld x %lld -> %lld: worst error %.3f of the f32 sum's bound\n", (long long)c.rows, (long long)c.k, (long long)c.n, worst);
+    EXPECT_LE(worst, 1.0) << c.rows << " x " << c.k << " -> " << c.n;
+  }
+  EXPECT_FALSE(cuda::f32_narrow_supported(nullptr, nullptr, 4096, 32)) << "a width it has no tile for";
+  EXPECT_FALSE(cuda::f32_narrow_supported(nullptr, nullptr, 100, 24)) << "k not of 32-steps";
+#endif
+}
+
 // A benchmark, run on request (PDBRIDGE_BENCH=1): the f32 work of DeepSeek-V4's hyper-connection mixes and router
 // at V4-Flash's shapes for a 32K chunk (hidden 4096, 4 streams, 256 experts), which the session-35 profile put at
 // ~11 ms of a ratio-4 layer's 75 (the sections' mix 5.3, the MoE's routing and gather 5.7): each product's time
@@ -360,10 +398,14 @@ TEST(CudaBench, Dsv4F32MixAndRouterProducts) {
   struct Shape { const char* what; int64_t in, out; };
   for (const Shape& sh : {Shape{"the sections' two mixes (decoder's and engine's)", 4 * E, 2 * kMix}, Shape{"the FFN's mix", 4 * E, kMix},
                           Shape{"the router", E, NE}}) {
-    const double ms = median_ms(10, [&] { gemm.xwt(cuda::DType::F32, x.get(), w.get(), cuda::DType::F32, y.get(), rows, sh.in, sh.out, 0.0f, nullptr); });
     const double bytes = double(rows) * sh.in * 4 + double(sh.in) * sh.out * 4 + double(rows) * sh.out * 4;
-    std::printf("DSV4 F32 PRODUCT %s: %lld x %lld -> %lld: %.3f ms, %.1f TFLOP/s, %.0f GB/s of its operands read once\n", sh.what, (long long)rows,
-                (long long)sh.in, (long long)sh.out, ms, 2.0 * rows * sh.in * sh.out / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9);
+    auto report = [&](const char* how, double ms) {
+      std::printf("DSV4 F32 PRODUCT %s, %s: %lld x %lld -> %lld: %.3f ms, %.1f TFLOP/s, %.0f GB/s of its operands read once\n", sh.what, how,
+                  (long long)rows, (long long)sh.in, (long long)sh.out, ms, 2.0 * rows * sh.in * sh.out / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9);
+    };
+    report("cuBLAS", median_ms(10, [&] { gemm.xwt(cuda::DType::F32, x.get(), w.get(), cuda::DType::F32, y.get(), rows, sh.in, sh.out, 0.0f, nullptr); }));
+    if (cuda::f32_narrow_supported(x.as<float>(), w.as<float>(), sh.in, sh.out))
+      report("narrow kernel", median_ms(10, [&] { cuda::f32_narrow_xwt(x.as<float>(), w.as<float>(), y.as<float>(), rows, sh.in, sh.out, nullptr); }));
   }
   const double pre_ms = median_ms(10, [&] { cuda::dsv4_hc_pre_sum(x.as<float>(), mix.as<float>(), rows, E, pre.as<float>(), nullptr); });
   const double norm_ms = median_ms(10, [&] { cuda::rmsnorm_rows(pre.as<float>(), norm_w.as<float>(), normed.as<float>(), rows, E, 1e-6f, nullptr); });

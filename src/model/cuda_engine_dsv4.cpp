@@ -845,7 +845,7 @@ void Deepseek4CudaEngine::PromptRun::route_and_gather() {
   Impl::Layer& L = *layer_;
   {
     float* xa = I.xa.as<float>();
-    I.gemm.xwt(cuda::DType::F32, xa, L.hc_ffn_fn.get(), cuda::DType::F32, I.m.get(), rows, 4 * E, 24, 0.0f, s);
+    mix_product(xa, L.hc_ffn_fn, cuda::kDsv4MixFloats, I.m.as<float>());
     cuda::dsv4_hc_coefs(I.m.as<float>(), 24, I.inv_x.as<float>(), L.hc_ffn_base.as<float>(), L.hc_ffn_scale.as<float>(), rows, c.hc_eps,
                         int(c.hc_iterations), I.mix_r.as<float>(), s);
     cuda::dsv4_hc_pre_sum(xa, I.mix_r.as<float>(), rows, E, I.hpre.as<float>(), s);

@@ -20,6 +20,7 @@
 #include "cuda/dsv4_attention.cuh"
 #include "cuda/dsv4_indexer.cuh"
 #include "cuda/elementwise.cuh"
+#include "cuda/f32_narrow.cuh"
 #include "cuda/fp8.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/grouped_gemm.cuh"
@@ -243,6 +244,8 @@ struct Deepseek4CudaEngine::PromptRun {
   void fp4_products(const int32_t* counts);
   void shared_expert_and_combine();
   void record_profile();
+  // m [rows x n] = x [rows x 4E] . fn^T, f32: a hyper-connection mix's product
+  void mix_product(const float* x_, const DeviceBuffer& fn, int64_t n_out, float* m);
   // rows as the decoder stores and the engine reads them: the cache type's values (quantized rows un-rotated:
   // a rotated query against rotated rows is the same dot product), then bf16
   void as_stored(float* rows_, int64_t count, int64_t width, bool rotated, bf16* out);

@@ -22,6 +22,16 @@ void Deepseek4CudaEngine::PromptRun::as_stored(float* rows_, int64_t count, int6
   cuda::f32_to_bf16(rows_, out, count * width, s);
 }
 
+// The mixes' products by the narrow f32 kernel where it takes the shape and the chunk fills the GPU (cuBLAS's f32
+// products ran these at 17 TFLOP/s: docs/RESULTS.md); PDBRIDGE_DSV4_MIX=cublas for cuBLAS, =narrow for the kernel
+// at any row count. Both are f32 sums of the same products (the kernel's in k order).
+void Deepseek4CudaEngine::PromptRun::mix_product(const float* x_, const DeviceBuffer& fn, int64_t n_out, float* m) {
+  const bool narrow = tuning.dsv4_mix != "cublas" && cuda::f32_narrow_supported(x_, fn.as<float>(), 4 * E, n_out) &&
+                      (tuning.dsv4_mix == "narrow" || cuda::f32_narrow_fills_gpu(rows));
+  if (narrow) cuda::f32_narrow_xwt(x_, fn.as<float>(), m, rows, 4 * E, n_out, s);
+  else I.gemm.xwt(cuda::DType::F32, x_, fn.get(), cuda::DType::F32, m, rows, 4 * E, n_out, 0.0f, s);
+}
+
 void Deepseek4CudaEngine::PromptRun::sections(Deepseek4LayerSections& S) {
   Impl::Layer& L = *layer_;
   // the pre-mixes: the decoder's (its pre feeds the sections and the layer) and the engine's (its post and comb
@@ -30,7 +40,7 @@ void Deepseek4CudaEngine::PromptRun::sections(Deepseek4LayerSections& S) {
   x = I.x.as<float>();
   inv_x = I.inv_x.as<float>();
   constexpr int64_t kMix = cuda::kDsv4MixFloats;
-  I.gemm.xwt(cuda::DType::F32, x, L.hc_attn_fns.get(), cuda::DType::F32, I.m.get(), rows, 4 * E, 2 * kMix, 0.0f, s);
+  mix_product(x, L.hc_attn_fns, 2 * kMix, I.m.as<float>());
   cuda::dsv4_hc_coefs(I.m.as<float>(), 2 * kMix, inv_x, L.r_hc_base.as<float>(), L.r_hc_scale.as<float>(), rows, c.hc_eps,
                       int(c.hc_iterations), I.mix_r.as<float>(), s);
   cuda::dsv4_hc_coefs(I.m.as<float>() + kMix, 2 * kMix, inv_x, L.hc_attn_base.as<float>(), L.hc_attn_scale.as<float>(), rows, c.hc_eps,

@@ -1,0 +1,21 @@
+// f32 products with few outputs per row, y [rows x n] = x [rows x k] . w [n x k]^T: DeepSeek-V4's hyper-connection
+// mixes (k = 4E = 16,384; n = 48 for the attention side's two, 24 for the FFN's). They stay f32 (the mixes decide
+// the residual streams and, through the FFN's, the experts: the decoder's choices), and cuBLAS's f32 products ran them
+// at 17 TFLOP/s (docs/RESULTS.md, session 35): a tile of 128 rows by all n outputs per CTA reads x once and keeps
+// the f32 units busy (8 rows x n/12 outputs per thread, operands by 16-byte shared loads without bank conflicts).
+// Each output is one f32 sum in k order with fused multiply-adds. CPU twin: the f64 product (f32_narrow_test.cpp).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace pdb::cuda {
+
+// n 24 or 48, k a multiple of 32, x and w 16-byte aligned: otherwise false (the caller's cuBLAS product).
+bool f32_narrow_supported(const float* x, const float* w, int64_t k, int64_t n);
+// Enough rows to give every SM a tile (128 rows each): below that cuBLAS's split products use the GPU better.
+bool f32_narrow_fills_gpu(int64_t rows);
+// y [rows x n] = x . w^T where f32_narrow_supported; throws otherwise.
+void f32_narrow_xwt(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n, cudaStream_t s);
+
+}  // namespace pdb::cuda
