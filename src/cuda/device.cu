@@ -25,6 +25,18 @@ bool device_is_sm90() {
   return yes;
 }
 
+int multiprocessor_count() {
+  static const int n = [] {
+    int dev = 0, c = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return c;
+  }();
+  return n;
+}
+
 size_t device_bytes_in_use() {
   size_t free = 0, total = 0;
   if (device_count() == 0 || cudaMemGetInfo(&free, &total) != cudaSuccess) return 0;

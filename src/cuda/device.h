@@ -10,6 +10,8 @@ std::string device_summary();  // "NVIDIA H200 (sm_90, 139.8 GiB)" or why there 
 bool compiled_with_cuda();
 // The current device is sm_90 (Hopper): the sm_90a kernels (wgmma) run there only. false without CUDA.
 bool device_is_sm90();
+// The current device's SM count (persistent kernels' grids, tiles per SM); 0 without a device.
+int multiprocessor_count();
 // Median rate of an n x n x n bf16 GEMM (f32 accumulation) through cuBLASLt on random data, after
 // warm-up: the ceiling benchmarks report against. 0 without CUDA.
 double measure_bf16_gemm_tflops(int64_t n = 8192);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda/common.cuh"
+#include "cuda/device.h"
 #include "cuda/device_helpers.cuh"
 
 namespace pdb::cuda {
@@ -105,18 +106,6 @@ void launch(const float* x, const float* w, float* y, int64_t rows, int64_t k, c
   PDB_CUDA_LAUNCHED();
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, c = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return c;
-  }();
-  return n;
-}
-
 }  // namespace
 
 bool f32_narrow_supported(const float* x, const float* w, int64_t k, int64_t n) {
@@ -124,7 +113,7 @@ bool f32_narrow_supported(const float* x, const float* w, int64_t k, int64_t n) 
 }
 
 bool f32_narrow_fills_gpu(int64_t rows) {
-  const int sms = sm_count();
+  const int sms = multiprocessor_count();
   return sms > 0 && rows >= int64_t(kRows) * sms;
 }
 

@@ -11,9 +11,11 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
+#include "common/tuning.h"
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/device_helpers.cuh"
@@ -153,6 +155,132 @@ moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4M
 #endif
 }
 
+// ---- The warp-specialized kernel (the default): the same tiles, stages and expansion, the work split by role. Two
+// producer warpgroups copy x's rows (cp.async, their landing counted on the stage's "full" barrier) and expand the codes
+// into the B tile; two consumer warpgroups only wait, issue the products and release stages ("empty"), keeping one
+// step in flight. Persistent: one CTA per SM walks the (tile, 128 outputs) items, so the producers fill the next
+// item's stages while the consumers write the last one out. The lockstep kernel above left the tensor cores waiting
+// on its own expansion: 0.8x cuBLAS after expansion, issue slots half idle (docs/RESULTS.md, session 36).
+constexpr int kWsStages = 5, kWsProducers = 256, kWsConsumers = 256, kWsThreads = kWsProducers + kWsConsumers;
+constexpr int kWsSmemBytes = int(kWsStages * (kATile + kBTile) + kTableBytes + 2 * kWsStages * 8) + 1024;
+
+struct WsSmem {
+  uint32_t a0, b0, tables, full, empty;  // shared addresses: A stages, B stages, the E8M0 tables, the two barrier arrays
+  __device__ uint32_t a(uint32_t s) const { return a0 + s * kATile; }
+  __device__ uint32_t b(uint32_t s) const { return b0 + s * kBTile; }
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Producer thread p (0..255) over one item's k-steps: x's rows (p >> 3) + 32 i, chunk p & 7; the codes of output row
+// n0 + p / 2, block p % 2 of each step (expand_codes' thread mapping). `it` counts stages used across items.
+__device__ __forceinline__ void ws_produce(const WsSmem& sm, const __nv_bfloat16* __restrict__ x, const Fp4Matrices& w, const Fp4Tile& t,
+                                           int64_t n0, uint32_t& it) {
+  const int p = threadIdx.x, c = p & 7;
+  const int64_t K = w.cols;
+  const int nk = int(K / kBK);
+  const __nv_bfloat16* src[4];
+  bool ok[4];
+  uint32_t dst[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = (p >> 3) + 32 * i;
+    ok[i] = r < t.rows;
+    src[i] = x + (ok[i] ? (int64_t(t.row0) + r) * K : 0) + c * 8;
+    dst[i] = chunk_offset(r, c);
+  }
+  const int64_t blk = (int64_t(t.expert) * w.rows + n0 + (p >> 1)) * (K / 32) + (p & 1);
+  const uint4* codes = reinterpret_cast<const uint4*>(w.codes) + blk;
+  const uint8_t* scales = w.scales + blk;
+  Fp4Fetch f{__ldg(codes), uint32_t(__ldg(scales))};
+  for (int j = 0; j < nk; ++j, ++it) {
+    const uint32_t s = it % kWsStages, phase = (it / kWsStages) & 1;
+    Fp4Fetch next = f;
+    if (j + 1 < nk) next = {__ldg(codes + 2 * (j + 1)), uint32_t(__ldg(scales + 2 * (j + 1)))};
+    mbar_wait(sm.empty + 8 * s, phase ^ 1);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) cp_async16(sm.a(s) + dst[i], ok[i] ? src[i] + int64_t(j) * kBK : x, ok[i]);
+    mbar_arrive_on_copies(sm.full + 8 * s);
+    expand_codes(f, sm.b(s), sm.tables);
+    fence_async_shared();
+    mbar_arrive(sm.full + 8 * s);
+    f = next;
+  }
+}
+
+// Consumer warpgroup wg (0 or 1) over one item: its 64 rows x 128 outputs, then written out as bf16.
+__device__ __forceinline__ void ws_consume(const WsSmem& sm, const Fp4Matrices& w, const Fp4Tile& t, int64_t n0, __nv_bfloat16* __restrict__ y,
+                                           uint32_t& it, float (&d)[64]) {
+  const int ct = threadIdx.x - kWsProducers, wg = ct / 128;
+  const int nk = int(w.cols / kBK);
+  int held = -1;  // the stage of the step still in flight
+  for (int j = 0; j < nk; ++j, ++it) {
+    const uint32_t s = it % kWsStages, phase = (it / kWsStages) & 1;
+    mbar_wait(sm.full + 8 * s, phase);
+    fence_async_shared();  // the stage's cp.async rows, landed, for the products' proxy
+    issue_step(d, sm.a(s), sm.b(s), wg, j > 0);
+    wgmma_wait<1>();  // the step before is done with its stage
+    if (held >= 0) mbar_arrive(sm.empty + 8 * held);
+    held = int(s);
+  }
+  wgmma_wait<0>();
+  fence_registers<64>(d);
+  mbar_arrive(sm.empty + 8 * held);
+  const int warp = (ct % 128) / 32, lane = ct % 32, g = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = wg * 64 + warp * 16 + g + 8 * h;
+    if (r >= t.rows) continue;
+    __nv_bfloat16* yr = y + (int64_t(t.row0) + r) * w.rows + n0;
+#pragma unroll
+    for (int j = 0; j < kBN / 8; ++j)
+      *reinterpret_cast<__nv_bfloat162*>(yr + 8 * j + 2 * q) = __floats2bfloat162_rn(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+  }
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+__global__ void __launch_bounds__(kWsThreads, 1)
+moe_fp4_ws_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4Matrices w, const Fp4Tile* __restrict__ tiles, int64_t n_items,
+                  __nv_bfloat16* __restrict__ y) {
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // wgmma is sm_90a's
+#else
+  extern __shared__ uint8_t smem_raw[];
+  WsSmem sm;
+  sm.a0 = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
+  sm.b0 = sm.a0 + kWsStages * kATile;
+  sm.tables = sm.b0 + kWsStages * kBTile;
+  sm.full = sm.tables + kTableBytes;
+  sm.empty = sm.full + 8 * kWsStages;
+  if (threadIdx.x < 256) {  // thread i makes E8M0 byte i's table
+    const Fp4Table tb = fp4_table(threadIdx.x);
+    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(sm.tables + threadIdx.x * uint32_t(sizeof(Fp4Table))), "r"(tb.lo[0]),
+                 "r"(tb.lo[1]), "r"(tb.hi[0]), "r"(tb.hi[1]) : "memory");
+  }
+  if (threadIdx.x == 0)
+    for (int s = 0; s < kWsStages; ++s) {
+      mbar_init(sm.full + 8 * s, 2 * kWsProducers);  // each producer: its copies landed, its codes stored
+      mbar_init(sm.empty + 8 * s, kWsConsumers);
+    }
+  __syncthreads();
+  const int64_t n_tiles_n = w.rows / kBN;
+  uint32_t it = 0;
+  if (threadIdx.x < kWsProducers) {
+    for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x)
+      ws_produce(sm, x, w, tiles[item / n_tiles_n], (item % n_tiles_n) * kBN, it);
+    cp_async_wait<0>();
+  } else {
+    float d[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) d[i] = 0.0f;
+    fence_registers<64>(d);
+    for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x)
+      ws_consume(sm, w, tiles[item / n_tiles_n], (item % n_tiles_n) * kBN, y, it, d);
+  }
+#endif
+}
+
 // One thread per 32-block: 17 bytes in, its 16 code bytes (one 16-byte store) and its scale out.
 __global__ void repack_mxfp4_kernel(const uint8_t* __restrict__ blocks, int64_t n_blocks, int64_t per_expert, int64_t row0_blocks,
                                     int64_t expert_blocks, uint8_t* __restrict__ codes, uint8_t* __restrict__ scales) {
@@ -186,14 +314,20 @@ void moe_fp4_products(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Til
   if (!moe_fp4_products_supported(w.cols, w.rows))
     throw std::invalid_argument("moe_fp4_products: needs an sm_90 GPU, inputs a multiple of 64 and outputs of 128, not " + std::to_string(w.cols) +
                                 " -> " + std::to_string(w.rows));
-  const int64_t grid = n_tiles * (w.rows / kBN);
-  if (grid > 0x7fffffff) throw std::invalid_argument("moe_fp4_products: too many tiles for one launch");
-  static bool configured = false;  // once per process
-  if (!configured) {
+  const int64_t items = n_tiles * (w.rows / kBN);
+  if (items > 0x7fffffff) throw std::invalid_argument("moe_fp4_products: too many tiles for one launch");
+  static const bool configured = [] {  // once per process
     PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    configured = true;
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWsSmemBytes));
+    return true;
+  }();
+  (void)configured;
+  if (Tuning::from_env().dsv4_fp4_kernel == "lockstep") {
+    moe_fp4_kernel<<<unsigned(items), kThreads, kSmemBytes, s>>>(x, w, tiles, y);
+  } else {
+    const int64_t grid = std::min<int64_t>(items, std::max(1, multiprocessor_count()));
+    moe_fp4_ws_kernel<<<unsigned(grid), kWsThreads, kWsSmemBytes, s>>>(x, w, tiles, items, y);
   }
-  moe_fp4_kernel<<<unsigned(grid), kThreads, kSmemBytes, s>>>(x, w, tiles, y);
   PDB_CUDA_LAUNCHED();
 }
 

@@ -72,6 +72,72 @@ cuda::DeviceBuffer upload_tiles(const std::vector<cuda::Fp4Tile>& t) {
 }  // namespace
 #endif
 
+#ifdef PDBRIDGE_HAVE_CUDA
+namespace {
+
+// Both kernels in turn (the warp-specialized default, then PDBRIDGE_DSV4_FP4_KERNEL=lockstep), the switch restored.
+template <class Fn>
+void for_each_fp4_kernel(Fn&& fn) {
+  for (const char* kernel : {"", "lockstep"}) {
+    if (*kernel) setenv("PDBRIDGE_DSV4_FP4_KERNEL", kernel, 1);
+    else unsetenv("PDBRIDGE_DSV4_FP4_KERNEL");
+    fn(*kernel ? kernel : "warp-specialized");
+  }
+  unsetenv("PDBRIDGE_DSV4_FP4_KERNEL");
+}
+
+// Experts of `counts` rows, gate and up ([half x k] each) taken apart into the halves of one [2 half x k] matrix per
+// expert as the engine does, random rows; each kernel's products against the f64 product of ggml's dequantization.
+void check_grouped_products(const std::vector<int32_t>& counts, int64_t half, int64_t k) {
+  const int64_t experts = int64_t(counts.size()), n = 2 * half;
+  int64_t g = 0;
+  for (int32_t c : counts) g += c;
+  const std::vector<uint8_t> exps = {118, 119, 120, 121, 122};  // weights of magnitude ~2^-8 .. 2^-3
+  const auto gate = fp4_blocks(experts, half, k, exps), up = fp4_blocks(experts, half, k, exps);
+  const auto wg = dequantized(gate), wu = dequantized(up);
+  auto dg = upload(gate), du = upload(up);
+  Fp4Device d(experts, n, k);
+  cuda::repack_mxfp4(dg.as<uint8_t>(), half, 0, d.m, nullptr);
+  cuda::repack_mxfp4(du.as<uint8_t>(), half, half, d.m, nullptr);
+  const auto x = round_bf16(randn(size_t(g * k)));
+  auto dx = to_device_bf16(x);
+  const auto tiles = cuda::fp4_tiles(counts.data(), experts);
+  auto dt = upload_tiles(tiles);
+  std::vector<double> want(size_t(g * n));
+  int64_t row = 0;
+  for (int64_t e = 0; e < experts; ++e)
+    for (int32_t r = 0; r < counts[size_t(e)]; ++r, ++row)
+      for (int64_t o = 0; o < n; ++o) {
+        const float* wr = o < half ? wg.data() + (e * half + o) * k : wu.data() + (e * half + o - half) * k;
+        double sum = 0;
+        for (int64_t i = 0; i < k; ++i) sum += double(x[size_t(row * k + i)]) * wr[i];
+        want[size_t(row * n + o)] = sum;
+      }
+  for_each_fp4_kernel([&](const char* kernel) {
+    auto y = poisoned(size_t(g * n) * 2);
+    cuda::moe_fp4_products(dx.as<__nv_bfloat16>(), d.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), y.as<__nv_bfloat16>(), nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto got = from_device_bf16(y, size_t(g * n));
+    double err2 = 0, ref2 = 0, worst_excess = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double gv = got[i], wv = want[i];
+      ASSERT_TRUE(std::isfinite(gv)) << kernel << ": row " << i / size_t(n) << " output " << i % size_t(n);
+      err2 += (gv - wv) * (gv - wv);
+      ref2 += wv * wv;
+      // one bf16 rounding of an f32 sum: within 2^-8 of the value, plus the sum's order
+      worst_excess = std::max(worst_excess, std::fabs(gv - wv) - std::ldexp(std::fabs(wv), -8));
+    }
+    const double rel = std::sqrt(err2 / ref2), rms = std::sqrt(ref2 / double(g * n));
+    std::printf("FP4 grouped products (%s), %zu tiles x %lld outputs, k=%lld: rel RMS %.2e, worst excess over one bf16 rounding %.2e (output RMS %.2e)\n",
+                kernel, tiles.size(), (long long)n, (long long)k, rel, worst_excess, rms);
+    EXPECT_LT(rel, 3e-3) << kernel;
+    EXPECT_LT(worst_excess, 1e-4 * rms * std::sqrt(double(k))) << kernel;
+  });
+}
+
+}  // namespace
+#endif
+
 // The tiles cover every routed row once, in order, each within one expert and at most kFp4TileRows long (CPU).
 TEST(MoeTiles, EveryRowOnceWithinItsExpertInOrder) {
   const std::vector<int32_t> counts = {0, 1, 127, 128, 129, 0, 300, 256};
@@ -162,77 +228,53 @@ TEST(CudaMoeFp4, IdentityRowsGiveEachWeightBitForBit) {
   const std::vector<int32_t> counts = {int32_t(k), int32_t(k)};
   const auto tiles = cuda::fp4_tiles(counts.data(), experts);
   auto dt = upload_tiles(tiles);
-  auto y = poisoned(size_t(experts * k * n) * 2);
-  cuda::moe_fp4_products(dx.as<__nv_bfloat16>(), d.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), y.as<__nv_bfloat16>(), nullptr);
-  PDB_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto got = from_device_bf16(y, size_t(experts * k * n));
-  int64_t differ = 0;
-  for (int64_t e = 0; e < experts; ++e)
-    for (int64_t i = 0; i < k; ++i)
-      for (int64_t o = 0; o < n; ++o) {
-        const float want = w[size_t((e * n + o) * k + i)], g = got[size_t((e * k + i) * n + o)];
-        if (!(g == want)) {
-          if (differ++ < 5) ADD_FAILURE() << "expert " << e << " weight (" << o << ", " << i << "): " << g << " != " << want;
+  for_each_fp4_kernel([&](const char* kernel) {
+    auto y = poisoned(size_t(experts * k * n) * 2);
+    cuda::moe_fp4_products(dx.as<__nv_bfloat16>(), d.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), y.as<__nv_bfloat16>(), nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto got = from_device_bf16(y, size_t(experts * k * n));
+    int64_t differ = 0;
+    for (int64_t e = 0; e < experts; ++e)
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t o = 0; o < n; ++o) {
+          const float want = w[size_t((e * n + o) * k + i)], g = got[size_t((e * k + i) * n + o)];
+          if (!(g == want)) {
+            if (differ++ < 5) ADD_FAILURE() << kernel << ": expert " << e << " weight (" << o << ", " << i << "): " << g << " != " << want;
+          }
         }
-      }
-  EXPECT_EQ(differ, 0);
+    EXPECT_EQ(differ, 0) << kernel;
+  });
 #endif
 }
+
 
 TEST(CudaMoeFp4, GroupedProductsMatchTheF64ProductOfTheDequantizedWeights) {
   if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
 #ifdef PDBRIDGE_HAVE_CUDA
   if (!cuda::moe_fp4_products_supported(64, 128)) GTEST_SKIP() << "needs an sm_90 GPU: " << cuda::device_summary();
   const std::vector<int32_t> counts = {0, 1, 127, 128, 300};
-  const int64_t experts = int64_t(counts.size()), half = 128, n = 2 * half;
-  int64_t g = 0;
-  for (int32_t c : counts) g += c;
-  for (const int64_t k : {int64_t(64), int64_t(512)}) {
-    const std::vector<uint8_t> exps = {118, 119, 120, 121, 122};  // weights of magnitude ~2^-8 .. 2^-3
-    // gate and up as two tensors, taken apart into the halves of one [n x k] matrix per expert
-    const auto gate = fp4_blocks(experts, half, k, exps), up = fp4_blocks(experts, half, k, exps);
-    const auto wg = dequantized(gate), wu = dequantized(up);
-    auto dg = upload(gate), du = upload(up);
-    Fp4Device d(experts, n, k);
-    cuda::repack_mxfp4(dg.as<uint8_t>(), half, 0, d.m, nullptr);
-    cuda::repack_mxfp4(du.as<uint8_t>(), half, half, d.m, nullptr);
-    const auto x = round_bf16(randn(size_t(g * k)));
-    auto dx = to_device_bf16(x);
-    const auto tiles = cuda::fp4_tiles(counts.data(), experts);
-    ASSERT_EQ(tiles.size(), size_t(0 + 1 + 1 + 1 + 3));
-    auto dt = upload_tiles(tiles);
-    auto y = poisoned(size_t(g * n) * 2);
-    cuda::moe_fp4_products(dx.as<__nv_bfloat16>(), d.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), y.as<__nv_bfloat16>(), nullptr);
-    PDB_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto got = from_device_bf16(y, size_t(g * n));
-    double err2 = 0, ref2 = 0, worst_excess = 0;
-    int64_t row = 0;
-    for (int64_t e = 0; e < experts; ++e)
-      for (int32_t r = 0; r < counts[size_t(e)]; ++r, ++row)
-        for (int64_t o = 0; o < n; ++o) {
-          const float* wr = o < half ? wg.data() + (e * half + o) * k : wu.data() + (e * half + o - half) * k;
-          double want = 0;
-          for (int64_t i = 0; i < k; ++i) want += double(x[size_t(row * k + i)]) * wr[i];
-          const double gv = got[size_t(row * n + o)];
-          ASSERT_TRUE(std::isfinite(gv)) << "row " << row << " output " << o;
-          err2 += (gv - want) * (gv - want);
-          ref2 += want * want;
-          // one bf16 rounding of an f32 sum: within 2^-8 of the value, plus the sum's order
-          worst_excess = std::max(worst_excess, std::fabs(gv - want) - std::ldexp(std::fabs(want), -8));
-        }
-    const double rel = std::sqrt(err2 / ref2), rms = std::sqrt(ref2 / double(g * n));
-    std::printf("FP4 grouped products k=%lld: rel RMS %.2e, worst excess over one bf16 rounding %.2e (output RMS %.2e)\n", (long long)k, rel, worst_excess,
-                rms);
-    EXPECT_LT(rel, 3e-3);
-    EXPECT_LT(worst_excess, 1e-4 * rms * std::sqrt(double(k)));
-  }
+  ASSERT_EQ(cuda::fp4_tiles(counts.data(), int64_t(counts.size())).size(), size_t(0 + 1 + 1 + 1 + 3));
+  for (const int64_t k : {int64_t(64), int64_t(512)}) check_grouped_products(counts, 128, k);
+#endif
+}
+
+// More (tile, 128 outputs) items than SMs: the warp-specialized kernel's CTAs each walk several, its stage ring
+// carried from one item into the next (two k-steps per item against five stages).
+TEST(CudaMoeFp4, PersistentCtasWalkMoreItemsThanSms) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
+#ifdef PDBRIDGE_HAVE_CUDA
+  if (!cuda::moe_fp4_products_supported(128, 512)) GTEST_SKIP() << "needs an sm_90 GPU: " << cuda::device_summary();
+  const std::vector<int32_t> counts = {2000, 77, 2100, 0, 1900};
+  const int64_t items = int64_t(cuda::fp4_tiles(counts.data(), int64_t(counts.size())).size()) * 4;
+  ASSERT_GT(items, 2 * int64_t(cuda::multiprocessor_count())) << "the case must give each CTA more than one item";
+  check_grouped_products(counts, 256, 128);
 #endif
 }
 
 // A benchmark, run on request (PDBRIDGE_BENCH=1; the H200 figures in docs/RESULTS.md): one DeepSeek-V4-Flash layer's
 // routed products at a 32K-token chunk (256 experts of 2048 x 4096, top 6, uniform and skewed routing), from the FP4
-// codes against the path they replace in the same process: every expert expanded to bf16 (mxfp4_to_bf16, three
-// launches) and one cuBLAS product per expert. CUDA events, median of 5 after a warm-up; TFLOP/s of the routed rows.
+// codes (the warp-specialized kernel, and the lockstep one) against the path they replace in the same process: every
+// expert expanded to bf16 (mxfp4_to_bf16, three launches) and one cuBLAS product per expert. CUDA events, median of 5 after a warm-up; TFLOP/s of the routed rows.
 TEST(CudaBench, MoeFp4ProductsAtV4FlashShapes) {
   if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
   const char* on = std::getenv("PDBRIDGE_BENCH");
@@ -274,6 +316,11 @@ TEST(CudaBench, MoeFp4ProductsAtV4FlashShapes) {
       cuda::moe_fp4_products(x.as<__nv_bfloat16>(), gu4.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr);
       cuda::moe_fp4_products(act.as<__nv_bfloat16>(), dn4.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), yexp.as<__nv_bfloat16>(), nullptr);
     };
+    auto fp4_lockstep = [&] {
+      setenv("PDBRIDGE_DSV4_FP4_KERNEL", "lockstep", 1);
+      fp4();
+      unsetenv("PDBRIDGE_DSV4_FP4_KERNEL");
+    };
     auto expand = [&] {
       const int64_t blocks_fe = F * E / 32, per = NE * blocks_fe;
       cuda::mxfp4_to_bf16(gate.as<uint8_t>(), per, gu16.as<__nv_bfloat16>(), nullptr, blocks_fe, 2 * F * E);
@@ -292,13 +339,14 @@ TEST(CudaBench, MoeFp4ProductsAtV4FlashShapes) {
       std::sort(t.begin(), t.end());
       return t[2];
     };
-    const double t_fp4 = median_ms(fp4), t_expand = median_ms(expand), t_cublas = median_ms(cublas);
+    const double t_fp4 = median_ms(fp4), t_lockstep = median_ms(fp4_lockstep), t_expand = median_ms(expand), t_cublas = median_ms(cublas);
     int64_t largest = 0;
     for (int32_t c : counts) largest = std::max<int64_t>(largest, c);
-    std::printf("MOE FP4 V4-Flash layer, %s routing (%zu tiles, largest expert %lld rows): FP4 products %.2f ms (%.0f TFLOP/s); "
-                "expansion %.2f ms + cuBLAS per expert %.2f ms (%.0f TFLOP/s) = %.2f ms; ratio %.2fx\n",
-                skewed ? "skewed" : "uniform", tiles.size(), (long long)largest, t_fp4, flops / (t_fp4 * 1e-3) / 1e12, t_expand, t_cublas,
-                flops / (t_cublas * 1e-3) / 1e12, t_expand + t_cublas, (t_expand + t_cublas) / t_fp4);
+    std::printf("MOE FP4 V4-Flash layer, %s routing (%zu tiles, largest expert %lld rows): FP4 products %.2f ms (%.0f TFLOP/s; the lockstep "
+                "kernel %.2f ms, %.0f); expansion %.2f ms + cuBLAS per expert %.2f ms (%.0f TFLOP/s) = %.2f ms; ratio %.2fx\n",
+                skewed ? "skewed" : "uniform", tiles.size(), (long long)largest, t_fp4, flops / (t_fp4 * 1e-3) / 1e12, t_lockstep,
+                flops / (t_lockstep * 1e-3) / 1e12, t_expand, t_cublas, flops / (t_cublas * 1e-3) / 1e12, t_expand + t_cublas,
+                (t_expand + t_cublas) / t_fp4);
     std::fflush(stdout);
   }
 #endif

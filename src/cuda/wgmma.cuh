@@ -23,6 +23,25 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
 // Shared memory written through the generic proxy (stores, cp.async) must be visible to wgmma's async proxy.
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// mbarriers in shared memory (the warp-specialized kernels' stage hand-offs). A fresh barrier is in phase 0; waiting
+// on parity 1 (the phase "before" it) returns at once, which is how a producer's first pass finds every stage free.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory"); }
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nMBAR_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra MBAR_WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// One arrival on the barrier once all of this thread's earlier cp.async copies have landed (counted in its init).
+__device__ __forceinline__ void mbar_arrive_on_copies(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 // Pins N accumulator registers at this point of the program: the compiler must not move their other uses across
 // the asynchronous wgmma that writes them (issue ... wait).
 template <int N>
