@@ -161,7 +161,7 @@ moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4M
 // step in flight. Persistent: one CTA per SM walks the (tile, 128 outputs) items, so the producers fill the next
 // item's stages while the consumers write the last one out. The lockstep kernel above left the tensor cores waiting
 // on its own expansion: 0.8x cuBLAS after expansion, issue slots half idle (docs/RESULTS.md, session 36).
-constexpr int kWsStages = 5, kWsProducers = 256, kWsConsumers = 256, kWsThreads = kWsProducers + kWsConsumers;
+constexpr int kWsStages = 5, kWsAhead = 4, kWsProducers = 256, kWsConsumers = 256, kWsThreads = kWsProducers + kWsConsumers;
 constexpr int kWsSmemBytes = int(kWsStages * (kATile + kBTile) + kTableBytes + 2 * kWsStages * 8) + 1024;
 
 struct WsSmem {
@@ -192,19 +192,28 @@ __device__ __forceinline__ void ws_produce(const WsSmem& sm, const __nv_bfloat16
   const int64_t blk = (int64_t(t.expert) * w.rows + n0 + (p >> 1)) * (K / 32) + (p & 1);
   const uint4* codes = reinterpret_cast<const uint4*>(w.codes) + blk;
   const uint8_t* scales = w.scales + blk;
-  Fp4Fetch f{__ldg(codes), uint32_t(__ldg(scales))};
-  for (int j = 0; j < nk; ++j, ++it) {
-    const uint32_t s = it % kWsStages, phase = (it / kWsStages) & 1;
-    Fp4Fetch next = f;
-    if (j + 1 < nk) next = {__ldg(codes + 2 * (j + 1)), uint32_t(__ldg(scales + 2 * (j + 1)))};
-    mbar_wait(sm.empty + 8 * s, phase ^ 1);
+  // the codes kWsAhead steps ahead, in a ring of registers (a profile of one step ahead: the producers' top stall was
+  // waiting on these loads)
+  Fp4Fetch f[kWsAhead];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) cp_async16(sm.a(s) + dst[i], ok[i] ? src[i] + int64_t(j) * kBK : x, ok[i]);
-    mbar_arrive_on_copies(sm.full + 8 * s);
-    expand_codes(f, sm.b(s), sm.tables);
-    fence_async_shared();
-    mbar_arrive(sm.full + 8 * s);
-    f = next;
+  for (int u = 0; u < kWsAhead; ++u)
+    if (u < nk) f[u] = {__ldg(codes + 2 * u), uint32_t(__ldg(scales + 2 * u))};
+  for (int j0 = 0; j0 < nk; j0 += kWsAhead) {
+#pragma unroll
+    for (int u = 0; u < kWsAhead; ++u) {
+      const int j = j0 + u;
+      if (j >= nk) break;
+      const uint32_t s = it % kWsStages, phase = (it / kWsStages) & 1;
+      mbar_wait(sm.empty + 8 * s, phase ^ 1);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) cp_async16(sm.a(s) + dst[i], ok[i] ? src[i] + int64_t(j) * kBK : x, ok[i]);
+      mbar_arrive_on_copies(sm.full + 8 * s);
+      expand_codes(f[u], sm.b(s), sm.tables);
+      fence_async_shared();
+      mbar_arrive(sm.full + 8 * s);
+      if (j + kWsAhead < nk) f[u] = {__ldg(codes + 2 * (j + kWsAhead)), uint32_t(__ldg(scales + 2 * (j + kWsAhead)))};
+      ++it;
+    }
   }
 }
 

@@ -263,11 +263,11 @@ TEST(CudaMoeFp4, GroupedProductsMatchTheF64ProductOfTheDequantizedWeights) {
 TEST(CudaMoeFp4, PersistentCtasWalkMoreItemsThanSms) {
   if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
 #ifdef PDBRIDGE_HAVE_CUDA
-  if (!cuda::moe_fp4_products_supported(128, 512)) GTEST_SKIP() << "needs an sm_90 GPU: " << cuda::device_summary();
+  if (!cuda::moe_fp4_products_supported(128, 1024)) GTEST_SKIP() << "needs an sm_90 GPU: " << cuda::device_summary();
   const std::vector<int32_t> counts = {2000, 77, 2100, 0, 1900};
-  const int64_t items = int64_t(cuda::fp4_tiles(counts.data(), int64_t(counts.size())).size()) * 4;
+  const int64_t items = int64_t(cuda::fp4_tiles(counts.data(), int64_t(counts.size())).size()) * 8;
   ASSERT_GT(items, 2 * int64_t(cuda::multiprocessor_count())) << "the case must give each CTA more than one item";
-  check_grouped_products(counts, 256, 128);
+  check_grouped_products(counts, 512, 128);
 #endif
 }
 
