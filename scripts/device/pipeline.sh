@@ -766,23 +766,23 @@ stage_session36() {
   run rowsgap_q3moe env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows
   run rowsgap_q3moe_copy env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_FRAMES=copy $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows engine $B --label qwen3-30b-a3b-L8-gguf-f16-rows-copy
 }
-# Session 36's second call: the FP4 products' warp-specialized kernel (producers expand, consumers multiply): the twin
-# tests of both kernels, the bench of both against expansion + cuBLAS, DeepSeek-V4's suites and layer bench with the
-# FP4 products (each kernel) against the default, the new kernel's profile.
+# Session 36's later calls: the FP4 products' kernel (its second and third forms: warp-specialized, then the weights as
+# register fragments): its twin tests, its bench against expansion + cuBLAS, DeepSeek-V4's suites and layer bench with
+# the FP4 products against the default, the kernel's profile.
 stage_session36b() {
   run fp4_kernels env PDBRIDGE_BENCH=1 timeout 150 $P/build/tests/unit_tests \
     --gtest_filter='Fp4Expand*:MoeTiles*:CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
   make_dsv4_test_models
   run integration_dsv4_fp4 env PDBRIDGE_DSV4_EXPERTS_FP4=1 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
-  run dsv4_bench_session36b env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:PDBRIDGE_DSV4_EXPERTS_FP4=1 fp4:32768:PDBRIDGE_DSV4_EXPERTS_FP4=1+PDBRIDGE_DSV4_FP4_KERNEL=lockstep fp4:32768" bash $DEV/dsv4_gpu.sh bench
-  FP4_KERNEL=moe_fp4_ws_kernel stage_ncufp4
+  run dsv4_bench_session36b env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:PDBRIDGE_DSV4_EXPERTS_FP4=1 fp4:32768" bash $DEV/dsv4_gpu.sh bench
+  stage_ncufp4
 }
 # The FP4 expert products under Nsight Compute: the gate|up launch of the bench's uniform routing (its second
 # launch: the first is the warm-up's), the full section set as text.
 stage_ncufp4() {
   local NCU; NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [ -n "$NCU" ] || { ts "no ncu here"; return 0; }
-  run ncu_fp4 env PDBRIDGE_BENCH=1 timeout 300 $NCU --clock-control none --kernel-name regex:${FP4_KERNEL:-moe_fp4_kernel} --launch-skip 2 --launch-count 1 \
+  run ncu_fp4 env PDBRIDGE_BENCH=1 timeout 300 $NCU --clock-control none --kernel-name regex:moe_fp4_kernel --launch-skip 2 --launch-count 1 \
     --set full --import-source no -f -o $R/ncu_fp4 $P/build/tests/unit_tests --gtest_filter=CudaBench.MoeFp4ProductsAtV4FlashShapes
   $NCU --import $R/ncu_fp4.ncu-rep --page details > $R/ncu_fp4.txt 2>&1
   # the warps' stall reasons and the shared-memory conflicts, from the raw metrics

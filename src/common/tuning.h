@@ -25,8 +25,6 @@ struct Tuning {
   std::string dsv4_experts;      // PDBRIDGE_DSV4_EXPERTS=bf16: DeepSeek-V4's random-weight bench with bf16 experts
   std::string dsv4_experts_fp8;  // PDBRIDGE_DSV4_EXPERTS_FP8=1: FP8 expert products from e4m3 tiles
   std::string dsv4_experts_fp4;  // PDBRIDGE_DSV4_EXPERTS_FP4=1: the expert products read the MXFP4 codes (no expansion)
-  std::string dsv4_fp4_kernel;   // PDBRIDGE_DSV4_FP4_KERNEL=lockstep: those products by the kernel whose every thread
-                                 // both expands and multiplies (not the warp-specialized one)
   std::string dsv4_indexer;      // PDBRIDGE_DSV4_INDEXER=bf16|gemm: the indexer's scores in bf16, or GEMM + sum
   std::string dsv4_indexer_a;    // PDBRIDGE_DSV4_INDEXER_A=registers|smem: the FP8 indexer's queries as register fragments
                                  // read once, or from shared memory by every product
@@ -59,7 +57,7 @@ inline const std::vector<TuningSwitch>& tuning_switches() {
       {"PDBRIDGE_STATE_PWRITE", &Tuning::state_pwrite},     {"PDBRIDGE_FP8", &Tuning::fp8},
       {"PDBRIDGE_FP8KV_FUSED", &Tuning::fp8kv_fused},       {"PDBRIDGE_RECIPE_STREAM", &Tuning::recipe_stream},
       {"PDBRIDGE_DSV4_EXPERTS", &Tuning::dsv4_experts},     {"PDBRIDGE_DSV4_EXPERTS_FP8", &Tuning::dsv4_experts_fp8},
-      {"PDBRIDGE_DSV4_EXPERTS_FP4", &Tuning::dsv4_experts_fp4}, {"PDBRIDGE_DSV4_FP4_KERNEL", &Tuning::dsv4_fp4_kernel},
+      {"PDBRIDGE_DSV4_EXPERTS_FP4", &Tuning::dsv4_experts_fp4},
       {"PDBRIDGE_DSV4_INDEXER", &Tuning::dsv4_indexer},     {"PDBRIDGE_DSV4_INDEXER_A", &Tuning::dsv4_indexer_a},
       {"PDBRIDGE_DSV4_ATTN", &Tuning::dsv4_attn},
       {"PDBRIDGE_DSV4_TOPK", &Tuning::dsv4_topk},

@@ -75,17 +75,6 @@ cuda::DeviceBuffer upload_tiles(const std::vector<cuda::Fp4Tile>& t) {
 #ifdef PDBRIDGE_HAVE_CUDA
 namespace {
 
-// Both kernels in turn (the warp-specialized default, then PDBRIDGE_DSV4_FP4_KERNEL=lockstep), the switch restored.
-template <class Fn>
-void for_each_fp4_kernel(Fn&& fn) {
-  for (const char* kernel : {"", "lockstep"}) {
-    if (*kernel) setenv("PDBRIDGE_DSV4_FP4_KERNEL", kernel, 1);
-    else unsetenv("PDBRIDGE_DSV4_FP4_KERNEL");
-    fn(*kernel ? kernel : "warp-specialized");
-  }
-  unsetenv("PDBRIDGE_DSV4_FP4_KERNEL");
-}
-
 // Experts of `counts` rows, gate and up ([half x k] each) taken apart into the halves of one [2 half x k] matrix per
 // expert as the engine does, random rows; each kernel's products against the f64 product of ggml's dequantization.
 void check_grouped_products(const std::vector<int32_t>& counts, int64_t half, int64_t k) {
@@ -113,7 +102,8 @@ void check_grouped_products(const std::vector<int32_t>& counts, int64_t half, in
         for (int64_t i = 0; i < k; ++i) sum += double(x[size_t(row * k + i)]) * wr[i];
         want[size_t(row * n + o)] = sum;
       }
-  for_each_fp4_kernel([&](const char* kernel) {
+  {
+    const char* kernel = "register fragments";
     auto y = poisoned(size_t(g * n) * 2);
     cuda::moe_fp4_products(dx.as<__nv_bfloat16>(), d.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), y.as<__nv_bfloat16>(), nullptr);
     PDB_CUDA_CHECK(cudaDeviceSynchronize());
@@ -132,7 +122,7 @@ void check_grouped_products(const std::vector<int32_t>& counts, int64_t half, in
                 kernel, tiles.size(), (long long)n, (long long)k, rel, worst_excess, rms);
     EXPECT_LT(rel, 3e-3) << kernel;
     EXPECT_LT(worst_excess, 1e-4 * rms * std::sqrt(double(k))) << kernel;
-  });
+  }
 }
 
 }  // namespace
@@ -164,9 +154,9 @@ TEST(MoeTiles, EveryRowOnceWithinItsExpertInOrder) {
   EXPECT_EQ(next, total);
 }
 
-// The expansion's arithmetic (cuda/fp4_expand.cuh, run here on the host: the same functions the kernels inline) against
-// ggml's MXFP4 dequantization: every code under every E8M0 byte, as bf16, bit for bit, by the products (mxfp4_to_bf16's
-// path) and by the byte-permute table (the FP4 products' tiles; the permute emulated) (CUDA builds; no GPU needed).
+// The expansion's arithmetic (cuda/fp4_expand.cuh, run here on the host: the same functions the kernel inlines, its
+// bf16 products as the exact f32 product rounded) against ggml's MXFP4 dequantization: every code under every E8M0
+// byte, each lane's repacked word pair by pair, as bf16, bit for bit (CUDA builds; no GPU needed).
 TEST(Fp4Expand, EveryCodeUnderEveryScaleIsGgmlsValueInBf16) {
 #ifdef PDBRIDGE_HAVE_CUDA
   int64_t differ = 0;
@@ -176,29 +166,20 @@ TEST(Fp4Expand, EveryCodeUnderEveryScaleIsGgmlsValueInBf16) {
     for (int j = 0; j < 16; ++j) block[1 + j] = uint8_t(j | ((15 - j) << 4));  // every code low and high
     float want[32];
     dequantize_row(GgmlType::MXFP4, block, want, 32);
-    uint32_t w[4];
-    std::memcpy(w, block + 1, 16);
-    const cuda::Fp4Scale sc = cuda::fp4_scale(e);
-    EXPECT_EQ(sc.two, e > 248);
-    const cuda::Fp4Table table = cuda::fp4_table(e);
-    for (int c = 0; c < 4; ++c) {
-      uint32_t out[4], looked_up[4];
-      if (sc.two) cuda::fp4_expand_chunk<true>(w, c, sc, out);
-      else cuda::fp4_expand_chunk<false>(w, c, sc, out);
-      cuda::fp4_lookup_chunk(w, c, table, looked_up);
-      for (int i = 0; i < 8; ++i) {
-        const uint32_t bits = (out[i / 2] >> (16 * (i % 2))) & 0xffffu;
-        float got;
-        const uint32_t f32 = bits << 16;
-        std::memcpy(&got, &f32, 4);
-        const float ref = want[8 * c + i];
-        if (!(got == ref) && differ++ < 5)
-          ADD_FAILURE() << "E8M0 " << e << " element " << 8 * c + i << ": " << got << " != ggml's " << ref;
-        // the table path (the products' tiles): the same bf16 bits, zero's sign included
-        const uint32_t table_bits = (looked_up[i / 2] >> (16 * (i % 2))) & 0xffffu;
-        if (table_bits != bits && differ++ < 5)
-          ADD_FAILURE() << "E8M0 " << e << " element " << 8 * c + i << ": table gives bf16 0x" << std::hex << table_bits << ", the products 0x" << bits
-                        << std::dec;
+    // the register path (the FP4 products' fragments): each lane's repacked word, pair by pair
+    const cuda::Fp4PairScale ps = cuda::fp4_pair_scale(e);
+    for (int q = 0; q < 4; ++q) {
+      const uint32_t word = cuda::fp4_fragment_word(block + 1, q);
+      for (int p = 0; p < 4; ++p) {
+        const uint32_t pair = cuda::fp4_pair(word, p, ps);
+        for (int h = 0; h < 2; ++h) {
+          const int k = 2 * q + 8 * p + h;
+          const uint32_t f32 = ((pair >> (16 * h)) & 0xffffu) << 16;
+          float got;
+          std::memcpy(&got, &f32, 4);
+          if (!(got == want[k]) && differ++ < 5)
+            ADD_FAILURE() << "E8M0 " << e << " element " << k << " (lane " << q << ", pair " << p << "): " << got << " != ggml's " << want[k];
+        }
       }
     }
   }
@@ -213,8 +194,8 @@ TEST(CudaMoeFp4, IdentityRowsGiveEachWeightBitForBit) {
 #ifdef PDBRIDGE_HAVE_CUDA
   if (!cuda::moe_fp4_products_supported(128, 128)) GTEST_SKIP() << "needs an sm_90 GPU: " << cuda::device_summary();
   const int64_t experts = 2, n = 128, k = 128;
-  // E8M0 bytes across the range: denormal scales (1, 2), ordinary ones, the last of the one-multiply path (248)
-  // and the two-multiply path past it (codes with |value| <= 6 x 2^122 stay finite there)
+  // E8M0 bytes across the range: denormal scales (1, 2), ordinary ones, the last whose first product is 2^(e-1)
+  // (128) and the ones past it, 2^127 then 2^(e-128) (codes with |value| <= 12 x 2^122 stay finite there)
   const std::vector<uint8_t> exps = {1, 2, 60, 100, 120, 127, 128, 133, 200, 248, 249, 250};
   auto blocks = fp4_blocks(experts, n, k, exps);
   const auto w = dequantized(blocks);
@@ -228,7 +209,8 @@ TEST(CudaMoeFp4, IdentityRowsGiveEachWeightBitForBit) {
   const std::vector<int32_t> counts = {int32_t(k), int32_t(k)};
   const auto tiles = cuda::fp4_tiles(counts.data(), experts);
   auto dt = upload_tiles(tiles);
-  for_each_fp4_kernel([&](const char* kernel) {
+  {
+    const char* kernel = "register fragments";
     auto y = poisoned(size_t(experts * k * n) * 2);
     cuda::moe_fp4_products(dx.as<__nv_bfloat16>(), d.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), y.as<__nv_bfloat16>(), nullptr);
     PDB_CUDA_CHECK(cudaDeviceSynchronize());
@@ -243,7 +225,7 @@ TEST(CudaMoeFp4, IdentityRowsGiveEachWeightBitForBit) {
           }
         }
     EXPECT_EQ(differ, 0) << kernel;
-  });
+  }
 #endif
 }
 
@@ -258,23 +240,23 @@ TEST(CudaMoeFp4, GroupedProductsMatchTheF64ProductOfTheDequantizedWeights) {
 #endif
 }
 
-// More (tile, 128 outputs) items than SMs: the warp-specialized kernel's CTAs each walk several, its stage ring
-// carried from one item into the next (two k-steps per item against five stages).
-TEST(CudaMoeFp4, PersistentCtasWalkMoreItemsThanSms) {
+// Many tiles of 16-row code groups across 1,024 outputs: every (tile, 128 outputs) CTA of a launch that fills the GPU
+// more than twice reads its own groups of the repacked codes.
+TEST(CudaMoeFp4, ManyTilesAcrossManyOutputGroups) {
   if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
 #ifdef PDBRIDGE_HAVE_CUDA
   if (!cuda::moe_fp4_products_supported(128, 1024)) GTEST_SKIP() << "needs an sm_90 GPU: " << cuda::device_summary();
   const std::vector<int32_t> counts = {2000, 77, 2100, 0, 1900};
   const int64_t items = int64_t(cuda::fp4_tiles(counts.data(), int64_t(counts.size())).size()) * 8;
-  ASSERT_GT(items, 2 * int64_t(cuda::multiprocessor_count())) << "the case must give each CTA more than one item";
+  ASSERT_GT(items, 2 * int64_t(cuda::multiprocessor_count())) << "the case must fill the GPU more than twice";
   check_grouped_products(counts, 512, 128);
 #endif
 }
 
 // A benchmark, run on request (PDBRIDGE_BENCH=1; the H200 figures in docs/RESULTS.md): one DeepSeek-V4-Flash layer's
 // routed products at a 32K-token chunk (256 experts of 2048 x 4096, top 6, uniform and skewed routing), from the FP4
-// codes (the warp-specialized kernel, and the lockstep one) against the path they replace in the same process: every
-// expert expanded to bf16 (mxfp4_to_bf16, three launches) and one cuBLAS product per expert. CUDA events, median of 5 after a warm-up; TFLOP/s of the routed rows.
+// codes against the path they replace in the same process: every expert expanded to bf16 (mxfp4_to_bf16, three
+// launches) and one cuBLAS product per expert. CUDA events, median of 5 after a warm-up; TFLOP/s of the routed rows.
 TEST(CudaBench, MoeFp4ProductsAtV4FlashShapes) {
   if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
   const char* on = std::getenv("PDBRIDGE_BENCH");
@@ -316,11 +298,7 @@ TEST(CudaBench, MoeFp4ProductsAtV4FlashShapes) {
       cuda::moe_fp4_products(x.as<__nv_bfloat16>(), gu4.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr);
       cuda::moe_fp4_products(act.as<__nv_bfloat16>(), dn4.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), yexp.as<__nv_bfloat16>(), nullptr);
     };
-    auto fp4_lockstep = [&] {
-      setenv("PDBRIDGE_DSV4_FP4_KERNEL", "lockstep", 1);
-      fp4();
-      unsetenv("PDBRIDGE_DSV4_FP4_KERNEL");
-    };
+
     auto expand = [&] {
       const int64_t blocks_fe = F * E / 32, per = NE * blocks_fe;
       cuda::mxfp4_to_bf16(gate.as<uint8_t>(), per, gu16.as<__nv_bfloat16>(), nullptr, blocks_fe, 2 * F * E);
@@ -339,14 +317,13 @@ TEST(CudaBench, MoeFp4ProductsAtV4FlashShapes) {
       std::sort(t.begin(), t.end());
       return t[2];
     };
-    const double t_fp4 = median_ms(fp4), t_lockstep = median_ms(fp4_lockstep), t_expand = median_ms(expand), t_cublas = median_ms(cublas);
+    const double t_fp4 = median_ms(fp4), t_expand = median_ms(expand), t_cublas = median_ms(cublas);
     int64_t largest = 0;
     for (int32_t c : counts) largest = std::max<int64_t>(largest, c);
-    std::printf("MOE FP4 V4-Flash layer, %s routing (%zu tiles, largest expert %lld rows): FP4 products %.2f ms (%.0f TFLOP/s; the lockstep "
-                "kernel %.2f ms, %.0f); expansion %.2f ms + cuBLAS per expert %.2f ms (%.0f TFLOP/s) = %.2f ms; ratio %.2fx\n",
-                skewed ? "skewed" : "uniform", tiles.size(), (long long)largest, t_fp4, flops / (t_fp4 * 1e-3) / 1e12, t_lockstep,
-                flops / (t_lockstep * 1e-3) / 1e12, t_expand, t_cublas, flops / (t_cublas * 1e-3) / 1e12, t_expand + t_cublas,
-                (t_expand + t_cublas) / t_fp4);
+    std::printf("MOE FP4 V4-Flash layer, %s routing (%zu tiles, largest expert %lld rows): FP4 products %.2f ms (%.0f TFLOP/s); "
+                "expansion %.2f ms + cuBLAS per expert %.2f ms (%.0f TFLOP/s) = %.2f ms; ratio %.2fx\n",
+                skewed ? "skewed" : "uniform", tiles.size(), (long long)largest, t_fp4, flops / (t_fp4 * 1e-3) / 1e12, t_expand, t_cublas,
+                flops / (t_cublas * 1e-3) / 1e12, t_expand + t_cublas, (t_expand + t_cublas) / t_fp4);
     std::fflush(stdout);
   }
 #endif
