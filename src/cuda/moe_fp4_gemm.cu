@@ -44,31 +44,54 @@ struct Fp4Step {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// x's rows of the tile for one k-step (rows past the tile's are zeros); one cp.async group.
-__device__ __forceinline__ void load_rows(uint32_t sX, const __nv_bfloat16* __restrict__ x, int64_t K, const Fp4Tile& t, int64_t k0, bool any) {
-  if (any)
+// This thread's share of x's rows: rows r + 32 i (r = tid >> 3), chunk tid & 7 (rows past the tile's: zeros); the
+// first row's source and the stride worked out once, so a k-step's copies are additions (registers are tight here).
+struct RowCopies {
+  static constexpr int kPerThread = kBM * 8 / kThreads;
+  const __nv_bfloat16* src0;
+  int64_t stride;  // 32 rows
+  uint32_t dst0;
+  int valid;  // how many of the thread's rows lie in the tile
+  __device__ RowCopies(const __nv_bfloat16* x, int64_t K, const Fp4Tile& t) {
+    const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
+    src0 = x + (int64_t(t.row0) + r) * K + c * 8;
+    stride = 32 * K;
+    dst0 = chunk_offset(r, c);  // row r + 32 i's: + 4096 i (the swizzle repeats every 8 rows)
+    valid = t.rows > r ? (t.rows - r + 31) / 32 : 0;
+  }
+  // one k-step's copies into a stage; one cp.async group (empty where `any` is false)
+  __device__ void load(uint32_t sX, int64_t k0, bool any) const {
+    if (any) {
+      const __nv_bfloat16* p = src0 + k0;
 #pragma unroll
-    for (int i = 0; i < kBM * 8 / kThreads; ++i) {
-      const int idx = threadIdx.x + i * kThreads, r = idx >> 3, c = idx & 7;
-      const bool ok = r < t.rows;
-      cp_async16(sX + chunk_offset(r, c), x + (ok ? (int64_t(t.row0) + r) * K + k0 + c * 8 : 0), ok);
+      for (int i = 0; i < kPerThread; ++i, p += stride) cp_async16(sX + dst0 + 4096u * i, i < valid ? p : src0, i < valid);
     }
-  cp_async_commit();
-}
+    cp_async_commit();
+  }
+};
 
 // k16 chunk c (0..3) of a step as this thread's A fragment: rows g and g + 8, k columns 2q, 2q + 1 (a0, a1) and
 // 2q + 8, 2q + 9 (a2, a3) of the chunk.
+// kOne: no scale of the matrices is above 128, so the second product (by 1) is left out (real weights' scales sit far
+// below; the other kernel keeps the values right everywhere).
+template <bool kOne>
+__device__ __forceinline__ uint32_t pair_of(uint32_t w, int p, const Fp4PairScale& s) {
+  const uint32_t v = fp4_mul_bf16x2(fp4_pair_bits(w, p), s.m1);
+  return kOne ? v : fp4_mul_bf16x2(v, s.m2);
+}
+template <bool kOne>
 __device__ __forceinline__ void make_fragment(const Fp4Step& st, const Fp4PairScale (&sc)[2][2], int c, uint32_t (&a)[4]) {
   const int blk = c >> 1, p = 2 * (c & 1);
   const uint32_t wg = blk ? st.words.z : st.words.x, wg8 = blk ? st.words.w : st.words.y;
-  a[0] = fp4_pair(wg, p, sc[0][blk]);
-  a[1] = fp4_pair(wg8, p, sc[1][blk]);
-  a[2] = fp4_pair(wg, p + 1, sc[0][blk]);
-  a[3] = fp4_pair(wg8, p + 1, sc[1][blk]);
+  a[0] = pair_of<kOne>(wg, p, sc[0][blk]);
+  a[1] = pair_of<kOne>(wg8, p, sc[1][blk]);
+  a[2] = pair_of<kOne>(wg, p + 1, sc[0][blk]);
+  a[3] = pair_of<kOne>(wg8, p + 1, sc[1][blk]);
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+template <bool kOne>
 __global__ void __launch_bounds__(kThreads, 2)
 moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4Matrices w, const Fp4Tile* __restrict__ tiles,
                __nv_bfloat16* __restrict__ y) {
@@ -87,7 +110,8 @@ moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4M
   const uint4* codes = reinterpret_cast<const uint4*>(w.codes) + group0 * 32 + lane;
   const uint32_t* scales = reinterpret_cast<const uint32_t*>(w.scales) + group0 * 8 + g;
 
-  for (int j = 0; j < kStages - 2; ++j) load_rows(stage(j), x, K, t, int64_t(j) * kBK, j < nk);
+  const RowCopies rows(x, K, t);
+  for (int j = 0; j < kStages - 2; ++j) rows.load(stage(j), int64_t(j) * kBK, j < nk);
   Fp4Step ring[kAhead];
 #pragma unroll
   for (int u = 0; u < kAhead; ++u)
@@ -105,7 +129,7 @@ moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4M
       cp_async_wait<kStages - 3>();  // this thread's copies of step j
       fence_async_shared();
       __syncthreads();  // everyone's; and step j - 2's products done in both warpgroups (their waits below)
-      load_rows(stage(j + kStages - 2), x, K, t, int64_t(j + kStages - 2) * kBK, j + kStages - 2 < nk);
+      rows.load(stage(j + kStages - 2), int64_t(j + kStages - 2) * kBK, j + kStages - 2 < nk);
       const Fp4Step st = ring[u];
       if (j + kAhead < nk) ring[u] = {__ldg(codes + 32 * (j + kAhead)), __ldg(scales + 8 * (j + kAhead))};
       Fp4PairScale sc[2][2];
@@ -116,7 +140,7 @@ moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4M
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         wgmma_wait<3>();  // the chunk that last read a[c] (step j - 1's) is done
-        make_fragment(st, sc, c, a[c]);
+        make_fragment<kOne>(st, sc, c, a[c]);
         wgmma_fence();
         wgmma_rs_n128_kmajor(d, a[c], smem_desc(stage(j) + c * 32, 16, 1024), j > 0 || c > 0);
         wgmma_commit();
@@ -141,7 +165,7 @@ moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4M
 
 // One thread per 32-block: its scale and its four lanes' words to their places in the repacked layout.
 __global__ void repack_mxfp4_kernel(const uint8_t* __restrict__ blocks, int64_t n_blocks, int64_t rows, int64_t row0,
-                                    const __grid_constant__ Fp4Matrices m) {
+                                    const __grid_constant__ Fp4Matrices m, unsigned* wide) {
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= n_blocks) return;
   const int64_t per_row = m.cols / 32, per_expert = rows * per_row;
@@ -156,17 +180,24 @@ __global__ void repack_mxfp4_kernel(const uint8_t* __restrict__ blocks, int64_t 
 #pragma unroll
   for (int q = 0; q < 4; ++q) words[(4 * g + q) * 4 + blk * 2 + half] = fp4_fragment_word(codes, q);
   m.scales[group * 32 + g * 4 + half * 2 + blk] = src[0];
+  if (src[0] > 128) *wide = 1u;
 }
 
 }  // namespace
 
-void repack_mxfp4(const uint8_t* blocks, int64_t rows, int64_t row0, const Fp4Matrices& m, cudaStream_t s) {
+bool repack_mxfp4(const uint8_t* blocks, int64_t rows, int64_t row0, const Fp4Matrices& m, cudaStream_t s) {
   if (m.cols % kBK || m.rows % 16 || row0 < 0 || row0 + rows > m.rows)
     throw std::invalid_argument("repack_mxfp4: rows outside the matrices, or widths not of 64 inputs and 16 outputs");
   const int64_t n_blocks = m.experts * rows * (m.cols / 32);
-  if (n_blocks == 0) return;
-  repack_mxfp4_kernel<<<unsigned((n_blocks + 255) / 256), 256, 0, s>>>(blocks, n_blocks, rows, row0, m);
+  if (n_blocks == 0) return false;
+  DeviceBuffer wide(4);
+  PDB_CUDA_CHECK(cudaMemsetAsync(wide.get(), 0, 4, s));
+  repack_mxfp4_kernel<<<unsigned((n_blocks + 255) / 256), 256, 0, s>>>(blocks, n_blocks, rows, row0, m, wide.as<unsigned>());
   PDB_CUDA_LAUNCHED();
+  unsigned any = 0;
+  PDB_CUDA_CHECK(cudaMemcpyAsync(&any, wide.get(), 4, cudaMemcpyDeviceToHost, s));
+  PDB_CUDA_CHECK(cudaStreamSynchronize(s));
+  return any != 0;
 }
 
 bool moe_fp4_products_supported(int64_t in, int64_t out) { return in > 0 && out > 0 && in % kBK == 0 && out % kBN == 0 && device_is_sm90(); }
@@ -179,11 +210,13 @@ void moe_fp4_products(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Til
   const int64_t grid = n_tiles * (w.rows / kBN);
   if (grid > 0x7fffffff) throw std::invalid_argument("moe_fp4_products: too many tiles for one launch");
   static const bool configured = [] {  // once per process
-    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     return true;
   }();
   (void)configured;
-  moe_fp4_kernel<<<unsigned(grid), kThreads, kSmemBytes, s>>>(x, w, tiles, y);
+  if (w.wide_scales) moe_fp4_kernel<false><<<unsigned(grid), kThreads, kSmemBytes, s>>>(x, w, tiles, y);
+  else moe_fp4_kernel<true><<<unsigned(grid), kThreads, kSmemBytes, s>>>(x, w, tiles, y);
   PDB_CUDA_LAUNCHED();
 }
 

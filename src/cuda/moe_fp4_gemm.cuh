@@ -20,13 +20,17 @@ struct Fp4Matrices {
   uint8_t* codes = nullptr;   // [experts x rows x cols / 2]
   uint8_t* scales = nullptr;  // [experts x rows x cols / 32]
   int64_t experts = 0, rows = 0, cols = 0;
+  // some block's E8M0 byte is above 128 (a scale past 2^0): the products then multiply each value twice (as
+  // repack_mxfp4 said; true unless known otherwise)
+  bool wide_scales = true;
   size_t code_bytes() const { return size_t(experts * rows * cols / 2); }
   size_t scale_bytes() const { return size_t(experts * rows * cols / 32); }
 };
 
 // GGUF MXFP4 blocks of `m.experts` matrices [rows x m.cols] into rows row0 .. row0 + rows - 1 of m's (gate and up
-// into the two halves of one [2F x E] matrix per expert).
-void repack_mxfp4(const uint8_t* blocks, int64_t rows, int64_t row0, const Fp4Matrices& m, cudaStream_t s);
+// into the two halves of one [2F x E] matrix per expert), in the products' fragment order (moe_fp4_gemm.cu). Waits
+// for the stream; returns whether any of these blocks' E8M0 bytes is above 128 (Fp4Matrices::wide_scales).
+bool repack_mxfp4(const uint8_t* blocks, int64_t rows, int64_t row0, const Fp4Matrices& m, cudaStream_t s);
 
 // An sm_90 GPU, in a multiple of 64, out a multiple of 128.
 bool moe_fp4_products_supported(int64_t in, int64_t out);

@@ -86,8 +86,9 @@ void check_grouped_products(const std::vector<int32_t>& counts, int64_t half, in
   const auto wg = dequantized(gate), wu = dequantized(up);
   auto dg = upload(gate), du = upload(up);
   Fp4Device d(experts, n, k);
-  cuda::repack_mxfp4(dg.as<uint8_t>(), half, 0, d.m, nullptr);
-  cuda::repack_mxfp4(du.as<uint8_t>(), half, half, d.m, nullptr);
+  d.m.wide_scales = cuda::repack_mxfp4(dg.as<uint8_t>(), half, 0, d.m, nullptr);
+  d.m.wide_scales |= cuda::repack_mxfp4(du.as<uint8_t>(), half, half, d.m, nullptr);
+  EXPECT_FALSE(d.m.wide_scales) << "scales of 118 .. 122 were repacked";
   const auto x = round_bf16(randn(size_t(g * k)));
   auto dx = to_device_bf16(x);
   const auto tiles = cuda::fp4_tiles(counts.data(), experts);
@@ -201,7 +202,8 @@ TEST(CudaMoeFp4, IdentityRowsGiveEachWeightBitForBit) {
   const auto w = dequantized(blocks);
   auto db = upload(blocks);
   Fp4Device d(experts, n, k);
-  cuda::repack_mxfp4(db.as<uint8_t>(), n, 0, d.m, nullptr);
+  d.m.wide_scales = cuda::repack_mxfp4(db.as<uint8_t>(), n, 0, d.m, nullptr);
+  EXPECT_TRUE(d.m.wide_scales) << "scales up to 250 were repacked";
   std::vector<float> x(size_t(experts * k * k), 0.0f);  // expert e's 128 rows: the identity
   for (int64_t e = 0; e < experts; ++e)
     for (int64_t i = 0; i < k; ++i) x[size_t((e * k + i) * k + i)] = 1.0f;
@@ -269,9 +271,8 @@ TEST(CudaBench, MoeFp4ProductsAtV4FlashShapes) {
   cuda::fill_random_mxfp4(up.as<uint8_t>(), NE * F * E / 32, 2, 120, nullptr);
   cuda::fill_random_mxfp4(down.as<uint8_t>(), NE * E * F / 32, 3, 120, nullptr);
   Fp4Device gu4(NE, 2 * F, E), dn4(NE, E, F);
-  cuda::repack_mxfp4(gate.as<uint8_t>(), F, 0, gu4.m, nullptr);
-  cuda::repack_mxfp4(up.as<uint8_t>(), F, F, gu4.m, nullptr);
-  cuda::repack_mxfp4(down.as<uint8_t>(), E, 0, dn4.m, nullptr);
+  gu4.m.wide_scales = cuda::repack_mxfp4(gate.as<uint8_t>(), F, 0, gu4.m, nullptr) | cuda::repack_mxfp4(up.as<uint8_t>(), F, F, gu4.m, nullptr);
+  dn4.m.wide_scales = cuda::repack_mxfp4(down.as<uint8_t>(), E, 0, dn4.m, nullptr);
   cuda::DeviceBuffer x(size_t(g * E) * 2), gu(size_t(g * 2 * F) * 2), act(size_t(g * F) * 2), yexp(size_t(g * E) * 2);
   cuda::DeviceBuffer gu16(size_t(NE * 2 * F * E) * 2), dn16(size_t(NE * E * F) * 2);
   cuda::fill_random_bf16(x.as<__nv_bfloat16>(), g * E, 4, 1.0f, nullptr);

@@ -106,9 +106,9 @@ void take_fp4_experts_apart(Deepseek4CudaEngine::Impl& I) {
     L.down4_scales.resize(size_t(NE * E * F / 32));
     const cuda::Fp4Matrices gu{L.gu4_codes.as<uint8_t>(), L.gu4_scales.as<uint8_t>(), NE, 2 * F, E};
     const cuda::Fp4Matrices dn{L.down4_codes.as<uint8_t>(), L.down4_scales.as<uint8_t>(), NE, E, F};
-    cuda::repack_mxfp4(L.gate_fp4.as<uint8_t>(), F, 0, gu, I.s);
-    cuda::repack_mxfp4(L.up_fp4.as<uint8_t>(), F, F, gu, I.s);
-    cuda::repack_mxfp4(L.down_fp4.as<uint8_t>(), E, 0, dn, I.s);
+    const bool wide_gu = cuda::repack_mxfp4(L.gate_fp4.as<uint8_t>(), F, 0, gu, I.s) | cuda::repack_mxfp4(L.up_fp4.as<uint8_t>(), F, F, gu, I.s);
+    L.gu4_wide = wide_gu;
+    L.down4_wide = cuda::repack_mxfp4(L.down_fp4.as<uint8_t>(), E, 0, dn, I.s);
     PDB_CUDA_CHECK(cudaStreamSynchronize(I.s));
     L.gate_fp4.release();
     L.up_fp4.release();
@@ -943,9 +943,9 @@ void Deepseek4CudaEngine::PromptRun::fp4_products(const int32_t* cnt) {
   PDB_CUDA_CHECK(cudaMemcpyAsync(I.fp4_tiles.get(), I.fp4_tiles_host.as<void>(), bytes, cudaMemcpyHostToDevice, s));
   const auto* dt = I.fp4_tiles.as<cuda::Fp4Tile>();
   const int64_t n = int64_t(tiles.size());
-  cuda::moe_fp4_products(I.xg.as<bf16>(), {L.gu4_codes.as<uint8_t>(), L.gu4_scales.as<uint8_t>(), NE, 2 * F, E}, dt, n, I.gu.as<bf16>(), s);
+  cuda::moe_fp4_products(I.xg.as<bf16>(), {L.gu4_codes.as<uint8_t>(), L.gu4_scales.as<uint8_t>(), NE, 2 * F, E, L.gu4_wide}, dt, n, I.gu.as<bf16>(), s);
   cuda::swiglu_clamp_rows(I.gu.as<bf16>(), I.act.as<bf16>(), rows * K, F, c.swiglu_clamp, s);
-  cuda::moe_fp4_products(I.act.as<bf16>(), {L.down4_codes.as<uint8_t>(), L.down4_scales.as<uint8_t>(), NE, E, F}, dt, n, I.yexp.as<bf16>(), s);
+  cuda::moe_fp4_products(I.act.as<bf16>(), {L.down4_codes.as<uint8_t>(), L.down4_scales.as<uint8_t>(), NE, E, F, L.down4_wide}, dt, n, I.yexp.as<bf16>(), s);
 }
 
 void Deepseek4CudaEngine::PromptRun::shared_expert_and_combine() {

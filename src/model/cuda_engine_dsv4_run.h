@@ -71,6 +71,7 @@ struct Deepseek4CudaEngine::Impl {
     // the same taken apart for the products that read FP4 (PDBRIDGE_DSV4_EXPERTS_FP4=1; the blocks are then freed):
     // codes and scales of [NE x 2F x E] (gate rows, then up rows) and [NE x E x F]
     DeviceBuffer gu4_codes, gu4_scales, down4_codes, down4_scales;
+    bool gu4_wide = true, down4_wide = true;  // a scale above 2^0 among them (cuda::Fp4Matrices::wide_scales)
     int fp8_fit = -1;  // its FP4 experts as FP8 tiles lose nothing (1), would (0), not yet looked (-1)
     DeviceBuffer tid2eid;                          // int32 [vocab x K] (hash layers)
     bool hash = false;
