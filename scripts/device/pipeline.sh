@@ -777,6 +777,14 @@ stage_session36b() {
   run dsv4_bench_session36b env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:PDBRIDGE_DSV4_EXPERTS_FP4=1 fp4:32768" bash $DEV/dsv4_gpu.sh bench
   stage_ncufp4
 }
+# Session 36's last call: the FP4 products as DeepSeek-V4's default, against the expansion (PDBRIDGE_DSV4_EXPERTS_FP4=0)
+# in alternating layer-bench runs (the spread), and both paths' suites.
+stage_session36c() {
+  make_dsv4_test_models
+  run integration_dsv4 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  run integration_dsv4_expand env PDBRIDGE_DSV4_EXPERTS_FP4=0 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  run dsv4_bench_session36c env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:PDBRIDGE_DSV4_EXPERTS_FP4=0 fp4:32768 fp4:32768:PDBRIDGE_DSV4_EXPERTS_FP4=0" bash $DEV/dsv4_gpu.sh bench
+}
 # The FP4 expert products under Nsight Compute: the gate|up launch of the bench's uniform routing (its second
 # launch: the first is the warm-up's), the full section set as text.
 stage_ncufp4() {
@@ -836,7 +844,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|ncudsv4|ncufp4) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|ncudsv4|ncufp4) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

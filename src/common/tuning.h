@@ -23,8 +23,9 @@ struct Tuning {
   std::string fp8kv_fused;       // PDBRIDGE_FP8KV_FUSED=1: the lockstep attention reads fp8 K/V itself
   std::string recipe_stream;     // PDBRIDGE_RECIPE_STREAM=1: the GPU recipe on its own stream
   std::string dsv4_experts;      // PDBRIDGE_DSV4_EXPERTS=bf16: DeepSeek-V4's random-weight bench with bf16 experts
-  std::string dsv4_experts_fp8;  // PDBRIDGE_DSV4_EXPERTS_FP8=1: FP8 expert products from e4m3 tiles
-  std::string dsv4_experts_fp4;  // PDBRIDGE_DSV4_EXPERTS_FP4=1: the expert products read the MXFP4 codes (no expansion)
+  std::string dsv4_experts_fp8;  // PDBRIDGE_DSV4_EXPERTS_FP8=1: FP8 expert products from e4m3 tiles (after expansion)
+  std::string dsv4_experts_fp4;  // PDBRIDGE_DSV4_EXPERTS_FP4=0: the FP4 experts expanded to bf16 for cuBLAS (the default:
+                                 // products that read the MXFP4 codes)
   std::string dsv4_indexer;      // PDBRIDGE_DSV4_INDEXER=bf16|gemm: the indexer's scores in bf16, or GEMM + sum
   std::string dsv4_indexer_a;    // PDBRIDGE_DSV4_INDEXER_A=registers|smem: the FP8 indexer's queries as register fragments
                                  // read once, or from shared memory by every product

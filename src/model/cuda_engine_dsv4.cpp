@@ -91,11 +91,15 @@ void expand_all_experts_fp8(Deepseek4CudaEngine::Impl& I, const Deepseek4CudaEng
 
 }  // namespace
 
-// PDBRIDGE_DSV4_EXPERTS_FP4=1: the routed experts' products read the MXFP4 codes (cuda/moe_fp4_gemm.cuh) where the
-// GPU and the widths take them. Each layer's blocks are taken apart once, here, and freed: no bf16 scratch is made.
+// The routed experts' products read the MXFP4 codes (cuda/moe_fp4_gemm.cuh) where the GPU and the widths take them:
+// 1.13-1.14x the expansion + cuBLAS at V4-Flash's shapes, and no 12.9 GB bf16 scratch (docs/RESULTS.md, session 36).
+// Each layer's blocks are taken apart once, here, and freed. PDBRIDGE_DSV4_EXPERTS_FP4=0 (or the FP8 experts'
+// switch) keeps the expansion path.
 void take_fp4_experts_apart(Deepseek4CudaEngine::Impl& I) {
   const int64_t E = I.c.hidden, F = I.c.expert_ff, NE = I.c.experts;
-  if (!I.fp4 || Tuning::from_env().dsv4_experts_fp4 != "1" || !cuda::moe_fp4_products_supported(E, 2 * F) || !cuda::moe_fp4_products_supported(F, E))
+  const Tuning tuning = Tuning::from_env();
+  if (!I.fp4 || tuning.dsv4_experts_fp4 == "0" || tuning.dsv4_experts_fp8 == "1" || !cuda::moe_fp4_products_supported(E, 2 * F) ||
+      !cuda::moe_fp4_products_supported(F, E))
     return;
   for (const auto& L : I.layers)
     if (L.exp_gu.bytes()) return;  // a layer's experts are not FP4: every layer keeps the expansion path
@@ -120,7 +124,7 @@ void take_fp4_experts_apart(Deepseek4CudaEngine::Impl& I) {
 std::string Deepseek4CudaEngine::experts_note() const {
   const Impl& I = *impl_;
   if (!I.fp4) return "routed experts bf16 in memory: bf16 products";
-  if (I.fp4_products) return "FP4 routed experts: bf16 products that read the MXFP4 codes (no expansion; PDBRIDGE_DSV4_EXPERTS_FP4=1)";
+  if (I.fp4_products) return "FP4 routed experts: bf16 products that read the MXFP4 codes (no expansion; PDBRIDGE_DSV4_EXPERTS_FP4=0 expands them)";
   if (!I.fp8_probed) return "FP4 routed experts: bf16 products (FP8 products are PDBRIDGE_DSV4_EXPERTS_FP8=1, for widths that are multiples of 128)";
   if (!I.fp8) return "FP4 routed experts: bf16 products (" + I.fp8_note + ")";
   int64_t fit = 0, fp4_layers = 0;

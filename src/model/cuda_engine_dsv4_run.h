@@ -68,7 +68,7 @@ struct Deepseek4CudaEngine::Impl {
     DeviceBuffer wq_a, wq_b, wo_a, wo_b, idx_q_b, idx_proj, sh_gu, sh_down;  // bf16
     DeviceBuffer exp_gu, exp_down;                 // bf16 [NE x 2F x E], [NE x E x F], or empty when FP4
     DeviceBuffer gate_fp4, up_fp4, down_fp4;       // GGUF MXFP4 blocks
-    // the same taken apart for the products that read FP4 (PDBRIDGE_DSV4_EXPERTS_FP4=1; the blocks are then freed):
+    // the same taken apart for the products that read FP4 (the default; the blocks are then freed):
     // codes and scales of [NE x 2F x E] (gate rows, then up rows) and [NE x E x F]
     DeviceBuffer gu4_codes, gu4_scales, down4_codes, down4_scales;
     bool gu4_wide = true, down4_wide = true;  // a scale above 2^0 among them (cuda::Fp4Matrices::wide_scales)
