@@ -252,14 +252,17 @@ TEST(Deepseek4CudaBench, RealShapeLayersPerKind) {
     const char* e = std::getenv(name);
     return std::string(e && *e ? e : fallback);
   };
-  // the paths of the run (the A/B switches: the fused attention and indexer, or the gathered keys and S)
+  auto eng = Deepseek4CudaEngine::random(c, 7);
+  // the paths of the run (the A/B switches: the fused attention and indexer, or the gathered keys and S; the experts'
+  // path as the engine took it)
+  const std::string experts = eng->experts_note();
+  const bool fp4_products = experts.find("read the MXFP4 codes") != std::string::npos;
   const json paths = {{"attention", env_or("PDBRIDGE_DSV4_ATTN", "wgmma")}, {"indexer", env_or("PDBRIDGE_DSV4_INDEXER", "fused")},
                       {"moe_gemm", env_or("PDBRIDGE_MOE_GEMM", "loop")},
-                      {"fp4_expansion", env_or("PDBRIDGE_DSV4_EXPAND", "side_stream")},
-                      {"moe_experts", env_or("PDBRIDGE_DSV4_EXPERTS_FP8", "0") == "1"   ? "fp8"
-                                      : env_or("PDBRIDGE_DSV4_EXPERTS_FP4", "0") == "1" ? "bf16 products reading FP4"
-                                                                                        : "bf16"}};
-  auto eng = Deepseek4CudaEngine::random(c, 7);
+                      {"fp4_expansion", fp4_products ? "none" : env_or("PDBRIDGE_DSV4_EXPAND", "side_stream")},
+                      {"moe_experts", experts.find("as FP8 products") != std::string::npos ? "fp8"
+                                      : fp4_products                                        ? "bf16 products reading FP4"
+                                                                                            : "bf16"}};
   std::printf("DSV4 bench: %s; %.1f GB of weights for %lld layers; %s\n", cuda::device_summary().c_str(), double(eng->weight_bytes()) / 1e9,
               (long long)c.layers, eng->weights_note().c_str());
   FILE* out = stdout;
