@@ -31,7 +31,7 @@ struct Tuning {
                                  // read once, or from shared memory by every product
   std::string dsv4_attn;         // PDBRIDGE_DSV4_ATTN=gather: the gathered sparse attention; =mma: the fused one on mma.sync (not wgmma)
   std::string dsv4_topk;         // PDBRIDGE_DSV4_TOPK=smem: the indexer's top-k with each query's scores in shared memory
-  std::string dsv4_expand;       // PDBRIDGE_DSV4_EXPAND=inline: FP4 experts expanded in the MoE, not on a side stream
+  std::string dsv4_expand;       // PDBRIDGE_DSV4_EXPAND=inline: with PDBRIDGE_DSV4_EXPERTS_FP4=0, the experts expanded in the MoE, not on a side stream
   std::string dsv4_mix;          // PDBRIDGE_DSV4_MIX=cublas: the hyper-connection mixes' f32 products by cuBLAS, not the
                                  // narrow kernel; =narrow: the kernel at any row count (the tests' tiny prompts)
   std::string q8_gemm;           // PDBRIDGE_Q8_GEMM=64|128: the Q8_0 block products (sections, recipes) in those tiles
