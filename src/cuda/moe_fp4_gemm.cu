@@ -2,14 +2,12 @@
 // operand: a CTA computes y^T's 128 outputs x one tile's (up to 128) rows as two warpgroups of 64 outputs, each
 // wgmma m64n128k16 taking W's fragment from registers and x's rows (K-major, 128-byte swizzle) from shared memory.
 // Each thread makes its own fragments from the repacked codes (cuda/fp4_expand.cuh: a 16-byte load per k-step of
-// 64, two shifts, two masks and two bf16 products per pair; mxfp4_to_bf16's values) while the tensor cores run the
-// chunks before: the weights never pass through shared memory. Session 36 measured the kernels that expanded into a
-// shared B tile (lockstep and warp-specialized) at ~0.8x cuBLAS after expansion, shared memory 79% busy with the tile's
-// stores and both warpgroups' reads (docs/RESULTS.md). x's rows come by cp.async, four stages, one barrier a step.
+// 64; per pair two shifts, two masks and one bf16 product, two where a scale passes 2^0; mxfp4_to_bf16's values)
+// while the tensor cores run the chunks before: the weights never pass through shared memory. Session 36 measured
+// the kernels that expanded into a shared B tile (lockstep and warp-specialized) at ~0.8x cuBLAS after expansion,
+// shared memory 79% busy with the tile's stores and both warpgroups' reads (docs/RESULTS.md). x's rows come by
+// cp.async, four stages, one barrier a step.
 #include "cuda/moe_fp4_gemm.cuh"
-
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
 #include <stdexcept>
 #include <string>
