@@ -22,8 +22,8 @@ namespace pdb::cuda {
 namespace {
 
 constexpr int kBM = kFp4TileRows, kBN = 128, kBK = 64, kThreads = 256, kStages = 4, kAhead = 2;
-constexpr uint32_t kXTile = kBM * kBK * 2;                // 16 KB: one k-step of a tile's rows
-constexpr int kSmemBytes = int(kStages * kXTile) + 1024;  // + alignment slack: two CTAs per SM
+constexpr uint32_t kXTile = kBM * kBK * 2;                // 32 KB: one k-step of a tile's rows
+constexpr int kSmemBytes = int(kStages * kXTile) + 1024;  // + alignment slack: one CTA per SM
 
 // The repacked layout (repack_mxfp4): per expert, per 16 output rows, per k-step of 64, a 512-byte group of codes
 // (lane 4g + q's 16 bytes: its words for rows g and g + 8 of the 16, blocks 0 and 1 of the step) and 32 scale bytes
@@ -45,7 +45,6 @@ struct Fp4Step {
 // This thread's share of x's rows: rows r + 32 i (r = tid >> 3), chunk tid & 7 (rows past the tile's: zeros); the
 // first row's source and the stride worked out once, so a k-step's copies are additions (registers are tight here).
 struct RowCopies {
-  static constexpr int kPerThread = kBM * 8 / kThreads;
   const __nv_bfloat16* src0;
   int64_t stride;  // 32 rows
   uint32_t dst0;
@@ -57,12 +56,13 @@ struct RowCopies {
     dst0 = chunk_offset(r, c);  // row r + 32 i's: + 4096 i (the swizzle repeats every 8 rows)
     valid = t.rows > r ? (t.rows - r + 31) / 32 : 0;
   }
-  // one k-step's copies into a stage; one cp.async group (empty where `any` is false)
+  // one k-step's copies of the first kN rows into a stage; one cp.async group (empty where `any` is false)
+  template <int kN>
   __device__ void load(uint32_t sX, int64_t k0, bool any) const {
     if (any) {
       const __nv_bfloat16* p = src0 + k0;
 #pragma unroll
-      for (int i = 0; i < kPerThread; ++i, p += stride) cp_async16(sX + dst0 + 4096u * i, i < valid ? p : src0, i < valid);
+      for (int i = 0; i < kN * 8 / kThreads; ++i, p += stride) cp_async16(sX + dst0 + 4096u * i, i < valid ? p : src0, i < valid);
     }
     cp_async_commit();
   }
@@ -89,19 +89,22 @@ __device__ __forceinline__ void make_fragment(const Fp4Step& st, const Fp4PairSc
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <bool kOne>
-__global__ void __launch_bounds__(kThreads, 2)
-moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4Matrices w, const Fp4Tile* __restrict__ tiles,
-               __nv_bfloat16* __restrict__ y) {
-#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  __trap();  // wgmma is sm_90a's
-#else
-  extern __shared__ uint8_t smem_raw[];
-  const uint32_t sX0 = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// m64 n kN k16, W's fragment from registers, x's kN rows from shared memory (K-major)
+template <int kN>
+__device__ __forceinline__ void chunk_product(float* d, const uint32_t* a, uint64_t desc_x, bool accumulate) {
+  if constexpr (kN == 256) wgmma_rs_n256_kmajor(d, a, desc_x, accumulate);
+  else wgmma_rs_n128_kmajor(d, a, desc_x, accumulate);
+}
+
+// One tile's products for this CTA's 128 outputs, as kN token rows (256, or 128 for a tile of at most 128: half the
+// products and copies), then written out.
+template <bool kOne, int kN>
+__device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ x, const Fp4Matrices& w, const Fp4Tile& t, int64_t n0,
+                                              __nv_bfloat16* __restrict__ y, uint32_t sX0) {
   auto stage = [&](int j) { return sX0 + uint32_t(j % kStages) * kXTile; };
-  const int n_tiles_n = int(w.rows / kBN);
-  const Fp4Tile t = tiles[blockIdx.x / n_tiles_n];
-  const int64_t n0 = int64_t(blockIdx.x % n_tiles_n) * kBN, K = w.cols;
+  const int64_t K = w.cols;
   const int nk = int(K / kBK), wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   // this warp's 16 output rows: n0 + 64 wg + 16 warp
   const int64_t group0 = code_group(t.expert, (n0 + 64 * wg + 16 * warp) / 16, 0, w);
@@ -109,15 +112,15 @@ moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4M
   const uint32_t* scales = reinterpret_cast<const uint32_t*>(w.scales) + group0 * 8 + g;
 
   const RowCopies rows(x, K, t);
-  for (int j = 0; j < kStages - 2; ++j) rows.load(stage(j), int64_t(j) * kBK, j < nk);
+  for (int j = 0; j < kStages - 2; ++j) rows.load<kN>(stage(j), int64_t(j) * kBK, j < nk);
   Fp4Step ring[kAhead];
 #pragma unroll
   for (int u = 0; u < kAhead; ++u)
     if (u < nk) ring[u] = {__ldg(codes + 32 * u), __ldg(scales + 8 * u)};
-  float d[64];
+  float d[kN / 2];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) d[i] = 0.0f;
-  fence_registers<64>(d);
+  for (int i = 0; i < kN / 2; ++i) d[i] = 0.0f;
+  fence_registers<kN / 2>(d);
   uint32_t a[4][4];
   for (int j0 = 0; j0 < nk; j0 += kAhead) {
 #pragma unroll
@@ -127,7 +130,7 @@ moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4M
       cp_async_wait<kStages - 3>();  // this thread's copies of step j
       fence_async_shared();
       __syncthreads();  // everyone's; and step j - 2's products done in both warpgroups (their waits below)
-      rows.load(stage(j + kStages - 2), int64_t(j + kStages - 2) * kBK, j + kStages - 2 < nk);
+      rows.load<kN>(stage(j + kStages - 2), int64_t(j + kStages - 2) * kBK, j + kStages - 2 < nk);
       const Fp4Step st = ring[u];
       if (j + kAhead < nk) ring[u] = {__ldg(codes + 32 * (j + kAhead)), __ldg(scales + 8 * (j + kAhead))};
       Fp4PairScale sc[2][2];
@@ -140,16 +143,16 @@ moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4M
         wgmma_wait<3>();  // the chunk that last read a[c] (step j - 1's) is done
         make_fragment<kOne>(st, sc, c, a[c]);
         wgmma_fence();
-        wgmma_rs_n128_kmajor(d, a[c], smem_desc(stage(j) + c * 32, 16, 1024), j > 0 || c > 0);
+        chunk_product<kN>(d, a[c], smem_desc(stage(j) + c * 32, 16, 1024), j > 0 || c > 0);
         wgmma_commit();
       }
     }
   }
   wgmma_wait<0>();
-  fence_registers<64>(d);
+  fence_registers<kN / 2>(d);
   // d: output rows n0 + 64 wg + 16 warp + g (+ 8), the tile's rows 8 jj + 2q (+ 1)
 #pragma unroll
-  for (int jj = 0; jj < kBM / 8; ++jj)
+  for (int jj = 0; jj < kN / 8; ++jj)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int r = 8 * jj + 2 * q + e;
@@ -158,6 +161,24 @@ moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4M
       yr[0] = __float2bfloat16_rn(d[4 * jj + e]);
       yr[8] = __float2bfloat16_rn(d[4 * jj + 2 + e]);
     }
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <bool kOne>
+__global__ void __launch_bounds__(kThreads, 1)
+moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4Matrices w, const Fp4Tile* __restrict__ tiles,
+               __nv_bfloat16* __restrict__ y) {
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __trap();  // wgmma is sm_90a's
+#else
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t sX0 = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
+  const int n_tiles_n = int(w.rows / kBN);
+  const Fp4Tile t = tiles[blockIdx.x / n_tiles_n];
+  const int64_t n0 = int64_t(blockIdx.x % n_tiles_n) * kBN;
+  if (t.rows > 128) tile_products<kOne, 256>(x, w, t, n0, y, sX0);
+  else tile_products<kOne, 128>(x, w, t, n0, y, sX0);
 #endif
 }
 
