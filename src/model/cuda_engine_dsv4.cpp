@@ -92,7 +92,7 @@ void expand_all_experts_fp8(Deepseek4CudaEngine::Impl& I, const Deepseek4CudaEng
 }  // namespace
 
 // The routed experts' products read the MXFP4 codes (cuda/moe_fp4_gemm.cuh) where the GPU and the widths take them:
-// 1.13-1.14x the expansion + cuBLAS at V4-Flash's shapes, and no 12.9 GB bf16 scratch (docs/RESULTS.md, session 36).
+// 1.1-1.2x the expansion + cuBLAS at V4-Flash's shapes, and no 12.9 GB bf16 scratch (docs/RESULTS.md, session 36).
 // Each layer's blocks are taken apart once, here, and freed. PDBRIDGE_DSV4_EXPERTS_FP4=0 (or the FP8 experts'
 // switch) keeps the expansion path.
 void take_fp4_experts_apart(Deepseek4CudaEngine::Impl& I) {
