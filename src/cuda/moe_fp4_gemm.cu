@@ -1,6 +1,7 @@
 // The grouped FP4 expert products of moe_fp4_gemm.cuh on Hopper's warpgroup tensor cores, the weights as the register
-// operand: a CTA computes y^T's 128 outputs x one tile's (up to 128) rows as two warpgroups of 64 outputs, each
-// wgmma m64n128k16 taking W's fragment from registers and x's rows (K-major, 128-byte swizzle) from shared memory.
+// operand: a CTA computes y^T's 128 outputs x one tile's (up to 256) rows as two warpgroups of 64 outputs, each
+// wgmma m64n256k16 (m64n128k16 for a tile of at most 128 rows) taking W's fragment from registers and x's rows
+// (K-major, 128-byte swizzle) from shared memory.
 // Each thread makes its own fragments from the repacked codes (cuda/fp4_expand.cuh: a 16-byte load per k-step of
 // 64; per pair two shifts, two masks and one bf16 product, two where a scale passes 2^0; mxfp4_to_bf16's values)
 // while the tensor cores run the chunks before: the weights never pass through shared memory. Session 36 measured
@@ -71,7 +72,7 @@ struct RowCopies {
 // k16 chunk c (0..3) of a step as this thread's A fragment: rows g and g + 8, k columns 2q, 2q + 1 (a0, a1) and
 // 2q + 8, 2q + 9 (a2, a3) of the chunk.
 // kOne: no scale of the matrices is above 128, so the second product (by 1) is left out (real weights' scales sit far
-// below; the other kernel keeps the values right everywhere).
+// below; the kernel's other instantiation keeps the values right everywhere).
 template <bool kOne>
 __device__ __forceinline__ uint32_t pair_of(uint32_t w, int p, const Fp4PairScale& s) {
   const uint32_t v = fp4_mul_bf16x2(fp4_pair_bits(w, p), s.m1);
@@ -87,9 +88,6 @@ __device__ __forceinline__ void make_fragment(const Fp4Step& st, const Fp4PairSc
   a[3] = pair_of<kOne>(wg8, p + 1, sc[1][blk]);
 }
 
-#endif  // __CUDA_ARCH_FEAT_SM90_ALL
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 // m64 n kN k16, W's fragment from registers, x's kN rows from shared memory (K-major)
 template <int kN>

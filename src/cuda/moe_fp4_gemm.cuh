@@ -1,8 +1,8 @@
 // DeepSeek-V4's routed experts straight from their MXFP4 codes (issue 36's "FP4 without the detour"): one grouped
-// product over every expert's rows in which each weight tile is expanded from e2m1 codes in shared memory, instead
-// of a bf16 copy of every expert per layer (12.9 GB at V4-Flash's shapes) for cuBLAS. The expansion inside is the
-// one mxfp4_to_bf16 makes (the same bf16 values, bit for bit), so the products are bf16 x bf16 with f32
-// accumulation as before. Hopper only (wgmma; moe_fp4_gemm.cu).
+// product over every expert's rows whose weight operand each thread makes in registers from the codes, instead of a
+// bf16 copy of every expert per layer (12.9 GB at V4-Flash's shapes) for cuBLAS. The weights made are the ones
+// mxfp4_to_bf16 makes (the same bf16 values, bit for bit), so the products are bf16 x bf16 with f32 accumulation as
+// before. Hopper only (wgmma; moe_fp4_gemm.cu).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
