@@ -785,6 +785,27 @@ stage_session36c() {
   run integration_dsv4_expand env PDBRIDGE_DSV4_EXPERTS_FP4=0 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
   run dsv4_bench_session36c env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:PDBRIDGE_DSV4_EXPERTS_FP4=0 fp4:32768 fp4:32768:PDBRIDGE_DSV4_EXPERTS_FP4=0" bash $DEV/dsv4_gpu.sh bench
 }
+# Session 37: the FP8 indexer with the keys as the products' A and the heads summed by products (the new default),
+# its twin test and bench against the queries-as-A kernels, DeepSeek-V4's suites, the layer bench alternating with
+# PDBRIDGE_DSV4_INDEXER_A=smem (the previous default), and the new kernel's profile.
+stage_session37() {
+  run idx_kernels env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4Indexer*:CudaBench.Dsv4IndexerAtV4FlashShapes'
+  make_dsv4_test_models
+  run integration_dsv4 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  run dsv4_bench_session37 env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:PDBRIDGE_DSV4_INDEXER_A=smem fp4:32768 fp4:32768:PDBRIDGE_DSV4_INDEXER_A=smem" bash $DEV/dsv4_gpu.sh bench
+  stage_ncuidx
+}
+# The keys kernel under Nsight Compute: a 32K prompt's fifth chunk of 4,096 queries in the bench's timed pass.
+stage_ncuidx() {
+  local NCU; NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$NCU" ] || { ts "no ncu here"; return 0; }
+  run ncu_idx env PDBRIDGE_BENCH=1 timeout 300 $NCU --clock-control none --kernel-name regex:indexer_fp8_keys_kernel --launch-skip 20 --launch-count 1 \
+    --set full --import-source no -f -o $R/ncu_idx $P/build/tests/unit_tests --gtest_filter=CudaBench.Dsv4IndexerAtV4FlashShapes
+  $NCU --import $R/ncu_idx.ncu-rep --page details > $R/ncu_idx.txt 2>&1
+  $NCU --import $R/ncu_idx.ncu-rep --page raw --csv 2>/dev/null | python3 -c "import csv,sys; r=list(csv.reader(sys.stdin)); [print(h, u, v) for h, u, v in zip(r[0], r[1], r[2]) if 'issue_stalled' in h or 'bank_conflict' in h or 'wavefronts_pipe_lsu_mem_shared' in h]" \
+    > $R/ncu_idx_stalls.txt 2>&1
+  rm -f $R/ncu_idx.ncu-rep
+}
 # The FP4 expert products under Nsight Compute: the gate|up launch of the bench's uniform routing (its second
 # launch: the first is the warm-up's), the full section set as text.
 stage_ncufp4() {
@@ -844,7 +865,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|ncudsv4|ncufp4) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session37|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -31,6 +31,44 @@ __device__ __forceinline__ int64_t visible_to(const IndexerShape& sh, int64_t t)
   return v < sh.n_blocks ? v : sh.n_blocks;
 }
 
+// The blocks past the reach of a block's last query: visible to none of its qpb queries.
+__device__ __forceinline__ void fill_unreached(const IndexerShape& sh, int64_t qb, int qpb, int64_t from, float* scores) {
+  for (int qq = 0; qq < qpb; ++qq) {
+    const int64_t t = qb + qq;
+    if (t >= sh.n_q) break;
+    for (int64_t b = from + threadIdx.x; b < sh.n_blocks; b += blockDim.x) scores[t * sh.n_blocks + b] = -INFINITY;
+  }
+}
+
+// The weights of a block's rows as m16n8k16 B fragments, [warpgroup][k-step 16][lane]: lane's column n = lane / 4
+// is query slot n / 2 of a k-step's group of four, part n % 2 of wq = w x the q row's scale split as bf16 hi + bf16
+// lo (the two sums keep ~16 bits of wq); its rows are 2 (lane % 4) + {0, 1} and + 8 of the k-step's 16. Zero where
+// the k-step's query is another slot's, a row is padding, or the query is past the chunk.
+template <int HP>
+__device__ void build_bfrag(const IndexerShape& sh, int64_t qb, const float* q_scale, const float* w, uint2* bfrag) {
+  constexpr int QW = 256 / HP;
+  for (int i = threadIdx.x; i < 2 * 16 * 32; i += blockDim.x) {
+    const int wg = i / 512, sg = (i / 32) % 16, n = (i % 32) / 4, c = i % 4, qw = sg * 16 / HP;
+    const int64_t t = qb + wg * QW + qw;
+    uint32_t word[2] = {0u, 0u};
+    if (n / 2 == qw % 4 && t < sh.n_q) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        float v[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int h = (sg * 16 + 2 * c + 8 * k + e) % HP;
+          const float wq = h < sh.heads ? w[t * sh.heads + h] * q_scale[t * sh.heads + h] : 0.0f;
+          const float hi = __bfloat162float(__float2bfloat16_rn(wq));
+          v[e] = n % 2 == 0 ? hi : wq - hi;
+        }
+        word[k] = pack_bf16(v[0], v[1]);
+      }
+    }
+    bfrag[i] = make_uint2(word[0], word[1]);
+  }
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 // K-major operand with the 128-byte swizzle: 8-row core groups 1024 bytes apart (LBO unused by this mode).
@@ -55,6 +93,24 @@ __device__ __forceinline__ void wgmma_e4m3_rs(float* d, const uint32_t* a, uint6
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate)
       : "memory");
+}
+
+// D(64x128, f32) (+)= A(64x32, e4m3, registers) * B(32x128, e4m3, shared, K-major): the keys' scores against 128
+// (query, head) rows.
+__device__ __forceinline__ void wgmma_e4m3_rs_n128(float* d, const uint32_t* a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate)
+      : "memory");
+}
+
+// bf16x2 of max(0, lo) and max(0, hi) in one instruction (lo in the low half: the first of an A fragment's pair)
+__device__ __forceinline__ uint32_t relu_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
 }
 
 // One m64 product's scores into its warp's 16-row slot: per thread 2 rows x 16 columns (column 8j + 2t + e of
@@ -85,6 +141,24 @@ __device__ __forceinline__ void reduce_to_slot(const float* d, float w0, float w
   }
   // v[k] is the column of index 2 g + k in the order 2j + e: j = g, e = k
   *reinterpret_cast<float2*>(slot_row + 8 * (lane / 4) + 2 * (lane % 4)) = make_float2(v[0], v[1]);
+}
+
+// One 128-row half of a warpgroup's product, its heads summed on the tensor cores: the accumulator (the warp's 16
+// keys x the half's 128 rows) is, as bf16 ReLUs, the A fragments of eight m16n8k16 products whose B is the rows'
+// weights (w x the q row's scale, bf16 hi and lo parts in columns 2 slot and 2 slot + 1, zero for the other slots'
+// rows: bfrag, built once per block). A k-step's 16 rows are one query's, so its product adds into the accumulator
+// of that query's group of four.
+template <int HP, int HALF, int NACC>
+__device__ __forceinline__ void sum_heads(const float* d, const uint2* bfrag, int lane, float (&out)[NACC][4]) {
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    constexpr int kStepsPerQuery = HP / 16;
+    const int sg = HALF * 8 + s, group = (sg / kStepsPerQuery) / 4;
+    const uint32_t pa[4] = {relu_bf16x2(d[8 * s + 0], d[8 * s + 1]), relu_bf16x2(d[8 * s + 2], d[8 * s + 3]),
+                            relu_bf16x2(d[8 * s + 4], d[8 * s + 5]), relu_bf16x2(d[8 * s + 6], d[8 * s + 7])};
+    const uint2 b = bfrag[sg * 32 + lane];
+    mma_bf16(out[group], pa, b.x, b.y);
+  }
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -187,11 +261,110 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_fp8_wgmma_kernel(const ui
     }
   }
   cp_async_wait<0>();  // no copy outlives the block (the Q copy when there is no tile)
-  for (int qq = 0; qq < QPB; ++qq) {  // the blocks past the last query's reach: not visible to any query of the block
-    const int64_t t = qb + qq;
-    if (t >= sh.n_q) break;
-    for (int64_t b = int64_t(n_tiles) * kKT + threadIdx.x; b < sh.n_blocks; b += kThreads) scores[t * sh.n_blocks + b] = -INFINITY;
+  fill_unreached(sh, qb, QPB, int64_t(n_tiles) * kKT, scores);
+#else
+  __trap();  // wgmma is sm_90a's
+#endif
+}
+
+// The keys as the products' rows (PDBRIDGE_DSV4_INDEXER_A=keys, the default): a block of two warpgroups holds 512
+// (query, head) rows (256 per warpgroup, a query's heads then zero rows to HP) as the shared B operand, read by
+// m64n128k32 products whose A is a 64-key tile in registers (ldmatrix, once per tile for both halves); the ReLU
+// and the weighted sum over heads are one cvt per two scores and m16n8k16 products (sum_heads), not shuffles. The
+// scores come out as four per thread and group: query slot lane % 4, keys lane / 4 and lane / 4 + 8 of its warp's 16.
+constexpr int kKeyRows = 512, kKeyStages = 4, kBfragWords = 2 * 16 * 32;
+constexpr int kKeySmemBytes = kKeyRows * kD + kKeyStages * int(kTileBytes) + kBfragWords * 8 + 1024;
+
+template <int HP>
+__global__ void __launch_bounds__(kThreads, 1) indexer_fp8_keys_kernel(const uint8_t* __restrict__ q, const float* __restrict__ q_scale,
+                                                                     const uint8_t* __restrict__ rows, const float* __restrict__ row_scale,
+                                                                     const float* __restrict__ w, float* __restrict__ scores, IndexerShape sh) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int QW = 256 / HP, QPB = 2 * QW, NACC = QW >= 4 ? QW / 4 : 1;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = uint32_t(__cvta_generic_to_shared(smem_raw));
+  const uint32_t sQ = (raw + 1023) & ~1023u, sK0 = sQ + kKeyRows * kD;
+  uint2* bfrag = reinterpret_cast<uint2*>(smem_raw + (sK0 + kKeyStages * kTileBytes - raw));  // [warpgroup][k-step 16][lane]
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  const int H = sh.heads;
+  const int64_t qb = (int64_t(gridDim.x) - 1 - blockIdx.x) * QPB;  // the block's first query; the most blocks first
+  const int64_t last_q = (qb + QPB < sh.n_q ? qb + QPB : sh.n_q) - 1;
+  const int n_tiles = int((visible_to(sh, last_q) + kKT - 1) / kKT);
+  for (int i = threadIdx.x; i < kKeyRows * 8; i += kThreads) {
+    const int r = i / 8, c = i % 8, h = r % HP;
+    const int64_t t = qb + r / HP;
+    const bool ok = t < sh.n_q && h < H;
+    cp_async16(sQ + swz(r, c, 8), q + (ok ? (t * H + h) * kD + c * 16 : 0), ok);
   }
+  cp_async_commit();
+  auto load = [&](int tile) {
+    const int64_t b0 = int64_t(tile) * kKT;
+    const uint32_t sK = sK0 + (tile % kKeyStages) * kTileBytes;
+    for (int i = threadIdx.x; i < kKT * 8; i += kThreads) {
+      const int r = i / 8, c = i % 8;
+      const bool ok = b0 + r < sh.n_blocks;
+      cp_async16(sK + swz(r, c, 8), rows + (ok ? (b0 + r) * kD + c * 16 : 0), ok);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kKeyStages - 1; ++s) {
+    if (s < n_tiles) load(s);
+    cp_async_commit();
+  }
+  build_bfrag<HP>(sh, qb, q_scale, w, bfrag);
+  int64_t vis[NACC];  // this thread's query of each group (its slot lane % 4): the blocks it sees
+  int64_t tq[NACC];
+#pragma unroll
+  for (int a = 0; a < NACC; ++a) {
+    const int slot = 4 * a + lane % 4;
+    tq[a] = slot < QW ? qb + wg * QW + slot : sh.n_q;
+    vis[a] = tq[a] < sh.n_q ? visible_to(sh, tq[a]) : 0;
+  }
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    cp_async_wait<kKeyStages - 2>();
+    fence_async_shared();
+    __syncthreads();  // this tile (and the queries) landed for every thread; every thread is past the stage reloaded next
+    if (tile + kKeyStages - 1 < n_tiles) load(tile + kKeyStages - 1);
+    cp_async_commit();
+    const uint32_t sK = sK0 + (tile % kKeyStages) * kTileBytes;
+    uint32_t ka[kD / 32][4];  // the warp's 16 keys as A fragments
+#pragma unroll
+    for (int kk = 0; kk < kD / 32; ++kk) {
+      const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, chunk = 2 * kk + (lane >> 4);
+      ldmatrix_x4(sK + swz(r, chunk, 8), ka[kk][0], ka[kk][1], ka[kk][2], ka[kk][3]);
+    }
+    float acc[2][64];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      fence_registers<64>(acc[half]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 32; ++kk)
+        wgmma_e4m3_rs_n128(acc[half], ka[kk], kmajor_desc(sQ + (wg * 256 + half * 128) * kD + kk * 32), kk > 0);
+      wgmma_commit();
+    }
+    float out[NACC][4];
+#pragma unroll
+    for (int a = 0; a < NACC; ++a) out[a][0] = out[a][1] = out[a][2] = out[a][3] = 0.0f;
+    wgmma_wait<1>();
+    fence_registers<64>(acc[0]);
+    sum_heads<HP, 0>(acc[0], bfrag + wg * 512, lane, out);
+    wgmma_wait<0>();
+    fence_registers<64>(acc[1]);
+    sum_heads<HP, 1>(acc[1], bfrag + wg * 512, lane, out);
+#pragma unroll
+    for (int a = 0; a < NACC; ++a) {
+      if (tq[a] >= sh.n_q) continue;
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int64_t b = int64_t(tile) * kKT + warp * 16 + lane / 4 + 8 * k;
+        if (b >= sh.n_blocks) continue;
+        scores[tq[a] * sh.n_blocks + b] = b < vis[a] ? (out[a][2 * k] + out[a][2 * k + 1]) * row_scale[b] : -INFINITY;
+      }
+    }
+  }
+  cp_async_wait<0>();  // no copy outlives the block
+  fill_unreached(sh, qb, QPB, int64_t(n_tiles) * kKT, scores);
 #else
   __trap();  // wgmma is sm_90a's
 #endif
@@ -211,11 +384,25 @@ void launch(const uint8_t* q, const float* q_scale, const uint8_t* rows, const f
 }
 
 template <int HP>
+void launch_keys(const uint8_t* q, const float* q_scale, const uint8_t* rows, const float* row_scale, const float* w, float* scores,
+                 const IndexerShape& sh, cudaStream_t stream) {
+  static bool configured = false;  // once per process and instantiation
+  if (!configured) {
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(indexer_fp8_keys_kernel<HP>, cudaFuncAttributeMaxDynamicSharedMemorySize, kKeySmemBytes));
+    configured = true;
+  }
+  const int64_t blocks = (sh.n_q + kKeyRows / HP - 1) / (kKeyRows / HP);
+  indexer_fp8_keys_kernel<HP><<<unsigned(blocks), kThreads, kKeySmemBytes, stream>>>(q, q_scale, rows, row_scale, w, scores, sh);
+  PDB_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int HP>
 void launch(const uint8_t* q, const float* q_scale, const uint8_t* rows, const float* row_scale, const float* w, float* scores, const IndexerShape& sh,
             cudaStream_t stream) {
-  const std::string a = Tuning::from_env().dsv4_indexer_a;  // "registers" | "smem"; the default: shared memory
+  const std::string a = Tuning::from_env().dsv4_indexer_a;  // "keys" (the default) | "registers" | "smem": the queries as A
   if (a == "registers") return launch<HP, true>(q, q_scale, rows, row_scale, w, scores, sh, stream);
-  launch<HP, false>(q, q_scale, rows, row_scale, w, scores, sh, stream);
+  if (a == "smem") return launch<HP, false>(q, q_scale, rows, row_scale, w, scores, sh, stream);
+  launch_keys<HP>(q, q_scale, rows, row_scale, w, scores, sh, stream);
 }
 
 }  // namespace
