@@ -785,14 +785,14 @@ stage_session36c() {
   run integration_dsv4_expand env PDBRIDGE_DSV4_EXPERTS_FP4=0 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
   run dsv4_bench_session36c env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:PDBRIDGE_DSV4_EXPERTS_FP4=0 fp4:32768 fp4:32768:PDBRIDGE_DSV4_EXPERTS_FP4=0" bash $DEV/dsv4_gpu.sh bench
 }
-# Session 37: the FP8 indexer with the keys as the products' A and the heads summed by products (the new default),
-# its twin test and bench against the queries-as-A kernels, DeepSeek-V4's suites, the layer bench alternating with
-# PDBRIDGE_DSV4_INDEXER_A=smem (the previous default), and the new kernel's profile.
+# Session 37 (written without a device; for the next one): the FP8 indexer with the keys as the products' A and the
+# heads summed by products (PDBRIDGE_DSV4_INDEXER_A=keys), its twin test and bench against the queries-as-A kernels,
+# DeepSeek-V4's suites with it, the layer bench alternating it with the default, and its profile.
 stage_session37() {
   run idx_kernels env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4Indexer*:CudaBench.Dsv4IndexerAtV4FlashShapes'
   make_dsv4_test_models
-  run integration_dsv4 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
-  run dsv4_bench_session37 env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:PDBRIDGE_DSV4_INDEXER_A=smem fp4:32768 fp4:32768:PDBRIDGE_DSV4_INDEXER_A=smem" bash $DEV/dsv4_gpu.sh bench
+  run integration_dsv4_keys env PDBRIDGE_DSV4_INDEXER_A=keys timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  run dsv4_bench_session37 env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:PDBRIDGE_DSV4_INDEXER_A=keys fp4:32768 fp4:32768:PDBRIDGE_DSV4_INDEXER_A=keys" bash $DEV/dsv4_gpu.sh bench
   stage_ncuidx
 }
 # The keys kernel under Nsight Compute: a 32K prompt's fifth chunk of 4,096 queries in the bench's timed pass.

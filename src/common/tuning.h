@@ -28,7 +28,8 @@ struct Tuning {
                                  // products that read the MXFP4 codes)
   std::string dsv4_indexer;      // PDBRIDGE_DSV4_INDEXER=bf16|gemm: the indexer's scores in bf16, or GEMM + sum
   std::string dsv4_indexer_a;    // PDBRIDGE_DSV4_INDEXER_A=registers|smem: the FP8 indexer's queries as register fragments
-                                 // read once, or from shared memory by every product
+                                 // read once, or from shared memory by every product; =keys: the keys as A, the heads
+                                 // summed by bf16 products
   std::string dsv4_attn;         // PDBRIDGE_DSV4_ATTN=gather: the gathered sparse attention; =mma: the fused one on mma.sync (not wgmma)
   std::string dsv4_topk;         // PDBRIDGE_DSV4_TOPK=smem: the indexer's top-k with each query's scores in shared memory
   std::string dsv4_expand;       // PDBRIDGE_DSV4_EXPAND=inline: with PDBRIDGE_DSV4_EXPERTS_FP4=0, the experts expanded in the MoE, not on a side stream

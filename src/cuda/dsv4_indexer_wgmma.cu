@@ -8,8 +8,12 @@
 // 128-byte rows (one swizzle atom per row: chunk c of row r at c ^ (r % 8), swz() with 8 chunks), so a k-step of
 // 32 codes moves the descriptors 32 bytes. Per column the scores are w' max(0, s) summed over a warp's 16 rows by
 // a reduce-scatter across the lane groups (14 shuffles for 64 columns, not 48), over the query's 16-row slots in
-// shared memory, times the row's scale. Built for sm_90a only; other targets get a kernel that traps.
+// shared memory, times the row's scale. A second kernel (PDBRIDGE_DSV4_INDEXER_A=keys, below) turns the product
+// around: those m64n64 products read 4 KB of shared memory per 32 tensor-core cycles, about shared memory's whole
+// bandwidth, and their ReLU sums cost ~4 instructions per score against the product's 1/32 cycle. Built for sm_90a
+// only; other targets get a kernel that traps.
 #include "cuda/dsv4_indexer.cuh"
+#include "cuda/dsv4_indexer_keys.cuh"
 
 #include <stdexcept>
 #include <string>
@@ -40,32 +44,16 @@ __device__ __forceinline__ void fill_unreached(const IndexerShape& sh, int64_t q
   }
 }
 
-// The weights of a block's rows as m16n8k16 B fragments, [warpgroup][k-step 16][lane]: lane's column n = lane / 4
-// is query slot n / 2 of a k-step's group of four, part n % 2 of wq = w x the q row's scale split as bf16 hi + bf16
-// lo (the two sums keep ~16 bits of wq); its rows are 2 (lane % 4) + {0, 1} and + 8 of the k-step's 16. Zero where
-// the k-step's query is another slot's, a row is padding, or the query is past the chunk.
+// The weights of a block's rows as m16n8k16 B fragments, [warpgroup][k-step 16][lane] (dsv4_indexer_keys.cuh b_word).
 template <int HP>
 __device__ void build_bfrag(const IndexerShape& sh, int64_t qb, const float* q_scale, const float* w, uint2* bfrag) {
-  constexpr int QW = 256 / HP;
   for (int i = threadIdx.x; i < 2 * 16 * 32; i += blockDim.x) {
-    const int wg = i / 512, sg = (i / 32) % 16, n = (i % 32) / 4, c = i % 4, qw = sg * 16 / HP;
-    const int64_t t = qb + wg * QW + qw;
-    uint32_t word[2] = {0u, 0u};
-    if (n / 2 == qw % 4 && t < sh.n_q) {
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        float v[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int h = (sg * 16 + 2 * c + 8 * k + e) % HP;
-          const float wq = h < sh.heads ? w[t * sh.heads + h] * q_scale[t * sh.heads + h] : 0.0f;
-          const float hi = __bfloat162float(__float2bfloat16_rn(wq));
-          v[e] = n % 2 == 0 ? hi : wq - hi;
-        }
-        word[k] = pack_bf16(v[0], v[1]);
-      }
-    }
-    bfrag[i] = make_uint2(word[0], word[1]);
+    const int wg = i / 512, sg = (i / 32) % 16, lane = i % 32;
+    const int64_t t = qb + wg * (indexer_keys::kGroupRows / HP) + indexer_keys::query_of_step(HP, sg);
+    const bool ok = t < sh.n_q;
+    const float* wt = w + (ok ? t * sh.heads : 0);
+    const float* st = q_scale + (ok ? t * sh.heads : 0);
+    bfrag[i] = make_uint2(indexer_keys::b_word(HP, sh.heads, ok, wt, st, sg, lane, 0), indexer_keys::b_word(HP, sh.heads, ok, wt, st, sg, lane, 1));
   }
 }
 
@@ -150,14 +138,15 @@ __device__ __forceinline__ void reduce_to_slot(const float* d, float w0, float w
 // of that query's group of four.
 template <int HP, int HALF, int NACC>
 __device__ __forceinline__ void sum_heads(const float* d, const uint2* bfrag, int lane, float (&out)[NACC][4]) {
+  using namespace indexer_keys;
 #pragma unroll
   for (int s = 0; s < 8; ++s) {
-    constexpr int kStepsPerQuery = HP / 16;
-    const int sg = HALF * 8 + s, group = (sg / kStepsPerQuery) / 4;
-    const uint32_t pa[4] = {relu_bf16x2(d[8 * s + 0], d[8 * s + 1]), relu_bf16x2(d[8 * s + 2], d[8 * s + 3]),
-                            relu_bf16x2(d[8 * s + 4], d[8 * s + 5]), relu_bf16x2(d[8 * s + 6], d[8 * s + 7])};
+    const int sg = HALF * 8 + s;
+    uint32_t pa[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) pa[j] = relu_bf16x2(d[a_source(s, j)], d[a_source(s, j) + 1]);
     const uint2 b = bfrag[sg * 32 + lane];
-    mma_bf16(out[group], pa, b.x, b.y);
+    mma_bf16(out[group_of_step(HP, sg)], pa, b.x, b.y);
   }
 }
 
@@ -267,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_fp8_wgmma_kernel(const ui
 #endif
 }
 
-// The keys as the products' rows (PDBRIDGE_DSV4_INDEXER_A=keys, the default): a block of two warpgroups holds 512
+// The keys as the products' rows (PDBRIDGE_DSV4_INDEXER_A=keys): a block of two warpgroups holds 512
 // (query, head) rows (256 per warpgroup, a query's heads then zero rows to HP) as the shared B operand, read by
 // m64n128k32 products whose A is a 64-key tile in registers (ldmatrix, once per tile for both halves); the ReLU
 // and the weighted sum over heads are one cvt per two scores and m16n8k16 products (sum_heads), not shuffles. The
@@ -280,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, 1) indexer_fp8_keys_kernel(const uin
                                                                      const uint8_t* __restrict__ rows, const float* __restrict__ row_scale,
                                                                      const float* __restrict__ w, float* __restrict__ scores, IndexerShape sh) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int QW = 256 / HP, QPB = 2 * QW, NACC = QW >= 4 ? QW / 4 : 1;
+  constexpr int QW = indexer_keys::kGroupRows / HP, QPB = 2 * QW, NACC = indexer_keys::groups(HP);
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = uint32_t(__cvta_generic_to_shared(smem_raw));
   const uint32_t sQ = (raw + 1023) & ~1023u, sK0 = sQ + kKeyRows * kD;
@@ -316,7 +305,7 @@ __global__ void __launch_bounds__(kThreads, 1) indexer_fp8_keys_kernel(const uin
   int64_t tq[NACC];
 #pragma unroll
   for (int a = 0; a < NACC; ++a) {
-    const int slot = 4 * a + lane % 4;
+    const int slot = indexer_keys::score_slot(lane, a);
     tq[a] = slot < QW ? qb + wg * QW + slot : sh.n_q;
     vis[a] = tq[a] < sh.n_q ? visible_to(sh, tq[a]) : 0;
   }
@@ -357,7 +346,7 @@ __global__ void __launch_bounds__(kThreads, 1) indexer_fp8_keys_kernel(const uin
       if (tq[a] >= sh.n_q) continue;
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
-        const int64_t b = int64_t(tile) * kKT + warp * 16 + lane / 4 + 8 * k;
+        const int64_t b = int64_t(tile) * kKT + indexer_keys::score_key(warp, lane, k);
         if (b >= sh.n_blocks) continue;
         scores[tq[a] * sh.n_blocks + b] = b < vis[a] ? (out[a][2 * k] + out[a][2 * k + 1]) * row_scale[b] : -INFINITY;
       }
@@ -399,10 +388,12 @@ void launch_keys(const uint8_t* q, const float* q_scale, const uint8_t* rows, co
 template <int HP>
 void launch(const uint8_t* q, const float* q_scale, const uint8_t* rows, const float* row_scale, const float* w, float* scores, const IndexerShape& sh,
             cudaStream_t stream) {
-  const std::string a = Tuning::from_env().dsv4_indexer_a;  // "keys" (the default) | "registers" | "smem": the queries as A
+  // "smem" (the default) | "registers": the queries as A; "keys": the keys as A (not yet run on a GPU: opt-in until
+  // stage session37 has run its twin test and bench)
+  const std::string a = Tuning::from_env().dsv4_indexer_a;
+  if (a == "keys") return launch_keys<HP>(q, q_scale, rows, row_scale, w, scores, sh, stream);
   if (a == "registers") return launch<HP, true>(q, q_scale, rows, row_scale, w, scores, sh, stream);
-  if (a == "smem") return launch<HP, false>(q, q_scale, rows, row_scale, w, scores, sh, stream);
-  launch_keys<HP>(q, q_scale, rows, row_scale, w, scores, sh, stream);
+  launch<HP, false>(q, q_scale, rows, row_scale, w, scores, sh, stream);
 }
 
 }  // namespace
