@@ -786,13 +786,15 @@ stage_session36c() {
   run dsv4_bench_session36c env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:PDBRIDGE_DSV4_EXPERTS_FP4=0 fp4:32768 fp4:32768:PDBRIDGE_DSV4_EXPERTS_FP4=0" bash $DEV/dsv4_gpu.sh bench
 }
 # Session 37 (written without a device; for the next one): the FP8 indexer with the keys as the products' A and the
-# heads summed by products (PDBRIDGE_DSV4_INDEXER_A=keys), its twin test and bench against the queries-as-A kernels,
-# DeepSeek-V4's suites with it, the layer bench alternating it with the default, and its profile.
+# heads summed by products (PDBRIDGE_DSV4_INDEXER_A=keys) and the top-k by warps (PDBRIDGE_DSV4_TOPK=warps), their twin
+# tests and bench against the kernels they would replace, DeepSeek-V4's suites with both, the layer bench alternating
+# them with the defaults, and the keys kernel's profile.
 stage_session37() {
   run idx_kernels env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4Indexer*:CudaBench.Dsv4IndexerAtV4FlashShapes'
   make_dsv4_test_models
-  run integration_dsv4_keys env PDBRIDGE_DSV4_INDEXER_A=keys timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
-  run dsv4_bench_session37 env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:PDBRIDGE_DSV4_INDEXER_A=keys fp4:32768 fp4:32768:PDBRIDGE_DSV4_INDEXER_A=keys" bash $DEV/dsv4_gpu.sh bench
+  run integration_dsv4_keys env PDBRIDGE_DSV4_INDEXER_A=keys PDBRIDGE_DSV4_TOPK=warps timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  local K=PDBRIDGE_DSV4_INDEXER_A=keys KW=PDBRIDGE_DSV4_INDEXER_A=keys+PDBRIDGE_DSV4_TOPK=warps
+  run dsv4_bench_session37 env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$K fp4:32768:$KW fp4:32768 fp4:32768:$K fp4:32768:$KW" bash $DEV/dsv4_gpu.sh bench
   stage_ncuidx
 }
 # The keys kernel under Nsight Compute: a 32K prompt's fifth chunk of 4,096 queries in the bench's timed pass.

@@ -31,7 +31,8 @@ struct Tuning {
                                  // read once, or from shared memory by every product; =keys: the keys as A, the heads
                                  // summed by bf16 products
   std::string dsv4_attn;         // PDBRIDGE_DSV4_ATTN=gather: the gathered sparse attention; =mma: the fused one on mma.sync (not wgmma)
-  std::string dsv4_topk;         // PDBRIDGE_DSV4_TOPK=smem: the indexer's top-k with each query's scores in shared memory
+  std::string dsv4_topk;         // PDBRIDGE_DSV4_TOPK=smem: the indexer's top-k with each query's scores in shared memory;
+                                 // =warps: by warps over global memory, ballots instead of block scans
   std::string dsv4_expand;       // PDBRIDGE_DSV4_EXPAND=inline: with PDBRIDGE_DSV4_EXPERTS_FP4=0, the experts expanded in the MoE, not on a side stream
   std::string dsv4_mix;          // PDBRIDGE_DSV4_MIX=cublas: the hyper-connection mixes' f32 products by cuBLAS, not the
                                  // narrow kernel; =narrow: the kernel at any row count (the tests' tiny prompts)

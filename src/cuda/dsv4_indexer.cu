@@ -267,7 +267,9 @@ void indexer_scores(const __nv_bfloat16* q, const __nv_bfloat16* rows, const flo
 void indexer_topk(const float* scores, int32_t* idx, const IndexerShape& sh, cudaStream_t stream) {
   if (sh.n_q <= 0) return;
   if (sh.top_k <= 0) throw std::invalid_argument("indexer: top_k must be positive");
-  if (Tuning::from_env().dsv4_topk == "smem" && indexer_topk_smem(scores, idx, sh, stream)) return;
+  const std::string way = Tuning::from_env().dsv4_topk;
+  if (way == "smem" && indexer_topk_smem(scores, idx, sh, stream)) return;
+  if (way == "warps") return indexer_topk_warps(scores, idx, sh, stream);
   topk_global_kernel<<<unsigned(sh.n_q), kThreads, 0, stream>>>(scores, idx, sh);
   PDB_CUDA_CHECK(cudaGetLastError());
 }

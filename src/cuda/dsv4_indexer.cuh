@@ -46,6 +46,9 @@ void indexer_scores_fp8(const uint8_t* q, const float* q_scale, const uint8_t* r
 // the scores in global memory; PDBRIDGE_DSV4_TOPK=smem: a query's scores held in shared memory
 // (dsv4_indexer_topk.cu) where n_blocks <= indexer_topk_smem_blocks().
 void indexer_topk(const float* scores, int32_t* idx, const IndexerShape& sh, cudaStream_t stream);
+// PDBRIDGE_DSV4_TOPK=warps: the scores read from global memory as by the default kernel, with warp-aggregated
+// counts, a scan for each digit and the selection by ballots over each warp's run of indices (dsv4_indexer_topk.cu).
+void indexer_topk_warps(const float* scores, int32_t* idx, const IndexerShape& sh, cudaStream_t stream);
 int64_t indexer_topk_smem_blocks();  // on the current device
 bool indexer_topk_smem(const float* scores, int32_t* idx, const IndexerShape& sh, cudaStream_t stream);  // false: too long
 

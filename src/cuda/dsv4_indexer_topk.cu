@@ -5,7 +5,8 @@
 // 256 threads per query), measured on the H200 (docs/RESULTS.md): 1.76x faster at 128K tokens in launches of 256
 // queries, where the default leaves the GPU underfilled, but 0.3-0.6x at 8K-32K and no faster in the engine's
 // launches of 4,096 queries -- its 1,024 threads and up to 128 KB of shared memory hold an SM per query. Rows longer
-// than shared memory holds (over ~53K visible blocks) take the default kernel.
+// than shared memory holds (over ~53K visible blocks) take the default kernel. Below it, PDBRIDGE_DSV4_TOPK=warps:
+// the same counting and selection with the scores left in global memory, 256 threads per query.
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
@@ -51,6 +52,30 @@ __device__ Digit find_digit(const int* hist, int bins, int need, typename Scan::
   const Digit r = *out;
   __syncthreads();
   return r;
+}
+
+// The selection once the k-th key and each warp's counts over its run [lo, hi) are known: warp w writes, in index
+// order, its run's keys above the k-th and those equal to it whose rank among all the equal ones is below `need`.
+template <typename KeyAt>
+__device__ void select_in_runs(KeyAt key_at, uint32_t kth, int need, int lo, int hi, int warp, int lane, const int* warp_above, const int* warp_equal,
+                               int32_t* out) {
+  int above_before = 0, equal_before = 0;
+  for (int w = 0; w < warp; ++w) {
+    above_before += warp_above[w];
+    equal_before += warp_equal[w];
+  }
+  int taken = above_before + min(equal_before, need), eq_seen = equal_before;
+  const unsigned below_me = (1u << lane) - 1u;
+  for (int base = lo; base < hi; base += 32) {
+    const int i = base + lane;
+    const uint32_t key = i < hi ? key_at(i) : 0u;
+    const unsigned eq = __ballot_sync(0xffffffffu, i < hi && key == kth);
+    const bool take = (i < hi && key > kth) || ((eq >> lane & 1u) && eq_seen + __popc(eq & below_me) < need);
+    const unsigned took = __ballot_sync(0xffffffffu, take);
+    if (take) out[taken + __popc(took & below_me)] = i;
+    taken += __popc(took);
+    eq_seen += __popc(eq);
+  }
 }
 
 __global__ void __launch_bounds__(kThreads) topk_smem_kernel(const float* __restrict__ scores, int32_t* __restrict__ idx, IndexerShape sh) {
@@ -122,23 +147,101 @@ __global__ void __launch_bounds__(kThreads) topk_smem_kernel(const float* __rest
     warp_equal[warp] = equal;
   }
   __syncthreads();
-  int above_before = 0, equal_before = 0;
-  for (int w = 0; w < warp; ++w) {
-    above_before += warp_above[w];
-    equal_before += warp_equal[w];
+  select_in_runs([](int i) { return keys[i]; }, kth, need, lo, hi, warp, lane, warp_above, warp_equal, out);
+}
+
+// ---- PDBRIDGE_DSV4_TOPK=warps: the scores stay in global memory (8 warps per query, any row length), with the
+// default kernel's five reads of a row but not its work per score: lanes of one digit counted once (count), the
+// digit found by a scan over the bins instead of one thread's walk, the last pass counted per warp over each warp's
+// run of indices so that the selection is one read of ballots, without the default's two block scans and five
+// barriers per 256 scores.
+constexpr int kWThreads = 256, kWWarps = kWThreads / 32;
+
+// The digit of 256 counters holding the need-th largest key (thread j owns bin 255 - j).
+template <typename Scan>
+__device__ Digit find_digit_256(const int* hist, int need, typename Scan::TempStorage& scan, Digit* out) {
+  const int bin = 255 - int(threadIdx.x), c = hist[bin];
+  int above;
+  Scan(scan).ExclusiveSum(c, above);
+  if (above < need && above + c >= need) *out = Digit{bin, need - above};
+  __syncthreads();
+  const Digit r = *out;
+  __syncthreads();
+  return r;
+}
+
+__global__ void __launch_bounds__(kWThreads) topk_warps_kernel(const float* __restrict__ scores, int32_t* __restrict__ idx, IndexerShape sh) {
+  using Scan = cub::BlockScan<int, kWThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  __shared__ int hist[256], warp_hist[kWWarps][256], warp_above[kWWarps], warp_equal[kWWarps];
+  __shared__ Digit digit;
+  const int64_t t = blockIdx.x;
+  const int k = sh.top_k, lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
+  int32_t* out = idx + t * k;
+  const int nv = int(min((sh.pos0 + t + 1) / sh.ratio, sh.n_blocks));
+  if (nv <= k) {  // every visible block, then -1
+    for (int i = int(threadIdx.x); i < k; i += kWThreads) out[i] = i < nv ? i : -1;
+    return;
   }
-  int taken = above_before + min(equal_before, need), eq_seen = equal_before;
-  const unsigned below_me = (1u << lane) - 1u;
+  const float* row = scores + t * sh.n_blocks;
+  uint32_t prefix = 0;
+  int need = k;
+  // the first three bytes over the whole block, four loads in flight per thread
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = 24 - 8 * pass;
+    const uint32_t known = pass == 0 ? 0u : 0xffffffffu << (32 - 8 * pass);
+    hist[threadIdx.x] = 0;
+    __syncthreads();
+    for (int base = 0; base < nv; base += 4 * kWThreads) {
+      float v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = base + u * kWThreads + int(threadIdx.x);
+        v[u] = i < nv ? row[i] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int i = base + u * kWThreads + int(threadIdx.x);
+        const uint32_t key = order_key(v[u]);
+        count(hist, (key >> shift) & 0xffu, i < nv && (key & known) == prefix);
+      }
+    }
+    __syncthreads();
+    const Digit d = find_digit_256<Scan>(hist, need, scan, &digit);
+    prefix |= uint32_t(d.d) << shift;
+    need = d.need;
+  }
+  // the last byte per warp over its run of indices, with the keys above the first three bytes counted on the way
+  const int run = ((nv + kWWarps - 1) / kWWarps + 31) & ~31, lo = warp * run, hi = min(nv, lo + run);
+  for (int b = lane; b < 256; b += 32) warp_hist[warp][b] = 0;
+  __syncwarp();
+  int above = 0;
   for (int base = lo; base < hi; base += 32) {
     const int i = base + lane;
-    const uint32_t key = i < hi ? keys[i] : 0u;
-    const unsigned eq = __ballot_sync(0xffffffffu, i < hi && key == kth);
-    const bool take = (i < hi && key > kth) || ((eq >> lane & 1u) && eq_seen + __popc(eq & below_me) < need);
-    const unsigned took = __ballot_sync(0xffffffffu, take);
-    if (take) out[taken + __popc(took & below_me)] = i;
-    taken += __popc(took);
-    eq_seen += __popc(eq);
+    const uint32_t key = i < hi ? order_key(row[i]) : 0u;
+    above += __popc(__ballot_sync(0xffffffffu, i < hi && (key >> 8) > (prefix >> 8)));
+    count(warp_hist[warp], key & 0xffu, i < hi && (key >> 8) == (prefix >> 8));
   }
+  __syncthreads();
+  int c = 0;
+#pragma unroll
+  for (int w = 0; w < kWWarps; ++w) c += warp_hist[w][threadIdx.x];
+  hist[threadIdx.x] = c;
+  __syncthreads();
+  const Digit d = find_digit_256<Scan>(hist, need, scan, &digit);
+  const uint32_t kth = prefix | uint32_t(d.d);
+  need = d.need;
+  // this warp's keys above the k-th (the first three bytes' count, every lane's alike, and the last byte's bins
+  // above the digit) and equal to it
+  int mine = lane == 0 ? above : 0;
+  for (int b = d.d + 1 + lane; b < 256; b += 32) mine += warp_hist[warp][b];
+  for (int off = 16; off > 0; off >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, off);
+  if (lane == 0) {
+    warp_above[warp] = mine;
+    warp_equal[warp] = warp_hist[warp][d.d];
+  }
+  __syncthreads();
+  select_in_runs([row](int i) { return order_key(row[i]); }, kth, need, lo, hi, warp, lane, warp_above, warp_equal, out);
 }
 
 // The dynamic shared memory the kernel may take on the current device (the opt-in maximum less its static arrays),
@@ -155,6 +258,11 @@ int smem_bytes_granted() {
 }
 
 }  // namespace
+
+void indexer_topk_warps(const float* scores, int32_t* idx, const IndexerShape& sh, cudaStream_t stream) {
+  topk_warps_kernel<<<unsigned(sh.n_q), kWThreads, 0, stream>>>(scores, idx, sh);
+  PDB_CUDA_CHECK(cudaGetLastError());
+}
 
 int64_t indexer_topk_smem_blocks() { return smem_bytes_granted() / 4; }
 

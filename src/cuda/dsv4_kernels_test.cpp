@@ -194,7 +194,7 @@ TEST(CudaKernels, Dsv4IndexerTopKMatchesItsCpuTwin) {
     for (auto& v : sc) v = v == 0.0f ? 0.0f : v;  // no -0: the twin's < does not order it below +0
     auto dsc = to_device_f32(sc);
     const cuda::IndexerShape sh{c.n_q, c.pos0, 64, c.n_blocks, 4, c.top_k};
-    for (const char* way : {"", "smem"}) {
+    for (const char* way : {"", "smem", "warps"}) {
       setenv("PDBRIDGE_DSV4_TOPK", way, 1);
       cuda::DeviceBuffer idx(size_t(c.n_q * c.top_k) * 4);
       cuda::indexer_topk(dsc.as<float>(), idx.as<int32_t>(), sh, nullptr);
@@ -459,9 +459,9 @@ TEST(CudaBench, Dsv4IndexerAtV4FlashShapes) {
     auto dw = to_device_f32(randn(size_t(4096) * H, 0.1f));
     const int64_t chunk = std::min<int64_t>(4096, std::max<int64_t>(64, (int64_t(2) << 30) / (int64_t(H) * 4 * std::max<int64_t>(NB, 1))));
     cuda::DeviceBuffer s(size_t(chunk * H * NB) * 4), scores(size_t(chunk * NB) * 4), idx(size_t(chunk * K) * 4);
-    cudaEvent_t e[5];
+    cudaEvent_t e[6];
     for (auto& x : e) PDB_CUDA_CHECK(cudaEventCreate(&x));
-    float t_gemm = 0, t_relu = 0, t_topk = 0, t_topk_smem = 0;
+    float t_gemm = 0, t_relu = 0, t_topk = 0, t_topk_smem = 0, t_topk_warps = 0;
     double flops = 0;
     gemm.xwt(cuda::DType::BF16, dq.get(), dk.get(), cuda::DType::F32, s.get(), chunk * H, I, 64, 0.0f, nullptr);  // warm-up (cuBLASLt)
     PDB_CUDA_CHECK(cudaDeviceSynchronize());
@@ -477,14 +477,19 @@ TEST(CudaBench, Dsv4IndexerAtV4FlashShapes) {
       PDB_CUDA_CHECK(cudaEventRecord(e[3]));
       setenv("PDBRIDGE_DSV4_TOPK", "smem", 1);  // the shared-memory kernel, same scores (the A/B)
       cuda::indexer_topk(scores.as<float>(), idx.as<int32_t>(), sh, nullptr);
-      unsetenv("PDBRIDGE_DSV4_TOPK");
       PDB_CUDA_CHECK(cudaEventRecord(e[4]));
-      PDB_CUDA_CHECK(cudaEventSynchronize(e[4]));
-      float a, b, c, g;
+      setenv("PDBRIDGE_DSV4_TOPK", "warps", 1);  // the warps' kernel, same scores
+      cuda::indexer_topk(scores.as<float>(), idx.as<int32_t>(), sh, nullptr);
+      unsetenv("PDBRIDGE_DSV4_TOPK");
+      PDB_CUDA_CHECK(cudaEventRecord(e[5]));
+      PDB_CUDA_CHECK(cudaEventSynchronize(e[5]));
+      float a, b, c, g, h;
       PDB_CUDA_CHECK(cudaEventElapsedTime(&a, e[0], e[1]));
       PDB_CUDA_CHECK(cudaEventElapsedTime(&b, e[1], e[2]));
       PDB_CUDA_CHECK(cudaEventElapsedTime(&c, e[2], e[3]));
       PDB_CUDA_CHECK(cudaEventElapsedTime(&g, e[3], e[4]));
+      PDB_CUDA_CHECK(cudaEventElapsedTime(&h, e[4], e[5]));
+      t_topk_warps += h;
       t_gemm += a;
       t_relu += b;
       t_topk += c;
@@ -494,9 +499,10 @@ TEST(CudaBench, Dsv4IndexerAtV4FlashShapes) {
     for (auto& x : e) cudaEventDestroy(x);
     const double ms = t_gemm + t_relu + t_topk;
     std::printf("DSV4 INDEXER T=%lld (one ratio-4 layer, chunks of %lld queries): %.2f ms = GEMM %.2f (%.0f TFLOP/s) + ReLU sum %.2f + top-%d %.2f ms;"
-                " 21 ratio-4 layers: %.0f ms; the top-k from shared memory (PDBRIDGE_DSV4_TOPK=smem) %.2f ms: %.2fx faster\n",
+                " 21 ratio-4 layers: %.0f ms; the top-k from shared memory (PDBRIDGE_DSV4_TOPK=smem) %.2f ms: %.2fx faster; by warps (=warps)"
+                " %.2f ms: %.2fx faster\n",
                 (long long)T, (long long)chunk, ms, t_gemm, flops / (t_gemm * 1e-3) / 1e12, t_relu, K, t_topk, 21 * ms, t_topk_smem,
-                t_topk / t_topk_smem);
+                t_topk / t_topk_smem, t_topk_warps, t_topk / t_topk_warps);
   }
   // Then: does an FP8 indexer hold the top-k? At the same shapes, the last 256 queries of a T-token prompt (all T/4
   // blocks visible), their top-k from bf16 q and rows against the top-k from q and rows rounded to e4m3 with one
