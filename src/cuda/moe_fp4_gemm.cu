@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/tuning.h"
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/device_helpers.cuh"
@@ -22,9 +23,13 @@
 namespace pdb::cuda {
 namespace {
 
-constexpr int kBM = kFp4TileRows, kBN = 128, kBK = 64, kThreads = 256, kStages = 4, kAhead = 2;
-constexpr uint32_t kXTile = kBM * kBK * 2;                // 32 KB: one k-step of a tile's rows
-constexpr int kSmemBytes = int(kStages * kXTile) + 1024;  // + alignment slack: one CTA per SM
+constexpr int kBM = kFp4TileRows, kBN = 128, kBK = 64, kThreads = 256;
+constexpr uint32_t kXTile = kBM * kBK * 2;  // 32 KB: one k-step of a tile's rows
+// The pipeline's depth: kStages stages of x's rows (copies kStages - 2 steps ahead of the products), the codes kAhead
+// steps ahead. 4 / 2 is the measured default; PDBRIDGE_DSV4_FP4_DEPTH=deep runs 6 / 4 (copies and codes about 2 us
+// ahead instead of 1, against L2's and HBM's latencies; not yet measured).
+template <int kStages>
+constexpr int smem_bytes() { return int(kStages * kXTile) + 1024; }  // + alignment slack: one CTA per SM
 
 // The repacked layout (repack_mxfp4): per expert, per 16 output rows, per k-step of 64, a 512-byte group of codes
 // (lane 4g + q's 16 bytes: its words for rows g and g + 8 of the 16, blocks 0 and 1 of the step) and 32 scale bytes
@@ -98,7 +103,7 @@ __device__ __forceinline__ void chunk_product(float* d, const uint32_t* a, uint6
 
 // One tile's products for this CTA's 128 outputs, as kN token rows (256, or 128 for a tile of at most 128: half the
 // products and copies), then written out.
-template <bool kOne, int kN>
+template <bool kOne, int kN, int kStages, int kAhead>
 __device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ x, const Fp4Matrices& w, const Fp4Tile& t, int64_t n0,
                                               __nv_bfloat16* __restrict__ y, uint32_t sX0) {
   auto stage = [&](int j) { return sX0 + uint32_t(j % kStages) * kXTile; };
@@ -163,7 +168,7 @@ __device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ 
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <bool kOne>
+template <bool kOne, int kStages, int kAhead>
 __global__ void __launch_bounds__(kThreads, 1)
 moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4Matrices w, const Fp4Tile* __restrict__ tiles,
                __nv_bfloat16* __restrict__ y) {
@@ -175,8 +180,8 @@ moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4M
   const int n_tiles_n = int(w.rows / kBN);
   const Fp4Tile t = tiles[blockIdx.x / n_tiles_n];
   const int64_t n0 = int64_t(blockIdx.x % n_tiles_n) * kBN;
-  if (t.rows > 128) tile_products<kOne, 256>(x, w, t, n0, y, sX0);
-  else tile_products<kOne, 128>(x, w, t, n0, y, sX0);
+  if (t.rows > 128) tile_products<kOne, 256, kStages, kAhead>(x, w, t, n0, y, sX0);
+  else tile_products<kOne, 128, kStages, kAhead>(x, w, t, n0, y, sX0);
 #endif
 }
 
@@ -198,6 +203,19 @@ __global__ void repack_mxfp4_kernel(const uint8_t* __restrict__ blocks, int64_t 
   for (int q = 0; q < 4; ++q) words[(4 * g + q) * 4 + blk * 2 + half] = fp4_fragment_word(codes, q);
   m.scales[group * 32 + g * 4 + half * 2 + blk] = src[0];
   if (src[0] > 128) *wide = 1u;
+}
+
+template <int kStages, int kAhead>
+void launch(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Tile* tiles, int64_t grid, __nv_bfloat16* y, cudaStream_t s) {
+  static const bool configured = [] {  // once per process and depth
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel<true, kStages, kAhead>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages>()));
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel<false, kStages, kAhead>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages>()));
+    return true;
+  }();
+  (void)configured;
+  if (w.wide_scales) moe_fp4_kernel<false, kStages, kAhead><<<unsigned(grid), kThreads, smem_bytes<kStages>(), s>>>(x, w, tiles, y);
+  else moe_fp4_kernel<true, kStages, kAhead><<<unsigned(grid), kThreads, smem_bytes<kStages>(), s>>>(x, w, tiles, y);
+  PDB_CUDA_LAUNCHED();
 }
 
 }  // namespace
@@ -226,15 +244,8 @@ void moe_fp4_products(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Til
                                 " -> " + std::to_string(w.rows));
   const int64_t grid = n_tiles * (w.rows / kBN);
   if (grid > 0x7fffffff) throw std::invalid_argument("moe_fp4_products: too many tiles for one launch");
-  static const bool configured = [] {  // once per process
-    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    return true;
-  }();
-  (void)configured;
-  if (w.wide_scales) moe_fp4_kernel<false><<<unsigned(grid), kThreads, kSmemBytes, s>>>(x, w, tiles, y);
-  else moe_fp4_kernel<true><<<unsigned(grid), kThreads, kSmemBytes, s>>>(x, w, tiles, y);
-  PDB_CUDA_LAUNCHED();
+  if (Tuning::from_env().dsv4_fp4_depth == "deep") return launch<6, 4>(x, w, tiles, grid, y, s);
+  launch<4, 2>(x, w, tiles, grid, y, s);
 }
 
 }  // namespace pdb::cuda
