@@ -802,28 +802,21 @@ stage_session37() {
   stage_ncuidx
 }
 # The keys kernel under Nsight Compute: a 32K prompt's fifth chunk of 4,096 queries in the bench's timed pass.
-stage_ncuidx() {
-  local NCU; NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  [ -n "$NCU" ] || { ts "no ncu here"; return 0; }
-  run ncu_idx env PDBRIDGE_BENCH=1 timeout 300 $NCU --clock-control none --kernel-name regex:indexer_fp8_keys_kernel --launch-skip 20 --launch-count 1 \
-    --set full --import-source no -f -o $R/ncu_idx $P/build/tests/unit_tests --gtest_filter=CudaBench.Dsv4IndexerAtV4FlashShapes
-  $NCU --import $R/ncu_idx.ncu-rep --page details > $R/ncu_idx.txt 2>&1
-  $NCU --import $R/ncu_idx.ncu-rep --page raw --csv 2>/dev/null | python3 -c "import csv,sys; r=list(csv.reader(sys.stdin)); [print(h, u, v) for h, u, v in zip(r[0], r[1], r[2]) if 'issue_stalled' in h or 'bank_conflict' in h or 'wavefronts_pipe_lsu_mem_shared' in h]" \
-    > $R/ncu_idx_stalls.txt 2>&1
-  rm -f $R/ncu_idx.ncu-rep
-}
+stage_ncuidx() { ncu_kernel idx indexer_fp8_keys_kernel 20 CudaBench.Dsv4IndexerAtV4FlashShapes; }
 # The FP4 expert products under Nsight Compute: the gate|up launch of the bench's uniform routing (its second
 # launch: the first is the warm-up's), the full section set as text.
-stage_ncufp4() {
+stage_ncufp4() { ncu_kernel fp4 moe_fp4_kernel 2 CudaBench.MoeFp4ProductsAtV4FlashShapes; }
+# ncu_kernel NAME KERNEL_REGEX LAUNCH_SKIP TEST: one launch of a unit_tests bench's kernel, the full section set as
+# text (ncu_NAME.txt), and the warps' stall reasons and the shared-memory conflicts from the raw metrics.
+ncu_kernel() {
   local NCU; NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [ -n "$NCU" ] || { ts "no ncu here"; return 0; }
-  run ncu_fp4 env PDBRIDGE_BENCH=1 timeout 300 $NCU --clock-control none --kernel-name regex:moe_fp4_kernel --launch-skip 2 --launch-count 1 \
-    --set full --import-source no -f -o $R/ncu_fp4 $P/build/tests/unit_tests --gtest_filter=CudaBench.MoeFp4ProductsAtV4FlashShapes
-  $NCU --import $R/ncu_fp4.ncu-rep --page details > $R/ncu_fp4.txt 2>&1
-  # the warps' stall reasons and the shared-memory conflicts, from the raw metrics
-  $NCU --import $R/ncu_fp4.ncu-rep --page raw --csv 2>/dev/null | python3 -c "import csv,sys; r=list(csv.reader(sys.stdin)); [print(h, u, v) for h, u, v in zip(r[0], r[1], r[2]) if 'issue_stalled' in h or 'bank_conflict' in h or 'wavefronts_pipe_lsu_mem_shared' in h]" \
-    > $R/ncu_fp4_stalls.txt 2>&1
-  rm -f $R/ncu_fp4.ncu-rep
+  run ncu_$1 env PDBRIDGE_BENCH=1 timeout 300 $NCU --clock-control none --kernel-name regex:$2 --launch-skip $3 --launch-count 1 \
+    --set full --import-source no -f -o $R/ncu_$1 $P/build/tests/unit_tests --gtest_filter=$4
+  $NCU --import $R/ncu_$1.ncu-rep --page details > $R/ncu_$1.txt 2>&1
+  $NCU --import $R/ncu_$1.ncu-rep --page raw --csv 2>/dev/null | python3 -c "import csv,sys; r=list(csv.reader(sys.stdin)); [print(h, u, v) for h, u, v in zip(r[0], r[1], r[2]) if 'issue_stalled' in h or 'bank_conflict' in h or 'wavefronts_pipe_lsu_mem_shared' in h]" \
+    > $R/ncu_$1_stalls.txt 2>&1
+  rm -f $R/ncu_$1.ncu-rep
 }
 # Where DeepSeek-V4's sparse attention spends a tile (0.134 ms per 4,096 queries, ~3x its products' time): Nsight
 # Compute on the wgmma kernel's second launch of each kind in the bench (ratio 4 at 32K: the indexer's choices; ratio 0:

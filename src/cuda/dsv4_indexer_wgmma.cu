@@ -35,6 +35,27 @@ __device__ __forceinline__ int64_t visible_to(const IndexerShape& sh, int64_t t)
   return v < sh.n_blocks ? v : sh.n_blocks;
 }
 
+// A block's (query, head) rows of e4m3 codes into shared memory (n_rows of 128 bytes, swizzled): a query's heads, then
+// zero rows to HP; rows past the chunk zero.
+template <int HP>
+__device__ __forceinline__ void load_query_rows(uint32_t sQ, int n_rows, const uint8_t* q, const IndexerShape& sh, int64_t qb) {
+  for (int i = threadIdx.x; i < n_rows * 8; i += blockDim.x) {
+    const int r = i / 8, c = i % 8, h = r % HP;
+    const int64_t t = qb + r / HP;
+    const bool ok = t < sh.n_q && h < sh.heads;
+    cp_async16(sQ + swz(r, c, 8), q + (ok ? (t * sh.heads + h) * kD + c * 16 : 0), ok);
+  }
+}
+// One tile of 64 LID rows' codes into a stage (rows past the prompt's blocks zero).
+__device__ __forceinline__ void load_key_tile(uint32_t sK, const uint8_t* rows, const IndexerShape& sh, int tile) {
+  const int64_t b0 = int64_t(tile) * kKT;
+  for (int i = threadIdx.x; i < kKT * 8; i += blockDim.x) {
+    const int r = i / 8, c = i % 8;
+    const bool ok = b0 + r < sh.n_blocks;
+    cp_async16(sK + swz(r, c, 8), rows + (ok ? (b0 + r) * kD + c * 16 : 0), ok);
+  }
+}
+
 // The blocks past the reach of a block's last query: visible to none of its qpb queries.
 __device__ __forceinline__ void fill_unreached(const IndexerShape& sh, int64_t qb, int qpb, int64_t from, float* scores) {
   for (int qq = 0; qq < qpb; ++qq) {
@@ -169,20 +190,10 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_fp8_wgmma_kernel(const ui
   const int64_t last_q = (qb + QPB < sh.n_q ? qb + QPB : sh.n_q) - 1;
   const int n_tiles = int((visible_to(sh, last_q) + kKT - 1) / kKT);
   if (threadIdx.x < QPB) vis[threadIdx.x] = qb + threadIdx.x < sh.n_q ? visible_to(sh, qb + threadIdx.x) : 0;
-  for (int i = threadIdx.x; i < kRows * 8; i += kThreads) {
-    const int r = i / 8, c = i % 8, h = r % HP;
-    const int64_t t = qb + r / HP;
-    const bool ok = t < sh.n_q && h < H;
-    cp_async16(sQ + swz(r, c, 8), q + (ok ? (t * H + h) * kD + c * 16 : 0), ok);
-  }
+  load_query_rows<HP>(sQ, kRows, q, sh, qb);
   cp_async_commit();
   auto load = [&](int tile, int stage) {
-    const int64_t b0 = int64_t(tile) * kKT;
-    for (int i = threadIdx.x; i < kKT * 8; i += kThreads) {
-      const int r = i / 8, c = i % 8;
-      const bool ok = b0 + r < sh.n_blocks;
-      cp_async16(sK0 + stage * kTileBytes + swz(r, c, 8), rows + (ok ? (b0 + r) * kD + c * 16 : 0), ok);
-    }
+    load_key_tile(sK0 + stage * kTileBytes, rows, sh, tile);
     cp_async_commit();
   };
   if (n_tiles > 0) load(0, 0);
@@ -275,26 +286,12 @@ __global__ void __launch_bounds__(kThreads, 1) indexer_fp8_keys_kernel(const uin
   const uint32_t sQ = (raw + 1023) & ~1023u, sK0 = sQ + kKeyRows * kD;
   uint2* bfrag = reinterpret_cast<uint2*>(smem_raw + (sK0 + kKeyStages * kTileBytes - raw));  // [warpgroup][k-step 16][lane]
   const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  const int H = sh.heads;
   const int64_t qb = (int64_t(gridDim.x) - 1 - blockIdx.x) * QPB;  // the block's first query; the most blocks first
   const int64_t last_q = (qb + QPB < sh.n_q ? qb + QPB : sh.n_q) - 1;
   const int n_tiles = int((visible_to(sh, last_q) + kKT - 1) / kKT);
-  for (int i = threadIdx.x; i < kKeyRows * 8; i += kThreads) {
-    const int r = i / 8, c = i % 8, h = r % HP;
-    const int64_t t = qb + r / HP;
-    const bool ok = t < sh.n_q && h < H;
-    cp_async16(sQ + swz(r, c, 8), q + (ok ? (t * H + h) * kD + c * 16 : 0), ok);
-  }
+  load_query_rows<HP>(sQ, kKeyRows, q, sh, qb);
   cp_async_commit();
-  auto load = [&](int tile) {
-    const int64_t b0 = int64_t(tile) * kKT;
-    const uint32_t sK = sK0 + (tile % kKeyStages) * kTileBytes;
-    for (int i = threadIdx.x; i < kKT * 8; i += kThreads) {
-      const int r = i / 8, c = i % 8;
-      const bool ok = b0 + r < sh.n_blocks;
-      cp_async16(sK + swz(r, c, 8), rows + (ok ? (b0 + r) * kD + c * 16 : 0), ok);
-    }
-  };
+  auto load = [&](int tile) { load_key_tile(sK0 + (tile % kKeyStages) * kTileBytes, rows, sh, tile); };
 #pragma unroll
   for (int s = 0; s < kKeyStages - 1; ++s) {
     if (s < n_tiles) load(s);
