@@ -787,18 +787,19 @@ stage_session36c() {
 }
 # Session 37 (written without a device; for the next one): the FP8 indexer with the keys as the products' A and the
 # heads summed by products (PDBRIDGE_DSV4_INDEXER_A=keys), the top-k by warps (PDBRIDGE_DSV4_TOPK=warps) and the FP4
-# products' deeper pipeline (PDBRIDGE_DSV4_FP4_DEPTH=deep), their twin
+# products' deeper pipeline (PDBRIDGE_DSV4_FP4_DEPTH=deep), the mixes' split products (PDBRIDGE_DSV4_MIX=split), their twin
 # tests and bench against the kernels they would replace, DeepSeek-V4's suites with both, the layer bench alternating
 # them with the defaults, the same at the prefill server's default chunk of 4,096 (the targets' runs use 32,768), and
 # the keys kernel's profile.
 stage_session37() {
   run idx_kernels env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4Indexer*:CudaBench.Dsv4IndexerAtV4FlashShapes'
+  run mix_split env PDBRIDGE_BENCH=1 timeout 150 $P/build/tests/unit_tests --gtest_filter='CudaKernels.F32Narrow*:CudaBench.Dsv4F32MixAndRouterProducts'
   run fp4_default env PDBRIDGE_BENCH=1 timeout 120 $P/build/tests/unit_tests --gtest_filter='CudaBench.MoeFp4ProductsAtV4FlashShapes'
   run fp4_deep env PDBRIDGE_BENCH=1 PDBRIDGE_DSV4_FP4_DEPTH=deep timeout 150 $P/build/tests/unit_tests --gtest_filter='CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
   make_dsv4_test_models
-  run integration_dsv4_keys env PDBRIDGE_DSV4_INDEXER_A=keys PDBRIDGE_DSV4_TOPK=warps timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  run integration_dsv4_keys env PDBRIDGE_DSV4_INDEXER_A=keys PDBRIDGE_DSV4_TOPK=warps PDBRIDGE_DSV4_MIX=split timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
   local K=PDBRIDGE_DSV4_INDEXER_A=keys KW=PDBRIDGE_DSV4_INDEXER_A=keys+PDBRIDGE_DSV4_TOPK=warps
-  run dsv4_bench_session37 env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$K fp4:32768:$KW fp4:32768 fp4:32768:$K fp4:32768:$KW fp4:32768:PDBRIDGE_DSV4_FP4_DEPTH=deep fp4:4096 fp4:4096:$KW" bash $DEV/dsv4_gpu.sh bench
+  run dsv4_bench_session37 env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$K fp4:32768:$KW fp4:32768 fp4:32768:$K fp4:32768:$KW fp4:32768:PDBRIDGE_DSV4_FP4_DEPTH=deep fp4:4096 fp4:4096:$KW+PDBRIDGE_DSV4_MIX=split" bash $DEV/dsv4_gpu.sh bench
   stage_ncuidx
 }
 # The keys kernel under Nsight Compute: a 32K prompt's fifth chunk of 4,096 queries in the bench's timed pass.

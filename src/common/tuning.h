@@ -36,7 +36,8 @@ struct Tuning {
                                  // =warps: by warps over global memory, ballots instead of block scans
   std::string dsv4_expand;       // PDBRIDGE_DSV4_EXPAND=inline: with PDBRIDGE_DSV4_EXPERTS_FP4=0, the experts expanded in the MoE, not on a side stream
   std::string dsv4_mix;          // PDBRIDGE_DSV4_MIX=cublas: the hyper-connection mixes' f32 products by cuBLAS, not the
-                                 // narrow kernel; =narrow: the kernel at any row count (the tests' tiny prompts)
+                                 // narrow kernel; =narrow: the kernel at any row count (the tests' tiny prompts);
+                                 // =split: the kernel with k split until its tiles fill the GPU
   std::string q8_gemm;           // PDBRIDGE_Q8_GEMM=64|128: the Q8_0 block products (sections, recipes) in those tiles
                                  // whatever their size (the default: 128 where they fill the GPU twice)
   std::string act_quant;         // PDBRIDGE_ACT_QUANT=0: the CPU engine's products with a GGUF's quantized weights in f32

@@ -374,12 +374,16 @@ TEST(CudaKernels, F32NarrowProductsMatchTheF64Product) {
 #ifdef PDBRIDGE_HAVE_CUDA
   using namespace test_kernels;
   struct Case { int64_t rows, k, n; };
-  for (const Case& c : {Case{200, 32, 24}, Case{300, 160, 48}, Case{17000, 96, 48}, Case{130, 4096, 24}}) {
+  // one split, and k split in 2 to 8 (PDBRIDGE_DSV4_MIX=split: each split's sum in order, then the splits added)
+  for (const Case& c : {Case{200, 32, 24}, Case{300, 160, 48}, Case{17000, 96, 48}, Case{130, 4096, 24}, Case{300, 2048, 48}})
+  for (const int splits : {1, 2, 4, 8}) {
+    if ((c.k / 32) % splits) continue;
     const auto x = randn(size_t(c.rows * c.k)), w = randn(size_t(c.n * c.k), 0.05f);
     auto dx = to_device_f32(x), dw = to_device_f32(w);
     ASSERT_TRUE(cuda::f32_narrow_supported(dx.as<float>(), dw.as<float>(), c.k, c.n));
     auto dy = poisoned(size_t(c.rows * c.n) * 4);
-    cuda::f32_narrow_xwt(dx.as<float>(), dw.as<float>(), dy.as<float>(), c.rows, c.k, c.n, nullptr);
+    auto parts = poisoned(size_t(splits * c.rows * c.n) * 4);
+    cuda::f32_narrow_xwt(dx.as<float>(), dw.as<float>(), dy.as<float>(), c.rows, c.k, c.n, nullptr, parts.as<float>(), splits);
     PDB_CUDA_CHECK(cudaDeviceSynchronize());
     const auto y = from_device_f32(dy, size_t(c.rows * c.n));
     double worst = 0;
@@ -396,9 +400,11 @@ TEST(CudaKernels, F32NarrowProductsMatchTheF64Product) {
         // an f32 sum of k terms in order: each addition rounds within 2^-24 of the running sum
         worst = std::max(worst, std::fabs(got - want) / (magnitude * double(c.k) * std::ldexp(1.0, -24) + 1e-30));
       }
-    std::printf("F32 NARROW %lld x %lld -> %lld: worst error %.3f of the f32 sum's bound\n", (long long)c.rows, (long long)c.k, (long long)c.n, worst);
-    EXPECT_LE(worst, 1.0) << c.rows << " x " << c.k << " -> " << c.n;
+    std::printf("F32 NARROW %lld x %lld -> %lld, %d split(s): worst error %.3f of the f32 sum's bound\n", (long long)c.rows, (long long)c.k,
+                (long long)c.n, splits, worst);
+    EXPECT_LE(worst, 1.0) << c.rows << " x " << c.k << " -> " << c.n << ", " << splits << " splits";
   }
+  EXPECT_THROW(cuda::f32_narrow_xwt(nullptr, nullptr, nullptr, 10, 96, 24, nullptr, nullptr, 2), std::invalid_argument) << "3 k-steps in 2 splits";
   EXPECT_FALSE(cuda::f32_narrow_supported(nullptr, nullptr, 4096, 32)) << "a width it has no tile for";
   EXPECT_FALSE(cuda::f32_narrow_supported(nullptr, nullptr, 100, 24)) << "k not of 32-steps";
 #endif
@@ -432,6 +438,22 @@ TEST(CudaBench, Dsv4F32MixAndRouterProducts) {
     report("cuBLAS", median_ms(10, [&] { gemm.xwt(cuda::DType::F32, x.get(), w.get(), cuda::DType::F32, y.get(), rows, sh.in, sh.out, 0.0f, nullptr); }));
     if (cuda::f32_narrow_supported(x.as<float>(), w.as<float>(), sh.in, sh.out))
       report("narrow kernel", median_ms(10, [&] { cuda::f32_narrow_xwt(x.as<float>(), w.as<float>(), y.as<float>(), rows, sh.in, sh.out, nullptr); }));
+  }
+  // the mixes in the prefill server's chunks of 4,096 rows: cuBLAS, the kernel's 32 tiles, and its k split until
+  // the tiles fill the GPU (PDBRIDGE_DSV4_MIX=split)
+  {
+    const int64_t n4 = 4096, k = 4 * E;
+    cuda::DeviceBuffer parts(size_t(8 * n4 * 2 * kMix) * 4);
+    for (const int64_t n : {2 * kMix, kMix}) {
+      const int splits = cuda::f32_narrow_splits(n4, k);
+      const double cublas = median_ms(20, [&] { gemm.xwt(cuda::DType::F32, x.get(), w.get(), cuda::DType::F32, y.get(), n4, k, n, 0.0f, nullptr); });
+      const double one = median_ms(20, [&] { cuda::f32_narrow_xwt(x.as<float>(), w.as<float>(), y.as<float>(), n4, k, n, nullptr); });
+      const double split = median_ms(20, [&] {
+        cuda::f32_narrow_xwt(x.as<float>(), w.as<float>(), y.as<float>(), n4, k, n, nullptr, parts.as<float>(), splits);
+      });
+      std::printf("DSV4 F32 MIX of a 4,096-row chunk, %lld x %lld -> %lld: cuBLAS %.3f ms, the kernel %.3f, its k in %d splits %.3f: %.2fx cuBLAS\n",
+                  (long long)n4, (long long)k, (long long)n, cublas, one, splits, split, cublas / split);
+    }
   }
   const double pre_ms = median_ms(10, [&] { cuda::dsv4_hc_pre_sum(x.as<float>(), mix.as<float>(), rows, E, pre.as<float>(), nullptr); });
   const double norm_ms = median_ms(10, [&] { cuda::rmsnorm_rows(pre.as<float>(), norm_w.as<float>(), normed.as<float>(), rows, E, 1e-6f, nullptr); });

@@ -41,6 +41,7 @@ __device__ __forceinline__ void load_step(float* stage, const float* __restrict_
   cp_async_commit();
 }
 
+// Split s = blockIdx.y of gridDim.y takes k's steps [s nk, (s + 1) nk) and writes its partial sums to y + s rows N.
 template <int N>
 __global__ void __launch_bounds__(kThreads) narrow_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
                                                           int64_t rows, int64_t k) {
@@ -50,20 +51,22 @@ __global__ void __launch_bounds__(kThreads) narrow_kernel(const float* __restric
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rg = (warp % 2) * 8 + lane / 4, cg = (warp / 2) * 4 + lane % 4;
   const int64_t m0 = int64_t(blockIdx.x) * kRows;
-  const int nk = int(k / kBK);
+  const int nk = int(k / kBK) / int(gridDim.y);
+  const int64_t kb = int64_t(blockIdx.y) * nk * kBK;  // the split's first input
+  y += int64_t(blockIdx.y) * rows * N;
   float acc[kRowsPerThread][TN];
 #pragma unroll
   for (int i = 0; i < kRowsPerThread; ++i)
 #pragma unroll
     for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
 
-  load_step<N>(sm, x, w, rows, k, m0, 0);
-  if (nk > 1) load_step<N>(sm + stage_floats<N>(), x, w, rows, k, m0, kBK);
+  load_step<N>(sm, x, w, rows, k, m0, kb);
+  if (nk > 1) load_step<N>(sm + stage_floats<N>(), x, w, rows, k, m0, kb + kBK);
   else cp_async_commit();
   for (int s = 0; s < nk; ++s) {
     cp_async_wait<1>();  // step s's group (one group per step, empty past the last)
     __syncthreads();     // ... everyone's; and step s - 1's stage read by all
-    if (s + 2 < nk) load_step<N>(sm + ((s + 2) % kStages) * stage_floats<N>(), x, w, rows, k, m0, int64_t(s + 2) * kBK);
+    if (s + 2 < nk) load_step<N>(sm + ((s + 2) % kStages) * stage_floats<N>(), x, w, rows, k, m0, kb + int64_t(s + 2) * kBK);
     else cp_async_commit();
     const float* A = sm + (s % kStages) * stage_floats<N>();
     const float* B = A + kRows * kPitch;
@@ -95,14 +98,23 @@ __global__ void __launch_bounds__(kThreads) narrow_kernel(const float* __restric
   }
 }
 
+// y = the splits' partial sums added in split order (each a sum in k order).
+__global__ void add_splits_kernel(const float* __restrict__ partials, int splits, int64_t count, float* __restrict__ y) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  float v = partials[i];
+  for (int s = 1; s < splits; ++s) v += partials[int64_t(s) * count + i];
+  y[i] = v;
+}
+
 template <int N>
-void launch(const float* x, const float* w, float* y, int64_t rows, int64_t k, cudaStream_t s) {
+void launch(const float* x, const float* w, float* y, int64_t rows, int64_t k, int splits, cudaStream_t s) {
   static const bool configured = [] {
     PDB_CUDA_CHECK(cudaFuncSetAttribute(narrow_kernel<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<N>()));
     return true;
   }();
   (void)configured;
-  narrow_kernel<N><<<unsigned((rows + kRows - 1) / kRows), kThreads, smem_bytes<N>(), s>>>(x, w, y, rows, k);
+  narrow_kernel<N><<<dim3(unsigned((rows + kRows - 1) / kRows), unsigned(splits)), kThreads, smem_bytes<N>(), s>>>(x, w, y, rows, k);
   PDB_CUDA_LAUNCHED();
 }
 
@@ -117,13 +129,29 @@ bool f32_narrow_fills_gpu(int64_t rows) {
   return sms > 0 && rows >= int64_t(kRows) * sms;
 }
 
-void f32_narrow_xwt(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n, cudaStream_t s) {
+int f32_narrow_splits(int64_t rows, int64_t k) {
+  const int sms = multiprocessor_count();
+  const int64_t tiles = (rows + kRows - 1) / kRows, steps = k / kBK;
+  int splits = 1;
+  while (tiles * splits < sms && splits < 8 && steps % (2 * splits) == 0 && steps / (2 * splits) >= 8) splits *= 2;
+  return splits;
+}
+
+void f32_narrow_xwt(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n, cudaStream_t s, float* partials, int splits) {
   if (rows <= 0) return;
   if (!f32_narrow_supported(x, w, k, n))
     throw std::invalid_argument("f32_narrow_xwt: needs n 24 or 48, k a multiple of 32 and 16-byte aligned operands; not " +
                                 std::to_string(rows) + " x " + std::to_string(k) + " -> " + std::to_string(n));
-  if (n == 48) launch<48>(x, w, y, rows, k, s);
-  else launch<24>(x, w, y, rows, k, s);
+  if (splits < 1 || (k / kBK) % splits || (splits > 1 && !partials))
+    throw std::invalid_argument("f32_narrow_xwt: " + std::to_string(splits) + " splits of " + std::to_string(k / kBK) + " k-steps" +
+                                (partials ? "" : " without a workspace"));
+  float* out = splits > 1 ? partials : y;
+  if (n == 48) launch<48>(x, w, out, rows, k, splits, s);
+  else launch<24>(x, w, out, rows, k, splits, s);
+  if (splits == 1) return;
+  const int64_t count = rows * n;
+  add_splits_kernel<<<unsigned((count + 255) / 256), 256, 0, s>>>(partials, splits, count, y);
+  PDB_CUDA_LAUNCHED();
 }
 
 }  // namespace pdb::cuda

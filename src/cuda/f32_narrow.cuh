@@ -15,7 +15,12 @@ namespace pdb::cuda {
 bool f32_narrow_supported(const float* x, const float* w, int64_t k, int64_t n);
 // Enough rows to give every SM a tile (128 rows each): below that cuBLAS's split products use the GPU better.
 bool f32_narrow_fills_gpu(int64_t rows);
-// y [rows x n] = x . w^T where f32_narrow_supported; throws otherwise.
-void f32_narrow_xwt(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n, cudaStream_t s);
+// The k-splits that give a product of `rows` rows a tile per SM (1 where the rows alone do; at most 8, each of at
+// least 8 k-steps): PDBRIDGE_DSV4_MIX=split's products in the prefill server's 4,096-row chunks.
+int f32_narrow_splits(int64_t rows, int64_t k);
+// y [rows x n] = x . w^T where f32_narrow_supported; throws otherwise. With splits > 1 (dividing k / 32), each split
+// sums its share of k in order into partials [splits x rows x n], then each output is their sum in split order.
+void f32_narrow_xwt(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n, cudaStream_t s, float* partials = nullptr,
+                    int splits = 1);
 
 }  // namespace pdb::cuda

@@ -104,6 +104,7 @@ struct Deepseek4CudaEngine::Impl {
   // tiles (up to 128 rows of one expert) reach the device from pinned memory once the counts are back, each layer.
   bool fp4_products = false;
   DeviceBuffer fp4_tiles;
+  DeviceBuffer mix_parts;  // the mixes' split partial sums (PDBRIDGE_DSV4_MIX=split)
   cuda::PinnedBuffer fp4_tiles_host;
   // scratch, grown on demand
   DeviceBuffer tokens, x, xa, inv_x, m, mix_r, mix_e, pre, cur, cur_b, qx, dx, kvrow, kvtmp, pooled, csb, cs_plain, cs_comp;

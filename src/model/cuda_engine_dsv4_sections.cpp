@@ -24,12 +24,19 @@ void Deepseek4CudaEngine::PromptRun::as_stored(float* rows_, int64_t count, int6
 
 // The mixes' products by the narrow f32 kernel where it takes the shape and the chunk fills the GPU (cuBLAS's f32
 // products ran these at 17 TFLOP/s: docs/RESULTS.md); PDBRIDGE_DSV4_MIX=cublas for cuBLAS, =narrow for the kernel
-// at any row count. Both are f32 sums of the same products (the kernel's in k order).
+// at any row count, =split for the kernel with k split until its tiles fill the GPU (the server's 4,096-row chunks;
+// not yet measured). All are f32 sums of the same products (the kernel's in k order, split: each split's in order).
 void Deepseek4CudaEngine::PromptRun::mix_product(const float* x_, const DeviceBuffer& fn, int64_t n_out, float* m) {
-  const bool narrow = tuning.dsv4_mix != "cublas" && cuda::f32_narrow_supported(x_, fn.as<float>(), 4 * E, n_out) &&
-                      (tuning.dsv4_mix == "narrow" || cuda::f32_narrow_fills_gpu(rows));
-  if (narrow) cuda::f32_narrow_xwt(x_, fn.as<float>(), m, rows, 4 * E, n_out, s);
-  else I.gemm.xwt(cuda::DType::F32, x_, fn.get(), cuda::DType::F32, m, rows, 4 * E, n_out, 0.0f, s);
+  const std::string& way = tuning.dsv4_mix;
+  if (way != "cublas" && cuda::f32_narrow_supported(x_, fn.as<float>(), 4 * E, n_out)) {
+    if (way == "split") {
+      const int splits = cuda::f32_narrow_splits(rows, 4 * E);
+      if (splits > 1) Impl::grow(I.mix_parts, size_t(splits * rows * n_out) * sizeof(float));
+      return cuda::f32_narrow_xwt(x_, fn.as<float>(), m, rows, 4 * E, n_out, s, I.mix_parts.as<float>(), splits);
+    }
+    if (way == "narrow" || cuda::f32_narrow_fills_gpu(rows)) return cuda::f32_narrow_xwt(x_, fn.as<float>(), m, rows, 4 * E, n_out, s);
+  }
+  I.gemm.xwt(cuda::DType::F32, x_, fn.get(), cuda::DType::F32, m, rows, 4 * E, n_out, 0.0f, s);
 }
 
 void Deepseek4CudaEngine::PromptRun::sections(Deepseek4LayerSections& S) {
