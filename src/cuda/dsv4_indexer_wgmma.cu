@@ -313,6 +313,12 @@ __global__ void __launch_bounds__(kThreads, 1) indexer_fp8_keys_kernel(const uin
     if (tile + kKeyStages - 1 < n_tiles) load(tile + kKeyStages - 1);
     cp_async_commit();
     const uint32_t sK = sK0 + (tile % kKeyStages) * kTileBytes;
+    float rs[2];  // this thread's two keys' scales, read before the products so that the load hides behind them
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int64_t b = int64_t(tile) * kKT + indexer_keys::score_key(warp, lane, k);
+      rs[k] = b < sh.n_blocks ? __ldg(row_scale + b) : 0.0f;
+    }
     uint32_t ka[kD / 32][4];  // the warp's 16 keys as A fragments
 #pragma unroll
     for (int kk = 0; kk < kD / 32; ++kk) {
@@ -345,7 +351,7 @@ __global__ void __launch_bounds__(kThreads, 1) indexer_fp8_keys_kernel(const uin
       for (int k = 0; k < 2; ++k) {
         const int64_t b = int64_t(tile) * kKT + indexer_keys::score_key(warp, lane, k);
         if (b >= sh.n_blocks) continue;
-        scores[tq[a] * sh.n_blocks + b] = b < vis[a] ? (out[a][2 * k] + out[a][2 * k + 1]) * row_scale[b] : -INFINITY;
+        scores[tq[a] * sh.n_blocks + b] = b < vis[a] ? (out[a][2 * k] + out[a][2 * k + 1]) * rs[k] : -INFINITY;
       }
     }
   }
