@@ -66,15 +66,21 @@ __device__ void select_in_runs(KeyAt key_at, uint32_t kth, int need, int lo, int
   }
   int taken = above_before + min(equal_before, need), eq_seen = equal_before;
   const unsigned below_me = (1u << lane) - 1u;
-  for (int base = lo; base < hi; base += 32) {
-    const int i = base + lane;
-    const uint32_t key = i < hi ? key_at(i) : 0u;
-    const unsigned eq = __ballot_sync(0xffffffffu, i < hi && key == kth);
-    const bool take = (i < hi && key > kth) || ((eq >> lane & 1u) && eq_seen + __popc(eq & below_me) < need);
-    const unsigned took = __ballot_sync(0xffffffffu, take);
-    if (take) out[taken + __popc(took & below_me)] = i;
-    taken += __popc(took);
-    eq_seen += __popc(eq);
+  for (int base = lo; base < hi; base += 128) {  // four keys a lane read before any is used: the loads overlap
+    uint32_t keys4[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) keys4[u] = base + 32 * u + lane < hi ? key_at(base + 32 * u + lane) : 0u;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = base + 32 * u + lane;
+      const uint32_t key = keys4[u];
+      const unsigned eq = __ballot_sync(0xffffffffu, i < hi && key == kth);
+      const bool take = (i < hi && key > kth) || ((eq >> lane & 1u) && eq_seen + __popc(eq & below_me) < need);
+      const unsigned took = __ballot_sync(0xffffffffu, take);
+      if (take) out[taken + __popc(took & below_me)] = i;
+      taken += __popc(took);
+      eq_seen += __popc(eq);
+    }
   }
 }
 
@@ -216,11 +222,16 @@ __global__ void __launch_bounds__(kWThreads) topk_warps_kernel(const float* __re
   for (int b = lane; b < 256; b += 32) warp_hist[warp][b] = 0;
   __syncwarp();
   int above = 0;
-  for (int base = lo; base < hi; base += 32) {
-    const int i = base + lane;
-    const uint32_t key = i < hi ? order_key(row[i]) : 0u;
-    above += __popc(__ballot_sync(0xffffffffu, i < hi && (key >> 8) > (prefix >> 8)));
-    count(warp_hist[warp], key & 0xffu, i < hi && (key >> 8) == (prefix >> 8));
+  for (int base = lo; base < hi; base += 128) {
+    uint32_t keys4[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) keys4[u] = base + 32 * u + lane < hi ? order_key(row[base + 32 * u + lane]) : 0u;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const bool in = base + 32 * u + lane < hi;
+      above += __popc(__ballot_sync(0xffffffffu, in && (keys4[u] >> 8) > (prefix >> 8)));
+      count(warp_hist[warp], keys4[u] & 0xffu, in && (keys4[u] >> 8) == (prefix >> 8));
+    }
   }
   __syncthreads();
   int c = 0;
