@@ -33,7 +33,8 @@ __device__ __forceinline__ void count(int* hist, uint32_t bin, bool on) {
 }
 
 // The digit d of `bins` counters that holds the need-th largest key: the counts above d are < need <= those from d
-// up. Thread j walks bins [bins - 1 - j*per, ...) downwards after an exclusive scan of the threads' sums.
+// up. Thread j walks bins [bins - 1 - j*per, ...) downwards after an exclusive scan of the threads' sums (per =
+// bins / 1024, or 1: a block of 256 threads takes 256 bins).
 struct Digit { int d, need; };
 template <typename Scan>
 __device__ Digit find_digit(const int* hist, int bins, int need, typename Scan::TempStorage& scan, Digit* out) {
@@ -158,23 +159,10 @@ __global__ void __launch_bounds__(kThreads) topk_smem_kernel(const float* __rest
 
 // ---- PDBRIDGE_DSV4_TOPK=warps: the scores stay in global memory (8 warps per query, any row length), with the
 // default kernel's five reads of a row but not its work per score: lanes of one digit counted once (count), the
-// digit found by a scan over the bins instead of one thread's walk, the last pass counted per warp over each warp's
-// run of indices so that the selection is one read of ballots, without the default's two block scans and five
-// barriers per 256 scores.
+// digit found by a scan over the bins (find_digit, a bin per thread) instead of one thread's walk, the last pass
+// counted per warp over each warp's run of indices so that the selection is one read of ballots, without the
+// default's two block scans and five barriers per 256 scores.
 constexpr int kWThreads = 256, kWWarps = kWThreads / 32;
-
-// The digit of 256 counters holding the need-th largest key (thread j owns bin 255 - j).
-template <typename Scan>
-__device__ Digit find_digit_256(const int* hist, int need, typename Scan::TempStorage& scan, Digit* out) {
-  const int bin = 255 - int(threadIdx.x), c = hist[bin];
-  int above;
-  Scan(scan).ExclusiveSum(c, above);
-  if (above < need && above + c >= need) *out = Digit{bin, need - above};
-  __syncthreads();
-  const Digit r = *out;
-  __syncthreads();
-  return r;
-}
 
 __global__ void __launch_bounds__(kWThreads) topk_warps_kernel(const float* __restrict__ scores, int32_t* __restrict__ idx, IndexerShape sh) {
   using Scan = cub::BlockScan<int, kWThreads>;
@@ -213,7 +201,7 @@ __global__ void __launch_bounds__(kWThreads) topk_warps_kernel(const float* __re
       }
     }
     __syncthreads();
-    const Digit d = find_digit_256<Scan>(hist, need, scan, &digit);
+    const Digit d = find_digit<Scan>(hist, 256, need, scan, &digit);
     prefix |= uint32_t(d.d) << shift;
     need = d.need;
   }
@@ -239,7 +227,7 @@ __global__ void __launch_bounds__(kWThreads) topk_warps_kernel(const float* __re
   for (int w = 0; w < kWWarps; ++w) c += warp_hist[w][threadIdx.x];
   hist[threadIdx.x] = c;
   __syncthreads();
-  const Digit d = find_digit_256<Scan>(hist, need, scan, &digit);
+  const Digit d = find_digit<Scan>(hist, 256, need, scan, &digit);
   const uint32_t kth = prefix | uint32_t(d.d);
   need = d.need;
   // this warp's keys above the k-th (the first three bytes' count, every lane's alike, and the last byte's bins

@@ -7,7 +7,7 @@
 // while the tensor cores run the chunks before: the weights never pass through shared memory. Session 36 measured
 // the kernels that expanded into a shared B tile (lockstep and warp-specialized) at ~0.8x cuBLAS after expansion,
 // shared memory 79% busy with the tile's stores and both warpgroups' reads (docs/RESULTS.md). x's rows come by
-// cp.async, four stages, one barrier a step.
+// cp.async, four stages by default (PDBRIDGE_DSV4_FP4_DEPTH=deep: six), one barrier a step.
 #include "cuda/moe_fp4_gemm.cuh"
 
 #include <stdexcept>
