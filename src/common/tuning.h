@@ -27,6 +27,7 @@ struct Tuning {
   std::string dsv4_experts_fp4;  // PDBRIDGE_DSV4_EXPERTS_FP4=0: the FP4 experts expanded to bf16 for cuBLAS (the default:
                                  // products that read the MXFP4 codes)
   std::string dsv4_fp4_depth;    // PDBRIDGE_DSV4_FP4_DEPTH=deep: the FP4 products' copies and codes further ahead
+  std::string dsv4_fp4_fuse;     // PDBRIDGE_DSV4_FP4_FUSE=1: the FP4 gate|up products gather their rows and write the SwiGLU
   std::string dsv4_indexer;      // PDBRIDGE_DSV4_INDEXER=bf16|gemm: the indexer's scores in bf16, or GEMM + sum
   std::string dsv4_indexer_a;    // PDBRIDGE_DSV4_INDEXER_A=registers|smem: the FP8 indexer's queries as register fragments
                                  // read once, or from shared memory by every product; =keys: the keys as A, the heads
@@ -63,6 +64,7 @@ inline const std::vector<TuningSwitch>& tuning_switches() {
       {"PDBRIDGE_FP8KV_FUSED", &Tuning::fp8kv_fused},       {"PDBRIDGE_RECIPE_STREAM", &Tuning::recipe_stream},
       {"PDBRIDGE_DSV4_EXPERTS", &Tuning::dsv4_experts},     {"PDBRIDGE_DSV4_EXPERTS_FP8", &Tuning::dsv4_experts_fp8},
       {"PDBRIDGE_DSV4_EXPERTS_FP4", &Tuning::dsv4_experts_fp4}, {"PDBRIDGE_DSV4_FP4_DEPTH", &Tuning::dsv4_fp4_depth},
+      {"PDBRIDGE_DSV4_FP4_FUSE", &Tuning::dsv4_fp4_fuse},
       {"PDBRIDGE_DSV4_INDEXER", &Tuning::dsv4_indexer},     {"PDBRIDGE_DSV4_INDEXER_A", &Tuning::dsv4_indexer_a},
       {"PDBRIDGE_DSV4_ATTN", &Tuning::dsv4_attn},
       {"PDBRIDGE_DSV4_TOPK", &Tuning::dsv4_topk},

@@ -9,6 +9,16 @@
 
 namespace pdb::cuda {
 
+// DeepSeek-V4's clamped SwiGLU of one gate/up pair (llama.cpp's: silu(min(g, L)) * clamp(u, -L, L); L <= 1e-6: no
+// clamp): one function for the elementwise kernel and the FP4 products' fused epilogue, so both give the same bits.
+__device__ __forceinline__ float swiglu_clamp(float g, float u, float L) {
+  if (L > 1e-6f) {
+    g = fminf(g, L);
+    u = fmaxf(-L, fminf(u, L));
+  }
+  return g / (1.0f + expf(-g)) * u;
+}
+
 // 16-byte asynchronous global->shared copy; an invalid source writes zeros (rows past the end).
 __device__ __forceinline__ void cp_async16(uint32_t smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(valid ? 16 : 0));

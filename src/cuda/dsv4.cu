@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "cuda/common.cuh"
+#include "cuda/device_helpers.cuh"
 
 namespace pdb::cuda {
 namespace {
@@ -256,12 +257,7 @@ __global__ void swiglu_clamp_kernel(const bf16* __restrict__ gu, bf16* __restric
   const int64_t k = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= rows * ff) return;
   const int64_t r = k / ff, i = k % ff;
-  float g = __bfloat162float(gu[r * 2 * ff + i]), u = __bfloat162float(gu[r * 2 * ff + ff + i]);
-  if (L > 1e-6f) {
-    g = fminf(g, L);
-    u = fmaxf(-L, fminf(u, L));
-  }
-  out[k] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+  out[k] = __float2bfloat16_rn(swiglu_clamp(__bfloat162float(gu[r * 2 * ff + i]), __bfloat162float(gu[r * 2 * ff + ff + i]), L));
 }
 
 // Four threads per block, each writing 8 consecutive outputs as one 16-byte store (a warp's stores are one

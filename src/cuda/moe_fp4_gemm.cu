@@ -7,7 +7,8 @@
 // while the tensor cores run the chunks before: the weights never pass through shared memory. Session 36 measured
 // the kernels that expanded into a shared B tile (lockstep and warp-specialized) at ~0.8x cuBLAS after expansion,
 // shared memory 79% busy with the tile's stores and both warpgroups' reads (docs/RESULTS.md). x's rows come by
-// cp.async, four stages by default (PDBRIDGE_DSV4_FP4_DEPTH=deep: six), one barrier a step.
+// cp.async, four stages by default (PDBRIDGE_DSV4_FP4_DEPTH=deep: six), one barrier a step. The fused form (Fp4Fusion,
+// PDBRIDGE_DSV4_FP4_FUSE=1) copies each row from its token's row and writes the SwiGLU of the gate/up pairs.
 #include "cuda/moe_fp4_gemm.cuh"
 
 #include <stdexcept>
@@ -48,27 +49,42 @@ struct Fp4Step {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// This thread's share of x's rows: rows r + 32 i (r = tid >> 3), chunk tid & 7 (rows past the tile's: zeros); the
-// first row's source and the stride worked out once, so a k-step's copies are additions (registers are tight here).
+// This thread's share of x's rows: rows r + 32 i (r = tid >> 3), chunk tid & 7 (rows past the tile's: zeros). Without
+// the gather, the first row's source and the stride are worked out once, so a k-step's copies are additions
+// (registers are tight here); with it (kGather), each row's x row is read once per tile into a register.
+template <bool kGather>
 struct RowCopies {
   const __nv_bfloat16* src0;
-  int64_t stride;  // 32 rows
+  int64_t stride;  // 32 rows (kGather: one row)
   uint32_t dst0;
   int valid;  // how many of the thread's rows lie in the tile
-  __device__ RowCopies(const __nv_bfloat16* x, int64_t K, const Fp4Tile& t) {
+  int32_t src[kGather ? kFp4TileRows / 32 : 1];  // kGather: x's rows of this thread's rows
+  __device__ RowCopies(const __nv_bfloat16* x, int64_t K, const Fp4Tile& t, const int32_t* __restrict__ x_rows) {
     const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
-    src0 = x + (int64_t(t.row0) + r) * K + c * 8;
-    stride = 32 * K;
     dst0 = chunk_offset(r, c);  // row r + 32 i's: + 4096 i (the swizzle repeats every 8 rows)
     valid = t.rows > r ? (t.rows - r + 31) / 32 : 0;
+    if constexpr (kGather) {
+      src0 = x + c * 8;
+      stride = K;
+#pragma unroll
+      for (int i = 0; i < kFp4TileRows / 32; ++i) src[i] = i < valid ? __ldg(x_rows + t.row0 + r + 32 * i) : 0;
+    } else {
+      src0 = x + (int64_t(t.row0) + r) * K + c * 8;
+      stride = 32 * K;
+    }
   }
   // one k-step's copies of the first kN rows into a stage; one cp.async group (empty where `any` is false)
   template <int kN>
   __device__ void load(uint32_t sX, int64_t k0, bool any) const {
     if (any) {
-      const __nv_bfloat16* p = src0 + k0;
+      if constexpr (kGather) {
 #pragma unroll
-      for (int i = 0; i < kN * 8 / kThreads; ++i, p += stride) cp_async16(sX + dst0 + 4096u * i, i < valid ? p : src0, i < valid);
+        for (int i = 0; i < kN * 8 / kThreads; ++i) cp_async16(sX + dst0 + 4096u * i, src0 + int64_t(src[i]) * stride + k0, i < valid);
+      } else {
+        const __nv_bfloat16* p = src0 + k0;
+#pragma unroll
+        for (int i = 0; i < kN * 8 / kThreads; ++i, p += stride) cp_async16(sX + dst0 + 4096u * i, i < valid ? p : src0, i < valid);
+      }
     }
     cp_async_commit();
   }
@@ -101,20 +117,44 @@ __device__ __forceinline__ void chunk_product(float* d, const uint32_t* a, uint6
   else wgmma_rs_n128_kmajor(d, a, desc_x, accumulate);
 }
 
+// The products' epilogue, d as the fragments hold it: output rows n0 + 64 wg + 16 warp + g (+ 8), the tile's rows
+// 8 jj + 2q (+ 1). kFused: the two output rows are one feature's gate and up (Fp4Matrices::gate_up_pairs), and y
+// [rows x w.rows / 2] gets their SwiGLU, each product rounded to bf16 first as the unfused path stores it.
+template <bool kFused, int kN>
+__device__ __forceinline__ void store_outputs(const float (&d)[kN / 2], const Fp4Matrices& w, const Fp4Tile& t, int64_t n0, float limit,
+                                              __nv_bfloat16* __restrict__ y) {
+  const int wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int jj = 0; jj < kN / 8; ++jj)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int r = 8 * jj + 2 * q + e;
+      if (r >= t.rows) continue;
+      if constexpr (kFused) {
+        const float gate = __bfloat162float(__float2bfloat16_rn(d[4 * jj + e])), up = __bfloat162float(__float2bfloat16_rn(d[4 * jj + 2 + e]));
+        y[(int64_t(t.row0) + r) * (w.rows / 2) + (n0 + 64 * wg + 16 * warp) / 2 + g] = __float2bfloat16_rn(swiglu_clamp(gate, up, limit));
+      } else {
+        __nv_bfloat16* yr = y + (int64_t(t.row0) + r) * w.rows + n0 + 64 * wg + 16 * warp + g;
+        yr[0] = __float2bfloat16_rn(d[4 * jj + e]);
+        yr[8] = __float2bfloat16_rn(d[4 * jj + 2 + e]);
+      }
+    }
+}
+
 // One tile's products for this CTA's 128 outputs, as kN token rows (256, or 128 for a tile of at most 128: half the
-// products and copies), then written out.
-template <bool kOne, int kN, int kStages, int kAhead>
+// products and copies), then written out (kFused: x's rows gathered, the SwiGLU of each gate/up pair written).
+template <bool kOne, int kN, int kStages, int kAhead, bool kFused>
 __device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ x, const Fp4Matrices& w, const Fp4Tile& t, int64_t n0,
-                                              __nv_bfloat16* __restrict__ y, uint32_t sX0) {
+                                              const int32_t* __restrict__ x_rows, float limit, __nv_bfloat16* __restrict__ y, uint32_t sX0) {
   auto stage = [&](int j) { return sX0 + uint32_t(j % kStages) * kXTile; };
   const int64_t K = w.cols;
-  const int nk = int(K / kBK), wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int nk = int(K / kBK), wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, g = lane / 4;
   // this warp's 16 output rows: n0 + 64 wg + 16 warp
   const int64_t group0 = code_group(t.expert, (n0 + 64 * wg + 16 * warp) / 16, 0, w);
   const uint4* codes = reinterpret_cast<const uint4*>(w.codes) + group0 * 32 + lane;
   const uint32_t* scales = reinterpret_cast<const uint32_t*>(w.scales) + group0 * 8 + g;
 
-  const RowCopies rows(x, K, t);
+  const RowCopies<kFused> rows(x, K, t, x_rows);
   for (int j = 0; j < kStages - 2; ++j) rows.load<kN>(stage(j), int64_t(j) * kBK, j < nk);
   Fp4Step ring[kAhead];
 #pragma unroll
@@ -153,25 +193,15 @@ __device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ 
   }
   wgmma_wait<0>();
   fence_registers<kN / 2>(d);
-  // d: output rows n0 + 64 wg + 16 warp + g (+ 8), the tile's rows 8 jj + 2q (+ 1)
-#pragma unroll
-  for (int jj = 0; jj < kN / 8; ++jj)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int r = 8 * jj + 2 * q + e;
-      if (r >= t.rows) continue;
-      __nv_bfloat16* yr = y + (int64_t(t.row0) + r) * w.rows + n0 + 64 * wg + 16 * warp + g;
-      yr[0] = __float2bfloat16_rn(d[4 * jj + e]);
-      yr[8] = __float2bfloat16_rn(d[4 * jj + 2 + e]);
-    }
+  store_outputs<kFused, kN>(d, w, t, n0, limit, y);
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <bool kOne, int kStages, int kAhead>
+template <bool kOne, int kStages, int kAhead, bool kFused>
 __global__ void __launch_bounds__(kThreads, 1)
 moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4Matrices w, const Fp4Tile* __restrict__ tiles,
-               __nv_bfloat16* __restrict__ y) {
+               const int32_t* __restrict__ x_rows, float limit, __nv_bfloat16* __restrict__ y) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // wgmma is sm_90a's
 #else
@@ -180,9 +210,16 @@ moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4M
   const int n_tiles_n = int(w.rows / kBN);
   const Fp4Tile t = tiles[blockIdx.x / n_tiles_n];
   const int64_t n0 = int64_t(blockIdx.x % n_tiles_n) * kBN;
-  if (t.rows > 128) tile_products<kOne, 256, kStages, kAhead>(x, w, t, n0, y, sX0);
-  else tile_products<kOne, 128, kStages, kAhead>(x, w, t, n0, y, sX0);
+  if (t.rows > 128) tile_products<kOne, 256, kStages, kAhead, kFused>(x, w, t, n0, x_rows, limit, y, sX0);
+  else tile_products<kOne, 128, kStages, kAhead, kFused>(x, w, t, n0, x_rows, limit, y, sX0);
 #endif
+}
+
+// Where logical row n is stored: itself, or as a gate/up pair's (Fp4Matrices::gate_up_pairs).
+__host__ __device__ inline int64_t stored_row(int64_t n, const Fp4Matrices& m) {
+  if (!m.gate_up_pairs) return n;
+  const int64_t half = m.rows / 2, j = n < half ? n : n - half;
+  return 16 * (j / 8) + j % 8 + (n < half ? 0 : 8);
 }
 
 // One thread per 32-block: its scale and its four lanes' words to their places in the repacked layout.
@@ -191,7 +228,7 @@ __global__ void repack_mxfp4_kernel(const uint8_t* __restrict__ blocks, int64_t 
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= n_blocks) return;
   const int64_t per_row = m.cols / 32, per_expert = rows * per_row;
-  const int64_t expert = b / per_expert, r = (b % per_expert) / per_row, kb = b % per_row, n = row0 + r;
+  const int64_t expert = b / per_expert, r = (b % per_expert) / per_row, kb = b % per_row, n = stored_row(row0 + r, m);
   const int g = int(n % 8), half = int((n % 16) / 8), blk = int(kb % 2);
   const int64_t group = code_group(expert, n / 16, kb / 2, m);
   const uint8_t* src = blocks + b * 17;
@@ -205,17 +242,26 @@ __global__ void repack_mxfp4_kernel(const uint8_t* __restrict__ blocks, int64_t 
   if (src[0] > 128) *wide = 1u;
 }
 
-template <int kStages, int kAhead>
-void launch(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Tile* tiles, int64_t grid, __nv_bfloat16* y, cudaStream_t s) {
-  static const bool configured = [] {  // once per process and depth
-    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel<true, kStages, kAhead>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages>()));
-    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel<false, kStages, kAhead>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes<kStages>()));
+template <int kStages, int kAhead, bool kFused>
+void launch(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Tile* tiles, int64_t grid, const Fp4Fusion& f, __nv_bfloat16* y, cudaStream_t s) {
+  static const bool configured = [] {  // once per process and instantiation
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel<true, kStages, kAhead, kFused>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        smem_bytes<kStages>()));
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel<false, kStages, kAhead, kFused>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        smem_bytes<kStages>()));
     return true;
   }();
   (void)configured;
-  if (w.wide_scales) moe_fp4_kernel<false, kStages, kAhead><<<unsigned(grid), kThreads, smem_bytes<kStages>(), s>>>(x, w, tiles, y);
-  else moe_fp4_kernel<true, kStages, kAhead><<<unsigned(grid), kThreads, smem_bytes<kStages>(), s>>>(x, w, tiles, y);
+  const unsigned blocks = unsigned(grid);
+  if (w.wide_scales) moe_fp4_kernel<false, kStages, kAhead, kFused><<<blocks, kThreads, smem_bytes<kStages>(), s>>>(x, w, tiles, f.x_rows, f.limit, y);
+  else moe_fp4_kernel<true, kStages, kAhead, kFused><<<blocks, kThreads, smem_bytes<kStages>(), s>>>(x, w, tiles, f.x_rows, f.limit, y);
   PDB_CUDA_LAUNCHED();
+}
+
+template <int kStages, int kAhead>
+void launch(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Tile* tiles, int64_t grid, const Fp4Fusion& f, __nv_bfloat16* y, cudaStream_t s) {
+  if (f.swiglu) return launch<kStages, kAhead, true>(x, w, tiles, grid, f, y, s);
+  launch<kStages, kAhead, false>(x, w, tiles, grid, f, y, s);
 }
 
 }  // namespace
@@ -237,15 +283,19 @@ bool repack_mxfp4(const uint8_t* blocks, int64_t rows, int64_t row0, const Fp4Ma
 
 bool moe_fp4_products_supported(int64_t in, int64_t out) { return in > 0 && out > 0 && in % kBK == 0 && out % kBN == 0 && device_is_sm90(); }
 
-void moe_fp4_products(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Tile* tiles, int64_t n_tiles, __nv_bfloat16* y, cudaStream_t s) {
+void moe_fp4_products(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Tile* tiles, int64_t n_tiles, __nv_bfloat16* y, cudaStream_t s,
+                      const Fp4Fusion& f) {
   if (n_tiles <= 0) return;
   if (!moe_fp4_products_supported(w.cols, w.rows))
     throw std::invalid_argument("moe_fp4_products: needs an sm_90 GPU, inputs a multiple of 64 and outputs of 128, not " + std::to_string(w.cols) +
                                 " -> " + std::to_string(w.rows));
+  // the fused form gathers and pairs together (the only use: DeepSeek-V4's gate|up products)
+  if (f.swiglu != w.gate_up_pairs || f.swiglu != (f.x_rows != nullptr))
+    throw std::invalid_argument("moe_fp4_products: the SwiGLU epilogue takes gate/up-paired weights and gathered rows, and only it does");
   const int64_t grid = n_tiles * (w.rows / kBN);
   if (grid > 0x7fffffff) throw std::invalid_argument("moe_fp4_products: too many tiles for one launch");
-  if (Tuning::from_env().dsv4_fp4_depth == "deep") return launch<6, 4>(x, w, tiles, grid, y, s);
-  launch<4, 2>(x, w, tiles, grid, y, s);
+  if (Tuning::from_env().dsv4_fp4_depth == "deep") return launch<6, 4>(x, w, tiles, grid, f, y, s);
+  launch<4, 2>(x, w, tiles, grid, f, y, s);
 }
 
 }  // namespace pdb::cuda

@@ -23,6 +23,10 @@ struct Fp4Matrices {
   // some block's E8M0 byte is above 128 (a scale past 2^0): the products then multiply each value twice (as
   // repack_mxfp4 said; true unless known otherwise)
   bool wide_scales = true;
+  // the rows are gate/up pairs for the fused SwiGLU (Fp4Fusion): of the logical rows [gate 0 .. rows/2 | up 0 ..
+  // rows/2), repack_mxfp4 stores gate j at 16 (j / 8) + j % 8 and up j 8 rows after it, so that one thread's two
+  // output rows of a fragment (g, g + 8) are one feature's gate and up
+  bool gate_up_pairs = false;
   size_t code_bytes() const { return size_t(experts * rows * cols / 2); }
   size_t scale_bytes() const { return size_t(experts * rows * cols / 32); }
 };
@@ -32,9 +36,20 @@ struct Fp4Matrices {
 // for the stream; returns whether any of these blocks' E8M0 bytes is above 128 (Fp4Matrices::wide_scales).
 bool repack_mxfp4(const uint8_t* blocks, int64_t rows, int64_t row0, const Fp4Matrices& m, cudaStream_t s);
 
+// What the gate|up products take into themselves (PDBRIDGE_DSV4_FP4_FUSE=1): the gather of each choice's token row
+// into the loads of x, and the clamped SwiGLU into the epilogue, so neither the gathered rows nor the gate|up
+// products pass through memory. The same bits as gather_rows, the products and swiglu_clamp_rows one after another.
+struct Fp4Fusion {
+  const int32_t* x_rows = nullptr;  // device: the products' row r reads x's row x_rows[r] (null: row r)
+  bool swiglu = false;              // w.gate_up_pairs; y is [rows x w.rows / 2]: silu(min(g, L)) * clamp(u, -L, L)
+  float limit = 0.0f;               // L (<= 1e-6: no clamp), of the bf16-rounded products, as swiglu_clamp_rows
+};
+
 // An sm_90 GPU, in a multiple of 64, out a multiple of 128.
 bool moe_fp4_products_supported(int64_t in, int64_t out);
 // y[r, 0 .. w.rows) = x[r, 0 .. w.cols) W_e^T, bf16, for each tile's rows r with e its expert; tiles in device memory.
-void moe_fp4_products(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Tile* tiles, int64_t n_tiles, __nv_bfloat16* y, cudaStream_t s);
+// With f.x_rows, x's rows are x_rows[r]; with f.swiglu, y holds the SwiGLU of each gate/up pair instead.
+void moe_fp4_products(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Tile* tiles, int64_t n_tiles, __nv_bfloat16* y, cudaStream_t s,
+                      const Fp4Fusion& f = {});
 
 }  // namespace pdb::cuda

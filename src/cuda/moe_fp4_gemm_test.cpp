@@ -23,6 +23,7 @@
 #include "cuda/dsv4.cuh"
 #include "cuda/fp4_expand.cuh"
 #include "cuda/grouped_gemm.cuh"
+#include "cuda/moe.cuh"
 #include "cuda/moe_fp4_gemm.cuh"
 #endif
 
@@ -261,6 +262,77 @@ TEST(CudaMoeFp4, ManyTilesAcrossManyOutputGroups) {
 #endif
 }
 
+// The fused gate|up products (PDBRIDGE_DSV4_FP4_FUSE=1) against the three steps they replace, on the GPU: each token's
+// rows gathered (gather_rows), the products into [gate | up] halves, the clamped SwiGLU (swiglu_clamp_rows). Tokens
+// routed by moe_group as the engine routes them (skewed: tiles of 256 and of fewer, an expert without rows); with
+// and without the clamp. The same bf16 bits everywhere: the fusion moves work, not arithmetic.
+TEST(CudaMoeFp4, FusedGateUpIsTheGatherProductsAndSwigluBitForBit) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
+#ifdef PDBRIDGE_HAVE_CUDA
+  const int64_t experts = 6, half = 192, n = 2 * half, k = 256, tokens = 700, K = 3, g = tokens * K;
+  if (!cuda::moe_fp4_products_supported(k, n)) GTEST_SKIP() << "needs an sm_90 GPU: " << cuda::device_summary();
+  const std::vector<uint8_t> exps = {118, 119, 120, 121, 122};
+  const auto gate = fp4_blocks(experts, half, k, exps), up = fp4_blocks(experts, half, k, exps);
+  auto dg = upload(gate), du = upload(up);
+  Fp4Device plain(experts, n, k), pairs(experts, n, k);
+  pairs.m.gate_up_pairs = true;
+  for (Fp4Device* d : {&plain, &pairs})
+    d->m.wide_scales = cuda::repack_mxfp4(dg.as<uint8_t>(), half, 0, d->m, nullptr) | cuda::repack_mxfp4(du.as<uint8_t>(), half, half, d->m, nullptr);
+  // each token's K distinct experts, expert 0 the likeliest and expert 5 never chosen
+  std::vector<int32_t> choice(static_cast<size_t>(g));
+  std::discrete_distribution<int> pick({8.0, 3.0, 2.0, 1.0, 0.3, 0.0});
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t j = 0; j < K; ++j) {
+      int e;
+      do e = pick(rng()); while (std::find(choice.begin() + t * K, choice.begin() + t * K + j, e) != choice.begin() + t * K + j);
+      choice[size_t(t * K + j)] = e;
+    }
+  cuda::DeviceBuffer dchoice(choice.size() * 4), counts(size_t(experts) * 4), offsets(size_t(experts) * 4), slot_of(size_t(g) * 4), token_of(size_t(g) * 4);
+  dchoice.upload(choice.data(), choice.size() * 4);
+  cuda::moe_group(dchoice.as<int32_t>(), tokens, int(K), int(experts), counts.as<int32_t>(), offsets.as<int32_t>(), slot_of.as<int32_t>(),
+                  token_of.as<int32_t>(), nullptr);
+  std::vector<int32_t> cnt(static_cast<size_t>(experts));
+  counts.download(cnt.data(), cnt.size() * 4);
+  const auto tiles = cuda::fp4_tiles(cnt.data(), experts);
+  bool short_tile = false, long_tile = false;
+  for (const auto& t : tiles) (t.rows > 128 ? long_tile : short_tile) = true;
+  ASSERT_TRUE(short_tile && long_tile && cnt[5] == 0) << "the routing must give tiles of both kinds and an expert without rows";
+  auto dt = upload_tiles(tiles);
+  auto dx = to_device_bf16(round_bf16(randn(size_t(tokens * k))));
+  cuda::DeviceBuffer xg(size_t(g * k) * 2), gu(size_t(g * n) * 2);
+  cuda::gather_rows(dx.as<__nv_bfloat16>(), token_of.as<int32_t>(), g, k, xg.as<__nv_bfloat16>(), nullptr);
+  cuda::moe_fp4_products(xg.as<__nv_bfloat16>(), plain.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr);
+  for (const float limit : {0.0f, 0.5f}) {
+    auto want = poisoned(size_t(g * half) * 2), got = poisoned(size_t(g * half) * 2);
+    cuda::swiglu_clamp_rows(gu.as<__nv_bfloat16>(), want.as<__nv_bfloat16>(), g, half, limit, nullptr);
+    cuda::moe_fp4_products(dx.as<__nv_bfloat16>(), pairs.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), got.as<__nv_bfloat16>(), nullptr,
+                           {token_of.as<int32_t>(), true, limit});
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> a(size_t(g * half)), b(size_t(g * half));
+    want.download(a.data(), a.size() * 2);
+    got.download(b.data(), b.size() * 2);
+    int64_t differ = 0, clamped = 0;
+    const auto gu_host = from_device_bf16(gu, size_t(g * n));
+    for (size_t i = 0; i < a.size(); ++i) {
+      const size_t r = i / size_t(half), f = i % size_t(half);
+      clamped += limit > 0 && (gu_host[r * size_t(n) + f] > limit || std::fabs(gu_host[r * size_t(n) + size_t(half) + f]) > limit);
+      if (a[i] != b[i] && differ++ < 5)
+        ADD_FAILURE() << "limit " << limit << ": grouped row " << r << " feature " << f << ": fused bits " << b[i] << " != " << a[i];
+    }
+    EXPECT_EQ(differ, 0) << "limit " << limit;
+    if (limit > 0) {
+      EXPECT_GT(clamped, g * half / 20) << "the clamp must bite for the case to check it";
+    }
+  }
+  // the fused form only as a whole: paired weights without the epilogue, or the epilogue without the gather, refused
+  EXPECT_THROW(cuda::moe_fp4_products(xg.as<__nv_bfloat16>(), pairs.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr),
+               std::invalid_argument);
+  EXPECT_THROW(cuda::moe_fp4_products(xg.as<__nv_bfloat16>(), pairs.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr,
+                                      {nullptr, true, 0.0f}),
+               std::invalid_argument);
+#endif
+}
+
 // A benchmark, run on request (PDBRIDGE_BENCH=1; the H200 figures in docs/RESULTS.md): one DeepSeek-V4-Flash layer's
 // routed products at a 32K-token chunk (256 experts of 2048 x 4096, top 6, uniform and skewed routing), from the FP4
 // codes against the path they replace in the same process: every expert expanded to bf16 (mxfp4_to_bf16, three
@@ -284,6 +356,19 @@ TEST(CudaBench, MoeFp4ProductsAtV4FlashShapes) {
   cuda::fill_random_bf16(x.as<__nv_bfloat16>(), g * E, 4, 1.0f, nullptr);
   cuda::fill_random_bf16(act.as<__nv_bfloat16>(), g * F, 5, 1.0f, nullptr);
   cuda::GroupedGemm per_expert(true);
+  // the whole routed step as the engine runs it, gather to down, unfused and fused (PDBRIDGE_DSV4_FP4_FUSE=1): the
+  // chunk's token rows and each grouped row's token (any token: the loads' addresses are what differs)
+  Fp4Device gu4p(NE, 2 * F, E);
+  gu4p.m.gate_up_pairs = true;
+  gu4p.m.wide_scales = cuda::repack_mxfp4(gate.as<uint8_t>(), F, 0, gu4p.m, nullptr) | cuda::repack_mxfp4(up.as<uint8_t>(), F, F, gu4p.m, nullptr);
+  cuda::DeviceBuffer hn(size_t(T * E) * 2), token_of(size_t(g) * 4);
+  cuda::fill_random_bf16(hn.as<__nv_bfloat16>(), T * E, 6, 1.0f, nullptr);
+  {
+    std::vector<int32_t> tok(static_cast<size_t>(g));
+    std::mt19937 r(12);
+    for (auto& t : tok) t = int32_t(r() % uint32_t(T));
+    token_of.upload(tok.data(), tok.size() * 4);
+  }
   const double flops = 2.0 * double(g) * 3.0 * double(F) * double(E);
   for (const bool skewed : {false, true}) {
     std::vector<double> weight(static_cast<size_t>(NE));
@@ -303,6 +388,17 @@ TEST(CudaBench, MoeFp4ProductsAtV4FlashShapes) {
     }
     auto fp4 = [&] {
       cuda::moe_fp4_products(x.as<__nv_bfloat16>(), gu4.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr);
+      cuda::moe_fp4_products(act.as<__nv_bfloat16>(), dn4.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), yexp.as<__nv_bfloat16>(), nullptr);
+    };
+    auto step_unfused = [&] {
+      cuda::gather_rows(hn.as<__nv_bfloat16>(), token_of.as<int32_t>(), g, E, x.as<__nv_bfloat16>(), nullptr);
+      cuda::moe_fp4_products(x.as<__nv_bfloat16>(), gu4.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr);
+      cuda::swiglu_clamp_rows(gu.as<__nv_bfloat16>(), act.as<__nv_bfloat16>(), g, F, 10.0f, nullptr);
+      cuda::moe_fp4_products(act.as<__nv_bfloat16>(), dn4.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), yexp.as<__nv_bfloat16>(), nullptr);
+    };
+    auto step_fused = [&] {
+      cuda::moe_fp4_products(hn.as<__nv_bfloat16>(), gu4p.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), act.as<__nv_bfloat16>(), nullptr,
+                             {token_of.as<int32_t>(), true, 10.0f});
       cuda::moe_fp4_products(act.as<__nv_bfloat16>(), dn4.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), yexp.as<__nv_bfloat16>(), nullptr);
     };
 
@@ -331,6 +427,9 @@ TEST(CudaBench, MoeFp4ProductsAtV4FlashShapes) {
                 "expansion %.2f ms + cuBLAS per expert %.2f ms (%.0f TFLOP/s) = %.2f ms; ratio %.2fx\n",
                 skewed ? "skewed" : "uniform", tiles.size(), (long long)largest, t_fp4, flops / (t_fp4 * 1e-3) / 1e12, t_expand, t_cublas,
                 flops / (t_cublas * 1e-3) / 1e12, t_expand + t_cublas, (t_expand + t_cublas) / t_fp4);
+    const double t_unfused = median_ms(step_unfused), t_fused = median_ms(step_fused);
+    std::printf("MOE FP4 STEP V4-Flash layer, %s routing: gather + gate|up + SwiGLU + down %.2f ms; fused (PDBRIDGE_DSV4_FP4_FUSE=1) %.2f ms; "
+                "ratio %.3fx\n", skewed ? "skewed" : "uniform", t_unfused, t_fused, t_unfused / t_fused);
     std::fflush(stdout);
   }
 #endif

@@ -108,7 +108,8 @@ void take_fp4_experts_apart(Deepseek4CudaEngine::Impl& I) {
     L.gu4_scales.resize(size_t(NE * 2 * F * E / 32));
     L.down4_codes.resize(size_t(NE * E * F / 2));
     L.down4_scales.resize(size_t(NE * E * F / 32));
-    const cuda::Fp4Matrices gu{L.gu4_codes.as<uint8_t>(), L.gu4_scales.as<uint8_t>(), NE, 2 * F, E};
+    cuda::Fp4Matrices gu{L.gu4_codes.as<uint8_t>(), L.gu4_scales.as<uint8_t>(), NE, 2 * F, E};
+    gu.gate_up_pairs = tuning.dsv4_fp4_fuse == "1";
     const cuda::Fp4Matrices dn{L.down4_codes.as<uint8_t>(), L.down4_scales.as<uint8_t>(), NE, E, F};
     const bool wide_gu = cuda::repack_mxfp4(L.gate_fp4.as<uint8_t>(), F, 0, gu, I.s) | cuda::repack_mxfp4(L.up_fp4.as<uint8_t>(), F, F, gu, I.s);
     L.gu4_wide = wide_gu;
@@ -119,6 +120,7 @@ void take_fp4_experts_apart(Deepseek4CudaEngine::Impl& I) {
     L.down_fp4.release();
   }
   I.fp4_products = true;
+  I.fp4_fused = tuning.dsv4_fp4_fuse == "1";
 }
 
 std::string Deepseek4CudaEngine::experts_note() const {
@@ -565,8 +567,10 @@ void Deepseek4CudaEngine::PromptRun::size_scratch() {
   Impl::grow(I.slot_of, size_t(n * K) * 4);
   Impl::grow(I.token_of, size_t(n * K) * 4);
   // 64 rows of slack: the FP8 products' padding rows past the last expert's
-  Impl::grow(I.xg, size_t((n * K + 64) * E) * 2);
-  Impl::grow(I.gu, size_t((n * K + 64) * 2 * F) * 2);
+  if (!I.fp4_fused) {  // the fused FP4 products neither gather nor store the gate|up products
+    Impl::grow(I.xg, size_t((n * K + 64) * E) * 2);
+    Impl::grow(I.gu, size_t((n * K + 64) * 2 * F) * 2);
+  }
   Impl::grow(I.act, size_t((n * K + 64) * F) * 2);
   Impl::grow(I.yexp, size_t((n * K + 64) * E) * 2);
   Impl::grow(I.shgu, size_t(n * 2 * FS) * 2);
@@ -861,7 +865,7 @@ void Deepseek4CudaEngine::PromptRun::route_and_gather() {
     const int64_t g = rows * K;
     cuda::moe_group(I.experts.as<int32_t>(), rows, int(K), int(NE), I.counts.as<int32_t>(), I.offsets.as<int32_t>(), I.slot_of.as<int32_t>(),
                     I.token_of.as<int32_t>(), s);
-    cuda::gather_rows(I.hn_b.as<bf16>(), I.token_of.as<int32_t>(), g, E, I.xg.as<bf16>(), s);
+    if (!I.fp4_fused) cuda::gather_rows(I.hn_b.as<bf16>(), I.token_of.as<int32_t>(), g, E, I.xg.as<bf16>(), s);  // fused: in the products' loads
     I.counts_host = I.counts_back.fetch(I.counts.as<int32_t>(), NE, s);
   }
 }
@@ -890,8 +894,10 @@ void Deepseek4CudaEngine::PromptRun::routed_experts() {
         cuda::mxfp4_to_bf16(L.up_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_gu_scratch.as<bf16>() + e * 2 * F * E + F * E, s);
         cuda::mxfp4_to_bf16(L.down_fp4.as<uint8_t>() + e * blocks_fe * 17, blocks_fe, I.exp_down_scratch.as<bf16>() + e * E * F, s);
       }
-      up[size_t(e)] = {I.xg.as<bf16>() + off * E, wgu + e * 2 * F * E, I.gu.as<bf16>() + off * 2 * F, ne_rows};
-      down[size_t(e)] = {I.act.as<bf16>() + off * F, wd + e * E * F, I.yexp.as<bf16>() + off * E, ne_rows};
+      if (!I.fp4_products) {  // (the FP4 products take tiles instead; their fused form has no xg)
+        up[size_t(e)] = {I.xg.as<bf16>() + off * E, wgu + e * 2 * F * E, I.gu.as<bf16>() + off * 2 * F, ne_rows};
+        down[size_t(e)] = {I.act.as<bf16>() + off * F, wd + e * E * F, I.yexp.as<bf16>() + off * E, ne_rows};
+      }
       off += ne_rows;
     }
     if (fp4 && !expand_ahead) mark(10);
@@ -947,8 +953,13 @@ void Deepseek4CudaEngine::PromptRun::fp4_products(const int32_t* cnt) {
   PDB_CUDA_CHECK(cudaMemcpyAsync(I.fp4_tiles.get(), I.fp4_tiles_host.as<void>(), bytes, cudaMemcpyHostToDevice, s));
   const auto* dt = I.fp4_tiles.as<cuda::Fp4Tile>();
   const int64_t n = int64_t(tiles.size());
-  cuda::moe_fp4_products(I.xg.as<bf16>(), {L.gu4_codes.as<uint8_t>(), L.gu4_scales.as<uint8_t>(), NE, 2 * F, E, L.gu4_wide}, dt, n, I.gu.as<bf16>(), s);
-  cuda::swiglu_clamp_rows(I.gu.as<bf16>(), I.act.as<bf16>(), rows * K, F, c.swiglu_clamp, s);
+  const cuda::Fp4Matrices gu{L.gu4_codes.as<uint8_t>(), L.gu4_scales.as<uint8_t>(), NE, 2 * F, E, L.gu4_wide, I.fp4_fused};
+  if (I.fp4_fused) {  // the token rows gathered in the loads, the SwiGLU in the epilogue (PDBRIDGE_DSV4_FP4_FUSE=1)
+    cuda::moe_fp4_products(I.hn_b.as<bf16>(), gu, dt, n, I.act.as<bf16>(), s, {I.token_of.as<int32_t>(), true, c.swiglu_clamp});
+  } else {
+    cuda::moe_fp4_products(I.xg.as<bf16>(), gu, dt, n, I.gu.as<bf16>(), s);
+    cuda::swiglu_clamp_rows(I.gu.as<bf16>(), I.act.as<bf16>(), rows * K, F, c.swiglu_clamp, s);
+  }
   cuda::moe_fp4_products(I.act.as<bf16>(), {L.down4_codes.as<uint8_t>(), L.down4_scales.as<uint8_t>(), NE, E, F, L.down4_wide}, dt, n, I.yexp.as<bf16>(), s);
 }
 
