@@ -271,13 +271,6 @@ TEST(CudaMoeFp4, FusedGateUpIsTheGatherProductsAndSwigluBitForBit) {
 #ifdef PDBRIDGE_HAVE_CUDA
   const int64_t experts = 6, half = 192, n = 2 * half, k = 256, tokens = 700, K = 3, g = tokens * K;
   if (!cuda::moe_fp4_products_supported(k, n)) GTEST_SKIP() << "needs an sm_90 GPU: " << cuda::device_summary();
-  const std::vector<uint8_t> exps = {118, 119, 120, 121, 122};
-  const auto gate = fp4_blocks(experts, half, k, exps), up = fp4_blocks(experts, half, k, exps);
-  auto dg = upload(gate), du = upload(up);
-  Fp4Device plain(experts, n, k), pairs(experts, n, k);
-  pairs.m.gate_up_pairs = true;
-  for (Fp4Device* d : {&plain, &pairs})
-    d->m.wide_scales = cuda::repack_mxfp4(dg.as<uint8_t>(), half, 0, d->m, nullptr) | cuda::repack_mxfp4(du.as<uint8_t>(), half, half, d->m, nullptr);
   // each token's K distinct experts, expert 0 the likeliest and expert 5 never chosen
   std::vector<int32_t> choice(static_cast<size_t>(g));
   std::discrete_distribution<int> pick({8.0, 3.0, 2.0, 1.0, 0.3, 0.0});
@@ -301,35 +294,47 @@ TEST(CudaMoeFp4, FusedGateUpIsTheGatherProductsAndSwigluBitForBit) {
   auto dx = to_device_bf16(round_bf16(randn(size_t(tokens * k))));
   cuda::DeviceBuffer xg(size_t(g * k) * 2), gu(size_t(g * n) * 2);
   cuda::gather_rows(dx.as<__nv_bfloat16>(), token_of.as<int32_t>(), g, k, xg.as<__nv_bfloat16>(), nullptr);
-  cuda::moe_fp4_products(xg.as<__nv_bfloat16>(), plain.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr);
-  for (const float limit : {0.0f, 0.5f}) {
-    auto want = poisoned(size_t(g * half) * 2), got = poisoned(size_t(g * half) * 2);
-    cuda::swiglu_clamp_rows(gu.as<__nv_bfloat16>(), want.as<__nv_bfloat16>(), g, half, limit, nullptr);
-    cuda::moe_fp4_products(dx.as<__nv_bfloat16>(), pairs.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), got.as<__nv_bfloat16>(), nullptr,
-                           {token_of.as<int32_t>(), true, limit});
-    PDB_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<uint16_t> a(size_t(g * half)), b(size_t(g * half));
-    want.download(a.data(), a.size() * 2);
-    got.download(b.data(), b.size() * 2);
-    int64_t differ = 0, clamped = 0;
+  // both of the kernel's scale paths: scales below 2^0 (real weights'), and some past it
+  for (const bool wide : {false, true}) {
+    const std::vector<uint8_t> exps = wide ? std::vector<uint8_t>{118, 120, 129, 131} : std::vector<uint8_t>{118, 119, 120, 121, 122};
+    const auto gate = fp4_blocks(experts, half, k, exps), up = fp4_blocks(experts, half, k, exps);
+    auto dg = upload(gate), du = upload(up);
+    Fp4Device plain(experts, n, k), pairs(experts, n, k);
+    pairs.m.gate_up_pairs = true;
+    for (Fp4Device* d : {&plain, &pairs}) {
+      d->m.wide_scales = cuda::repack_mxfp4(dg.as<uint8_t>(), half, 0, d->m, nullptr) | cuda::repack_mxfp4(du.as<uint8_t>(), half, half, d->m, nullptr);
+      EXPECT_EQ(d->m.wide_scales, wide);
+    }
+    cuda::moe_fp4_products(xg.as<__nv_bfloat16>(), plain.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr);
     const auto gu_host = from_device_bf16(gu, size_t(g * n));
-    for (size_t i = 0; i < a.size(); ++i) {
-      const size_t r = i / size_t(half), f = i % size_t(half);
-      clamped += limit > 0 && (gu_host[r * size_t(n) + f] > limit || std::fabs(gu_host[r * size_t(n) + size_t(half) + f]) > limit);
-      if (a[i] != b[i] && differ++ < 5)
-        ADD_FAILURE() << "limit " << limit << ": grouped row " << r << " feature " << f << ": fused bits " << b[i] << " != " << a[i];
+    for (const float limit : {0.0f, 0.5f}) {
+      const std::string name = std::string(wide ? "scales past 2^0" : "scales below 2^0") + ", limit " + std::to_string(limit);
+      auto want = poisoned(size_t(g * half) * 2), got = poisoned(size_t(g * half) * 2);
+      cuda::swiglu_clamp_rows(gu.as<__nv_bfloat16>(), want.as<__nv_bfloat16>(), g, half, limit, nullptr);
+      cuda::moe_fp4_products(dx.as<__nv_bfloat16>(), pairs.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), got.as<__nv_bfloat16>(), nullptr,
+                             {token_of.as<int32_t>(), true, limit});
+      PDB_CUDA_CHECK(cudaDeviceSynchronize());
+      std::vector<uint16_t> a(size_t(g * half)), b(size_t(g * half));
+      want.download(a.data(), a.size() * 2);
+      got.download(b.data(), b.size() * 2);
+      int64_t differ = 0, clamped = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        const size_t r = i / size_t(half), f = i % size_t(half);
+        clamped += limit > 0 && (gu_host[r * size_t(n) + f] > limit || std::fabs(gu_host[r * size_t(n) + size_t(half) + f]) > limit);
+        if (a[i] != b[i] && differ++ < 5) ADD_FAILURE() << name << ": grouped row " << r << " feature " << f << ": fused bits " << b[i] << " != " << a[i];
+      }
+      EXPECT_EQ(differ, 0) << name;
+      if (limit > 0) {
+        EXPECT_GT(clamped, g * half / 20) << name << ": the clamp must bite for the case to check it";
+      }
     }
-    EXPECT_EQ(differ, 0) << "limit " << limit;
-    if (limit > 0) {
-      EXPECT_GT(clamped, g * half / 20) << "the clamp must bite for the case to check it";
-    }
+    // the fused form only as a whole: paired weights without the epilogue, or the epilogue without the gather, refused
+    EXPECT_THROW(cuda::moe_fp4_products(xg.as<__nv_bfloat16>(), pairs.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr),
+                 std::invalid_argument);
+    EXPECT_THROW(cuda::moe_fp4_products(xg.as<__nv_bfloat16>(), pairs.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr,
+                                        {nullptr, true, 0.0f}),
+                 std::invalid_argument);
   }
-  // the fused form only as a whole: paired weights without the epilogue, or the epilogue without the gather, refused
-  EXPECT_THROW(cuda::moe_fp4_products(xg.as<__nv_bfloat16>(), pairs.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr),
-               std::invalid_argument);
-  EXPECT_THROW(cuda::moe_fp4_products(xg.as<__nv_bfloat16>(), pairs.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr,
-                                      {nullptr, true, 0.0f}),
-               std::invalid_argument);
 #endif
 }
 
