@@ -785,49 +785,28 @@ stage_session36c() {
   run integration_dsv4_expand env PDBRIDGE_DSV4_EXPERTS_FP4=0 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
   run dsv4_bench_session36c env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:PDBRIDGE_DSV4_EXPERTS_FP4=0 fp4:32768 fp4:32768:PDBRIDGE_DSV4_EXPERTS_FP4=0" bash $DEV/dsv4_gpu.sh bench
 }
-# Session 37 (written without a device; for the next one): the FP8 indexer with the keys as the products' A and the
-# heads summed by products (PDBRIDGE_DSV4_INDEXER_A=keys), the top-k by warps (PDBRIDGE_DSV4_TOPK=warps) and the FP4
-# products' deeper pipeline (PDBRIDGE_DSV4_FP4_DEPTH=deep), the mixes' split products (PDBRIDGE_DSV4_MIX=split), their twin
-# tests and bench against the kernels they would replace, DeepSeek-V4's suites with both, the layer bench alternating
-# them with the defaults, the same at the prefill server's default chunk of 4,096 (the targets' runs use 32,768), and
-# the keys kernel's profile.
-stage_session37() {
-  run idx_kernels env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4Indexer*:CudaBench.Dsv4IndexerAtV4FlashShapes'
-  run mix_split env PDBRIDGE_BENCH=1 timeout 150 $P/build/tests/unit_tests --gtest_filter='CudaKernels.F32Narrow*:CudaBench.Dsv4F32MixAndRouterProducts'
-  run fp4_default env PDBRIDGE_BENCH=1 timeout 120 $P/build/tests/unit_tests --gtest_filter='CudaBench.MoeFp4ProductsAtV4FlashShapes'
-  run fp4_deep env PDBRIDGE_BENCH=1 PDBRIDGE_DSV4_FP4_DEPTH=deep timeout 150 $P/build/tests/unit_tests --gtest_filter='CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
-  make_dsv4_test_models
-  run integration_dsv4_keys env PDBRIDGE_DSV4_INDEXER_A=keys PDBRIDGE_DSV4_TOPK=warps PDBRIDGE_DSV4_MIX=split timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
-  local K=PDBRIDGE_DSV4_INDEXER_A=keys KW=PDBRIDGE_DSV4_INDEXER_A=keys+PDBRIDGE_DSV4_TOPK=warps
-  run dsv4_bench_session37 env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$K fp4:32768:$KW fp4:32768 fp4:32768:$K fp4:32768:$KW fp4:32768:PDBRIDGE_DSV4_FP4_DEPTH=deep fp4:4096 fp4:4096:$KW+PDBRIDGE_DSV4_MIX=split" bash $DEV/dsv4_gpu.sh bench
-  stage_ncuidx
-}
-# Session 38: session 37's stage with the FP4 gate|up products fused (PDBRIDGE_DSV4_FP4_FUSE=1: the gather in their
-# loads, the SwiGLU in their epilogue) in the FP4 suites, DeepSeek-V4's suites and the layer bench; the defaults' suites
-# too (the default paths' refactors: the indexer's loads, the top-k selection, the FP4 kernel's templates, the narrow
-# kernel's grid). The bench alternates the defaults, all the new switches (NEW) and each alone.
+# Session 38 (sessions 37 and 38 wrote these without a device): the FP8 indexer with the keys as the products' A and
+# the heads summed by products (PDBRIDGE_DSV4_INDEXER_A=keys), the top-k by warps (PDBRIDGE_DSV4_TOPK=warps), the FP4
+# gate|up products fused (PDBRIDGE_DSV4_FP4_FUSE=1: the gather in their loads, the SwiGLU in their epilogue), the FP4
+# products' deeper pipeline (PDBRIDGE_DSV4_FP4_DEPTH=deep) and the mixes' split products (PDBRIDGE_DSV4_MIX=split):
+# session38b's core, then the deeper pipeline's suites and bench, the layer bench at the prefill server's default chunk
+# of 4,096 (the targets' runs use 32,768), and the keys kernel's profile.
 stage_session38() {
-  run idx_kernels env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4Indexer*:CudaBench.Dsv4IndexerAtV4FlashShapes'
-  run mix_split env PDBRIDGE_BENCH=1 timeout 150 $P/build/tests/unit_tests --gtest_filter='CudaKernels.F32Narrow*:CudaBench.Dsv4F32MixAndRouterProducts'
-  run fp4_default env PDBRIDGE_BENCH=1 timeout 200 $P/build/tests/unit_tests --gtest_filter='Fp4Expand*:MoeTiles*:CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
+  stage_session38b
   run fp4_deep env PDBRIDGE_BENCH=1 PDBRIDGE_DSV4_FP4_DEPTH=deep timeout 200 $P/build/tests/unit_tests --gtest_filter='CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
-  make_dsv4_test_models
-  run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
-  run integration_dsv4_new env PDBRIDGE_DSV4_INDEXER_A=keys PDBRIDGE_DSV4_TOPK=warps PDBRIDGE_DSV4_MIX=split PDBRIDGE_DSV4_FP4_FUSE=1 timeout 300 \
-    $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
-  local K=PDBRIDGE_DSV4_INDEXER_A=keys W=PDBRIDGE_DSV4_TOPK=warps U=PDBRIDGE_DSV4_FP4_FUSE=1
-  local NEW=$K+$W+$U
-  run dsv4_bench_session38 env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$NEW fp4:32768:$K fp4:32768:$W fp4:32768:$U fp4:32768 fp4:32768:$NEW fp4:32768:PDBRIDGE_DSV4_FP4_DEPTH=deep fp4:4096 fp4:4096:$NEW+PDBRIDGE_DSV4_MIX=split" bash $DEV/dsv4_gpu.sh bench
+  local NEW=PDBRIDGE_DSV4_INDEXER_A=keys+PDBRIDGE_DSV4_TOPK=warps+PDBRIDGE_DSV4_FP4_FUSE=1
+  run dsv4_bench_session38 env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768:PDBRIDGE_DSV4_FP4_DEPTH=deep fp4:4096 fp4:4096:$NEW+PDBRIDGE_DSV4_MIX=split" bash $DEV/dsv4_gpu.sh bench
   stage_ncuidx
 }
-# session38's core for a short device budget: the suites of the defaults and of the new switches, the new kernels'
-# twin tests and benches, the layer bench alternating the defaults with all the new switches, then each alone.
+# session38's core, for a short device budget: the suites of the defaults (the default paths' refactors: the indexer's
+# loads, the top-k selection, the FP4 kernel's templates, the narrow kernel's grid) and of the new switches, the new
+# kernels' twin tests and benches, the layer bench alternating the defaults with all the new switches, then each alone.
 stage_session38b() {
   make_dsv4_test_models
   run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
   run idx_kernels env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4Indexer*:CudaBench.Dsv4IndexerAtV4FlashShapes'
   run fp4_default env PDBRIDGE_BENCH=1 timeout 200 $P/build/tests/unit_tests --gtest_filter='Fp4Expand*:MoeTiles*:CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
-  run integration_dsv4_new env PDBRIDGE_DSV4_INDEXER_A=keys PDBRIDGE_DSV4_TOPK=warps PDBRIDGE_DSV4_FP4_FUSE=1 timeout 300 \
+  run integration_dsv4_new env PDBRIDGE_DSV4_INDEXER_A=keys PDBRIDGE_DSV4_TOPK=warps PDBRIDGE_DSV4_FP4_FUSE=1 PDBRIDGE_DSV4_MIX=split timeout 300 \
     $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
   local K=PDBRIDGE_DSV4_INDEXER_A=keys W=PDBRIDGE_DSV4_TOPK=warps U=PDBRIDGE_DSV4_FP4_FUSE=1
   local NEW=$K+$W+$U
@@ -897,7 +876,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session37|session38|session38b|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac
