@@ -813,6 +813,18 @@ stage_session38b() {
   run dsv4_bench_session38b env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$NEW fp4:32768 fp4:32768:$NEW fp4:32768:$K fp4:32768:$W fp4:32768:$U" bash $DEV/dsv4_gpu.sh bench
   run mix_split env PDBRIDGE_BENCH=1 timeout 150 $P/build/tests/unit_tests --gtest_filter='CudaKernels.F32Narrow*:CudaBench.Dsv4F32MixAndRouterProducts'
 }
+# session38b's least, for what is left of a session's device time: the new kernels' twin tests and benches, the
+# default kernels' twin tests, DeepSeek-V4's suites with all the new switches, the layer bench alternating the defaults
+# with all of them.
+stage_session38c() {
+  make_dsv4_test_models
+  run idx_kernels env PDBRIDGE_BENCH=1 timeout 200 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4Indexer*:CudaKernels.F32Narrow*:CudaBench.Dsv4IndexerAtV4FlashShapes'
+  run fp4_default env PDBRIDGE_BENCH=1 timeout 200 $P/build/tests/unit_tests --gtest_filter='CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
+  run integration_dsv4_new env PDBRIDGE_DSV4_INDEXER_A=keys PDBRIDGE_DSV4_TOPK=warps PDBRIDGE_DSV4_FP4_FUSE=1 PDBRIDGE_DSV4_MIX=split timeout 300 \
+    $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  local NEW=PDBRIDGE_DSV4_INDEXER_A=keys+PDBRIDGE_DSV4_TOPK=warps+PDBRIDGE_DSV4_FP4_FUSE=1
+  run dsv4_bench_session38c env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$NEW fp4:32768 fp4:32768:$NEW" bash $DEV/dsv4_gpu.sh bench
+}
 # The keys kernel under Nsight Compute: a 32K prompt's fifth chunk of 4,096 queries in the bench's timed pass.
 stage_ncuidx() { ncu_kernel idx indexer_fp8_keys_kernel 20 CudaBench.Dsv4IndexerAtV4FlashShapes; }
 # The FP4 expert products under Nsight Compute: the gate|up launch of the bench's uniform routing (its second
@@ -876,7 +888,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac
