@@ -132,7 +132,7 @@ __device__ __forceinline__ void store_outputs(const float (&d)[kN / 2], const Fp
       if (r >= t.rows) continue;
       if constexpr (kFused) {
         const float gate = __bfloat162float(__float2bfloat16_rn(d[4 * jj + e])), up = __bfloat162float(__float2bfloat16_rn(d[4 * jj + 2 + e]));
-        y[(int64_t(t.row0) + r) * (w.rows / 2) + (n0 + 64 * wg + 16 * warp) / 2 + g] = __float2bfloat16_rn(swiglu_clamp(gate, up, limit));
+        y[(int64_t(t.row0) + r) * (w.rows / 2) + fp4_pair_feature(n0 + 64 * wg + 16 * warp, g)] = __float2bfloat16_rn(swiglu_clamp(gate, up, limit));
       } else {
         __nv_bfloat16* yr = y + (int64_t(t.row0) + r) * w.rows + n0 + 64 * wg + 16 * warp + g;
         yr[0] = __float2bfloat16_rn(d[4 * jj + e]);
@@ -215,20 +215,13 @@ moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4M
 #endif
 }
 
-// Where logical row n is stored: itself, or as a gate/up pair's (Fp4Matrices::gate_up_pairs).
-__host__ __device__ inline int64_t stored_row(int64_t n, const Fp4Matrices& m) {
-  if (!m.gate_up_pairs) return n;
-  const int64_t half = m.rows / 2, j = n < half ? n : n - half;
-  return 16 * (j / 8) + j % 8 + (n < half ? 0 : 8);
-}
-
 // One thread per 32-block: its scale and its four lanes' words to their places in the repacked layout.
 __global__ void repack_mxfp4_kernel(const uint8_t* __restrict__ blocks, int64_t n_blocks, int64_t rows, int64_t row0,
                                     const __grid_constant__ Fp4Matrices m, unsigned* wide) {
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= n_blocks) return;
   const int64_t per_row = m.cols / 32, per_expert = rows * per_row;
-  const int64_t expert = b / per_expert, r = (b % per_expert) / per_row, kb = b % per_row, n = stored_row(row0 + r, m);
+  const int64_t expert = b / per_expert, r = (b % per_expert) / per_row, kb = b % per_row, n = fp4_stored_row(row0 + r, m);
   const int g = int(n % 8), half = int((n % 16) / 8), blk = int(kb % 2);
   const int64_t group = code_group(expert, n / 16, kb / 2, m);
   const uint8_t* src = blocks + b * 17;

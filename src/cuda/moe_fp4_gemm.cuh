@@ -31,6 +31,16 @@ struct Fp4Matrices {
   size_t scale_bytes() const { return size_t(experts * rows * cols / 32); }
 };
 
+// Where logical row n of m is stored: itself, or as a gate/up pair's row (Fp4Matrices::gate_up_pairs).
+__host__ __device__ inline int64_t fp4_stored_row(int64_t n, const Fp4Matrices& m) {
+  if (!m.gate_up_pairs) return n;
+  const int64_t half = m.rows / 2, j = n < half ? n : n - half;
+  return 16 * (j / 8) + j % 8 + (n < half ? 0 : 8);
+}
+// The fused epilogue's feature: a thread holds output rows r16 + g and r16 + g + 8 (r16 its warp's first of 16
+// rows, g = lane / 4), with paired weights gate and up of feature r16 / 2 + g.
+__host__ __device__ constexpr int64_t fp4_pair_feature(int64_t r16, int g) { return r16 / 2 + g; }
+
 // GGUF MXFP4 blocks of `m.experts` matrices [rows x m.cols] into rows row0 .. row0 + rows - 1 of m's (gate and up
 // into the two halves of one [2F x E] matrix per expert), in the products' fragment order (moe_fp4_gemm.cu). Waits
 // for the stream; returns whether any of these blocks' E8M0 bytes is above 128 (Fp4Matrices::wide_scales).

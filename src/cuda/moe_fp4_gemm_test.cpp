@@ -193,6 +193,36 @@ TEST(Fp4Expand, EveryCodeUnderEveryScaleIsGgmlsValueInBf16) {
 #endif
 }
 
+// The fused SwiGLU's pairing, on the host (CUDA builds; no GPU needed): for every gate and up row of a paired matrix
+// at V4-Flash's width and a small one, the thread that holds its stored row in the products' epilogue (CTA of 128
+// rows, warpgroup of 64, warp of 16, rows g and g + 8) holds the same feature's other row too, gate as its first.
+TEST(Fp4Expand, GateUpPairsMeetInOneThreadOfTheEpilogue) {
+#ifdef PDBRIDGE_HAVE_CUDA
+  for (const int64_t half : {int64_t(64), int64_t(192), int64_t(2048)}) {
+    cuda::Fp4Matrices m;
+    m.rows = 2 * half;
+    m.gate_up_pairs = true;
+    std::vector<int> seen(static_cast<size_t>(m.rows), 0);
+    for (int64_t n = 0; n < m.rows; ++n) {
+      const int64_t p = cuda::fp4_stored_row(n, m), j = n % half;
+      ASSERT_GE(p, 0);
+      ASSERT_LT(p, m.rows);
+      ++seen[size_t(p)];
+      const int64_t n0 = p / 128 * 128, wg = p % 128 / 64, warp = p % 64 / 16;
+      const int g = int(p % 8);
+      const bool second = p % 16 >= 8;
+      EXPECT_EQ(cuda::fp4_pair_feature(n0 + 64 * wg + 16 * warp, g), j) << "half " << half << ", logical row " << n << " stored at " << p;
+      EXPECT_EQ(second, n >= half) << "half " << half << ", logical row " << n << ": gate must be the thread's first row, up its second";
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), m.rows) << "every stored row holds one logical row";
+    m.gate_up_pairs = false;
+    for (int64_t n = 0; n < m.rows; ++n) EXPECT_EQ(cuda::fp4_stored_row(n, m), n);
+  }
+#else
+  GTEST_SKIP() << "a build without the CUDA toolkit (the products' headers are CUDA's)";
+#endif
+}
+
 TEST(CudaMoeFp4, IdentityRowsGiveEachWeightBitForBit) {
   if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
 #ifdef PDBRIDGE_HAVE_CUDA
