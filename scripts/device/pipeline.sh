@@ -825,6 +825,11 @@ stage_session38c() {
   local NEW=PDBRIDGE_DSV4_INDEXER_A=keys+PDBRIDGE_DSV4_TOPK=warps+PDBRIDGE_DSV4_FP4_FUSE=1
   run dsv4_bench_session38c env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$NEW fp4:32768 fp4:32768:$NEW" bash $DEV/dsv4_gpu.sh bench
 }
+# The new kernels' twin tests alone (and the FP4 products' bench: a second), for the last minutes of a session's device time.
+stage_session38d() {
+  run new_kernels env PDBRIDGE_BENCH=1 timeout 150 $P/build/tests/unit_tests \
+    --gtest_filter='CudaKernels.Dsv4Indexer*:CudaKernels.F32Narrow*:CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
+}
 # The keys kernel under Nsight Compute: a 32K prompt's fifth chunk of 4,096 queries in the bench's timed pass.
 stage_ncuidx() { ncu_kernel idx indexer_fp8_keys_kernel 20 CudaBench.Dsv4IndexerAtV4FlashShapes; }
 # The FP4 expert products under Nsight Compute: the gate|up launch of the bench's uniform routing (its second
@@ -888,7 +893,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac
