@@ -103,13 +103,14 @@ void take_fp4_experts_apart(Deepseek4CudaEngine::Impl& I) {
     return;
   for (const auto& L : I.layers)
     if (L.exp_gu.bytes()) return;  // a layer's experts are not FP4: every layer keeps the expansion path
+  I.fp4_fused = tuning.dsv4_fp4_fuse == "1";
   for (auto& L : I.layers) {
     L.gu4_codes.resize(size_t(NE * 2 * F * E / 2));
     L.gu4_scales.resize(size_t(NE * 2 * F * E / 32));
     L.down4_codes.resize(size_t(NE * E * F / 2));
     L.down4_scales.resize(size_t(NE * E * F / 32));
     cuda::Fp4Matrices gu{L.gu4_codes.as<uint8_t>(), L.gu4_scales.as<uint8_t>(), NE, 2 * F, E};
-    gu.gate_up_pairs = tuning.dsv4_fp4_fuse == "1";
+    gu.gate_up_pairs = I.fp4_fused;
     const cuda::Fp4Matrices dn{L.down4_codes.as<uint8_t>(), L.down4_scales.as<uint8_t>(), NE, E, F};
     const bool wide_gu = cuda::repack_mxfp4(L.gate_fp4.as<uint8_t>(), F, 0, gu, I.s) | cuda::repack_mxfp4(L.up_fp4.as<uint8_t>(), F, F, gu, I.s);
     L.gu4_wide = wide_gu;
@@ -120,7 +121,6 @@ void take_fp4_experts_apart(Deepseek4CudaEngine::Impl& I) {
     L.down_fp4.release();
   }
   I.fp4_products = true;
-  I.fp4_fused = tuning.dsv4_fp4_fuse == "1";
 }
 
 std::string Deepseek4CudaEngine::experts_note() const {

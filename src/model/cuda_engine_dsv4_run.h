@@ -101,7 +101,7 @@ struct Deepseek4CudaEngine::Impl {
   cudaEvent_t expanded = nullptr, scratch_free = nullptr;
   bool fp4 = false;
   // The routed experts' products read the FP4 codes (cuda/moe_fp4_gemm.cuh): no expansion, no bf16 scratch. Their
-  // tiles (up to 128 rows of one expert) reach the device from pinned memory once the counts are back, each layer.
+  // tiles (up to 256 rows of one expert) reach the device from pinned memory once the counts are back, each layer.
   bool fp4_products = false;
   bool fp4_fused = false;  // their gate|up products gather the token rows and write the SwiGLU (PDBRIDGE_DSV4_FP4_FUSE=1)
   DeviceBuffer fp4_tiles;
