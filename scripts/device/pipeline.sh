@@ -830,6 +830,20 @@ stage_session38d() {
   run new_kernels env PDBRIDGE_BENCH=1 timeout 150 $P/build/tests/unit_tests \
     --gtest_filter='CudaKernels.Dsv4Indexer*:CudaKernels.F32Narrow*:CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
 }
+# Session 39: the keys kernel, the warps' top-k and the fused FP4 gate|up as the defaults (session 38's call), checked
+# again: DeepSeek-V4's suites on the new defaults and on the old paths, the kernels' twin tests (the FP8 kernels' own
+# top-k held against the bf16 one), the layer bench alternating the new defaults with the old paths, and the chunk
+# sizes between the server's 4,096 and the targets' 32,768.
+stage_session39() {
+  make_dsv4_test_models
+  local OLD=PDBRIDGE_DSV4_INDEXER_A=smem+PDBRIDGE_DSV4_TOPK=global+PDBRIDGE_DSV4_FP4_FUSE=0
+  run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  run integration_dsv4_old env PDBRIDGE_DSV4_INDEXER_A=smem PDBRIDGE_DSV4_TOPK=global PDBRIDGE_DSV4_FP4_FUSE=0 timeout 300 \
+    $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  run idx_kernels env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4Indexer*:CudaBench.Dsv4IndexerAtV4FlashShapes'
+  run fp4_default env PDBRIDGE_BENCH=1 timeout 200 $P/build/tests/unit_tests --gtest_filter='CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
+  run dsv4_bench_session39 env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$OLD fp4:32768 fp4:32768:$OLD fp4:4096 fp4:8192 fp4:16384 fp4:32768" bash $DEV/dsv4_gpu.sh bench
+}
 # The keys kernel under Nsight Compute: a 32K prompt's fifth chunk of 4,096 queries in the bench's timed pass.
 stage_ncuidx() { ncu_kernel idx indexer_fp8_keys_kernel 20 CudaBench.Dsv4IndexerAtV4FlashShapes; }
 # The FP4 expert products under Nsight Compute: the gate|up launch of the bench's uniform routing (its second
@@ -893,7 +907,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -27,14 +27,15 @@ struct Tuning {
   std::string dsv4_experts_fp4;  // PDBRIDGE_DSV4_EXPERTS_FP4=0: the FP4 experts expanded to bf16 for cuBLAS (the default:
                                  // products that read the MXFP4 codes)
   std::string dsv4_fp4_depth;    // PDBRIDGE_DSV4_FP4_DEPTH=deep: the FP4 products' copies and codes further ahead
-  std::string dsv4_fp4_fuse;     // PDBRIDGE_DSV4_FP4_FUSE=1: the FP4 gate|up products gather their rows and write the SwiGLU
+  std::string dsv4_fp4_fuse;     // PDBRIDGE_DSV4_FP4_FUSE=0: the FP4 gate|up products without their gather and SwiGLU (the
+                                 // default: the products gather their rows and write the SwiGLU)
   std::string dsv4_indexer;      // PDBRIDGE_DSV4_INDEXER=bf16|gemm: the indexer's scores in bf16, or GEMM + sum
-  std::string dsv4_indexer_a;    // PDBRIDGE_DSV4_INDEXER_A=registers|smem: the FP8 indexer's queries as register fragments
-                                 // read once, or from shared memory by every product; =keys: the keys as A, the heads
-                                 // summed by bf16 products
+  std::string dsv4_indexer_a;    // PDBRIDGE_DSV4_INDEXER_A=smem|registers: the FP8 indexer's queries as A, from shared
+                                 // memory by every product or as register fragments read once (the default: the keys
+                                 // as A, the heads summed by bf16 products)
   std::string dsv4_attn;         // PDBRIDGE_DSV4_ATTN=gather: the gathered sparse attention; =mma: the fused one on mma.sync (not wgmma)
-  std::string dsv4_topk;         // PDBRIDGE_DSV4_TOPK=smem: the indexer's top-k with each query's scores in shared memory;
-                                 // =warps: by warps over global memory, ballots instead of block scans
+  std::string dsv4_topk;         // PDBRIDGE_DSV4_TOPK=global: the indexer's top-k by block scans over global memory; =smem:
+                                 // each query's scores in shared memory (the default: by warps over global memory, ballots)
   std::string dsv4_expand;       // PDBRIDGE_DSV4_EXPAND=inline: with PDBRIDGE_DSV4_EXPERTS_FP4=0, the experts expanded in the MoE, not on a side stream
   std::string dsv4_mix;          // PDBRIDGE_DSV4_MIX=cublas: the hyper-connection mixes' f32 products by cuBLAS, not the
                                  // narrow kernel; =narrow: the kernel at any row count (the tests' tiny prompts);

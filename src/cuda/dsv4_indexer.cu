@@ -38,8 +38,8 @@ __device__ __forceinline__ uint32_t order_key(float f) {
 
 constexpr int kThreads = 256;
 
-// The top-k the engine runs: one block of 256 threads per query, a radix pass per byte over the scores in global memory
-// (PDBRIDGE_DSV4_TOPK=smem: dsv4_indexer_topk.cu, faster only where a launch has few queries, docs/RESULTS.md).
+// The top-k by block scans (PDBRIDGE_DSV4_TOPK=global; the engine's until session 39): one block of 256 threads per query,
+// a radix pass per byte over the scores in global memory. The default is by warps (dsv4_indexer_topk.cu).
 __global__ void topk_global_kernel(const float* __restrict__ scores, int32_t* __restrict__ idx, IndexerShape sh) {
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan;
@@ -267,9 +267,11 @@ void indexer_scores(const __nv_bfloat16* q, const __nv_bfloat16* rows, const flo
 void indexer_topk(const float* scores, int32_t* idx, const IndexerShape& sh, cudaStream_t stream) {
   if (sh.n_q <= 0) return;
   if (sh.top_k <= 0) throw std::invalid_argument("indexer: top_k must be positive");
+  // by warps (the default: 1.4-1.9x the block scans' kernel in the engine, docs/RESULTS.md session 39); =global: the
+  // block scans; =smem: shared memory, where a row fits (longer ones by warps)
   const std::string way = Tuning::from_env().dsv4_topk;
   if (way == "smem" && indexer_topk_smem(scores, idx, sh, stream)) return;
-  if (way == "warps") return indexer_topk_warps(scores, idx, sh, stream);
+  if (way != "global") return indexer_topk_warps(scores, idx, sh, stream);
   topk_global_kernel<<<unsigned(sh.n_q), kThreads, 0, stream>>>(scores, idx, sh);
   PDB_CUDA_CHECK(cudaGetLastError());
 }

@@ -42,11 +42,11 @@ void indexer_fp8_rows(const __nv_bfloat16* x, int64_t rows, int dim, uint8_t* co
 void indexer_scores_fp8(const uint8_t* q, const float* q_scale, const uint8_t* rows, const float* row_scale, const float* w, float* scores,
                         const IndexerShape& sh, int dim, cudaStream_t stream);
 // idx [n_q x top_k]: per query the top_k visible blocks by score, ascending block index (ties of the k-th score:
-// lower indices first); -1 past the visible count when fewer than top_k are visible. One radix pass per byte over
-// the scores in global memory; PDBRIDGE_DSV4_TOPK=smem: a query's scores held in shared memory
-// (dsv4_indexer_topk.cu) where n_blocks <= indexer_topk_smem_blocks().
+// lower indices first); -1 past the visible count when fewer than top_k are visible. By warps (indexer_topk_warps,
+// the default); PDBRIDGE_DSV4_TOPK=global: one radix pass per byte over the scores in global memory by block scans;
+// =smem: a query's scores held in shared memory (dsv4_indexer_topk.cu) where n_blocks <= indexer_topk_smem_blocks().
 void indexer_topk(const float* scores, int32_t* idx, const IndexerShape& sh, cudaStream_t stream);
-// PDBRIDGE_DSV4_TOPK=warps: the scores read from global memory as by the default kernel, with warp-aggregated
+// The default top-k: the scores read from global memory as by the block scans' kernel, with warp-aggregated
 // counts, a scan for each digit and the selection by ballots over each warp's run of indices (dsv4_indexer_topk.cu).
 void indexer_topk_warps(const float* scores, int32_t* idx, const IndexerShape& sh, cudaStream_t stream);
 int64_t indexer_topk_smem_blocks();  // on the current device

@@ -1,4 +1,4 @@
-// The fragment plumbing of the FP8 indexer's keys kernel (dsv4_indexer_wgmma.cu, PDBRIDGE_DSV4_INDEXER_A=keys), host
+// The fragment plumbing of the FP8 indexer's keys kernel (dsv4_indexer_wgmma.cu, the default), host
 // and device alike, so that how it strings the hardware's fragment layouts together is checked on any machine
 // (dsv4_indexer_keys_test.cpp plays a block's warps through the PTX ISA's wgmma and mma.sync layouts on the host).
 //

@@ -5,8 +5,8 @@
 // 256 threads per query), measured on the H200 (docs/RESULTS.md): 1.76x faster at 128K tokens in launches of 256
 // queries, where the default leaves the GPU underfilled, but 0.3-0.6x at 8K-32K and no faster in the engine's
 // launches of 4,096 queries -- its 1,024 threads and up to 128 KB of shared memory hold an SM per query. Rows longer
-// than shared memory holds (over ~53K visible blocks) take the default kernel. Below it, PDBRIDGE_DSV4_TOPK=warps:
-// the same counting and selection with the scores left in global memory, 256 threads per query.
+// than shared memory holds (over ~53K visible blocks) take the warps' kernel. Below it, the default (by warps): the
+// same counting and selection with the scores left in global memory, 256 threads per query.
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(kThreads) topk_smem_kernel(const float* __rest
   select_in_runs([](int i) { return keys[i]; }, kth, need, lo, hi, warp, lane, warp_above, warp_equal, out);
 }
 
-// ---- PDBRIDGE_DSV4_TOPK=warps: the scores stay in global memory (8 warps per query, any row length), with the
+// ---- the default top-k, by warps: the scores stay in global memory (8 warps per query, any row length), with the
 // default kernel's five reads of a row but not its work per score: lanes of one digit counted once (count), the
 // digit found by a scan over the bins (find_digit, a bin per thread) instead of one thread's walk, the last pass
 // counted per warp over each warp's run of indices so that the selection is one read of ballots, without the

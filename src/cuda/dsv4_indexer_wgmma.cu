@@ -8,7 +8,7 @@
 // 128-byte rows (one swizzle atom per row: chunk c of row r at c ^ (r % 8), swz() with 8 chunks), so a k-step of
 // 32 codes moves the descriptors 32 bytes. Per column the scores are w' max(0, s) summed over a warp's 16 rows by
 // a reduce-scatter across the lane groups (14 shuffles for 64 columns, not 48), over the query's 16-row slots in
-// shared memory, times the row's scale. A second kernel (PDBRIDGE_DSV4_INDEXER_A=keys, below) turns the product
+// shared memory, times the row's scale (PDBRIDGE_DSV4_INDEXER_A=smem|registers). The default kernel (below) turns the product
 // around: those m64n64 products read 4 KB of shared memory per 32 tensor-core cycles, about shared memory's whole
 // bandwidth, and their ReLU sums cost ~4 instructions per score against the product's 1/32 cycle. Built for sm_90a
 // only; other targets get a kernel that traps.
@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_fp8_wgmma_kernel(const ui
       wq[i][k] = t < sh.n_q && h < H ? w[t * H + h] * q_scale[t * H + h] : 0.0f;
     }
   float acc[2][32];
-  uint32_t qa[2][kD / 32][4];  // this warp's query rows as A fragments, read once (PDBRIDGE_DSV4_INDEXER_A=registers; not yet measured)
+  uint32_t qa[2][kD / 32][4];  // this warp's query rows as A fragments, read once (PDBRIDGE_DSV4_INDEXER_A=registers)
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int stage = tile & 1;
     cp_async_wait<0>();
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_fp8_wgmma_kernel(const ui
 #endif
 }
 
-// The keys as the products' rows (PDBRIDGE_DSV4_INDEXER_A=keys): a block of two warpgroups holds 512
+// The keys as the products' rows (the default): a block of two warpgroups holds 512
 // (query, head) rows (256 per warpgroup, a query's heads then zero rows to HP) as the shared B operand, read by
 // m64n128k32 products whose A is a 64-key tile in registers (ldmatrix, once per tile for both halves); the ReLU
 // and the weighted sum over heads are one cvt per two scores and m16n8k16 products (sum_heads), not shuffles. The
@@ -391,12 +391,12 @@ void launch_keys(const uint8_t* q, const float* q_scale, const uint8_t* rows, co
 template <int HP>
 void launch(const uint8_t* q, const float* q_scale, const uint8_t* rows, const float* row_scale, const float* w, float* scores, const IndexerShape& sh,
             cudaStream_t stream) {
-  // "smem" (the default) | "registers": the queries as A; "keys": the keys as A (not yet run on a GPU: opt-in until
-  // stage session37 has run its twin test and bench)
+  // the keys as A (the default: 1.2-1.3x the queries-as-A kernel at 32K-128K, docs/RESULTS.md session 39);
+  // "smem" | "registers": the queries as A, from shared memory or as register fragments
   const std::string a = Tuning::from_env().dsv4_indexer_a;
-  if (a == "keys") return launch_keys<HP>(q, q_scale, rows, row_scale, w, scores, sh, stream);
   if (a == "registers") return launch<HP, true>(q, q_scale, rows, row_scale, w, scores, sh, stream);
-  launch<HP, false>(q, q_scale, rows, row_scale, w, scores, sh, stream);
+  if (a == "smem") return launch<HP, false>(q, q_scale, rows, row_scale, w, scores, sh, stream);
+  launch_keys<HP>(q, q_scale, rows, row_scale, w, scores, sh, stream);
 }
 
 }  // namespace

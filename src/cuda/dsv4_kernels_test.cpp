@@ -173,10 +173,10 @@ TEST(CudaKernels, Dsv4IndexerScoresAndTopKMatchTheCpuTwin) {
 #endif
 }
 
-// The top-k alone, bit for bit against its twin (dsv4_indexer_top_k) on given scores: both kernels (the default, and
-// PDBRIDGE_DSV4_TOPK=smem), on Gaussian scores of both signs, on scores of five values (thousands tie the
-// k-th: the lower indices must win), where fewer than top_k are visible, and on rows longer than shared memory
-// holds (the shared-memory kernel declines them and the default one runs).
+// The top-k alone, bit for bit against its twin (dsv4_indexer_top_k) on given scores: the three kernels (by warps, the
+// default; PDBRIDGE_DSV4_TOPK=global and =smem), on Gaussian scores of both signs, on scores of five values (thousands
+// tie the k-th: the lower indices must win), where fewer than top_k are visible, and on rows longer than shared memory
+// holds (the shared-memory kernel declines them and the warps' one runs).
 TEST(CudaKernels, Dsv4IndexerTopKMatchesItsCpuTwin) {
   if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
 #ifdef PDBRIDGE_HAVE_CUDA
@@ -194,7 +194,7 @@ TEST(CudaKernels, Dsv4IndexerTopKMatchesItsCpuTwin) {
     for (auto& v : sc) v = v == 0.0f ? 0.0f : v;  // no -0: the twin's < does not order it below +0
     auto dsc = to_device_f32(sc);
     const cuda::IndexerShape sh{c.n_q, c.pos0, 64, c.n_blocks, 4, c.top_k};
-    for (const char* way : {"", "smem", "warps"}) {
+    for (const char* way : {"global", "smem", "warps"}) {
       setenv("PDBRIDGE_DSV4_TOPK", way, 1);
       cuda::DeviceBuffer idx(size_t(c.n_q * c.top_k) * 4);
       cuda::indexer_topk(dsc.as<float>(), idx.as<int32_t>(), sh, nullptr);
@@ -208,11 +208,11 @@ TEST(CudaKernels, Dsv4IndexerTopKMatchesItsCpuTwin) {
         for (int j = 0; j < c.top_k; ++j) {
           const int64_t w = j < int(want.size()) ? want[size_t(j)] : -1;
           if (gi[size_t(t * c.top_k + j)] != w && wrong++ < 5)
-            ADD_FAILURE() << (*way ? way : "default") << " n_blocks " << c.n_blocks << " t " << t << " j " << j << ": " << gi[size_t(t * c.top_k + j)]
+            ADD_FAILURE() << way << " n_blocks " << c.n_blocks << " t " << t << " j " << j << ": " << gi[size_t(t * c.top_k + j)]
                           << ", the twin " << w;
         }
       }
-      EXPECT_EQ(wrong, 0) << (*way ? way : "default") << " n_blocks " << c.n_blocks << (c.ties ? ", ties" : "");
+      EXPECT_EQ(wrong, 0) << way << " n_blocks " << c.n_blocks << (c.ties ? ", ties" : "");
     }
     unsetenv("PDBRIDGE_DSV4_TOPK");
   }
@@ -495,12 +495,13 @@ TEST(CudaBench, Dsv4IndexerAtV4FlashShapes) {
       const cuda::IndexerShape sh{n, p0, H, nb, 4, K};
       cuda::indexer_weighted_relu(s.as<float>(), dw.as<float>(), scores.as<float>(), sh, nullptr);
       PDB_CUDA_CHECK(cudaEventRecord(e[2]));
+      setenv("PDBRIDGE_DSV4_TOPK", "global", 1);  // the block scans' kernel (the default until session 39)
       cuda::indexer_topk(scores.as<float>(), idx.as<int32_t>(), sh, nullptr);
       PDB_CUDA_CHECK(cudaEventRecord(e[3]));
       setenv("PDBRIDGE_DSV4_TOPK", "smem", 1);  // the shared-memory kernel, same scores (the A/B)
       cuda::indexer_topk(scores.as<float>(), idx.as<int32_t>(), sh, nullptr);
       PDB_CUDA_CHECK(cudaEventRecord(e[4]));
-      setenv("PDBRIDGE_DSV4_TOPK", "warps", 1);  // the warps' kernel, same scores
+      setenv("PDBRIDGE_DSV4_TOPK", "warps", 1);  // the warps' kernel (the default), same scores
       cuda::indexer_topk(scores.as<float>(), idx.as<int32_t>(), sh, nullptr);
       unsetenv("PDBRIDGE_DSV4_TOPK");
       PDB_CUDA_CHECK(cudaEventRecord(e[5]));
@@ -520,8 +521,8 @@ TEST(CudaBench, Dsv4IndexerAtV4FlashShapes) {
     }
     for (auto& x : e) cudaEventDestroy(x);
     const double ms = t_gemm + t_relu + t_topk;
-    std::printf("DSV4 INDEXER T=%lld (one ratio-4 layer, chunks of %lld queries): %.2f ms = GEMM %.2f (%.0f TFLOP/s) + ReLU sum %.2f + top-%d %.2f ms;"
-                " 21 ratio-4 layers: %.0f ms; the top-k from shared memory (PDBRIDGE_DSV4_TOPK=smem) %.2f ms: %.2fx faster; by warps (=warps)"
+    std::printf("DSV4 INDEXER T=%lld (one ratio-4 layer, chunks of %lld queries): %.2f ms = GEMM %.2f (%.0f TFLOP/s) + ReLU sum %.2f + top-%d by block scans"
+                " (PDBRIDGE_DSV4_TOPK=global) %.2f ms; 21 ratio-4 layers: %.0f ms; the top-k from shared memory (=smem) %.2f ms: %.2fx faster; by warps (the default)"
                 " %.2f ms: %.2fx faster\n",
                 (long long)T, (long long)chunk, ms, t_gemm, flops / (t_gemm * 1e-3) / 1e12, t_relu, K, t_topk, 21 * ms, t_topk_smem,
                 t_topk / t_topk_smem, t_topk_warps, t_topk / t_topk_warps);
@@ -554,8 +555,33 @@ TEST(CudaBench, Dsv4IndexerAtV4FlashShapes) {
         idx.download(out.data(), out.size() * 4);
         return out;
       };
+      // the FP8 kernels themselves (the engine's operands: q from f32, the rows from bf16), queries or keys as A
+      auto top_fp8 = [&](const char* a_operand) {
+        setenv("PDBRIDGE_DSV4_INDEXER_A", a_operand, 1);
+        auto dqf = to_device_f32(q), dk = to_device_bf16(k), dw = to_device_f32(w);
+        cuda::DeviceBuffer dq8(q.size()), dq8s(size_t(NQ * H) * 4), dk8(k.size()), dk8s(size_t(NB) * 4);
+        cuda::DeviceBuffer sc(size_t(NQ * NB) * 4), idx(size_t(NQ * K) * 4);
+        cuda::indexer_fp8_rows(dqf.as<float>(), NQ * H, I, dq8.as<uint8_t>(), dq8s.as<float>(), nullptr);
+        cuda::indexer_fp8_rows(dk.as<__nv_bfloat16>(), NB, I, dk8.as<uint8_t>(), dk8s.as<float>(), nullptr);
+        cuda::indexer_scores_fp8(dq8.as<uint8_t>(), dq8s.as<float>(), dk8.as<uint8_t>(), dk8s.as<float>(), dw.as<float>(), sc.as<float>(), sh, I, nullptr);
+        cuda::indexer_topk(sc.as<float>(), idx.as<int32_t>(), sh, nullptr);
+        PDB_CUDA_CHECK(cudaDeviceSynchronize());
+        unsetenv("PDBRIDGE_DSV4_INDEXER_A");
+        std::vector<int32_t> out(size_t(NQ * K));
+        idx.download(out.data(), out.size() * 4);
+        return out;
+      };
       std::vector<float> s16;
       const auto a = top(q, k, &s16), b = top(fp8_rows(q), fp8_rows(k), nullptr);
+      const auto by_queries = top_fp8("smem"), by_keys = top_fp8("keys");
+      auto held = [&](const std::vector<int32_t>& x) {  // the average share of the bf16 top-k that x keeps
+        double sum = 0;
+        for (int64_t t = 0; t < NQ; ++t) {
+          std::set<int32_t> sa(a.begin() + t * K, a.begin() + (t + 1) * K);
+          for (int j = 0; j < K; ++j) sum += sa.count(x[size_t(t * K + j)]) ? 1.0 / K : 0.0;
+        }
+        return sum / double(NQ);
+      };
       double shared_sum = 0, worst_shared = 1, worst_gap = 0;
       for (int64_t t = 0; t < NQ; ++t) {
         std::set<int32_t> sa(a.begin() + t * K, a.begin() + (t + 1) * K);
@@ -577,8 +603,9 @@ TEST(CudaBench, Dsv4IndexerAtV4FlashShapes) {
         for (int j = 0; j < K; ++j) worst_gap = std::max(worst_gap, double(kth - row[size_t(b[size_t(t * K + j)])]) / sd);
       }
       std::printf("DSV4 INDEXER FP8 T=%lld (last %lld queries, %lld blocks, top %d): bf16 top-k held %.4f on average, worst query %.4f; the "
-                  "furthest FP8 choice %.3f score SDs below the bf16 k-th\n",
-                  (long long)T, (long long)NQ, (long long)NB, K, shared_sum / double(NQ), worst_shared, worst_gap);
+                  "furthest FP8 choice %.3f score SDs below the bf16 k-th; the FP8 kernels' own top-k held %.4f (queries as A, "
+                  "PDBRIDGE_DSV4_INDEXER_A=smem) and %.4f (keys as A, the heads summed in bf16 products: the default)\n",
+                  (long long)T, (long long)NQ, (long long)NB, K, shared_sum / double(NQ), worst_shared, worst_gap, held(by_queries), held(by_keys));
     }
   }
   // Then the two fused kernels over whole prompts in chunks of 4,096 queries (FP8: the rows' quantization, once per

@@ -8,7 +8,8 @@
 // the kernels that expanded into a shared B tile (lockstep and warp-specialized) at ~0.8x cuBLAS after expansion,
 // shared memory 79% busy with the tile's stores and both warpgroups' reads (docs/RESULTS.md). x's rows come by
 // cp.async, four stages by default (PDBRIDGE_DSV4_FP4_DEPTH=deep: six), one barrier a step. The fused form (Fp4Fusion,
-// PDBRIDGE_DSV4_FP4_FUSE=1) copies each row from its token's row and writes the SwiGLU of the gate/up pairs.
+// the engine's default; PDBRIDGE_DSV4_FP4_FUSE=0: not) copies each row from its token's row and writes the SwiGLU of
+// the gate/up pairs.
 #include "cuda/moe_fp4_gemm.cuh"
 
 #include <stdexcept>

@@ -46,7 +46,7 @@ __host__ __device__ constexpr int64_t fp4_pair_feature(int64_t r16, int g) { ret
 // for the stream; returns whether any of these blocks' E8M0 bytes is above 128 (Fp4Matrices::wide_scales).
 bool repack_mxfp4(const uint8_t* blocks, int64_t rows, int64_t row0, const Fp4Matrices& m, cudaStream_t s);
 
-// What the gate|up products take into themselves (PDBRIDGE_DSV4_FP4_FUSE=1): the gather of each choice's token row
+// What the gate|up products take into themselves (the engine's default; PDBRIDGE_DSV4_FP4_FUSE=0: not): the gather of each choice's token row
 // into the loads of x, and the clamped SwiGLU into the epilogue, so neither the gathered rows nor the gate|up
 // products pass through memory. The same bits as gather_rows, the products and swiglu_clamp_rows one after another.
 struct Fp4Fusion {

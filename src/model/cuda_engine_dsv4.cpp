@@ -103,7 +103,7 @@ void take_fp4_experts_apart(Deepseek4CudaEngine::Impl& I) {
     return;
   for (const auto& L : I.layers)
     if (L.exp_gu.bytes()) return;  // a layer's experts are not FP4: every layer keeps the expansion path
-  I.fp4_fused = tuning.dsv4_fp4_fuse == "1";
+  I.fp4_fused = tuning.dsv4_fp4_fuse != "0";
   for (auto& L : I.layers) {
     L.gu4_codes.resize(size_t(NE * 2 * F * E / 2));
     L.gu4_scales.resize(size_t(NE * 2 * F * E / 32));
@@ -954,7 +954,7 @@ void Deepseek4CudaEngine::PromptRun::fp4_products(const int32_t* cnt) {
   const auto* dt = I.fp4_tiles.as<cuda::Fp4Tile>();
   const int64_t n = int64_t(tiles.size());
   const cuda::Fp4Matrices gu{L.gu4_codes.as<uint8_t>(), L.gu4_scales.as<uint8_t>(), NE, 2 * F, E, L.gu4_wide, I.fp4_fused};
-  if (I.fp4_fused) {  // the token rows gathered in the loads, the SwiGLU in the epilogue (PDBRIDGE_DSV4_FP4_FUSE=1)
+  if (I.fp4_fused) {  // the token rows gathered in the loads, the SwiGLU in the epilogue (PDBRIDGE_DSV4_FP4_FUSE=0: not)
     cuda::moe_fp4_products(I.hn_b.as<bf16>(), gu, dt, n, I.act.as<bf16>(), s, {I.token_of.as<int32_t>(), true, c.swiglu_clamp});
   } else {
     cuda::moe_fp4_products(I.xg.as<bf16>(), gu, dt, n, I.gu.as<bf16>(), s);

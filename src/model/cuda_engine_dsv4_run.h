@@ -103,7 +103,7 @@ struct Deepseek4CudaEngine::Impl {
   // The routed experts' products read the FP4 codes (cuda/moe_fp4_gemm.cuh): no expansion, no bf16 scratch. Their
   // tiles (up to 256 rows of one expert) reach the device from pinned memory once the counts are back, each layer.
   bool fp4_products = false;
-  bool fp4_fused = false;  // their gate|up products gather the token rows and write the SwiGLU (PDBRIDGE_DSV4_FP4_FUSE=1)
+  bool fp4_fused = false;  // their gate|up products gather the token rows and write the SwiGLU (unless PDBRIDGE_DSV4_FP4_FUSE=0)
   DeviceBuffer fp4_tiles;
   DeviceBuffer mix_parts;  // the mixes' split partial sums (PDBRIDGE_DSV4_MIX=split)
   cuda::PinnedBuffer fp4_tiles_host;
