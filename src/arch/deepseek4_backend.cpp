@@ -18,9 +18,9 @@ namespace {
 
 class Dsv4Backend final : public PrefillBackend {
  public:
-  Dsv4Backend(std::shared_ptr<const Deepseek4Recipe> recipe, Dsv4EngineRun run, std::string device, std::string weights)
+  Dsv4Backend(std::shared_ptr<const Deepseek4Recipe> recipe, Dsv4EngineRun run, std::string device, std::string weights, int64_t preferred_chunk)
       : recipe_(std::move(recipe)), run_(std::move(run)), device_(std::move(device)), weights_(std::move(weights)),
-        info_(read_recipe_info(recipe_->gguf())) {
+        info_(read_recipe_info(recipe_->gguf())), preferred_chunk_(preferred_chunk) {
     const auto& c = recipe_->config();
     config_.arch = "deepseek4";
     config_.hidden_size = c.hidden;
@@ -34,6 +34,7 @@ class Dsv4Backend final : public PrefillBackend {
   const RecipeInfo& info() const override { return info_; }
   std::string device() const override { return device_; }
   std::string weights() const override { return weights_; }
+  int64_t preferred_chunk() const override { return preferred_chunk_; }
 
   int64_t capture(const std::vector<int32_t>& tokens, int64_t chunk, const CacheSpec& spec, const KvSink& sink,
                   const std::function<bool()>& stop, CaptureReuse*) override {
@@ -143,6 +144,7 @@ class Dsv4Backend final : public PrefillBackend {
   std::string device_, weights_;
   RecipeInfo info_;
   HfConfig config_;
+  int64_t preferred_chunk_;
 };
 
 }  // namespace
@@ -153,8 +155,8 @@ Deepseek4Weights dsv4_engine_weights(const std::string& weights) {
 }
 
 std::unique_ptr<PrefillBackend> make_dsv4_backend(std::shared_ptr<const Deepseek4Recipe> recipe, Dsv4EngineRun run, const std::string& device,
-                                                  const std::string& weights_note) {
-  return std::make_unique<Dsv4Backend>(std::move(recipe), std::move(run), device, weights_note);
+                                                  const std::string& weights_note, int64_t preferred_chunk) {
+  return std::make_unique<Dsv4Backend>(std::move(recipe), std::move(run), device, weights_note, preferred_chunk);
 }
 
 std::unique_ptr<PrefillBackend> make_cpu_dsv4_backend(const std::string& decoder_gguf, const std::string& weights) {

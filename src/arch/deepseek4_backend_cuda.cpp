@@ -18,7 +18,8 @@ std::unique_ptr<PrefillBackend> make_cuda_dsv4_backend(const std::string& decode
   auto engine = std::make_shared<Deepseek4CudaEngine>(*recipe, dsv4_engine_weights(weights));
   Dsv4EngineRun run = [engine, recipe](const std::vector<int32_t>& tokens, int64_t chunk, GgmlType kt, const Deepseek4CpuEngine::ChunkHook& hook,
                                        const std::function<bool()>& stop) { return engine->prefill(tokens, chunk, kt, hook, stop); };
-  return make_dsv4_backend(recipe, std::move(run), "cuda: " + cuda::device_summary(), engine->weights_note());
+  // the chunk chosen once the weights are on the device: the largest whose buffers fit what they leave free
+  return make_dsv4_backend(recipe, std::move(run), "cuda: " + cuda::device_summary(), engine->weights_note(), engine->default_chunk());
 }
 
 }  // namespace pdb

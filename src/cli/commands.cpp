@@ -64,7 +64,7 @@ void register_prefill(CLI::App& app) {
   cmd->add_option("--host", o->host, "Bind address")->capture_default_str();
   cmd->add_option("--device", o->device, "cpu | cuda")->capture_default_str();
   cmd->add_flag("--cpu-fast", o->cpu_fast, "CPU engine: OpenBLAS matmuls and attention (faster; caches equal to the decoder's up to rounding)");
-  cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens (default: 4096 with --device cuda, 512 on the cpu)");
+  cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens (default: 4096 with --device cuda, for DeepSeek-V4 the largest up to 32768 whose buffers fit the GPU; 512 on the cpu)");
   cmd->add_option("--kv-dtype", o->kv_dtype, "CUDA engine's own K/V: bf16, or fp8 (e4m3 + a scale per head row: half the memory, for very long prompts; head_dim 128 on sm_90)")
       ->check(CLI::IsMember({"bf16", "fp8"}))
       ->capture_default_str();

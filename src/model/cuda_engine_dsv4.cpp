@@ -31,6 +31,7 @@
 #include "formats/gguf.h"
 #include "formats/numeric.h"
 #include "model/cuda_engine_load.h"
+#include "model/dsv4_chunk.h"
 #include "numerics/deepseek4_blocks.h"
 #include "recipes/deepseek4.h"
 #include "numerics/q8_dot.h"
@@ -1002,6 +1003,14 @@ void Deepseek4CudaEngine::PromptRun::record_profile() {
     profile->ms[size_t(l)][kRouted] += routed;
     profile->ms[size_t(l)][kIndexerTopk] += topk_spans.take_ms();
   }
+}
+
+static_assert(cuda::kDsv4MixFloats == 24, "model/dsv4_chunk.h counts 24 mix floats per row");
+
+int64_t Deepseek4CudaEngine::default_chunk() const {
+  size_t free_bytes = 0, total = 0;
+  PDB_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  return dsv4_cuda_largest_chunk(dsv4_cuda_bytes_per_chunk_row(c_), int64_t(free_bytes));
 }
 
 int64_t Deepseek4CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, GgmlType kt, const ChunkHook& hook,

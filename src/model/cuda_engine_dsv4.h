@@ -63,6 +63,10 @@ class Deepseek4CudaEngine {
   int64_t prefill(const std::vector<int32_t>& tokens, int64_t chunk, GgmlType k_type, const ChunkHook& hook,
                   const std::function<bool()>& stop = {}, bool compute_last = false, Profile* profile = nullptr);
 
+  // The chunk to run where none is asked for: the largest up to 32,768 whose buffers fit the device's free memory
+  // (model/dsv4_chunk.h).
+  int64_t default_chunk() const;
+
   struct Impl;
 
  private:

@@ -70,6 +70,8 @@ class PrefillBackend {
   virtual const RecipeInfo& info() const = 0;  // the decoder's geometry (fingerprint, HELLO, the cache kind)
   virtual std::string device() const = 0;  // "cpu" or "cuda: <GPU>"
   virtual std::string weights() const { return ""; }  // how the engine holds its weights (e.g. FP8 products or bf16)
+  // The chunk the engine runs best where neither the request nor the server names one (0: the server's default).
+  virtual int64_t preferred_chunk() const { return 0; }
   // Throws (with a message for the user) when a prompt of `tokens` cannot be served at all.
   virtual void check_fits(int64_t tokens, int64_t chunk) const {}
   // Runs the forward and the recipe; `stop` is polled between layers. Returns tokens processed.

@@ -387,7 +387,11 @@ int run_prefill_server(const PrefillServerOptions& o) {
                                                                .numerics = o.numerics});
   spdlog::info("prefill: engine on {} ({})", engine->device(), engine->weights().empty() ? "weights as loaded" : engine->weights());
 
-  PrefillService service(o, engine, mism, default_chunk);
+  // where --chunk is not given, the engine's own choice (DeepSeek-V4 on the GPU: the largest that fits) over the
+  // device's default
+  const int64_t service_chunk = o.chunk > 0 ? o.chunk : engine->preferred_chunk() > 0 ? engine->preferred_chunk() : default_chunk;
+  if (service_chunk != default_chunk) spdlog::info("prefill: chunks of {} tokens (the engine's choice; --chunk sets one)", service_chunk);
+  PrefillService service(o, engine, mism, service_chunk);
   httplib::Server srv;
   install_json_error_handler(srv);
   srv.Get("/health", [&](const httplib::Request&, httplib::Response& res) { service.health(res); });
