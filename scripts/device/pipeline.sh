@@ -849,6 +849,12 @@ stage_session39b() {
   local OLD=PDBRIDGE_DSV4_INDEXER_A=smem+PDBRIDGE_DSV4_TOPK=global+PDBRIDGE_DSV4_FP4_FUSE=0
   run dsv4_bench_session39b env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$OLD fp4:32768 fp4:32768:$OLD fp4:32768" bash $DEV/dsv4_gpu.sh bench
 }
+# The two kernels 14,000 tok/s at 32K asks for (docs/RESULTS.md, session 39) under Nsight Compute: the FP4 expert
+# products and the sparse attention's ratio-4 launch.
+stage_session39c() {
+  stage_ncufp4
+  NCU_ONLY=r4 stage_ncudsv4
+}
 # The keys kernel under Nsight Compute: a 32K prompt's fifth chunk of 4,096 queries in the bench's timed pass.
 stage_ncuidx() { ncu_kernel idx indexer_fp8_keys_kernel 20 CudaBench.Dsv4IndexerAtV4FlashShapes; }
 # The FP4 expert products under Nsight Compute: the gate|up launch of the bench's uniform routing (its second
@@ -912,7 +918,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac
