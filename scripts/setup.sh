@@ -15,10 +15,14 @@ log() { echo "[setup] $*" >&2; }
 # llama.cpp's AMX matmul (compiled in by -march=native on Sapphire Rapids and later Xeons) crashes in
 # `ldtilecfg` loading any Q4_0/Q8_0 GGUF (llama.cpp issue 20824: the XTILEDATA permission is asked for on
 # the main thread only) and its extra buffer type aborts deepseek2's graphs (`*cur_backend_id != -1`). The
-# decoder is built without it; everything else stays native (AVX-512, VNNI, AVX512-FP16 where present).
-# The flags are part of the cache key, so a cache built before this rebuilds.
+# decoder is built without it. Nor with AVX512-FP16: there ggml's f16 dot products (simd-mappings.h,
+# GGML_F16x32) accumulate in half precision, so the decoder's own decode of a prompt's last token differs from
+# its batched prefill of it (the MoE experts' F16 products, the decode's attention over an f16 cache) and a
+# restored cache answers differently from a computed one on random-weight models (docs/RESULTS.md, session 39).
+# Everything else stays native (AVX-512, VNNI). The flags are part of the cache key, so a cache built before
+# this rebuilds.
 LLAMA_ARCH_FLAGS=""
-case "$(uname -m)" in x86_64|amd64) LLAMA_ARCH_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" ;; esac
+case "$(uname -m)" in x86_64|amd64) LLAMA_ARCH_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16 -mno-avx512fp16" ;; esac
 LLAMA_FLAGS_KEY="$(printf '%s' "v2 $LLAMA_ARCH_FLAGS" | sha256sum | cut -c1-8)"
 
 # Fails the set-up when a llama.cpp binary still carries the AMX kernels (a compiler that ignored the flags).
