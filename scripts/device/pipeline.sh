@@ -855,6 +855,23 @@ stage_session39c() {
   stage_ncufp4
   NCU_ONLY=r4 stage_ncudsv4
 }
+# Session 40: the FP4 products' two shapes (256 outputs x 128 rows, the new default, against session 36's 128 x 256,
+# PDBRIDGE_DSV4_FP4_TILE=rows256): both under their tests and the products' bench (alternating), the layer bench
+# alternating, then DeepSeek-V4's GPU suites on the default.
+stage_session40() {
+  make_dsv4_test_models
+  run fp4_shapes env PDBRIDGE_BENCH=1 timeout 240 $P/build/tests/unit_tests --gtest_filter='MoeTiles.*:CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
+  local OLD=PDBRIDGE_DSV4_FP4_TILE=rows256
+  run dsv4_bench_session40 env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$OLD fp4:32768 fp4:32768:$OLD" bash $DEV/dsv4_gpu.sh bench
+  run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+}
+# Both shapes' gate|up launches under Nsight Compute (the bench's third launch of each: L2's throughput is the
+# question), and the suites with rows256.
+stage_session40b() {
+  NCU_BASE=demangled ncu_kernel fp4rows256 'moe_fp4_kernel<true, 1, false>' 2 CudaBench.MoeFp4ProductsAtV4FlashShapes
+  NCU_BASE=demangled ncu_kernel fp4outputs256 'moe_fp4_kernel<true, 2, false>' 2 CudaBench.MoeFp4ProductsAtV4FlashShapes
+  run integration_dsv4_rows256 env PDBRIDGE_DSV4_FP4_TILE=rows256 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+}
 # The keys kernel under Nsight Compute: a 32K prompt's fifth chunk of 4,096 queries in the bench's timed pass.
 stage_ncuidx() { ncu_kernel idx indexer_fp8_keys_kernel 20 CudaBench.Dsv4IndexerAtV4FlashShapes; }
 # The FP4 expert products under Nsight Compute: the gate|up launch of the bench's uniform routing (its second
@@ -862,10 +879,11 @@ stage_ncuidx() { ncu_kernel idx indexer_fp8_keys_kernel 20 CudaBench.Dsv4Indexer
 stage_ncufp4() { ncu_kernel fp4 moe_fp4_kernel 2 CudaBench.MoeFp4ProductsAtV4FlashShapes; }
 # ncu_kernel NAME KERNEL_REGEX LAUNCH_SKIP TEST: one launch of a unit_tests bench's kernel, the full section set as
 # text (ncu_NAME.txt), and the warps' stall reasons and the shared-memory conflicts from the raw metrics.
+# NCU_BASE=demangled: KERNEL_REGEX matches the demangled name (template arguments and all).
 ncu_kernel() {
   local NCU; NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [ -n "$NCU" ] || { ts "no ncu here"; return 0; }
-  run ncu_$1 env PDBRIDGE_BENCH=1 timeout 300 $NCU --clock-control none --kernel-name regex:$2 --launch-skip $3 --launch-count 1 \
+  run ncu_$1 env PDBRIDGE_BENCH=1 timeout 300 $NCU --clock-control none ${NCU_BASE:+--kernel-name-base $NCU_BASE} --kernel-name "regex:$2" --launch-skip $3 --launch-count 1 \
     --set full --import-source no -f -o $R/ncu_$1 $P/build/tests/unit_tests --gtest_filter=$4
   $NCU --import $R/ncu_$1.ncu-rep --page details > $R/ncu_$1.txt 2>&1
   $NCU --import $R/ncu_$1.ncu-rep --page raw --csv 2>/dev/null | python3 -c "import csv,sys; r=list(csv.reader(sys.stdin)); [print(h, u, v) for h, u, v in zip(r[0], r[1], r[2]) if 'issue_stalled' in h or 'bank_conflict' in h or 'wavefronts_pipe_lsu_mem_shared' in h]" \
@@ -918,7 +936,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

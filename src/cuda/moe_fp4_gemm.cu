@@ -1,15 +1,17 @@
 // The grouped FP4 expert products of moe_fp4_gemm.cuh on Hopper's warpgroup tensor cores, the weights as the register
-// operand: a CTA computes y^T's 128 outputs x one tile's (up to 256) rows as two warpgroups of 64 outputs, each
-// wgmma m64n256k16 (m64n128k16 for a tile of at most 128 rows) taking W's fragment from registers and x's rows
-// (K-major, 128-byte swizzle) from shared memory.
+// operand: a CTA computes y^T's outputs x one tile's rows as two warpgroups, each kMB blocks of 64 outputs times the
+// tile's rows by wgmma m64nNk16, W's fragment from registers and x's rows (K-major, 128-byte swizzle) from shared
+// memory. Two shapes (Fp4Shape): 128 outputs x up to 256 rows (kMB = 1, m64n256k16; session 36's), or 256 outputs x
+// up to 128 rows (kMB = 2, m64n128k16; the default): at V4-Flash's shapes the first read ~4.7 TB/s of L2 (x's rows
+// again for every 128 outputs), about all L2 gives, and the second reads a third less per product (docs/RESULTS.md).
+// A tile of at most half the rows runs at half N.
 // Each thread makes its own fragments from the repacked codes (cuda/fp4_expand.cuh: a 16-byte load per k-step of
 // 64; per pair two shifts, two masks and one bf16 product, two where a scale passes 2^0; mxfp4_to_bf16's values)
 // while the tensor cores run the chunks before: the weights never pass through shared memory. Session 36 measured
 // the kernels that expanded into a shared B tile (lockstep and warp-specialized) at ~0.8x cuBLAS after expansion,
 // shared memory 79% busy with the tile's stores and both warpgroups' reads (docs/RESULTS.md). x's rows come by
-// cp.async, four stages by default (PDBRIDGE_DSV4_FP4_DEPTH=deep: six), one barrier a step. The fused form (Fp4Fusion,
-// the engine's default; PDBRIDGE_DSV4_FP4_FUSE=0: not) copies each row from its token's row and writes the SwiGLU of
-// the gate/up pairs.
+// cp.async, one barrier a step. The fused form (Fp4Fusion, the engine's default; PDBRIDGE_DSV4_FP4_FUSE=0: not)
+// copies each row from its token's row and writes the SwiGLU of the gate/up pairs.
 #include "cuda/moe_fp4_gemm.cuh"
 
 #include <stdexcept>
@@ -25,13 +27,18 @@
 namespace pdb::cuda {
 namespace {
 
-constexpr int kBM = kFp4TileRows, kBN = 128, kBK = 64, kThreads = 256;
-constexpr uint32_t kXTile = kBM * kBK * 2;  // 32 KB: one k-step of a tile's rows
-// The pipeline's depth: kStages stages of x's rows (copies kStages - 2 steps ahead of the products), the codes kAhead
-// steps ahead. 4 / 2 is the measured default; PDBRIDGE_DSV4_FP4_DEPTH=deep runs 6 / 4 (copies and codes about 2 us
-// ahead instead of 1, against L2's and HBM's latencies; not yet measured).
-template <int kStages>
-constexpr int smem_bytes() { return int(kStages * kXTile) + 1024; }  // + alignment slack: one CTA per SM
+constexpr int kBK = 64, kThreads = 256;
+// A shape's constants: kMB blocks of 64 outputs per warpgroup, the tile's rows at most, a stage of x's rows (one
+// k-step of them), the pipeline's depth (kStages stages: copies kStages - 2 steps ahead of the products; the codes
+// kAhead steps ahead). rows256's 4 / 2 is the measured depth (six stages ran the same, session 39); outputs256's six
+// stages are the same 96 KB of shared memory as three of rows256's.
+template <int kMB>
+struct Shape {
+  static constexpr int kOutputs = 128 * kMB, kRows = 256 / kMB;
+  static constexpr uint32_t kXTile = uint32_t(kRows * kBK * 2);
+  static constexpr int kStages = kMB == 1 ? 4 : 6, kAhead = 2;
+  static constexpr int smem_bytes() { return int(kStages * kXTile) + 1024; }  // + alignment slack: one CTA per SM
+};
 
 // The repacked layout (repack_mxfp4): per expert, per 16 output rows, per k-step of 64, a 512-byte group of codes
 // (lane 4g + q's 16 bytes: its words for rows g and g + 8 of the 16, blocks 0 and 1 of the step) and 32 scale bytes
@@ -50,16 +57,17 @@ struct Fp4Step {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// This thread's share of x's rows: rows r + 32 i (r = tid >> 3), chunk tid & 7 (rows past the tile's: zeros). Without
-// the gather, the first row's source and the stride are worked out once, so a k-step's copies are additions
-// (registers are tight here); with it (kGather), each row's x row is read once per tile into a register.
-template <bool kGather>
+// This thread's share of x's rows: rows r + 32 i (r = tid >> 3), chunk tid & 7 (rows past the tile's: zeros), of a tile
+// of at most kRows. Without the gather, the first row's source and the stride are worked out once, so a k-step's
+// copies are additions (registers are tight here); with it (kGather), each row's x row is read once per tile into a
+// register.
+template <bool kGather, int kRows>
 struct RowCopies {
   const __nv_bfloat16* src0;
   int64_t stride;  // 32 rows (kGather: one row)
   uint32_t dst0;
   int valid;  // how many of the thread's rows lie in the tile
-  int32_t src[kGather ? kFp4TileRows / 32 : 1];  // kGather: x's rows of this thread's rows
+  int32_t src[kGather ? kRows / 32 : 1];  // kGather: x's rows of this thread's rows
   __device__ RowCopies(const __nv_bfloat16* x, int64_t K, const Fp4Tile& t, const int32_t* __restrict__ x_rows) {
     const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
     dst0 = chunk_offset(r, c);  // row r + 32 i's: + 4096 i (the swizzle repeats every 8 rows)
@@ -68,7 +76,7 @@ struct RowCopies {
       src0 = x + c * 8;
       stride = K;
 #pragma unroll
-      for (int i = 0; i < kFp4TileRows / 32; ++i) src[i] = i < valid ? __ldg(x_rows + t.row0 + r + 32 * i) : 0;
+      for (int i = 0; i < kRows / 32; ++i) src[i] = i < valid ? __ldg(x_rows + t.row0 + r + 32 * i) : 0;
     } else {
       src0 = x + (int64_t(t.row0) + r) * K + c * 8;
       stride = 32 * K;
@@ -111,20 +119,22 @@ __device__ __forceinline__ void make_fragment(const Fp4Step& st, const Fp4PairSc
 }
 
 
-// m64 n kN k16, W's fragment from registers, x's kN rows from shared memory (K-major)
+// m64 n kN k16 (kN = 256, 128 or 64), W's fragment from registers, x's kN rows from shared memory (K-major)
 template <int kN>
 __device__ __forceinline__ void chunk_product(float* d, const uint32_t* a, uint64_t desc_x, bool accumulate) {
   if constexpr (kN == 256) wgmma_rs_n256_kmajor(d, a, desc_x, accumulate);
-  else wgmma_rs_n128_kmajor(d, a, desc_x, accumulate);
+  else if constexpr (kN == 128) wgmma_rs_n128_kmajor(d, a, desc_x, accumulate);
+  else wgmma_rs_n64_kmajor(d, a, desc_x, accumulate);
 }
 
-// The products' epilogue, d as the fragments hold it: output rows n0 + 64 wg + 16 warp + g (+ 8), the tile's rows
-// 8 jj + 2q (+ 1). kFused: the two output rows are one feature's gate and up (Fp4Matrices::gate_up_pairs), and y
-// [rows x w.rows / 2] gets their SwiGLU, each product rounded to bf16 first as the unfused path stores it.
+// The products' epilogue for one block of 64 outputs, d as the fragments hold it: output rows r64 + 16 warp + g (+ 8),
+// the tile's rows 8 jj + 2q (+ 1). kFused: the two output rows are one feature's gate and up
+// (Fp4Matrices::gate_up_pairs), and y [rows x w.rows / 2] gets their SwiGLU, each product rounded to bf16 first as
+// the unfused path stores it.
 template <bool kFused, int kN>
-__device__ __forceinline__ void store_outputs(const float (&d)[kN / 2], const Fp4Matrices& w, const Fp4Tile& t, int64_t n0, float limit,
+__device__ __forceinline__ void store_outputs(const float (&d)[kN / 2], const Fp4Matrices& w, const Fp4Tile& t, int64_t r64, float limit,
                                               __nv_bfloat16* __restrict__ y) {
-  const int wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
 #pragma unroll
   for (int jj = 0; jj < kN / 8; ++jj)
 #pragma unroll
@@ -133,39 +143,52 @@ __device__ __forceinline__ void store_outputs(const float (&d)[kN / 2], const Fp
       if (r >= t.rows) continue;
       if constexpr (kFused) {
         const float gate = __bfloat162float(__float2bfloat16_rn(d[4 * jj + e])), up = __bfloat162float(__float2bfloat16_rn(d[4 * jj + 2 + e]));
-        y[(int64_t(t.row0) + r) * (w.rows / 2) + fp4_pair_feature(n0 + 64 * wg + 16 * warp, g)] = __float2bfloat16_rn(swiglu_clamp(gate, up, limit));
+        y[(int64_t(t.row0) + r) * (w.rows / 2) + fp4_pair_feature(r64 + 16 * warp, g)] = __float2bfloat16_rn(swiglu_clamp(gate, up, limit));
       } else {
-        __nv_bfloat16* yr = y + (int64_t(t.row0) + r) * w.rows + n0 + 64 * wg + 16 * warp + g;
+        __nv_bfloat16* yr = y + (int64_t(t.row0) + r) * w.rows + r64 + 16 * warp + g;
         yr[0] = __float2bfloat16_rn(d[4 * jj + e]);
         yr[8] = __float2bfloat16_rn(d[4 * jj + 2 + e]);
       }
     }
 }
 
-// One tile's products for this CTA's 128 outputs, as kN token rows (256, or 128 for a tile of at most 128: half the
-// products and copies), then written out (kFused: x's rows gathered, the SwiGLU of each gate/up pair written).
-template <bool kOne, int kN, int kStages, int kAhead, bool kFused>
+// One tile's products for this CTA's outputs from n0, as kN token rows (the shape's, or half of them for a tile of
+// at most half: half the products and copies), then written out (kFused: x's rows gathered, the SwiGLU of each
+// gate/up pair written). Warpgroup wg's outputs: n0 + 64 kMB wg + 64 mb + 16 warp + g (+ 8), m-block mb < kMB.
+template <bool kOne, int kMB, int kN, bool kFused>
 __device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ x, const Fp4Matrices& w, const Fp4Tile& t, int64_t n0,
                                               const int32_t* __restrict__ x_rows, float limit, __nv_bfloat16* __restrict__ y, uint32_t sX0) {
-  auto stage = [&](int j) { return sX0 + uint32_t(j % kStages) * kXTile; };
+  using S = Shape<kMB>;
+  constexpr int kStages = S::kStages, kAhead = S::kAhead;
+  auto stage = [&](int j) { return sX0 + uint32_t(j % kStages) * S::kXTile; };
   const int64_t K = w.cols;
   const int nk = int(K / kBK), wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, g = lane / 4;
-  // this warp's 16 output rows: n0 + 64 wg + 16 warp
-  const int64_t group0 = code_group(t.expert, (n0 + 64 * wg + 16 * warp) / 16, 0, w);
+  // a last block of 128 outputs (w.rows not a multiple of 256) leaves outputs256's second warpgroup nothing: it
+  // multiplies the first one's weights again and stores nothing (no branch around the barriers and the products)
+  const bool stores = n0 + 64 * kMB * wg < w.rows;
+  const int64_t wg_n0 = stores ? n0 + 64 * kMB * wg : n0;
+  // this warp's 16 output rows of m-block mb: wg_n0 + 64 mb + 16 warp, 4 groups of 16 rows apart per m-block
+  const int64_t group0 = code_group(t.expert, (wg_n0 + 16 * warp) / 16, 0, w), mb_groups = 4 * (K / kBK);
   const uint4* codes = reinterpret_cast<const uint4*>(w.codes) + group0 * 32 + lane;
   const uint32_t* scales = reinterpret_cast<const uint32_t*>(w.scales) + group0 * 8 + g;
+  auto fetch = [&](int j, int mb) { return Fp4Step{__ldg(codes + 32 * (j + mb * mb_groups)), __ldg(scales + 8 * (j + mb * mb_groups))}; };
 
-  const RowCopies<kFused> rows(x, K, t, x_rows);
-  for (int j = 0; j < kStages - 2; ++j) rows.load<kN>(stage(j), int64_t(j) * kBK, j < nk);
-  Fp4Step ring[kAhead];
+  const RowCopies<kFused, S::kRows> rows(x, K, t, x_rows);
+  for (int j = 0; j < kStages - 2; ++j) rows.template load<kN>(stage(j), int64_t(j) * kBK, j < nk);
+  Fp4Step ring[kAhead][kMB];
 #pragma unroll
   for (int u = 0; u < kAhead; ++u)
-    if (u < nk) ring[u] = {__ldg(codes + 32 * u), __ldg(scales + 8 * u)};
-  float d[kN / 2];
 #pragma unroll
-  for (int i = 0; i < kN / 2; ++i) d[i] = 0.0f;
-  fence_registers<kN / 2>(d);
-  uint32_t a[4][4];
+    for (int mb = 0; mb < kMB; ++mb)
+      if (u < nk) ring[u][mb] = fetch(u, mb);
+  float d[kMB][kN / 2];
+#pragma unroll
+  for (int mb = 0; mb < kMB; ++mb) {
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) d[mb][i] = 0.0f;
+    fence_registers<kN / 2>(d[mb]);
+  }
+  uint32_t a[4][kMB][4];
   for (int j0 = 0; j0 < nk; j0 += kAhead) {
 #pragma unroll
     for (int u = 0; u < kAhead; ++u) {
@@ -174,45 +197,56 @@ __device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ 
       cp_async_wait<kStages - 3>();  // this thread's copies of step j
       fence_async_shared();
       __syncthreads();  // everyone's; and step j - 2's products done in both warpgroups (their waits below)
-      rows.load<kN>(stage(j + kStages - 2), int64_t(j + kStages - 2) * kBK, j + kStages - 2 < nk);
-      const Fp4Step st = ring[u];
-      if (j + kAhead < nk) ring[u] = {__ldg(codes + 32 * (j + kAhead)), __ldg(scales + 8 * (j + kAhead))};
-      Fp4PairScale sc[2][2];
+      rows.template load<kN>(stage(j + kStages - 2), int64_t(j + kStages - 2) * kBK, j + kStages - 2 < nk);
+      Fp4Step st[kMB];
+      Fp4PairScale sc[kMB][2][2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int mb = 0; mb < kMB; ++mb) {
+        st[mb] = ring[u][mb];
+        if (j + kAhead < nk) ring[u][mb] = fetch(j + kAhead, mb);
 #pragma unroll
-        for (int blk = 0; blk < 2; ++blk) sc[h][blk] = fp4_pair_scale((st.scales >> (8 * (2 * h + blk))) & 0xffu);
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int blk = 0; blk < 2; ++blk) sc[mb][h][blk] = fp4_pair_scale((st[mb].scales >> (8 * (2 * h + blk))) & 0xffu);
+      }
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         wgmma_wait<3>();  // the chunk that last read a[c] (step j - 1's) is done
-        make_fragment<kOne>(st, sc, c, a[c]);
+#pragma unroll
+        for (int mb = 0; mb < kMB; ++mb) make_fragment<kOne>(st[mb], sc[mb], c, a[c][mb]);
         wgmma_fence();
-        chunk_product<kN>(d, a[c], smem_desc(stage(j) + c * 32, 16, 1024), j > 0 || c > 0);
+#pragma unroll
+        for (int mb = 0; mb < kMB; ++mb) chunk_product<kN>(d[mb], a[c][mb], smem_desc(stage(j) + c * 32, 16, 1024), j > 0 || c > 0);
         wgmma_commit();
       }
     }
   }
   wgmma_wait<0>();
-  fence_registers<kN / 2>(d);
-  store_outputs<kFused, kN>(d, w, t, n0, limit, y);
+#pragma unroll
+  for (int mb = 0; mb < kMB; ++mb) {
+    fence_registers<kN / 2>(d[mb]);
+    if (stores) store_outputs<kFused, kN>(d[mb], w, t, wg_n0 + 64 * mb, limit, y);
+  }
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <bool kOne, int kStages, int kAhead, bool kFused>
+template <bool kOne, int kMB, bool kFused>
 __global__ void __launch_bounds__(kThreads, 1)
 moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4Matrices w, const Fp4Tile* __restrict__ tiles,
                const int32_t* __restrict__ x_rows, float limit, __nv_bfloat16* __restrict__ y) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // wgmma is sm_90a's
 #else
+  using S = Shape<kMB>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sX0 = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
-  const int n_tiles_n = int(w.rows / kBN);
+  const int n_tiles_n = int((w.rows + S::kOutputs - 1) / S::kOutputs);
   const Fp4Tile t = tiles[blockIdx.x / n_tiles_n];
-  const int64_t n0 = int64_t(blockIdx.x % n_tiles_n) * kBN;
-  if (t.rows > 128) tile_products<kOne, 256, kStages, kAhead, kFused>(x, w, t, n0, x_rows, limit, y, sX0);
-  else tile_products<kOne, 128, kStages, kAhead, kFused>(x, w, t, n0, x_rows, limit, y, sX0);
+  const int64_t n0 = int64_t(blockIdx.x % n_tiles_n) * S::kOutputs;
+  if (t.rows > S::kRows) __trap();  // tiles made for the other shape (fp4_tiles)
+  if (t.rows > S::kRows / 2) tile_products<kOne, kMB, S::kRows, kFused>(x, w, t, n0, x_rows, limit, y, sX0);
+  else tile_products<kOne, kMB, S::kRows / 2, kFused>(x, w, t, n0, x_rows, limit, y, sX0);
 #endif
 }
 
@@ -236,26 +270,25 @@ __global__ void repack_mxfp4_kernel(const uint8_t* __restrict__ blocks, int64_t 
   if (src[0] > 128) *wide = 1u;
 }
 
-template <int kStages, int kAhead, bool kFused>
+template <int kMB, bool kFused>
 void launch(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Tile* tiles, int64_t grid, const Fp4Fusion& f, __nv_bfloat16* y, cudaStream_t s) {
+  constexpr int smem = Shape<kMB>::smem_bytes();
   static const bool configured = [] {  // once per process and instantiation
-    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel<true, kStages, kAhead, kFused>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        smem_bytes<kStages>()));
-    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel<false, kStages, kAhead, kFused>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        smem_bytes<kStages>()));
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel<true, kMB, kFused>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel<false, kMB, kFused>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
   (void)configured;
   const unsigned blocks = unsigned(grid);
-  if (w.wide_scales) moe_fp4_kernel<false, kStages, kAhead, kFused><<<blocks, kThreads, smem_bytes<kStages>(), s>>>(x, w, tiles, f.x_rows, f.limit, y);
-  else moe_fp4_kernel<true, kStages, kAhead, kFused><<<blocks, kThreads, smem_bytes<kStages>(), s>>>(x, w, tiles, f.x_rows, f.limit, y);
+  if (w.wide_scales) moe_fp4_kernel<false, kMB, kFused><<<blocks, kThreads, smem, s>>>(x, w, tiles, f.x_rows, f.limit, y);
+  else moe_fp4_kernel<true, kMB, kFused><<<blocks, kThreads, smem, s>>>(x, w, tiles, f.x_rows, f.limit, y);
   PDB_CUDA_LAUNCHED();
 }
 
-template <int kStages, int kAhead>
+template <int kMB>
 void launch(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Tile* tiles, int64_t grid, const Fp4Fusion& f, __nv_bfloat16* y, cudaStream_t s) {
-  if (f.swiglu) return launch<kStages, kAhead, true>(x, w, tiles, grid, f, y, s);
-  launch<kStages, kAhead, false>(x, w, tiles, grid, f, y, s);
+  if (f.swiglu) return launch<kMB, true>(x, w, tiles, grid, f, y, s);
+  launch<kMB, false>(x, w, tiles, grid, f, y, s);
 }
 
 }  // namespace
@@ -275,10 +308,12 @@ bool repack_mxfp4(const uint8_t* blocks, int64_t rows, int64_t row0, const Fp4Ma
   return any != 0;
 }
 
-bool moe_fp4_products_supported(int64_t in, int64_t out) { return in > 0 && out > 0 && in % kBK == 0 && out % kBN == 0 && device_is_sm90(); }
+bool moe_fp4_products_supported(int64_t in, int64_t out) { return in > 0 && out > 0 && in % kBK == 0 && out % 128 == 0 && device_is_sm90(); }
 
-void moe_fp4_products(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Tile* tiles, int64_t n_tiles, __nv_bfloat16* y, cudaStream_t s,
-                      const Fp4Fusion& f) {
+Fp4Shape fp4_shape(const Tuning& t) { return t.dsv4_fp4_tile == "rows256" ? Fp4Shape::kRows256 : Fp4Shape::kOutputs256; }
+
+void moe_fp4_products(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Tile* tiles, int64_t n_tiles, Fp4Shape shape, __nv_bfloat16* y,
+                      cudaStream_t s, const Fp4Fusion& f) {
   if (n_tiles <= 0) return;
   if (!moe_fp4_products_supported(w.cols, w.rows))
     throw std::invalid_argument("moe_fp4_products: needs an sm_90 GPU, inputs a multiple of 64 and outputs of 128, not " + std::to_string(w.cols) +
@@ -286,10 +321,10 @@ void moe_fp4_products(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Til
   // the fused form gathers and pairs together (the only use: DeepSeek-V4's gate|up products)
   if (f.swiglu != w.gate_up_pairs || f.swiglu != (f.x_rows != nullptr))
     throw std::invalid_argument("moe_fp4_products: the SwiGLU epilogue takes gate/up-paired weights and gathered rows, and only it does");
-  const int64_t grid = n_tiles * (w.rows / kBN);
+  const int64_t per_tile = (w.rows + fp4_tile_outputs(shape) - 1) / fp4_tile_outputs(shape), grid = n_tiles * per_tile;
   if (grid > 0x7fffffff) throw std::invalid_argument("moe_fp4_products: too many tiles for one launch");
-  if (Tuning::from_env().dsv4_fp4_depth == "deep") return launch<6, 4>(x, w, tiles, grid, f, y, s);
-  launch<4, 2>(x, w, tiles, grid, f, y, s);
+  if (shape == Fp4Shape::kRows256) return launch<1>(x, w, tiles, grid, f, y, s);
+  launch<2>(x, w, tiles, grid, f, y, s);
 }
 
 }  // namespace pdb::cuda

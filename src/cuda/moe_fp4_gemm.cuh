@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "common/tuning.h"
 #include "cuda/moe_tiles.h"
 
 namespace pdb::cuda {
@@ -57,9 +58,12 @@ struct Fp4Fusion {
 
 // An sm_90 GPU, in a multiple of 64, out a multiple of 128.
 bool moe_fp4_products_supported(int64_t in, int64_t out);
-// y[r, 0 .. w.rows) = x[r, 0 .. w.cols) W_e^T, bf16, for each tile's rows r with e its expert; tiles in device memory.
-// With f.x_rows, x's rows are x_rows[r]; with f.swiglu, y holds the SwiGLU of each gate/up pair instead.
-void moe_fp4_products(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Tile* tiles, int64_t n_tiles, __nv_bfloat16* y, cudaStream_t s,
-                      const Fp4Fusion& f = {});
+// The products' shape a tuning names (PDBRIDGE_DSV4_FP4_TILE=rows256: 128 outputs x 256 rows; else 256 x 128).
+Fp4Shape fp4_shape(const Tuning& t);
+// y[r, 0 .. w.rows) = x[r, 0 .. w.cols) W_e^T, bf16, for each tile's rows r with e its expert; tiles in device memory,
+// made by fp4_tiles for `shape` (a longer tile traps). With f.x_rows, x's rows are x_rows[r]; with f.swiglu, y holds
+// the SwiGLU of each gate/up pair instead.
+void moe_fp4_products(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Tile* tiles, int64_t n_tiles, Fp4Shape shape, __nv_bfloat16* y,
+                      cudaStream_t s, const Fp4Fusion& f = {});
 
 }  // namespace pdb::cuda

@@ -28,6 +28,13 @@
 #endif
 
 namespace pdb {
+namespace {
+
+// Both of the products' shapes (cuda/moe_tiles.h), each test run under each.
+constexpr cuda::Fp4Shape kShapes[] = {cuda::Fp4Shape::kRows256, cuda::Fp4Shape::kOutputs256};
+std::string shape_name(cuda::Fp4Shape s) { return s == cuda::Fp4Shape::kRows256 ? "rows256" : "outputs256"; }
+
+}  // namespace
 
 #ifdef PDBRIDGE_HAVE_CUDA
 namespace {
@@ -92,8 +99,6 @@ void check_grouped_products(const std::vector<int32_t>& counts, int64_t half, in
   EXPECT_FALSE(d.m.wide_scales) << "scales of 118 .. 122 were repacked";
   const auto x = round_bf16(randn(size_t(g * k)));
   auto dx = to_device_bf16(x);
-  const auto tiles = cuda::fp4_tiles(counts.data(), experts);
-  auto dt = upload_tiles(tiles);
   std::vector<double> want(size_t(g * n));
   int64_t row = 0;
   for (int64_t e = 0; e < experts; ++e)
@@ -104,10 +109,12 @@ void check_grouped_products(const std::vector<int32_t>& counts, int64_t half, in
         for (int64_t i = 0; i < k; ++i) sum += double(x[size_t(row * k + i)]) * wr[i];
         want[size_t(row * n + o)] = sum;
       }
-  {
-    const char* kernel = "register fragments";
+  for (const cuda::Fp4Shape shape : kShapes) {
+    const std::string kernel = shape_name(shape);
+    const auto tiles = cuda::fp4_tiles(counts.data(), experts, shape);
+    auto dt = upload_tiles(tiles);
     auto y = poisoned(size_t(g * n) * 2);
-    cuda::moe_fp4_products(dx.as<__nv_bfloat16>(), d.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), y.as<__nv_bfloat16>(), nullptr);
+    cuda::moe_fp4_products(dx.as<__nv_bfloat16>(), d.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), shape, y.as<__nv_bfloat16>(), nullptr);
     PDB_CUDA_CHECK(cudaDeviceSynchronize());
     const auto got = from_device_bf16(y, size_t(g * n));
     double err2 = 0, ref2 = 0, worst_excess = 0;
@@ -121,7 +128,7 @@ void check_grouped_products(const std::vector<int32_t>& counts, int64_t half, in
     }
     const double rel = std::sqrt(err2 / ref2), rms = std::sqrt(ref2 / double(g * n));
     std::printf("FP4 grouped products (%s), %zu tiles x %lld outputs, k=%lld: rel RMS %.2e, worst excess over one bf16 rounding %.2e (output RMS %.2e)\n",
-                kernel, tiles.size(), (long long)n, (long long)k, rel, worst_excess, rms);
+                kernel.c_str(), tiles.size(), (long long)n, (long long)k, rel, worst_excess, rms);
     EXPECT_LT(rel, 3e-3) << kernel;
     EXPECT_LT(worst_excess, 1e-4 * rms * std::sqrt(double(k))) << kernel;
   }
@@ -130,32 +137,37 @@ void check_grouped_products(const std::vector<int32_t>& counts, int64_t half, in
 }  // namespace
 #endif
 
-// The tiles cover every routed row once, in order, each within one expert and at most kFp4TileRows long (CPU).
+// The tiles cover every routed row once, in order, each within one expert and at most the shape's rows long (CPU).
 TEST(MoeTiles, EveryRowOnceWithinItsExpertInOrder) {
   const std::vector<int32_t> counts = {0, 1, 127, 128, 129, 0, 300, 256, 257, 700};
-  const auto tiles = cuda::fp4_tiles(counts.data(), int64_t(counts.size()));
-  size_t want = 0;
-  for (int32_t c : counts) want += size_t((c + cuda::kFp4TileRows - 1) / cuda::kFp4TileRows);
-  ASSERT_EQ(tiles.size(), want) << "each expert's rows in as few tiles as hold them";
-  int32_t next = 0, first_of_expert = 0;
-  int64_t e_prev = -1;
-  for (const auto& t : tiles) {
-    EXPECT_EQ(t.row0, next) << "tiles leave a gap or overlap";
-    EXPECT_GE(t.rows, 1);
-    EXPECT_LE(t.rows, cuda::kFp4TileRows);
-    ASSERT_GE(t.expert, e_prev) << "experts out of order";
-    if (t.expert != e_prev) {
-      first_of_expert = 0;
-      for (int64_t e = 0; e < t.expert; ++e) first_of_expert += counts[size_t(e)];
-      EXPECT_EQ(t.row0, first_of_expert) << "expert " << t.expert << " starts elsewhere";
-      e_prev = t.expert;
+  for (const cuda::Fp4Shape shape : kShapes) {
+    SCOPED_TRACE(shape_name(shape));
+    const int32_t most = cuda::fp4_tile_rows(shape);
+    EXPECT_EQ(most * cuda::fp4_tile_outputs(shape), 256 * 128) << "both shapes are one CTA's 32K accumulators";
+    const auto tiles = cuda::fp4_tiles(counts.data(), int64_t(counts.size()), shape);
+    size_t want = 0;
+    for (int32_t c : counts) want += size_t((c + most - 1) / most);
+    ASSERT_EQ(tiles.size(), want) << "each expert's rows in as few tiles as hold them";
+    int32_t next = 0, first_of_expert = 0;
+    int64_t e_prev = -1;
+    for (const auto& t : tiles) {
+      EXPECT_EQ(t.row0, next) << "tiles leave a gap or overlap";
+      EXPECT_GE(t.rows, 1);
+      EXPECT_LE(t.rows, most);
+      ASSERT_GE(t.expert, e_prev) << "experts out of order";
+      if (t.expert != e_prev) {
+        first_of_expert = 0;
+        for (int64_t e = 0; e < t.expert; ++e) first_of_expert += counts[size_t(e)];
+        EXPECT_EQ(t.row0, first_of_expert) << "expert " << t.expert << " starts elsewhere";
+        e_prev = t.expert;
+      }
+      EXPECT_LE(t.row0 + t.rows, first_of_expert + counts[size_t(t.expert)]) << "a tile runs into the next expert's rows";
+      next = t.row0 + t.rows;
     }
-    EXPECT_LE(t.row0 + t.rows, first_of_expert + counts[size_t(t.expert)]) << "a tile runs into the next expert's rows";
-    next = t.row0 + t.rows;
+    int32_t total = 0;
+    for (int32_t c : counts) total += c;
+    EXPECT_EQ(next, total);
   }
-  int32_t total = 0;
-  for (int32_t c : counts) total += c;
-  EXPECT_EQ(next, total);
 }
 
 // The expansion's arithmetic (cuda/fp4_expand.cuh, run here on the host: the same functions the kernel inlines, its
@@ -227,8 +239,9 @@ TEST(CudaMoeFp4, IdentityRowsGiveEachWeightBitForBit) {
   if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
 #ifdef PDBRIDGE_HAVE_CUDA
   if (!cuda::moe_fp4_products_supported(256, 128)) GTEST_SKIP() << "needs an sm_90 GPU: " << cuda::device_summary();
-  // k identity rows per expert: one tile each, multiplied as 128 token rows and as 256
-  for (const int64_t k : {int64_t(128), int64_t(256)}) {
+  // k identity rows per expert: one tile each (rows256: multiplied as 128 token rows and as 256; outputs256: as 64,
+  // as 128, and two tiles of 128), 128 outputs (outputs256: its second warpgroup without outputs)
+  for (const int64_t k : {int64_t(64), int64_t(128), int64_t(256)}) {
     const int64_t experts = 2, n = 128;
     // E8M0 bytes across the range: denormal scales (1, 2), ordinary ones, the last whose first product is 2^(e-1)
     // (128) and the ones past it, 2^127 then 2^(e-128) (codes with |value| <= 12 x 2^122 stay finite there)
@@ -244,12 +257,12 @@ TEST(CudaMoeFp4, IdentityRowsGiveEachWeightBitForBit) {
       for (int64_t i = 0; i < k; ++i) x[size_t((e * k + i) * k + i)] = 1.0f;
     auto dx = to_device_bf16(x);
     const std::vector<int32_t> counts = {int32_t(k), int32_t(k)};
-    const auto tiles = cuda::fp4_tiles(counts.data(), experts);
-    auto dt = upload_tiles(tiles);
-    {
-      const std::string kernel = "tiles of " + std::to_string(k) + " rows";
+    for (const cuda::Fp4Shape shape : kShapes) {
+      const auto tiles = cuda::fp4_tiles(counts.data(), experts, shape);
+      auto dt = upload_tiles(tiles);
+      const std::string kernel = shape_name(shape) + ", " + std::to_string(k) + " rows an expert";
       auto y = poisoned(size_t(experts * k * n) * 2);
-      cuda::moe_fp4_products(dx.as<__nv_bfloat16>(), d.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), y.as<__nv_bfloat16>(), nullptr);
+      cuda::moe_fp4_products(dx.as<__nv_bfloat16>(), d.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), shape, y.as<__nv_bfloat16>(), nullptr);
       PDB_CUDA_CHECK(cudaDeviceSynchronize());
       const auto got = from_device_bf16(y, size_t(experts * k * n));
       int64_t differ = 0;
@@ -272,21 +285,23 @@ TEST(CudaMoeFp4, GroupedProductsMatchTheF64ProductOfTheDequantizedWeights) {
   if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
 #ifdef PDBRIDGE_HAVE_CUDA
   if (!cuda::moe_fp4_products_supported(64, 128)) GTEST_SKIP() << "needs an sm_90 GPU: " << cuda::device_summary();
-  // tiles of 1, 127 and 128 rows (multiplied as 128), 256 and 44 (the 300), 200 (multiplied as 256)
+  // rows256: tiles of 1, 127 and 128 rows (multiplied as 128), 256 and 44 (the 300), 200 (multiplied as 256);
+  // outputs256: 1 (as 64), 127, 128, 128 + 128 + 44 (as 64), 128 + 72 (as 128)
   const std::vector<int32_t> counts = {0, 1, 127, 128, 300, 200};
-  ASSERT_EQ(cuda::fp4_tiles(counts.data(), int64_t(counts.size())).size(), size_t(0 + 1 + 1 + 1 + 2 + 1));
+  ASSERT_EQ(cuda::fp4_tiles(counts.data(), int64_t(counts.size()), cuda::Fp4Shape::kRows256).size(), size_t(0 + 1 + 1 + 1 + 2 + 1));
+  ASSERT_EQ(cuda::fp4_tiles(counts.data(), int64_t(counts.size()), cuda::Fp4Shape::kOutputs256).size(), size_t(0 + 1 + 1 + 1 + 3 + 2));
   for (const int64_t k : {int64_t(64), int64_t(512)}) check_grouped_products(counts, 128, k);
 #endif
 }
 
-// Many tiles of 16-row code groups across 1,024 outputs: every (tile, 128 outputs) CTA of a launch that fills the GPU
-// more than once reads its own groups of the repacked codes.
+// Many tiles of 16-row code groups across 1,024 outputs: every (tile, 128 or 256 outputs) CTA of a launch that fills
+// the GPU more than once reads its own groups of the repacked codes.
 TEST(CudaMoeFp4, ManyTilesAcrossManyOutputGroups) {
   if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
 #ifdef PDBRIDGE_HAVE_CUDA
   if (!cuda::moe_fp4_products_supported(128, 1024)) GTEST_SKIP() << "needs an sm_90 GPU: " << cuda::device_summary();
   const std::vector<int32_t> counts = {2000, 77, 2100, 0, 1900};
-  const int64_t items = int64_t(cuda::fp4_tiles(counts.data(), int64_t(counts.size())).size()) * 8;
+  const int64_t items = int64_t(cuda::fp4_tiles(counts.data(), int64_t(counts.size()), cuda::Fp4Shape::kOutputs256).size()) * 4;
   ASSERT_GT(items, int64_t(cuda::multiprocessor_count())) << "the case must fill the GPU more than once";
   check_grouped_products(counts, 512, 128);
 #endif
@@ -316,62 +331,68 @@ TEST(CudaMoeFp4, FusedGateUpIsTheGatherProductsAndSwigluBitForBit) {
                   token_of.as<int32_t>(), nullptr);
   std::vector<int32_t> cnt(static_cast<size_t>(experts));
   counts.download(cnt.data(), cnt.size() * 4);
-  const auto tiles = cuda::fp4_tiles(cnt.data(), experts);
-  bool short_tile = false, long_tile = false;
-  for (const auto& t : tiles) (t.rows > 128 ? long_tile : short_tile) = true;
-  ASSERT_TRUE(short_tile && long_tile && cnt[5] == 0) << "the routing must give tiles of both kinds and an expert without rows";
-  auto dt = upload_tiles(tiles);
   auto dx = to_device_bf16(round_bf16(randn(size_t(tokens * k))));
   cuda::DeviceBuffer xg(size_t(g * k) * 2), gu(size_t(g * n) * 2);
   cuda::gather_rows(dx.as<__nv_bfloat16>(), token_of.as<int32_t>(), g, k, xg.as<__nv_bfloat16>(), nullptr);
-  // both of the kernel's scale paths: scales below 2^0 (real weights'), and some past it
-  for (const bool wide : {false, true}) {
-    const std::vector<uint8_t> exps = wide ? std::vector<uint8_t>{118, 120, 129, 131} : std::vector<uint8_t>{118, 119, 120, 121, 122};
-    const auto gate = fp4_blocks(experts, half, k, exps), up = fp4_blocks(experts, half, k, exps);
-    auto dg = upload(gate), du = upload(up);
-    Fp4Device plain(experts, n, k), pairs(experts, n, k);
-    pairs.m.gate_up_pairs = true;
-    for (Fp4Device* d : {&plain, &pairs}) {
-      d->m.wide_scales = cuda::repack_mxfp4(dg.as<uint8_t>(), half, 0, d->m, nullptr) | cuda::repack_mxfp4(du.as<uint8_t>(), half, half, d->m, nullptr);
-      EXPECT_EQ(d->m.wide_scales, wide);
+  for (const cuda::Fp4Shape shape : kShapes) {
+    const auto tiles = cuda::fp4_tiles(cnt.data(), experts, shape);
+    bool short_tile = false, long_tile = false;
+    for (const auto& t : tiles) (t.rows > cuda::fp4_tile_rows(shape) / 2 ? long_tile : short_tile) = true;
+    ASSERT_TRUE(long_tile && cnt[5] == 0) << shape_name(shape) << ": the routing must give full tiles and an expert without rows";
+    if (shape == cuda::Fp4Shape::kRows256) {
+      ASSERT_TRUE(short_tile) << "the routing must give rows256 tiles of at most 128 rows";
     }
-    cuda::moe_fp4_products(xg.as<__nv_bfloat16>(), plain.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr);
-    const auto gu_host = from_device_bf16(gu, size_t(g * n));
-    for (const float limit : {0.0f, 0.5f}) {
-      const std::string name = std::string(wide ? "scales past 2^0" : "scales below 2^0") + ", limit " + std::to_string(limit);
-      auto want = poisoned(size_t(g * half) * 2), got = poisoned(size_t(g * half) * 2);
-      cuda::swiglu_clamp_rows(gu.as<__nv_bfloat16>(), want.as<__nv_bfloat16>(), g, half, limit, nullptr);
-      cuda::moe_fp4_products(dx.as<__nv_bfloat16>(), pairs.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), got.as<__nv_bfloat16>(), nullptr,
-                             {token_of.as<int32_t>(), true, limit});
-      PDB_CUDA_CHECK(cudaDeviceSynchronize());
-      std::vector<uint16_t> a(size_t(g * half)), b(size_t(g * half));
-      want.download(a.data(), a.size() * 2);
-      got.download(b.data(), b.size() * 2);
-      int64_t differ = 0, clamped = 0;
-      for (size_t i = 0; i < a.size(); ++i) {
-        const size_t r = i / size_t(half), f = i % size_t(half);
-        clamped += limit > 0 && (gu_host[r * size_t(n) + f] > limit || std::fabs(gu_host[r * size_t(n) + size_t(half) + f]) > limit);
-        if (a[i] != b[i] && differ++ < 5) ADD_FAILURE() << name << ": grouped row " << r << " feature " << f << ": fused bits " << b[i] << " != " << a[i];
+    auto dt = upload_tiles(tiles);
+    // both of the kernel's scale paths: scales below 2^0 (real weights'), and some past it
+    for (const bool wide : {false, true}) {
+      const std::vector<uint8_t> exps = wide ? std::vector<uint8_t>{118, 120, 129, 131} : std::vector<uint8_t>{118, 119, 120, 121, 122};
+      const auto gate = fp4_blocks(experts, half, k, exps), up = fp4_blocks(experts, half, k, exps);
+      auto dg = upload(gate), du = upload(up);
+      Fp4Device plain(experts, n, k), pairs(experts, n, k);
+      pairs.m.gate_up_pairs = true;
+      for (Fp4Device* d : {&plain, &pairs}) {
+        d->m.wide_scales = cuda::repack_mxfp4(dg.as<uint8_t>(), half, 0, d->m, nullptr) | cuda::repack_mxfp4(du.as<uint8_t>(), half, half, d->m, nullptr);
+        EXPECT_EQ(d->m.wide_scales, wide);
       }
-      EXPECT_EQ(differ, 0) << name;
-      if (limit > 0) {
-        EXPECT_GT(clamped, g * half / 20) << name << ": the clamp must bite for the case to check it";
+      cuda::moe_fp4_products(xg.as<__nv_bfloat16>(), plain.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), shape, gu.as<__nv_bfloat16>(), nullptr);
+      const auto gu_host = from_device_bf16(gu, size_t(g * n));
+      for (const float limit : {0.0f, 0.5f}) {
+        const std::string name = shape_name(shape) + ", " + (wide ? "scales past 2^0" : "scales below 2^0") + ", limit " + std::to_string(limit);
+        auto want = poisoned(size_t(g * half) * 2), got = poisoned(size_t(g * half) * 2);
+        cuda::swiglu_clamp_rows(gu.as<__nv_bfloat16>(), want.as<__nv_bfloat16>(), g, half, limit, nullptr);
+        cuda::moe_fp4_products(dx.as<__nv_bfloat16>(), pairs.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), shape, got.as<__nv_bfloat16>(), nullptr,
+                               {token_of.as<int32_t>(), true, limit});
+        PDB_CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint16_t> a(size_t(g * half)), b(size_t(g * half));
+        want.download(a.data(), a.size() * 2);
+        got.download(b.data(), b.size() * 2);
+        int64_t differ = 0, clamped = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+          const size_t r = i / size_t(half), f = i % size_t(half);
+          clamped += limit > 0 && (gu_host[r * size_t(n) + f] > limit || std::fabs(gu_host[r * size_t(n) + size_t(half) + f]) > limit);
+          if (a[i] != b[i] && differ++ < 5) ADD_FAILURE() << name << ": grouped row " << r << " feature " << f << ": fused bits " << b[i] << " != " << a[i];
+        }
+        EXPECT_EQ(differ, 0) << name;
+        if (limit > 0) {
+          EXPECT_GT(clamped, g * half / 20) << name << ": the clamp must bite for the case to check it";
+        }
       }
+      // the fused form only as a whole: paired weights without the epilogue, or the epilogue without the gather, refused
+      EXPECT_THROW(cuda::moe_fp4_products(xg.as<__nv_bfloat16>(), pairs.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), shape, gu.as<__nv_bfloat16>(), nullptr),
+                   std::invalid_argument);
+      EXPECT_THROW(cuda::moe_fp4_products(xg.as<__nv_bfloat16>(), pairs.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), shape, gu.as<__nv_bfloat16>(), nullptr,
+                                          {nullptr, true, 0.0f}),
+                   std::invalid_argument);
     }
-    // the fused form only as a whole: paired weights without the epilogue, or the epilogue without the gather, refused
-    EXPECT_THROW(cuda::moe_fp4_products(xg.as<__nv_bfloat16>(), pairs.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr),
-                 std::invalid_argument);
-    EXPECT_THROW(cuda::moe_fp4_products(xg.as<__nv_bfloat16>(), pairs.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr,
-                                        {nullptr, true, 0.0f}),
-                 std::invalid_argument);
   }
 #endif
 }
 
 // A benchmark, run on request (PDBRIDGE_BENCH=1; the H200 figures in docs/RESULTS.md): one DeepSeek-V4-Flash layer's
 // routed products at a 32K-token chunk (256 experts of 2048 x 4096, top 6, uniform and skewed routing), from the FP4
-// codes against the path they replace in the same process: every expert expanded to bf16 (mxfp4_to_bf16, three
-// launches) and one cuBLAS product per expert. CUDA events, median of 5 after a warm-up; TFLOP/s of the routed rows.
+// codes (both shapes, alternating) against the path they replace in the same process: every expert expanded to bf16
+// (mxfp4_to_bf16, three launches) and one cuBLAS product per expert. CUDA events, median of 5 after a warm-up; TFLOP/s
+// of the routed rows.
 TEST(CudaBench, MoeFp4ProductsAtV4FlashShapes) {
   if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
   const char* on = std::getenv("PDBRIDGE_BENCH");
@@ -412,8 +433,6 @@ TEST(CudaBench, MoeFp4ProductsAtV4FlashShapes) {
     std::mt19937 r(11);
     std::vector<int32_t> counts(static_cast<size_t>(NE), 0);
     for (int64_t i = 0; i < g; ++i) ++counts[size_t(pick(r))];
-    const auto tiles = cuda::fp4_tiles(counts.data(), NE);
-    auto dt = upload_tiles(tiles);
     std::vector<cuda::GroupedProduct> p_up(static_cast<size_t>(NE)), p_down(static_cast<size_t>(NE));
     int64_t off = 0;
     for (int64_t e = 0; e < NE; ++e) {
@@ -421,22 +440,6 @@ TEST(CudaBench, MoeFp4ProductsAtV4FlashShapes) {
       p_down[size_t(e)] = {act.as<__nv_bfloat16>() + off * F, dn16.as<__nv_bfloat16>() + e * E * F, yexp.as<__nv_bfloat16>() + off * E, counts[size_t(e)]};
       off += counts[size_t(e)];
     }
-    auto fp4 = [&] {
-      cuda::moe_fp4_products(x.as<__nv_bfloat16>(), gu4.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr);
-      cuda::moe_fp4_products(act.as<__nv_bfloat16>(), dn4.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), yexp.as<__nv_bfloat16>(), nullptr);
-    };
-    auto step_unfused = [&] {
-      cuda::gather_rows(hn.as<__nv_bfloat16>(), token_of.as<int32_t>(), g, E, x.as<__nv_bfloat16>(), nullptr);
-      cuda::moe_fp4_products(x.as<__nv_bfloat16>(), gu4.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), gu.as<__nv_bfloat16>(), nullptr);
-      cuda::swiglu_clamp_rows(gu.as<__nv_bfloat16>(), act.as<__nv_bfloat16>(), g, F, 10.0f, nullptr);
-      cuda::moe_fp4_products(act.as<__nv_bfloat16>(), dn4.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), yexp.as<__nv_bfloat16>(), nullptr);
-    };
-    auto step_fused = [&] {
-      cuda::moe_fp4_products(hn.as<__nv_bfloat16>(), gu4p.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), act.as<__nv_bfloat16>(), nullptr,
-                             {token_of.as<int32_t>(), true, 10.0f});
-      cuda::moe_fp4_products(act.as<__nv_bfloat16>(), dn4.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), yexp.as<__nv_bfloat16>(), nullptr);
-    };
-
     auto expand = [&] {
       const int64_t blocks_fe = F * E / 32, per = NE * blocks_fe;
       cuda::mxfp4_to_bf16(gate.as<uint8_t>(), per, gu16.as<__nv_bfloat16>(), nullptr, blocks_fe, 2 * F * E);
@@ -455,17 +458,41 @@ TEST(CudaBench, MoeFp4ProductsAtV4FlashShapes) {
       std::sort(t.begin(), t.end());
       return t[2];
     };
-    const double t_fp4 = median_ms(fp4), t_expand = median_ms(expand), t_cublas = median_ms(cublas);
+    const double t_expand = median_ms(expand), t_cublas = median_ms(cublas);
     int64_t largest = 0;
     for (int32_t c : counts) largest = std::max<int64_t>(largest, c);
-    std::printf("MOE FP4 V4-Flash layer, %s routing (%zu tiles, largest expert %lld rows): FP4 products %.2f ms (%.0f TFLOP/s); "
-                "expansion %.2f ms + cuBLAS per expert %.2f ms (%.0f TFLOP/s) = %.2f ms; ratio %.2fx\n",
-                skewed ? "skewed" : "uniform", tiles.size(), (long long)largest, t_fp4, flops / (t_fp4 * 1e-3) / 1e12, t_expand, t_cublas,
-                flops / (t_cublas * 1e-3) / 1e12, t_expand + t_cublas, (t_expand + t_cublas) / t_fp4);
-    const double t_unfused = median_ms(step_unfused), t_fused = median_ms(step_fused);
-    std::printf("MOE FP4 STEP V4-Flash layer, %s routing: gather + gate|up + SwiGLU + down %.2f ms; fused (PDBRIDGE_DSV4_FP4_FUSE=1) %.2f ms; "
-                "ratio %.3fx\n", skewed ? "skewed" : "uniform", t_unfused, t_fused, t_unfused / t_fused);
-    std::fflush(stdout);
+    const char* routing = skewed ? "skewed" : "uniform";
+    std::printf("MOE FP4 V4-Flash layer, %s routing (largest expert %lld rows): expansion %.2f ms + cuBLAS per expert %.2f ms (%.0f TFLOP/s) = %.2f ms\n",
+                routing, (long long)largest, t_expand, t_cublas, flops / (t_cublas * 1e-3) / 1e12, t_expand + t_cublas);
+    // each shape twice, alternating (rows256, outputs256, rows256, outputs256): the second round says whether the
+    // first one's order mattered
+    for (int round = 0; round < 2; ++round)
+      for (const cuda::Fp4Shape shape : kShapes) {
+        const auto tiles = cuda::fp4_tiles(counts.data(), NE, shape);
+        auto dt = upload_tiles(tiles);
+        const auto* dtp = dt.as<cuda::Fp4Tile>();
+        const int64_t n = int64_t(tiles.size());
+        auto fp4 = [&] {
+          cuda::moe_fp4_products(x.as<__nv_bfloat16>(), gu4.m, dtp, n, shape, gu.as<__nv_bfloat16>(), nullptr);
+          cuda::moe_fp4_products(act.as<__nv_bfloat16>(), dn4.m, dtp, n, shape, yexp.as<__nv_bfloat16>(), nullptr);
+        };
+        auto step_unfused = [&] {
+          cuda::gather_rows(hn.as<__nv_bfloat16>(), token_of.as<int32_t>(), g, E, x.as<__nv_bfloat16>(), nullptr);
+          cuda::moe_fp4_products(x.as<__nv_bfloat16>(), gu4.m, dtp, n, shape, gu.as<__nv_bfloat16>(), nullptr);
+          cuda::swiglu_clamp_rows(gu.as<__nv_bfloat16>(), act.as<__nv_bfloat16>(), g, F, 10.0f, nullptr);
+          cuda::moe_fp4_products(act.as<__nv_bfloat16>(), dn4.m, dtp, n, shape, yexp.as<__nv_bfloat16>(), nullptr);
+        };
+        auto step_fused = [&] {
+          cuda::moe_fp4_products(hn.as<__nv_bfloat16>(), gu4p.m, dtp, n, shape, act.as<__nv_bfloat16>(), nullptr, {token_of.as<int32_t>(), true, 10.0f});
+          cuda::moe_fp4_products(act.as<__nv_bfloat16>(), dn4.m, dtp, n, shape, yexp.as<__nv_bfloat16>(), nullptr);
+        };
+        const double t_fp4 = median_ms(fp4), t_unfused = median_ms(step_unfused), t_fused = median_ms(step_fused);
+        std::printf("MOE FP4 %s, %s routing, round %d (%zu tiles): FP4 products %.2f ms (%.0f TFLOP/s), against expansion + cuBLAS %.2fx; "
+                    "step: gather + gate|up + SwiGLU + down %.2f ms, fused %.2f ms (%.3fx)\n",
+                    shape_name(shape).c_str(), routing, round, tiles.size(), t_fp4, flops / (t_fp4 * 1e-3) / 1e12, (t_expand + t_cublas) / t_fp4,
+                    t_unfused, t_fused, t_unfused / t_fused);
+        std::fflush(stdout);
+      }
   }
 #endif
 }

@@ -105,6 +105,7 @@ void take_fp4_experts_apart(Deepseek4CudaEngine::Impl& I) {
   for (const auto& L : I.layers)
     if (L.exp_gu.bytes()) return;  // a layer's experts are not FP4: every layer keeps the expansion path
   I.fp4_fused = tuning.dsv4_fp4_fuse != "0";
+  I.fp4_shape = cuda::fp4_shape(tuning);
   for (auto& L : I.layers) {
     L.gu4_codes.resize(size_t(NE * 2 * F * E / 2));
     L.gu4_scales.resize(size_t(NE * 2 * F * E / 32));
@@ -941,12 +942,12 @@ void Deepseek4CudaEngine::PromptRun::routed_experts() {
   }
 }
 
-// The routed products from the FP4 codes: the layer's tiles (up to 128 rows of one expert) from the counts, to the
-// device from pinned memory (the host waited for this layer's counts, so the stream is past the previous layer's
-// copy out of it), then gate|up, SwiGLU, down over the same tiles.
+// The routed products from the FP4 codes: the layer's tiles (rows of one expert, as many as the products' shape
+// takes) from the counts, to the device from pinned memory (the host waited for this layer's counts, so the stream is
+// past the previous layer's copy out of it), then gate|up, SwiGLU, down over the same tiles.
 void Deepseek4CudaEngine::PromptRun::fp4_products(const int32_t* cnt) {
   Impl::Layer& L = *layer_;
-  const auto tiles = cuda::fp4_tiles(cnt, NE);
+  const auto tiles = cuda::fp4_tiles(cnt, NE, I.fp4_shape);
   const size_t bytes = tiles.size() * sizeof(cuda::Fp4Tile);
   if (I.fp4_tiles_host.bytes() < bytes) I.fp4_tiles_host.resize(bytes * 2);
   Impl::grow(I.fp4_tiles, bytes * 2);
@@ -956,12 +957,12 @@ void Deepseek4CudaEngine::PromptRun::fp4_products(const int32_t* cnt) {
   const int64_t n = int64_t(tiles.size());
   const cuda::Fp4Matrices gu{L.gu4_codes.as<uint8_t>(), L.gu4_scales.as<uint8_t>(), NE, 2 * F, E, L.gu4_wide, I.fp4_fused};
   if (I.fp4_fused) {  // the token rows gathered in the loads, the SwiGLU in the epilogue (PDBRIDGE_DSV4_FP4_FUSE=0: not)
-    cuda::moe_fp4_products(I.hn_b.as<bf16>(), gu, dt, n, I.act.as<bf16>(), s, {I.token_of.as<int32_t>(), true, c.swiglu_clamp});
+    cuda::moe_fp4_products(I.hn_b.as<bf16>(), gu, dt, n, I.fp4_shape, I.act.as<bf16>(), s, {I.token_of.as<int32_t>(), true, c.swiglu_clamp});
   } else {
-    cuda::moe_fp4_products(I.xg.as<bf16>(), gu, dt, n, I.gu.as<bf16>(), s);
+    cuda::moe_fp4_products(I.xg.as<bf16>(), gu, dt, n, I.fp4_shape, I.gu.as<bf16>(), s);
     cuda::swiglu_clamp_rows(I.gu.as<bf16>(), I.act.as<bf16>(), rows * K, F, c.swiglu_clamp, s);
   }
-  cuda::moe_fp4_products(I.act.as<bf16>(), {L.down4_codes.as<uint8_t>(), L.down4_scales.as<uint8_t>(), NE, E, F, L.down4_wide}, dt, n, I.yexp.as<bf16>(), s);
+  cuda::moe_fp4_products(I.act.as<bf16>(), {L.down4_codes.as<uint8_t>(), L.down4_scales.as<uint8_t>(), NE, E, F, L.down4_wide}, dt, n, I.fp4_shape, I.yexp.as<bf16>(), s);
 }
 
 void Deepseek4CudaEngine::PromptRun::shared_expert_and_combine() {

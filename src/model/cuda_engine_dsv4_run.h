@@ -104,6 +104,7 @@ struct Deepseek4CudaEngine::Impl {
   // tiles (up to 256 rows of one expert) reach the device from pinned memory once the counts are back, each layer.
   bool fp4_products = false;
   bool fp4_fused = false;  // their gate|up products gather the token rows and write the SwiGLU (unless PDBRIDGE_DSV4_FP4_FUSE=0)
+  cuda::Fp4Shape fp4_shape = cuda::Fp4Shape::kOutputs256;  // their CTAs' outputs x rows (PDBRIDGE_DSV4_FP4_TILE)
   DeviceBuffer fp4_tiles;
   DeviceBuffer mix_parts;  // the mixes' split partial sums (PDBRIDGE_DSV4_MIX=split)
   cuda::PinnedBuffer fp4_tiles_host;
