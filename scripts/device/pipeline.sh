@@ -868,9 +868,19 @@ stage_session40() {
 # Both shapes' gate|up launches under Nsight Compute (the bench's third launch of each: L2's throughput is the
 # question), and the suites with rows256.
 stage_session40b() {
-  NCU_BASE=demangled ncu_kernel fp4rows256 'moe_fp4_kernel<true, 1, false>' 2 CudaBench.MoeFp4ProductsAtV4FlashShapes
-  NCU_BASE=demangled ncu_kernel fp4outputs256 'moe_fp4_kernel<true, 2, false>' 2 CudaBench.MoeFp4ProductsAtV4FlashShapes
-  run integration_dsv4_rows256 env PDBRIDGE_DSV4_FP4_TILE=rows256 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  NCU_BASE=demangled ncu_kernel fp4rows256 'moe_fp4_kernel<.bool.1, .int.1, .bool.0>' 2 CudaBench.MoeFp4ProductsAtV4FlashShapes
+  NCU_BASE=demangled ncu_kernel fp4outputs256 'moe_fp4_kernel<.bool.1, .int.2, .bool.0>' 2 CudaBench.MoeFp4ProductsAtV4FlashShapes
+  [ -n "${NCU_ONLY:-}" ] || run integration_dsv4_rows256 env PDBRIDGE_DSV4_FP4_TILE=rows256 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+}
+# The FP4 products' codes loaded straight into their ring slots (no copy that waits for the load): both shapes'
+# tests and bench, the layer bench alternating, both kernels' SASS under Nsight Compute, the suites on the default.
+stage_session40c() {
+  make_dsv4_test_models
+  run fp4_shapes_ring env PDBRIDGE_BENCH=1 timeout 240 $P/build/tests/unit_tests --gtest_filter='MoeTiles.*:CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
+  local OLD=PDBRIDGE_DSV4_FP4_TILE=rows256
+  run dsv4_bench_session40c env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$OLD fp4:32768 fp4:32768:$OLD" bash $DEV/dsv4_gpu.sh bench
+  NCU_SASS=1 NCU_ONLY=1 stage_session40b
+  run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
 }
 # The keys kernel under Nsight Compute: a 32K prompt's fifth chunk of 4,096 queries in the bench's timed pass.
 stage_ncuidx() { ncu_kernel idx indexer_fp8_keys_kernel 20 CudaBench.Dsv4IndexerAtV4FlashShapes; }
@@ -886,6 +896,8 @@ ncu_kernel() {
   run ncu_$1 env PDBRIDGE_BENCH=1 timeout 300 $NCU --clock-control none ${NCU_BASE:+--kernel-name-base $NCU_BASE} --kernel-name "regex:$2" --launch-skip $3 --launch-count 1 \
     --set full --import-source no -f -o $R/ncu_$1 $P/build/tests/unit_tests --gtest_filter=$4
   $NCU --import $R/ncu_$1.ncu-rep --page details > $R/ncu_$1.txt 2>&1
+  # NCU_SASS=1: the kernel's SASS with each instruction's samples and stall reasons (the source page)
+  [ -n "${NCU_SASS:-}" ] && $NCU --import $R/ncu_$1.ncu-rep --page source --csv --print-source sass > $R/ncu_$1_sass.csv 2>&1
   $NCU --import $R/ncu_$1.ncu-rep --page raw --csv 2>/dev/null | python3 -c "import csv,sys; r=list(csv.reader(sys.stdin)); [print(h, u, v) for h, u, v in zip(r[0], r[1], r[2]) if 'issue_stalled' in h or 'bank_conflict' in h or 'wavefronts_pipe_lsu_mem_shared' in h]" \
     > $R/ncu_$1_stalls.txt 2>&1
   rm -f $R/ncu_$1.ncu-rep
@@ -936,7 +948,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -175,12 +175,16 @@ __device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ 
 
   const RowCopies<kFused, S::kRows> rows(x, K, t, x_rows);
   for (int j = 0; j < kStages - 2; ++j) rows.template load<kN>(stage(j), int64_t(j) * kBK, j < nk);
-  Fp4Step ring[kAhead][kMB];
+  // The codes of step j in slot j % kRing, fetched kAhead steps ahead into the slot step j - 1 read (a load straight
+  // into the registers it fills: session 39's ring copied each step's codes out of the slot before refilling it, and
+  // that copy waited for the load it had just issued, 23% of rows256's stalls). Always a load (the last steps fetch
+  // the last step's codes again), so that no predicate or select stands between the load and its registers.
+  constexpr int kRing = kAhead + 1;
+  Fp4Step ring[kRing][kMB];
 #pragma unroll
   for (int u = 0; u < kAhead; ++u)
 #pragma unroll
-    for (int mb = 0; mb < kMB; ++mb)
-      if (u < nk) ring[u][mb] = fetch(u, mb);
+    for (int mb = 0; mb < kMB; ++mb) ring[u][mb] = fetch(min(u, nk - 1), mb);
   float d[kMB][kN / 2];
 #pragma unroll
   for (int mb = 0; mb < kMB; ++mb) {
@@ -189,26 +193,25 @@ __device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ 
     fence_registers<kN / 2>(d[mb]);
   }
   uint32_t a[4][kMB][4];
-  for (int j0 = 0; j0 < nk; j0 += kAhead) {
+  for (int j0 = 0; j0 < nk; j0 += kRing) {
 #pragma unroll
-    for (int u = 0; u < kAhead; ++u) {
+    for (int u = 0; u < kRing; ++u) {
       const int j = j0 + u;
       if (j >= nk) break;
       cp_async_wait<kStages - 3>();  // this thread's copies of step j
       fence_async_shared();
       __syncthreads();  // everyone's; and step j - 2's products done in both warpgroups (their waits below)
       rows.template load<kN>(stage(j + kStages - 2), int64_t(j + kStages - 2) * kBK, j + kStages - 2 < nk);
-      Fp4Step st[kMB];
+#pragma unroll
+      for (int mb = 0; mb < kMB; ++mb) ring[(u + kAhead) % kRing][mb] = fetch(min(j + kAhead, nk - 1), mb);
+      const Fp4Step(&st)[kMB] = ring[u];
       Fp4PairScale sc[kMB][2][2];
 #pragma unroll
-      for (int mb = 0; mb < kMB; ++mb) {
-        st[mb] = ring[u][mb];
-        if (j + kAhead < nk) ring[u][mb] = fetch(j + kAhead, mb);
+      for (int mb = 0; mb < kMB; ++mb)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
           for (int blk = 0; blk < 2; ++blk) sc[mb][h][blk] = fp4_pair_scale((st[mb].scales >> (8 * (2 * h + blk))) & 0xffu);
-      }
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         wgmma_wait<3>();  // the chunk that last read a[c] (step j - 1's) is done
