@@ -21,15 +21,33 @@ __host__ __device__ inline uint32_t fp4_bf16_pair(float lo, float hi) {
   return u;
 }
 
-// Codes repacked so that the two elements of a bf16 pair sit 16
-// bits apart in one word (pair p: nibbles 4p and 16 + 4p), so that two shifts and two masks place both. An e2m1
-// code's magnitude bits at bf16 bits 6-8 and its sign at bit 15 read as its value x 2^-126 (magnitude 1, the
-// subnormal 0.5, exactly); two bf16 products, by 2^(e-1) and 1 (e <= 128) or by 2^127 and 2^(e-128), give
-// kvalue x 2^(e-128): ggml's value, exact wherever bf16 holds it and rounded as a product is elsewhere.
+// Each pair's four bits per element placed in the repacked word (fp4_fragment_word) where one rotation puts them
+// where a bf16 wants them (magnitude bits 6-8 and sign bit 15 for the lower-k element, 22-24 and 31 for the other),
+// so that a pair costs a funnel shift and a mask (pair 3: a shift and two masks) instead of two shifts and two
+// masks: 9 integer operations a word instead of 16 (session 40; the products issue a wgmma every ~19 instructions
+// of a warp, most of them these). An e2m1 code's magnitude bits at bf16 bits 6-8 and its sign at bit 15 read as its
+// value x 2^-126 (magnitude 1, the subnormal 0.5, exactly); two bf16 products, by 2^(e-1) and 1 (e <= 128) or by
+// 2^127 and 2^(e-128), give kvalue x 2^(e-128): ggml's value, exact wherever bf16 holds it and rounded as a product
+// is elsewhere.
+// Where element bits m, e0, e1, s (code bits 0-3) of pair p's lower / upper element sit in the word:
+__host__ __device__ constexpr int fp4_word_bit(int p, bool upper, int b) {
+  constexpr int lower_at[4][4] = {{0, 1, 2, 9}, {26, 27, 28, 3}, {4, 5, 6, 13}, {30, 7, 8, 15}};
+  constexpr int upper_at[4][4] = {{16, 17, 18, 25}, {10, 11, 12, 19}, {20, 21, 22, 29}, {14, 23, 24, 31}};
+  return upper ? upper_at[p][b] : lower_at[p][b];
+}
+__host__ __device__ inline uint32_t fp4_rotl(uint32_t w, int d) {
+#ifdef __CUDA_ARCH__
+  return __funnelshift_l(w, w, d);
+#else
+  return d ? (w << d) | (w >> (32 - d)) : w;
+#endif
+}
 __host__ __device__ inline uint32_t fp4_pair_bits(uint32_t w, int p) {
-  const uint32_t mag = (4 * p <= 6 ? w << (6 - 4 * p) : w >> (4 * p - 6)) & 0x01C001C0u;
-  const uint32_t sign = (w << (12 - 4 * p)) & 0x80008000u;
-  return mag | sign;
+  constexpr uint32_t kBf16Bits = 0x81C081C0u;  // bits 6-8 and 15 of each half
+  if (p == 0) return fp4_rotl(w, 6) & kBf16Bits;
+  if (p == 1) return fp4_rotl(w, 12) & kBf16Bits;
+  if (p == 2) return fp4_rotl(w, 2) & kBf16Bits;
+  return (w & 0x81808180u) | (fp4_rotl(w, 8) & 0x00400040u);  // e0, e1, s where they belong; m from bits 30 and 14
 }
 struct Fp4PairScale {
   uint32_t m1, m2;  // bf16x2 factors, both halves alike
@@ -51,11 +69,13 @@ __host__ __device__ inline uint32_t fp4_mul_bf16x2(uint32_t a, uint32_t b) {
 }
 // The repacked word of lane q (0..3) of a 32-block (ggml's 16 code bytes: byte j holds element j low, j + 16 high):
 // its pair p holds elements 2q + 8p and 2q + 8p + 1, the k columns of a wgmma A fragment's registers (a0 / a2 of the
-// block's two 16-wide chunks: p = 0, 1 the first chunk, 2, 3 the second).
+// block's two 16-wide chunks: p = 0, 1 the first chunk, 2, 3 the second), their bits where fp4_word_bit says.
 __host__ __device__ inline uint32_t fp4_fragment_word(const uint8_t* codes, int q) {
   auto elem = [codes](int k) { return uint32_t(k < 16 ? codes[k] & 0x0f : codes[k - 16] >> 4); };
   uint32_t w = 0;
-  for (int p = 0; p < 4; ++p) w |= elem(2 * q + 8 * p) << (4 * p) | elem(2 * q + 8 * p + 1) << (16 + 4 * p);
+  for (int p = 0; p < 4; ++p)
+    for (int b = 0; b < 4; ++b)
+      w |= (elem(2 * q + 8 * p) >> b & 1u) << fp4_word_bit(p, false, b) | (elem(2 * q + 8 * p + 1) >> b & 1u) << fp4_word_bit(p, true, b);
   return w;
 }
 
