@@ -882,6 +882,17 @@ stage_session40c() {
   NCU_SASS=1 NCU_ONLY=1 stage_session40b
   run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
 }
+# The FP4 products' codes three k-steps ahead (the default) against two (PDBRIDGE_DSV4_FP4_AHEAD=2): the products'
+# bench with each, the layer bench alternating, the default's SASS, the suites.
+stage_session40d() {
+  make_dsv4_test_models
+  run fp4_ahead3 env PDBRIDGE_BENCH=1 timeout 240 $P/build/tests/unit_tests --gtest_filter='MoeTiles.*:CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
+  run fp4_ahead2 env PDBRIDGE_DSV4_FP4_AHEAD=2 PDBRIDGE_BENCH=1 timeout 240 $P/build/tests/unit_tests --gtest_filter='CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
+  local TWO=PDBRIDGE_DSV4_FP4_AHEAD=2
+  run dsv4_bench_session40d env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$TWO fp4:32768 fp4:32768:$TWO fp4:32768:PDBRIDGE_DSV4_FP4_TILE=rows256" bash $DEV/dsv4_gpu.sh bench
+  NCU_SASS=1 NCU_BASE=demangled ncu_kernel fp4outputs256 'moe_fp4_kernel<.bool.1, .int.2, .int.3, .bool.0>' 2 CudaBench.MoeFp4ProductsAtV4FlashShapes
+  run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+}
 # The keys kernel under Nsight Compute: a 32K prompt's fifth chunk of 4,096 queries in the bench's timed pass.
 stage_ncuidx() { ncu_kernel idx indexer_fp8_keys_kernel 20 CudaBench.Dsv4IndexerAtV4FlashShapes; }
 # The FP4 expert products under Nsight Compute: the gate|up launch of the bench's uniform routing (its second
@@ -948,7 +959,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac
