@@ -893,6 +893,12 @@ stage_session40d() {
   NCU_SASS=1 NCU_BASE=demangled ncu_kernel fp4outputs256 'moe_fp4_kernel<.bool.1, .int.2, .int.3, .bool.0>' 2 CudaBench.MoeFp4ProductsAtV4FlashShapes
   run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
 }
+# Session 40's defaults on whatever card comes (the targets are the H200's): the layer bench, default and rows256
+# alternating, and at 8K chunks (outputs256's half-width tiles).
+stage_session40e() {
+  local OLD=PDBRIDGE_DSV4_FP4_TILE=rows256
+  run dsv4_bench_session40e env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$OLD fp4:32768 fp4:32768:$OLD fp4:8192 fp4:8192:$OLD" bash $DEV/dsv4_gpu.sh bench
+}
 # The keys kernel under Nsight Compute: a 32K prompt's fifth chunk of 4,096 queries in the bench's timed pass.
 stage_ncuidx() { ncu_kernel idx indexer_fp8_keys_kernel 20 CudaBench.Dsv4IndexerAtV4FlashShapes; }
 # The FP4 expert products under Nsight Compute: the gate|up launch of the bench's uniform routing (its second
@@ -959,7 +965,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac
