@@ -119,6 +119,15 @@ __device__ __forceinline__ void make_fragment(const Fp4Step& st, const Fp4PairSc
 }
 
 
+// Byte b of a step's scale word as its pair scale. kOne (no E8M0 byte above 128): the first factor alone, 2^(e-1) as
+// a bf16 in both halves, is byte b copied to bytes 0 and 2 by one permute, times 128, plus 126's exponent bits: two
+// instructions where fp4_pair_scale's general form takes five (the same bits for e <= 128).
+template <bool kOne>
+__device__ __forceinline__ Fp4PairScale step_scale(uint32_t scales, int b) {
+  if constexpr (kOne) return {__byte_perm(scales, 0u, 0x4040u + 0x0101u * uint32_t(b)) * 128u + 0x3F003F00u, 0u};
+  else return fp4_pair_scale((scales >> (8 * b)) & 0xffu);
+}
+
 // m64 n kN k16 (kN = 256, 128 or 64), W's fragment from registers, x's kN rows from shared memory (K-major)
 template <int kN>
 __device__ __forceinline__ void chunk_product(float* d, const uint32_t* a, uint64_t desc_x, bool accumulate) {
@@ -211,7 +220,7 @@ __device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ 
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int blk = 0; blk < 2; ++blk) sc[mb][h][blk] = fp4_pair_scale((st[mb].scales >> (8 * (2 * h + blk))) & 0xffu);
+          for (int blk = 0; blk < 2; ++blk) sc[mb][h][blk] = step_scale<kOne>(st[mb].scales, 2 * h + blk);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         wgmma_wait<3>();  // the chunk that last read a[c] (step j - 1's) is done

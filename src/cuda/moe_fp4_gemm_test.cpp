@@ -241,17 +241,20 @@ TEST(CudaMoeFp4, IdentityRowsGiveEachWeightBitForBit) {
   if (!cuda::moe_fp4_products_supported(256, 128)) GTEST_SKIP() << "needs an sm_90 GPU: " << cuda::device_summary();
   // k identity rows per expert: one tile each (rows256: multiplied as 128 token rows and as 256; outputs256: as 64,
   // as 128, and two tiles of 128), 128 outputs (outputs256: its second warpgroup without outputs)
+  // E8M0 bytes across the range: denormal scales (1, 2), ordinary ones, the last whose first product is 2^(e-1)
+  // (128) and the ones past it, 2^127 then 2^(e-128) (codes with |value| <= 12 x 2^122 stay finite there); and the
+  // same up to 128 alone, the kernel's one-product form (its scales made by a byte permute)
+  for (const bool wide : {true, false})
   for (const int64_t k : {int64_t(64), int64_t(128), int64_t(256)}) {
     const int64_t experts = 2, n = 128;
-    // E8M0 bytes across the range: denormal scales (1, 2), ordinary ones, the last whose first product is 2^(e-1)
-    // (128) and the ones past it, 2^127 then 2^(e-128) (codes with |value| <= 12 x 2^122 stay finite there)
-    const std::vector<uint8_t> exps = {1, 2, 60, 100, 120, 127, 128, 133, 200, 248, 249, 250};
+    const std::vector<uint8_t> exps = wide ? std::vector<uint8_t>{1, 2, 60, 100, 120, 127, 128, 133, 200, 248, 249, 250}
+                                           : std::vector<uint8_t>{1, 2, 60, 100, 120, 121, 126, 127, 128};
     auto blocks = fp4_blocks(experts, n, k, exps);
     const auto w = dequantized(blocks);
     auto db = upload(blocks);
     Fp4Device d(experts, n, k);
     d.m.wide_scales = cuda::repack_mxfp4(db.as<uint8_t>(), n, 0, d.m, nullptr);
-    EXPECT_TRUE(d.m.wide_scales) << "scales up to 250 were repacked";
+    EXPECT_EQ(d.m.wide_scales, wide) << "scales up to " << int(exps.back()) << " were repacked";
     std::vector<float> x(size_t(experts * k * k), 0.0f);  // expert e's k rows: the identity
     for (int64_t e = 0; e < experts; ++e)
       for (int64_t i = 0; i < k; ++i) x[size_t((e * k + i) * k + i)] = 1.0f;
@@ -260,7 +263,7 @@ TEST(CudaMoeFp4, IdentityRowsGiveEachWeightBitForBit) {
     for (const cuda::Fp4Shape shape : kShapes) {
       const auto tiles = cuda::fp4_tiles(counts.data(), experts, shape);
       auto dt = upload_tiles(tiles);
-      const std::string kernel = shape_name(shape) + ", " + std::to_string(k) + " rows an expert";
+      const std::string kernel = shape_name(shape) + ", " + std::to_string(k) + " rows an expert, scales up to " + std::to_string(exps.back());
       auto y = poisoned(size_t(experts * k * n) * 2);
       cuda::moe_fp4_products(dx.as<__nv_bfloat16>(), d.m, dt.as<cuda::Fp4Tile>(), int64_t(tiles.size()), shape, y.as<__nv_bfloat16>(), nullptr);
       PDB_CUDA_CHECK(cudaDeviceSynchronize());
