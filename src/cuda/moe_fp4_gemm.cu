@@ -2,9 +2,9 @@
 // operand: a CTA computes y^T's outputs x one tile's rows as two warpgroups, each kMB blocks of 64 outputs times the
 // tile's rows by wgmma m64nNk16, W's fragment from registers and x's rows (K-major, 128-byte swizzle) from shared
 // memory. Two shapes (Fp4Shape): 128 outputs x up to 256 rows (kMB = 1, m64n256k16; session 36's), or 256 outputs x
-// up to 128 rows (kMB = 2, m64n128k16; the default): at V4-Flash's shapes the first read ~4.7 TB/s of L2 (x's rows
-// again for every 128 outputs), about all L2 gives, and the second reads a third less per product (docs/RESULTS.md).
-// A tile of at most half the rows runs at half N.
+// up to 128 rows (kMB = 2, m64n128k16; the default): each token row read by half as many CTAs (L2 34% busy against
+// 46% at V4-Flash's shapes) and less padding, for twice the fragments per thread per product (docs/RESULTS.md,
+// session 40). A tile of at most half the rows runs at half N.
 // Each thread makes its own fragments from the repacked codes (cuda/fp4_expand.cuh: a 16-byte load per k-step of
 // 64; per pair two shifts, two masks and one bf16 product, two where a scale passes 2^0; mxfp4_to_bf16's values)
 // while the tensor cores run the chunks before: the weights never pass through shared memory. Session 36 measured
