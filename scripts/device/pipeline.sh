@@ -858,11 +858,15 @@ stage_session39c() {
 # Session 40: the FP4 products' two shapes (256 outputs x 128 rows, the new default, against session 36's 128 x 256,
 # PDBRIDGE_DSV4_FP4_TILE=rows256): both under their tests and the products' bench (alternating), the layer bench
 # alternating, then DeepSeek-V4's GPU suites on the default.
-stage_session40() {
+stage_session40() { fp4_shapes_check session40; }
+# fp4_shapes_check TAG [HOOK]: the FP4 products' tests and bench (both shapes), the layer bench with the default and
+# rows256 alternating, HOOK (a function's name) if given, then DeepSeek-V4's GPU suites on the default.
+fp4_shapes_check() {
   make_dsv4_test_models
-  run fp4_shapes env PDBRIDGE_BENCH=1 timeout 240 $P/build/tests/unit_tests --gtest_filter='MoeTiles.*:CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
+  run fp4_shapes_$1 env PDBRIDGE_BENCH=1 timeout 240 $P/build/tests/unit_tests --gtest_filter='MoeTiles.*:Fp4Expand.*:CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
   local OLD=PDBRIDGE_DSV4_FP4_TILE=rows256
-  run dsv4_bench_session40 env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$OLD fp4:32768 fp4:32768:$OLD" bash $DEV/dsv4_gpu.sh bench
+  run dsv4_bench_$1 env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$OLD fp4:32768 fp4:32768:$OLD" bash $DEV/dsv4_gpu.sh bench
+  [ -n "${2:-}" ] && $2
   run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
 }
 # Both shapes' gate|up launches under Nsight Compute (the bench's third launch of each: L2's throughput is the
@@ -874,25 +878,11 @@ stage_session40b() {
 }
 # The FP4 products' codes loaded straight into their ring slots (no copy that waits for the load): both shapes'
 # tests and bench, the layer bench alternating, both kernels' SASS under Nsight Compute, the suites on the default.
-stage_session40c() {
-  make_dsv4_test_models
-  run fp4_shapes_ring env PDBRIDGE_BENCH=1 timeout 240 $P/build/tests/unit_tests --gtest_filter='MoeTiles.*:CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
-  local OLD=PDBRIDGE_DSV4_FP4_TILE=rows256
-  run dsv4_bench_session40c env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$OLD fp4:32768 fp4:32768:$OLD" bash $DEV/dsv4_gpu.sh bench
-  NCU_SASS=1 NCU_ONLY=1 stage_session40b
-  run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
-}
-# The FP4 products' codes three k-steps ahead (the default) against two (PDBRIDGE_DSV4_FP4_AHEAD=2): the products'
-# bench with each, the layer bench alternating, the default's SASS, the suites.
-stage_session40d() {
-  make_dsv4_test_models
-  run fp4_ahead3 env PDBRIDGE_BENCH=1 timeout 240 $P/build/tests/unit_tests --gtest_filter='MoeTiles.*:CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
-  run fp4_ahead2 env PDBRIDGE_DSV4_FP4_AHEAD=2 PDBRIDGE_BENCH=1 timeout 240 $P/build/tests/unit_tests --gtest_filter='CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
-  local TWO=PDBRIDGE_DSV4_FP4_AHEAD=2
-  run dsv4_bench_session40d env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$TWO fp4:32768 fp4:32768:$TWO fp4:32768:PDBRIDGE_DSV4_FP4_TILE=rows256" bash $DEV/dsv4_gpu.sh bench
-  NCU_SASS=1 NCU_BASE=demangled ncu_kernel fp4outputs256 'moe_fp4_kernel<.bool.1, .int.2, .int.3, .bool.0>' 2 CudaBench.MoeFp4ProductsAtV4FlashShapes
-  run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
-}
+session40c_ncu() { NCU_SASS=1 NCU_ONLY=1 stage_session40b; }
+stage_session40c() { fp4_shapes_check session40c session40c_ncu; }
+# The FP4 products' codes three k-steps ahead. At 2d34c02 this stage also ran two ahead (PDBRIDGE_DSV4_FP4_AHEAD=2,
+# retired since: the same for outputs256, slower for rows256) and the default's SASS; now the common check.
+stage_session40d() { fp4_shapes_check session40d; }
 # Session 40's defaults on whatever card comes (the targets are the H200's): the layer bench, default and rows256
 # alternating, and at 8K chunks (outputs256's half-width tiles).
 stage_session40e() {
@@ -901,13 +891,7 @@ stage_session40e() {
 }
 # The FP4 products' one-product scales by a byte permute: both shapes' tests and bench, the layer bench alternating,
 # the suites on the default.
-stage_session40f() {
-  make_dsv4_test_models
-  run fp4_permute env PDBRIDGE_BENCH=1 timeout 240 $P/build/tests/unit_tests --gtest_filter='MoeTiles.*:Fp4Expand.*:CudaMoeFp4.*:CudaBench.MoeFp4ProductsAtV4FlashShapes'
-  local OLD=PDBRIDGE_DSV4_FP4_TILE=rows256
-  run dsv4_bench_session40f env BENCH_TOKENS=32768,131072 BENCH_RUNS="fp4:32768 fp4:32768:$OLD fp4:32768 fp4:32768:$OLD" bash $DEV/dsv4_gpu.sh bench
-  run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
-}
+stage_session40f() { fp4_shapes_check session40f; }
 # The keys kernel under Nsight Compute: a 32K prompt's fifth chunk of 4,096 queries in the bench's timed pass.
 stage_ncuidx() { ncu_kernel idx indexer_fp8_keys_kernel 20 CudaBench.Dsv4IndexerAtV4FlashShapes; }
 # The FP4 expert products under Nsight Compute: the gate|up launch of the bench's uniform routing (its second

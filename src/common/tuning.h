@@ -28,7 +28,6 @@ struct Tuning {
                                  // products that read the MXFP4 codes)
   std::string dsv4_fp4_tile;     // PDBRIDGE_DSV4_FP4_TILE=rows256: the FP4 products' CTAs as 128 outputs x 256 rows (the
                                  // default: 256 outputs x 128 rows)
-  std::string dsv4_fp4_ahead;    // PDBRIDGE_DSV4_FP4_AHEAD=2: the FP4 products' codes loaded two k-steps ahead (default: three)
   std::string dsv4_fp4_fuse;     // PDBRIDGE_DSV4_FP4_FUSE=0: the FP4 gate|up products without their gather and SwiGLU (the
                                  // default: the products gather their rows and write the SwiGLU)
   std::string dsv4_indexer;      // PDBRIDGE_DSV4_INDEXER=bf16|gemm: the indexer's scores in bf16, or GEMM + sum
@@ -66,7 +65,7 @@ inline const std::vector<TuningSwitch>& tuning_switches() {
       {"PDBRIDGE_STATE_PWRITE", &Tuning::state_pwrite},     {"PDBRIDGE_FP8", &Tuning::fp8},
       {"PDBRIDGE_FP8KV_FUSED", &Tuning::fp8kv_fused},       {"PDBRIDGE_RECIPE_STREAM", &Tuning::recipe_stream},
       {"PDBRIDGE_DSV4_EXPERTS", &Tuning::dsv4_experts},     {"PDBRIDGE_DSV4_EXPERTS_FP8", &Tuning::dsv4_experts_fp8},
-      {"PDBRIDGE_DSV4_EXPERTS_FP4", &Tuning::dsv4_experts_fp4}, {"PDBRIDGE_DSV4_FP4_TILE", &Tuning::dsv4_fp4_tile}, {"PDBRIDGE_DSV4_FP4_AHEAD", &Tuning::dsv4_fp4_ahead},
+      {"PDBRIDGE_DSV4_EXPERTS_FP4", &Tuning::dsv4_experts_fp4}, {"PDBRIDGE_DSV4_FP4_TILE", &Tuning::dsv4_fp4_tile},
       {"PDBRIDGE_DSV4_FP4_FUSE", &Tuning::dsv4_fp4_fuse},
       {"PDBRIDGE_DSV4_INDEXER", &Tuning::dsv4_indexer},     {"PDBRIDGE_DSV4_INDEXER_A", &Tuning::dsv4_indexer_a},
       {"PDBRIDGE_DSV4_ATTN", &Tuning::dsv4_attn},

@@ -6,7 +6,7 @@
 // 46% at V4-Flash's shapes) and less padding, for twice the fragments per thread per product (docs/RESULTS.md,
 // session 40). A tile of at most half the rows runs at half N.
 // Each thread makes its own fragments from the repacked codes (cuda/fp4_expand.cuh: a 16-byte load per k-step of
-// 64; per pair two shifts, two masks and one bf16 product, two where a scale passes 2^0; mxfp4_to_bf16's values)
+// 64; per pair a funnel shift, a mask and one bf16 product, two where a scale passes 2^0; mxfp4_to_bf16's values)
 // while the tensor cores run the chunks before: the weights never pass through shared memory. Session 36 measured
 // the kernels that expanded into a shared B tile (lockstep and warp-specialized) at ~0.8x cuBLAS after expansion,
 // shared memory 79% busy with the tile's stores and both warpgroups' reads (docs/RESULTS.md). x's rows come by
@@ -30,13 +30,14 @@ namespace {
 constexpr int kBK = 64, kThreads = 256;
 // A shape's constants: kMB blocks of 64 outputs per warpgroup, the tile's rows at most, a stage of x's rows (one
 // k-step of them), the pipeline's depth (kStages stages: copies kStages - 2 steps ahead of the products; the codes
-// kAhead steps ahead: 3, or 2 with PDBRIDGE_DSV4_FP4_AHEAD=2). rows256's four stages are the measured depth (six ran
-// the same, session 39); outputs256's six stages are the same 96 KB of shared memory as three of rows256's.
-template <int kMB, int kAheadSteps = 3>
+// kAhead steps ahead: two ran the same for outputs256 and slower for rows256, session 40). rows256's four stages are
+// the measured depth (six ran the same, session 39); outputs256's six stages are the same 96 KB of shared memory as
+// three of rows256's (eight ran no faster, session 40).
+template <int kMB>
 struct Shape {
   static constexpr int kOutputs = 128 * kMB, kRows = 256 / kMB;
   static constexpr uint32_t kXTile = uint32_t(kRows * kBK * 2);
-  static constexpr int kStages = kMB == 1 ? 4 : 6, kAhead = kAheadSteps;
+  static constexpr int kStages = kMB == 1 ? 4 : 6, kAhead = 3;
   static constexpr int smem_bytes() { return int(kStages * kXTile) + 1024; }  // + alignment slack: one CTA per SM
 };
 
@@ -164,10 +165,10 @@ __device__ __forceinline__ void store_outputs(const float (&d)[kN / 2], const Fp
 // One tile's products for this CTA's outputs from n0, as kN token rows (the shape's, or half of them for a tile of
 // at most half: half the products and copies), then written out (kFused: x's rows gathered, the SwiGLU of each
 // gate/up pair written). Warpgroup wg's outputs: n0 + 64 kMB wg + 64 mb + 16 warp + g (+ 8), m-block mb < kMB.
-template <bool kOne, int kMB, int kAheadSteps, int kN, bool kFused>
+template <bool kOne, int kMB, int kN, bool kFused>
 __device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ x, const Fp4Matrices& w, const Fp4Tile& t, int64_t n0,
                                               const int32_t* __restrict__ x_rows, float limit, __nv_bfloat16* __restrict__ y, uint32_t sX0) {
-  using S = Shape<kMB, kAheadSteps>;
+  using S = Shape<kMB>;
   constexpr int kStages = S::kStages, kAhead = S::kAhead;
   auto stage = [&](int j) { return sX0 + uint32_t(j % kStages) * S::kXTile; };
   const int64_t K = w.cols;
@@ -243,22 +244,22 @@ __device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ 
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <bool kOne, int kMB, int kAhead, bool kFused>
+template <bool kOne, int kMB, bool kFused>
 __global__ void __launch_bounds__(kThreads, 1)
 moe_fp4_kernel(const __nv_bfloat16* __restrict__ x, const __grid_constant__ Fp4Matrices w, const Fp4Tile* __restrict__ tiles,
                const int32_t* __restrict__ x_rows, float limit, __nv_bfloat16* __restrict__ y) {
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   __trap();  // wgmma is sm_90a's
 #else
-  using S = Shape<kMB, kAhead>;
+  using S = Shape<kMB>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t sX0 = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023u) & ~1023u;
   const int n_tiles_n = int((w.rows + S::kOutputs - 1) / S::kOutputs);
   const Fp4Tile t = tiles[blockIdx.x / n_tiles_n];
   const int64_t n0 = int64_t(blockIdx.x % n_tiles_n) * S::kOutputs;
   if (t.rows > S::kRows) __trap();  // tiles made for the other shape (fp4_tiles)
-  if (t.rows > S::kRows / 2) tile_products<kOne, kMB, kAhead, S::kRows, kFused>(x, w, t, n0, x_rows, limit, y, sX0);
-  else tile_products<kOne, kMB, kAhead, S::kRows / 2, kFused>(x, w, t, n0, x_rows, limit, y, sX0);
+  if (t.rows > S::kRows / 2) tile_products<kOne, kMB, S::kRows, kFused>(x, w, t, n0, x_rows, limit, y, sX0);
+  else tile_products<kOne, kMB, S::kRows / 2, kFused>(x, w, t, n0, x_rows, limit, y, sX0);
 #endif
 }
 
@@ -282,25 +283,25 @@ __global__ void repack_mxfp4_kernel(const uint8_t* __restrict__ blocks, int64_t 
   if (src[0] > 128) *wide = 1u;
 }
 
-template <int kMB, int kAhead, bool kFused>
+template <int kMB, bool kFused>
 void launch(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Tile* tiles, int64_t grid, const Fp4Fusion& f, __nv_bfloat16* y, cudaStream_t s) {
-  constexpr int smem = Shape<kMB, kAhead>::smem_bytes();
+  constexpr int smem = Shape<kMB>::smem_bytes();
   static const bool configured = [] {  // once per process and instantiation
-    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel<true, kMB, kAhead, kFused>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel<false, kMB, kAhead, kFused>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel<true, kMB, kFused>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    PDB_CUDA_CHECK(cudaFuncSetAttribute(moe_fp4_kernel<false, kMB, kFused>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
   (void)configured;
   const unsigned blocks = unsigned(grid);
-  if (w.wide_scales) moe_fp4_kernel<false, kMB, kAhead, kFused><<<blocks, kThreads, smem, s>>>(x, w, tiles, f.x_rows, f.limit, y);
-  else moe_fp4_kernel<true, kMB, kAhead, kFused><<<blocks, kThreads, smem, s>>>(x, w, tiles, f.x_rows, f.limit, y);
+  if (w.wide_scales) moe_fp4_kernel<false, kMB, kFused><<<blocks, kThreads, smem, s>>>(x, w, tiles, f.x_rows, f.limit, y);
+  else moe_fp4_kernel<true, kMB, kFused><<<blocks, kThreads, smem, s>>>(x, w, tiles, f.x_rows, f.limit, y);
   PDB_CUDA_LAUNCHED();
 }
 
-template <int kMB, int kAhead>
+template <int kMB>
 void launch(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Tile* tiles, int64_t grid, const Fp4Fusion& f, __nv_bfloat16* y, cudaStream_t s) {
-  if (f.swiglu) return launch<kMB, kAhead, true>(x, w, tiles, grid, f, y, s);
-  launch<kMB, kAhead, false>(x, w, tiles, grid, f, y, s);
+  if (f.swiglu) return launch<kMB, true>(x, w, tiles, grid, f, y, s);
+  launch<kMB, false>(x, w, tiles, grid, f, y, s);
 }
 
 }  // namespace
@@ -335,10 +336,8 @@ void moe_fp4_products(const __nv_bfloat16* x, const Fp4Matrices& w, const Fp4Til
     throw std::invalid_argument("moe_fp4_products: the SwiGLU epilogue takes gate/up-paired weights and gathered rows, and only it does");
   const int64_t per_tile = (w.rows + fp4_tile_outputs(shape) - 1) / fp4_tile_outputs(shape), grid = n_tiles * per_tile;
   if (grid > 0x7fffffff) throw std::invalid_argument("moe_fp4_products: too many tiles for one launch");
-  const bool two_ahead = Tuning::from_env().dsv4_fp4_ahead == "2";
-  if (shape == Fp4Shape::kRows256) return two_ahead ? launch<1, 2>(x, w, tiles, grid, f, y, s) : launch<1, 3>(x, w, tiles, grid, f, y, s);
-  if (two_ahead) return launch<2, 2>(x, w, tiles, grid, f, y, s);
-  launch<2, 3>(x, w, tiles, grid, f, y, s);
+  if (shape == Fp4Shape::kRows256) return launch<1>(x, w, tiles, grid, f, y, s);
+  launch<2>(x, w, tiles, grid, f, y, s);
 }
 
 }  // namespace pdb::cuda
