@@ -24,8 +24,8 @@ __host__ __device__ inline uint32_t fp4_bf16_pair(float lo, float hi) {
 // Each pair's four bits per element placed in the repacked word (fp4_fragment_word) where one rotation puts them
 // where a bf16 wants them (magnitude bits 6-8 and sign bit 15 for the lower-k element, 22-24 and 31 for the other),
 // so that a pair costs a funnel shift and a mask (pair 3: a shift and two masks) instead of two shifts and two
-// masks: 9 integer operations a word instead of 16 (session 40; the products issue a wgmma every ~19 instructions
-// of a warp, most of them these). An e2m1 code's magnitude bits at bf16 bits 6-8 and its sign at bit 15 read as its
+// masks: 9 integer operations a word instead of 16 (session 40: these were most of the products' instructions,
+// docs/RESULTS.md). An e2m1 code's magnitude bits at bf16 bits 6-8 and its sign at bit 15 read as its
 // value x 2^-126 (magnitude 1, the subnormal 0.5, exactly); two bf16 products, by 2^(e-1) and 1 (e <= 128) or by
 // 2^127 and 2^(e-128), give kvalue x 2^(e-128): ggml's value, exact wherever bf16 holds it and rounded as a product
 // is elsewhere.
