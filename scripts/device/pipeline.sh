@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,moegap,moegap2,moegap3,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,moegap,moegap2,moegap3,session41,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -892,6 +892,25 @@ stage_session40e() {
 # The FP4 products' one-product scales by a byte permute: both shapes' tests and bench, the layer bench alternating,
 # the suites on the default.
 stage_session40f() { fp4_shapes_check session40f; }
+# DeepSeek-V4's sparse attention with fewer instructions a tile: the kernels' tests against the CPU twin and their
+# bench, the bench again from .dev/unit_tests_old.xz if there (the same test file built with the previous kernel),
+# the layer bench alternating with PDBRIDGE_DSV4_ATTN=mma (S41_RUNS), the suites on the default, the wgmma kernel
+# under Nsight Compute (ratio 4 at 32K; NCU_SKIP=1: not).
+stage_session41() {
+  make_dsv4_test_models
+  run attn_session41 env PDBRIDGE_BENCH=1 timeout 240 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4SparseAttention*:CudaBench.Dsv4SparseAttentionKernels'
+  if [ -f $DEV/unit_tests_old.xz ]; then
+    xz -dc $DEV/unit_tests_old.xz > $R/unit_tests_old && chmod +x $R/unit_tests_old
+    run attn_session41_old env PDBRIDGE_BENCH=1 timeout 240 $R/unit_tests_old --gtest_filter='CudaBench.Dsv4SparseAttentionKernels'
+    run attn_session41_new env PDBRIDGE_BENCH=1 timeout 240 $P/build/tests/unit_tests --gtest_filter='CudaBench.Dsv4SparseAttentionKernels'
+    rm -f $R/unit_tests_old
+  fi
+  local OLD=PDBRIDGE_DSV4_ATTN=mma
+  run dsv4_bench_session41 env BENCH_TOKENS=32768,131072 BENCH_RUNS="${S41_RUNS:-fp4:32768 fp4:32768:$OLD fp4:32768 fp4:32768:$OLD}" bash $DEV/dsv4_gpu.sh bench
+  run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  [ -n "${NCU_SKIP:-}" ] && return 0
+  NCU_BASE=demangled NCU_SASS=1 ncu_kernel attnwgmma sparse_attention_wgmma_kernel 1 CudaBench.Dsv4SparseAttentionKernels
+}
 # The keys kernel under Nsight Compute: a 32K prompt's fifth chunk of 4,096 queries in the bench's timed pass.
 stage_ncuidx() { ncu_kernel idx indexer_fp8_keys_kernel 20 CudaBench.Dsv4IndexerAtV4FlashShapes; }
 # The FP4 expert products under Nsight Compute: the gate|up launch of the bench's uniform routing (its second
@@ -958,7 +977,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|session40f|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|session40f|session41|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -17,7 +17,12 @@ struct Dsv4QueryKeys {
   const Dsv4SparseAttention* a;  // the kernel's __grid_constant__ parameter: read in place
   int64_t qi, t;
   int n_slots;
-  __device__ const __nv_bfloat16* row(int slot) const {
+  // The indexer's choice for a slot (ratio 4's compressed slots; -1 for any other): a load a kernel can issue a step
+  // before it resolves the row.
+  __device__ int32_t choice(int slot) const {
+    return a->ratio == 4 && slot >= a->W && slot < n_slots ? a->idx[qi * a->top_k + (slot - a->W)] : -1;
+  }
+  __device__ const __nv_bfloat16* row(int slot, int32_t chosen) const {
     if (slot < a->W) {
       const int64_t p = t - a->W + 1 + slot;
       return p >= 0 && p >= a->win_first ? a->win + (p - a->win_first) * D : nullptr;
@@ -25,15 +30,15 @@ struct Dsv4QueryKeys {
     if (slot >= n_slots) return nullptr;
     const int j = slot - a->W;
     if (a->ratio == 128) return a->pool + int64_t(j) * D;
-    const int32_t b = a->idx[qi * a->top_k + j];
-    return b >= 0 && b < a->n_pool ? a->pool + int64_t(b) * D : nullptr;
+    return chosen >= 0 && chosen < a->n_pool ? a->pool + int64_t(chosen) * D : nullptr;
   }
+  __device__ const __nv_bfloat16* row(int slot) const { return row(slot, choice(slot)); }
 };
 
-// The block's query: the latest queries (the most keys) first.
+// The b-th query in the order the blocks take them: the latest queries (the most keys) first.
 template <int D>
-__device__ __forceinline__ Dsv4QueryKeys<D> dsv4_query_keys(const Dsv4SparseAttention& a) {
-  Dsv4QueryKeys<D> k{&a, int64_t(gridDim.x) - 1 - blockIdx.x, 0, 0};
+__device__ __forceinline__ Dsv4QueryKeys<D> dsv4_query_keys(const Dsv4SparseAttention& a, int64_t b) {
+  Dsv4QueryKeys<D> k{&a, a.nq - 1 - b, 0, 0};
   k.t = a.t0 + k.qi;
   int n_comp = 0;
   if (a.ratio == 128) {
@@ -45,6 +50,11 @@ __device__ __forceinline__ Dsv4QueryKeys<D> dsv4_query_keys(const Dsv4SparseAtte
   }
   k.n_slots = a.W + n_comp;
   return k;
+}
+// The block's query, a block a query.
+template <int D>
+__device__ __forceinline__ Dsv4QueryKeys<D> dsv4_query_keys(const Dsv4SparseAttention& a) {
+  return dsv4_query_keys<D>(a, blockIdx.x);
 }
 
 // One tile of KT key rows into a shared-memory stage (chunk c of row r at stage + offset(r, c)), and which of its

@@ -1,13 +1,19 @@
 // DeepSeek-V4's sparse attention (dsv4_attention.cuh; CPU twin numerics/deepseek4_blocks.h dsv4_attend) on Hopper's
-// warpgroup tensor cores, for V4-Flash's 64 heads of 512: the mma.sync kernel's algorithm (one block per query, its
-// window and compressed rows read in place, the sink as one more logit) with the products issued as wgmma. A query's
-// 64 heads are exactly one m64 product, so the two warpgroups split the head dimension instead of the rows: warpgroup
-// w multiplies Q's and the keys' dimensions 256w .. 256w + 255 (S_w, m64n64, 16 k-steps), the two halves are summed
+// warpgroup tensor cores, for V4-Flash's 64 heads of 512: the mma.sync kernel's algorithm (a query's window and
+// compressed rows read in place, the sink as one more logit) with the products issued as wgmma. A query's 64 heads
+// are exactly one m64 product, so the two warpgroups split the head dimension instead of the rows: warpgroup w
+// multiplies Q's and the keys' dimensions 256w .. 256w + 255 (its half of S, 16 k-steps), the two halves are summed
 // through shared memory in f32 (both warpgroups then hold the whole S, bitwise the same: a + b = b + a), each runs
 // the same online softmax on it, and each accumulates its half of O = P V (m64n256, P from registers, the key rows
 // read MN-major as V). Q (64 KB) stays in shared memory; key tiles of 64 rows (64 KB) in two cp.async stages; the
 // partial S in 2 x 16 KB: 225 KB in all, one block per SM. Built for sm_90a only; other targets get a kernel that
 // traps (the launcher checks the device first).
+//
+// Per tile the instruction count is what bounded the kernel (docs/RESULTS.md, session 41), so the descriptors are
+// uniform-register offsets, a warp copies whole rows, a tile whose slots all hold keys skips the mask, and O is
+// rescaled only when a row's max rises. The overlap of a tile's softmax with the previous tile's P V
+// (FlashAttention-3's) needs a third stage, so 32-row tiles: measured slower (same section), not kept; so is a
+// block per SM taking query after query.
 #include "cuda/dsv4_attention.cuh"
 #include "cuda/dsv4_attention_keys.cuh"
 
@@ -26,7 +32,8 @@ constexpr int kD = 512, kHalf = kD / 2, kKT = 64, kThreads = 256;
 constexpr uint32_t kQBytes = 64 * kD * 2;      // 64 heads (rows past H are zeros)
 constexpr uint32_t kTileBytes = kKT * kD * 2;  // one stage of key rows
 constexpr uint32_t kXBytes = 128 * 32 * 4;     // one warpgroup's partial S: 32 f32 per thread
-constexpr int kSmemBytes = int(kQBytes + 2 * kTileBytes + 2 * kXBytes) + 2 * kKT + 1024;  // + valid flags, alignment slack
+// + the stages' valid masks (8 bytes: a bit a row), alignment slack
+constexpr int kSmemBytes = int(kQBytes + 2 * kTileBytes + 2 * kXBytes) + 2 * 8 + 1024;
 constexpr float kLog2e = 1.4426950408889634f;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -38,30 +45,48 @@ __device__ __forceinline__ uint32_t tile_offset(int rows, int r, int c) {
   return uint32_t((c / 8) * rows * 128 + r * 128 + (((c % 8) ^ (r % 8)) * 16));
 }
 
+// One tile of key rows into a stage in tile_offset's layout: warp v copies rows 8v .. 8v + 7, lane l
+// chunks l and l + 32 of each (512 contiguous bytes a warp instruction), the rows' sources worked out by lanes
+// 0 .. 7 (from the indexer's choice fetched a step before) and taken by shuffle. A slot without a key copies
+// Q's first row instead of zeros: its score is masked, so P is 0 and the row adds nothing to P V. The warp's valid
+// rows as the bits of one byte of the stage's mask. One cp.async group.
+__device__ __forceinline__ void copy_keys(const Dsv4QueryKeys<kD>& qk, int tile, int32_t chosen, uint32_t sK, uint8_t* valid) {
+  constexpr int kRows = kKT / 8;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const __nv_bfloat16* mine = lane < kRows ? qk.row(tile * kKT + warp * kRows + lane, chosen) : nullptr;
+  const unsigned bits = __ballot_sync(0xffffffffu, mine != nullptr);
+  if (lane == 0) valid[warp] = uint8_t(bits);
+  if (!mine) mine = qk.a->q;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const auto src = reinterpret_cast<const __nv_bfloat16*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), i));
+    const int r = warp * kRows + i;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) cp_async16(sK + tile_offset(kKT, r, lane + 32 * half), src + (lane + 32 * half) * 8, true);
+  }
+  cp_async_commit();
+}
 
-// One tile of key rows into a stage in tile_offset's layout (dsv4_attention_keys.cuh).
-__device__ __forceinline__ void load_keys(const Dsv4QueryKeys<kD>& qk, int tile, uint32_t sK, uint8_t* valid) {
-  dsv4_load_key_tile<kD, kKT, kThreads>(qk, tile, sK, valid, [](int r, int c) { return tile_offset(kKT, r, c); });
+// The indexer's choice for this lane's row of a tile (copy_keys' lanes 0 .. 7).
+__device__ __forceinline__ int32_t tile_choice(const Dsv4QueryKeys<kD>& qk, int tile) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  return lane < kKT / 8 ? qk.choice(tile * kKT + warp * (kKT / 8) + lane) : -1;
 }
 
 // Warpgroup w's half of S for one tile: dimensions 256w .. 256w + 255 in 16 steps of 16; a step moves 32 bytes
-// inside a 64-column block, every fourth the next block. Issued and committed: scores_ready waits for it, so the
-// next tile's copies are issued while the tensor cores work.
+// inside a 64-column block, every fourth the next block. Issued and committed (one wgmma group).
 __device__ __forceinline__ void issue_partial_scores(float* s, uint32_t sQ, uint32_t sK, int w) {
-  fence_registers<32>(s);
+  // the descriptors of step 0; a step's are these plus its byte offset / 16 (the address field never carries)
+  const uint64_t q0 = smem_desc(sQ + w * (kHalf / 64) * (64 * 128), 16, 1024), k0 = smem_desc(sK + w * (kHalf / 64) * (kKT * 128), 16, 1024);
+  fence_registers<kKT / 2>(s);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kHalf / 16; ++kk) {
-    const int block = w * (kHalf / 64) + kk / 4;
     const uint32_t off = (kk % 4) * 32;
-    wgmma_ss_n64(s, smem_desc(sQ + block * (64 * 128) + off, 16, 1024), smem_desc(sK + block * (kKT * 128) + off, 16, 1024), kk > 0);
+    const uint64_t qd = q0 + (((kk / 4) * (64 * 128) + off) >> 4), kd = k0 + (((kk / 4) * (kKT * 128) + off) >> 4);
+    wgmma_ss_n64(s, qd, kd, kk > 0);
   }
   wgmma_commit();
-}
-
-__device__ __forceinline__ void scores_ready(float* s) {
-  wgmma_wait<0>();
-  fence_registers<32>(s);
 }
 
 // The two warpgroups' halves summed: each stores its 32 values per thread (thread i of a warpgroup holds the same
@@ -69,12 +94,12 @@ __device__ __forceinline__ void scores_ready(float* s) {
 __device__ __forceinline__ void sum_halves(float* s, uint32_t sX, int w) {
   const int tw = threadIdx.x % 128;
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
+  for (int i = 0; i < kKT / 8; ++i)
     asm volatile("st.shared.v4.f32 [%0], {%1,%2,%3,%4};\n" ::"r"(sX + w * kXBytes + (i * 128 + tw) * 16), "f"(s[4 * i]), "f"(s[4 * i + 1]),
                  "f"(s[4 * i + 2]), "f"(s[4 * i + 3]) : "memory");
   __syncthreads();
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < kKT / 8; ++i) {
     float x[4];
     asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3]) : "r"(sX + (w ^ 1) * kXBytes + (i * 128 + tw) * 16) : "memory");
 #pragma unroll
@@ -83,53 +108,144 @@ __device__ __forceinline__ void sum_halves(float* s, uint32_t sX, int w) {
 }
 
 // The online softmax of one tile's whole S (this thread's rows g and g + 8, columns 8j + 2t + e) in place: empty
-// slots masked, the running max and sum in log2 units of the scaled scores, O rescaled, P packed as the A fragments
-// of the P V product (keys 16kk .. 16kk + 15: S blocks 2kk and 2kk + 1).
-__device__ __forceinline__ void softmax_tile(float* s, const uint8_t* valid, int t, float scale_log2, float (&m_run)[2], float (&l_run)[2], float* o,
-                                             uint32_t (&pa)[kKT / 16][4]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float mx = -INFINITY;
+// slots masked (none in most tiles: then no per-score test), S turned into P = 2^(S scale log2 e - m) with m the
+// running max in log2 units. Returns whether O must be rescaled by corr: only when some row of the warp has a new max
+// (skipping corr = 1 changes nothing). Both warpgroups hold the same S, so they decide alike. A stale max (P up to
+// 2^8 before a rescale, FlashAttention-4's rule) ran 3.5% faster and took the error on the dominant weight from 0 to
+// bf16's rounding (session 41): not kept.
+__device__ __forceinline__ bool softmax_tile(float* s, const uint8_t* valid, int t, float scale_log2, float (&m_run)[2], float (&l_run)[2], float (&corr)[2]) {
+  const uint64_t mask = *reinterpret_cast<const uint64_t*>(valid);
+  if (mask != ~0ull) {
 #pragma unroll
     for (int j = 0; j < kKT / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        float& x = s[4 * j + 2 * h + e];
-        x = valid[8 * j + 2 * t + e] ? x * scale_log2 : -INFINITY;
-        mx = fmaxf(mx, x);
+        if (!((mask >> (8 * j + 2 * t + e)) & 1)) s[4 * j + e] = s[4 * j + 2 + e] = -INFINITY;
       }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m_run[h], mx);  // finite: the running max starts at the sink's logit
-    const float corr = exp2f(m_run[h] - m_new);
-    m_run[h] = m_new;
+  }
+  float mx[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kKT / 8; ++j) mx[h] = fmaxf(mx[h], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    mx[h] *= scale_log2;  // the scale is positive: the max of the scaled scores
+  }
+  const bool rescale = __any_sync(0xffffffffu, mx[0] > m_run[0] || mx[1] > m_run[1]);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    corr[h] = 1.0f;
+    if (rescale) {
+      const float m_new = fmaxf(m_run[h], mx[h]);  // finite: the running max starts at the sink's logit
+      corr[h] = exp2f(m_run[h] - m_new);
+      m_run[h] = m_new;
+    }
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < kKT / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = s[4 * j + 2 * h + e];
-        x = exp2f(x - m_new);
+        x = exp2f(fmaf(x, scale_log2, -m_run[h]));
         sum += x;
       }
-    l_run[h] = l_run[h] * corr + sum;
-#pragma unroll
-    for (int j = 0; j < kHalf / 8; ++j) { o[4 * j + 2 * h] *= corr; o[4 * j + 2 * h + 1] *= corr; }
+    l_run[h] = l_run[h] * corr[h] + sum;
   }
-  pack_p_fragments<kKT>(s, pa);
+  return rescale;
 }
 
-// O_w += P V_w: the tile's rows read MN-major, columns 256w .. 256w + 255 (four 64-column blocks, LBO apart), 4
-// steps of 16 keys (SBO = 8 keys). Issued, committed and waited for.
-__device__ __forceinline__ void accumulate_pv(float* o, const uint32_t (&pa)[kKT / 16][4], uint32_t sK, int w) {
+__device__ __forceinline__ void rescale_rows(float* o, const float (&corr)[2]) {
+#pragma unroll
+  for (int j = 0; j < kHalf / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) { o[4 * j + 2 * h] *= corr[h]; o[4 * j + 2 * h + 1] *= corr[h]; }
+}
+
+// O_w += P V_w: the tile's rows read MN-major, columns 256w .. 256w + 255 (four 64-column blocks, LBO apart), k4
+// steps of 16 keys (SBO = 8 keys). Issued and committed (one wgmma group); pa and o belong to it until it is waited for.
+__device__ __forceinline__ void issue_pv(float* o, const uint32_t (&pa)[kKT / 16][4], uint32_t sK, int w) {
+  const uint64_t v0 = smem_desc(sK + w * (kHalf / 64) * (kKT * 128), kKT * 128, 1024);
   fence_registers<128>(o);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < kKT / 16; ++kk) wgmma_rs_n256(o, pa[kk], smem_desc(sK + w * (kHalf / 64) * (kKT * 128) + kk * 16 * 128, kKT * 128, 1024));
+  for (int kk = 0; kk < kKT / 16; ++kk) wgmma_rs_n256(o, pa[kk], v0 + ((kk * 16 * 128) >> 4));
   wgmma_commit();
-  wgmma_wait<0>();
-  fence_registers<128>(o);
 }
+
+// Every thread's state of one query: its warpgroup, its rows, the running softmax, the accumulators.
+struct QueryState {
+  int w, t, row0;
+  float m_run[2], l_run[2], corr[2];
+  float o[kHalf / 2];
+
+  __device__ __forceinline__ void start(const Dsv4SparseAttention& a) {
+    const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+    w = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);  // warp-uniform to the compiler: descriptors in uniform registers
+    t = lane % 4;
+    row0 = warp * 16 + lane / 4;  // this thread's heads: row0 and row0 + 8
+#pragma unroll
+    for (int i = 0; i < kHalf / 2; ++i) o[i] = 0.0f;
+    // the sink is one more logit: the running max starts at it, the running sum at its weight exp(sink - max) = 1
+    // (counted once per row: by the thread of column 0)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m_run[h] = (row0 + 8 * h < a.H ? a.sinks[row0 + 8 * h] : 0.0f) * kLog2e;
+      l_run[h] = t == 0 ? 1.0f : 0.0f;
+    }
+  }
+};
+
+__device__ __forceinline__ void copy_q(const Dsv4SparseAttention& a, const Dsv4QueryKeys<kD>& qk, uint32_t sQ) {
+  for (int i = threadIdx.x; i < 64 * (kD / 8); i += kThreads) {
+    const int r = i / (kD / 8), c = i % (kD / 8);
+    const bool ok = r < a.H;
+    cp_async16(sQ + tile_offset(64, r, c), a.q + (qk.qi * a.H + (ok ? r : 0)) * kD + c * 8, ok);
+  }
+  cp_async_commit();
+}
+
+// A query's tiles: tile i in stage i % 2, the next tile's copies issued while this one's scores run, the indexer's
+// choices for the tile after read a step before.
+struct Tiles {
+  const Dsv4SparseAttention& a;
+  uint32_t sQ, sK0, sX;
+  uint8_t* valid0;
+  float scale_log2;
+  Dsv4QueryKeys<kD> qk;
+  int n_tiles;
+  int32_t next;  // the indexer's choice for this lane's row of the tile copied next step
+  float s[kKT / 2];
+  uint32_t pa[kKT / 16][4];
+
+  __device__ __forceinline__ int slot(int i) const { return i % 2; }
+  __device__ __forceinline__ uint32_t stage(int i) const { return sK0 + slot(i) * kTileBytes; }
+
+  __device__ __forceinline__ void start_copies() {
+    copy_q(a, qk, sQ);
+    copy_keys(qk, 0, tile_choice(qk, 0), sK0, valid0);
+    next = tile_choice(qk, 1);
+  }
+  __device__ __forceinline__ void step(QueryState& q, int i) {
+    cp_async_wait<0>();  // this tile (and on the first, Q)
+    fence_async_shared();
+    __syncthreads();  // every copy visible; both warpgroups are done with the other stage and with sX
+    issue_partial_scores(s, sQ, stage(i), q.w);
+    if (i + 1 < n_tiles) {
+      copy_keys(qk, i + 1, next, stage(i + 1), valid0 + slot(i + 1) * 8);
+      next = tile_choice(qk, i + 2);
+    }
+    wgmma_wait<0>();
+    fence_registers<kKT / 2>(s);
+    sum_halves(s, sX, q.w);
+    if (softmax_tile(s, valid0 + slot(i) * 8, q.t, scale_log2, q.m_run, q.l_run, q.corr)) rescale_rows(q.o, q.corr);
+    pack_p_fragments<kKT>(s, pa);
+    issue_pv(q.o, pa, stage(i), q.w);
+    wgmma_wait<0>();
+    fence_registers<128>(q.o);
+  }
+};
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
@@ -140,49 +256,15 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_wgmma_kernel(con
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = uint32_t(__cvta_generic_to_shared(smem_raw));
   const uint32_t sQ = (raw + 1023u) & ~1023u, sK0 = sQ + kQBytes, sX = sK0 + 2 * kTileBytes;  // swizzle atoms: 1024-aligned
-  uint8_t* valid0 = smem_raw + (sX + 2 * kXBytes - raw);  // [2][kKT]
-  const int w = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, t = lane % 4;
-  const Dsv4QueryKeys<kD> qk = dsv4_query_keys<kD>(a);
-  const int n_tiles = (qk.n_slots + kKT - 1) / kKT;
-
-  for (int i = threadIdx.x; i < 64 * (kD / 8); i += kThreads) {
-    const int r = i / (kD / 8), c = i % (kD / 8);
-    const bool ok = r < a.H;
-    cp_async16(sQ + tile_offset(64, r, c), a.q + (qk.qi * a.H + (ok ? r : 0)) * kD + c * 8, ok);
-  }
-  cp_async_commit();
-  load_keys(qk, 0, sK0, valid0);
-
-  const int row0 = warp * 16 + lane / 4;  // this thread's heads: row0 and row0 + 8
-  float o[kHalf / 2], s[kKT / 2];
-#pragma unroll
-  for (int i = 0; i < kHalf / 2; ++i) o[i] = 0.0f;
-  // the sink is one more logit: the running max starts at it, the running sum at its weight exp(sink - max) = 1
-  // (counted once per row: by the thread of column 0)
-  float m_run[2], l_run[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    m_run[h] = (row0 + 8 * h < a.H ? a.sinks[row0 + 8 * h] : 0.0f) * kLog2e;
-    l_run[h] = t == 0 ? 1.0f : 0.0f;
-  }
-  const float scale_log2 = a.scale * kLog2e;
-  uint32_t pa[kKT / 16][4];
-
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    const int stage = tile & 1;
-    cp_async_wait<0>();  // this tile (and on the first, Q)
-    fence_async_shared();
-    __syncthreads();  // every copy visible; both warpgroups are done with the other stage and with sX
-    const uint32_t sK = sK0 + stage * kTileBytes;
-    issue_partial_scores(s, sQ, sK, w);
-    if (tile + 1 < n_tiles) load_keys(qk, tile + 1, sK0 + (stage ^ 1) * kTileBytes, valid0 + (stage ^ 1) * kKT);
-    scores_ready(s);
-    sum_halves(s, sX, w);
-    softmax_tile(s, valid0 + stage * kKT, t, scale_log2, m_run, l_run, o, pa);
-    accumulate_pv(o, pa, sK, w);
-  }
+  uint8_t* valid0 = smem_raw + (sX + 2 * kXBytes - raw);  // [2][8], 8-byte aligned
+  Tiles tiles{a, sQ, sK0, sX, valid0, a.scale * kLog2e, dsv4_query_keys<kD>(a)};
+  tiles.start_copies();
+  QueryState q;
+  q.start(a);
+  tiles.n_tiles = (tiles.qk.n_slots + kKT - 1) / kKT;
+  for (int i = 0; i < tiles.n_tiles; ++i) tiles.step(q, i);
   cp_async_wait<0>();
-  store_normalized_rows<kHalf>(o, l_run, row0, a.H, kD, int64_t(w) * kHalf, t, out + qk.qi * a.H * kD);
+  store_normalized_rows<kHalf>(q.o, q.l_run, q.row0, a.H, kD, int64_t(q.w) * kHalf, q.t, out + tiles.qk.qi * a.H * kD);
 #endif
 }
 

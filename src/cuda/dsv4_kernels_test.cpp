@@ -227,14 +227,17 @@ TEST(CudaKernels, Dsv4SparseAttentionMatchesItsCpuTwin) {
   if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
 #ifdef PDBRIDGE_HAVE_CUDA
   using namespace test_kernels;
-  struct Case { int heads, dim, ratio; int64_t t0, nq; int top_k; };
-  for (const Case c : {Case{64, 512, 4, 3000, 6, 512}, Case{64, 512, 4, 20, 9, 512}, Case{16, 512, 4, 2500, 3, 512}, Case{64, 512, 128, 1900, 5, 0}, Case{64, 512, 0, 3, 4, 0},
+  // q_sd 6: logits of sd 6, so a query's running max keeps rising (the wgmma kernel rescales O only then);
+  // 200 queries from position 20: windows that start before position 0 and indexer choices of -1 across many blocks
+  struct Case { int heads, dim, ratio; int64_t t0, nq; int top_k; float q_sd = 1.0f; };
+  for (const Case c : {Case{64, 512, 4, 3000, 6, 512}, Case{64, 512, 4, 3000, 6, 512, 6.0f}, Case{64, 512, 128, 1900, 5, 0, 6.0f}, Case{64, 512, 4, 20, 200, 512},
+                       Case{64, 512, 4, 20, 9, 512}, Case{16, 512, 4, 2500, 3, 512}, Case{64, 512, 128, 1900, 5, 0}, Case{64, 512, 0, 3, 4, 0},
                        Case{4, 64, 4, 600, 40, 8}, Case{4, 64, 128, 700, 33, 0}, Case{4, 64, 0, 0, 130, 0}}) {
     const int W = 128, H = c.heads, D = c.dim;
     const int64_t win_first = std::max<int64_t>(0, c.t0 - W + 1);
     const int64_t win_rows = c.t0 + c.nq - win_first;
     const int64_t n_pool = c.ratio ? (c.t0 + c.nq) / c.ratio : 0;
-    const auto q = round_bf16(randn(size_t(c.nq * H * D), 1.0f));  // logits of sd 1 after the 1/sqrt(D)
+    const auto q = round_bf16(randn(size_t(c.nq * H * D), c.q_sd));  // logits of sd q_sd after the 1/sqrt(D)
     const auto win = round_bf16(randn(size_t(win_rows * D)));
     const auto pool = round_bf16(randn(size_t(std::max<int64_t>(n_pool, 1) * D)));
     const auto sinks = randn(size_t(H));
@@ -298,8 +301,8 @@ TEST(CudaKernels, Dsv4SparseAttentionMatchesItsCpuTwin) {
         }
       }
       const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
-      std::printf("DSV4 sparse attention (%s) H=%d D=%d ratio %d t0=%lld nq=%lld: rel RMS %.2e, worst abs %.2e\n", wgmma ? "wgmma" : "mma.sync", H, D, c.ratio, (long long)c.t0,
-                  (long long)c.nq, rel, worst);
+      std::printf("DSV4 sparse attention (%s) H=%d D=%d ratio %d t0=%lld nq=%lld q_sd %.0f: rel RMS %.2e, worst abs %.2e\n", wgmma ? "wgmma" : "mma.sync", H, D, c.ratio,
+                  (long long)c.t0, (long long)c.nq, c.q_sd, rel, worst);
       // bf16 P and bf16 output against f32: a few parts in 1e3
       EXPECT_LT(rel, 8e-3);
     }
