@@ -9,11 +9,12 @@
 // partial S in 2 x 16 KB: 225 KB in all, one block per SM. Built for sm_90a only; other targets get a kernel that
 // traps (the launcher checks the device first).
 //
-// Per tile the instruction count is what bounded the kernel (docs/RESULTS.md, session 41), so the descriptors are
-// uniform-register offsets, a warp copies whole rows, a tile whose slots all hold keys skips the mask, and O is
-// rescaled only when a row's max rises. The overlap of a tile's softmax with the previous tile's P V
-// (FlashAttention-3's) needs a third stage, so 32-row tiles: measured slower (same section), not kept; so is a
-// block per SM taking query after query.
+// Per tile the instruction count bounded the kernel (docs/RESULTS.md, session 41), so the descriptors are uniform
+// offsets, a warp copies 16 rows as 512-byte runs, a tile whose slots all hold keys skips the mask, O is rescaled
+// only when a row's max rises, and the output leaves by bulk copies. Each warpgroup copies only its half of a tile's
+// columns (the only ones it reads), so P V can run on into the next tile's barrier. Measured and not kept (same
+// section): the overlap of a tile's softmax with the previous tile's P V (FlashAttention-3's; it needs a third
+// stage, so 32-row tiles), a block per SM taking query after query, a stale running max (FlashAttention-4's).
 #include "cuda/dsv4_attention.cuh"
 #include "cuda/dsv4_attention_keys.cuh"
 
@@ -45,32 +46,32 @@ __device__ __forceinline__ uint32_t tile_offset(int rows, int r, int c) {
   return uint32_t((c / 8) * rows * 128 + r * 128 + (((c % 8) ^ (r % 8)) * 16));
 }
 
-// One tile of key rows into a stage in tile_offset's layout: warp v copies rows 8v .. 8v + 7, lane l
-// chunks l and l + 32 of each (512 contiguous bytes a warp instruction), the rows' sources worked out by lanes
-// 0 .. 7 (from the indexer's choice fetched a step before) and taken by shuffle. A slot without a key copies
-// Q's first row instead of zeros: its score is masked, so P is 0 and the row adds nothing to P V. The warp's valid
-// rows as the bits of one byte of the stage's mask. One cp.async group.
-__device__ __forceinline__ void copy_keys(const Dsv4QueryKeys<kD>& qk, int tile, int32_t chosen, uint32_t sK, uint8_t* valid) {
-  constexpr int kRows = kKT / 8;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+// Warpgroup w's half of a tile of key rows (columns 256w .. 256w + 255, the only ones its products read) into a stage
+// in tile_offset's layout: its warp v copies rows 16v .. 16v + 15, lane l chunk 32w + l of each (512 contiguous bytes a
+// warp instruction), the rows' sources worked out by lanes 0 .. 15 (from the indexer's choice fetched a step before)
+// and taken by shuffle. So a warpgroup may refill its half of a stage as soon as its own P V from it is done. A slot
+// without a key copies Q's first row instead of zeros: its score is masked, so P is 0 and the row adds nothing to
+// P V. The warp's valid rows as 16 bits of the stage's mask (both warpgroups write the same). One cp.async group.
+__device__ __forceinline__ void copy_keys(const Dsv4QueryKeys<kD>& qk, int tile, int32_t chosen, uint32_t sK, uint8_t* valid, int w) {
+  constexpr int kRows = kKT / 4;
+  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
   const __nv_bfloat16* mine = lane < kRows ? qk.row(tile * kKT + warp * kRows + lane, chosen) : nullptr;
   const unsigned bits = __ballot_sync(0xffffffffu, mine != nullptr);
-  if (lane == 0) valid[warp] = uint8_t(bits);
+  if (lane == 0) reinterpret_cast<uint16_t*>(valid)[warp] = uint16_t(bits);
   if (!mine) mine = qk.a->q;
+  const int c = 32 * w + lane;
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     const auto src = reinterpret_cast<const __nv_bfloat16*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine), i));
-    const int r = warp * kRows + i;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) cp_async16(sK + tile_offset(kKT, r, lane + 32 * half), src + (lane + 32 * half) * 8, true);
+    cp_async16(sK + tile_offset(kKT, warp * kRows + i, c), src + c * 8, true);
   }
   cp_async_commit();
 }
 
-// The indexer's choice for this lane's row of a tile (copy_keys' lanes 0 .. 7).
+// The indexer's choice for this lane's row of a tile (copy_keys' lanes 0 .. 15).
 __device__ __forceinline__ int32_t tile_choice(const Dsv4QueryKeys<kD>& qk, int tile) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  return lane < kKT / 8 ? qk.choice(tile * kKT + warp * (kKT / 8) + lane) : -1;
+  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+  return lane < kKT / 4 ? qk.choice(tile * kKT + warp * (kKT / 4) + lane) : -1;
 }
 
 // Warpgroup w's half of S for one tile: dimensions 256w .. 256w + 255 in 16 steps of 16; a step moves 32 bytes
@@ -206,8 +207,11 @@ __device__ __forceinline__ void copy_q(const Dsv4SparseAttention& a, const Dsv4Q
   cp_async_commit();
 }
 
-// A query's tiles: tile i in stage i % 2, the next tile's copies issued while this one's scores run, the indexer's
-// choices for the tile after read a step before.
+// A query's tiles: tile i in stage i % 2. P V of tile i - 1 is left running through the next step's barrier (waited
+// for before the scores: 1-3% faster than at once; waiting after the scores' issue, so that it overlaps that too,
+// measured no better, session 41); then the warpgroup refills its half of that stage with tile i + 1 while tile i's
+// scores run; the indexer's choices for the tile after are read a step before. P V of the last tile is waited for
+// after the loop.
 struct Tiles {
   const Dsv4SparseAttention& a;
   uint32_t sQ, sK0, sX;
@@ -219,31 +223,31 @@ struct Tiles {
   float s[kKT / 2];
   uint32_t pa[kKT / 16][4];
 
-  __device__ __forceinline__ int slot(int i) const { return i % 2; }
-  __device__ __forceinline__ uint32_t stage(int i) const { return sK0 + slot(i) * kTileBytes; }
+  __device__ __forceinline__ uint32_t stage(int i) const { return sK0 + (i % 2) * kTileBytes; }
+  __device__ __forceinline__ uint8_t* mask(int i) const { return valid0 + (i % 2) * 8; }
 
-  __device__ __forceinline__ void start_copies() {
+  __device__ __forceinline__ void start_copies(int w) {
     copy_q(a, qk, sQ);
-    copy_keys(qk, 0, tile_choice(qk, 0), sK0, valid0);
+    copy_keys(qk, 0, tile_choice(qk, 0), stage(0), mask(0), w);
     next = tile_choice(qk, 1);
   }
   __device__ __forceinline__ void step(QueryState& q, int i) {
     cp_async_wait<0>();  // this tile (and on the first, Q)
     fence_async_shared();
-    __syncthreads();  // every copy visible; both warpgroups are done with the other stage and with sX
+    __syncthreads();  // every copy visible; both warpgroups are done with sX and with the masks' stage for tile i + 1
+    wgmma_wait<0>();  // this warpgroup's P V of tile i - 1, which ran through the barrier
+    fence_registers<128>(q.o);
     issue_partial_scores(s, sQ, stage(i), q.w);
-    if (i + 1 < n_tiles) {
-      copy_keys(qk, i + 1, next, stage(i + 1), valid0 + slot(i + 1) * 8);
+    if (i + 1 < n_tiles) {  // into this warpgroup's half of the stage its P V of tile i - 1 read
+      copy_keys(qk, i + 1, next, stage(i + 1), mask(i + 1), q.w);
       next = tile_choice(qk, i + 2);
     }
     wgmma_wait<0>();
     fence_registers<kKT / 2>(s);
     sum_halves(s, sX, q.w);
-    if (softmax_tile(s, valid0 + slot(i) * 8, q.t, scale_log2, q.m_run, q.l_run, q.corr)) rescale_rows(q.o, q.corr);
+    if (softmax_tile(s, mask(i), q.t, scale_log2, q.m_run, q.l_run, q.corr)) rescale_rows(q.o, q.corr);
     pack_p_fragments<kKT>(s, pa);
     issue_pv(q.o, pa, stage(i), q.w);
-    wgmma_wait<0>();
-    fence_registers<128>(q.o);
   }
 };
 
@@ -289,11 +293,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_wgmma_kernel(con
   const uint32_t sQ = (raw + 1023u) & ~1023u, sK0 = sQ + kQBytes, sX = sK0 + 2 * kTileBytes;  // swizzle atoms: 1024-aligned
   uint8_t* valid0 = smem_raw + (sX + 2 * kXBytes - raw);  // [2][8], 8-byte aligned
   Tiles tiles{a, sQ, sK0, sX, valid0, a.scale * kLog2e, dsv4_query_keys<kD>(a)};
-  tiles.start_copies();
   QueryState q;
   q.start(a);
+  tiles.start_copies(q.w);
   tiles.n_tiles = (tiles.qk.n_slots + kKT - 1) / kKT;
   for (int i = 0; i < tiles.n_tiles; ++i) tiles.step(q, i);
+  wgmma_wait<0>();  // the last tile's P V
+  fence_registers<128>(q.o);
   cp_async_wait<0>();
   static_assert(64 * kORowBytes <= kQBytes + kTileBytes, "the rows fit Q's buffer and the first stage");
   store_rows(q, sQ, a.H, out + tiles.qk.qi * a.H * kD);
