@@ -911,6 +911,19 @@ stage_session41() {
   [ -n "${NCU_SKIP:-}" ] && return 0
   NCU_BASE=demangled NCU_SASS=1 ncu_kernel attnwgmma sparse_attention_wgmma_kernel 1 CudaBench.Dsv4SparseAttentionKernels
 }
+# The FP4 products' per-step addresses stepped along (stages, descriptors, the gathered rows' sources): both shapes'
+# tests and bench, the bench from the previous kernel's binary (.dev/unit_tests_old.xz) before and after, the layer
+# bench alternating with rows256, the suites.
+session41c_old() {
+  [ -f $DEV/unit_tests_old.xz ] || return 0
+  xz -dc $DEV/unit_tests_old.xz > $R/unit_tests_old && chmod +x $R/unit_tests_old
+  for n in 1 2; do
+    run fp4_old_$n env PDBRIDGE_BENCH=1 timeout 240 $R/unit_tests_old --gtest_filter='CudaBench.MoeFp4ProductsAtV4FlashShapes'
+    run fp4_new_$n env PDBRIDGE_BENCH=1 timeout 240 $P/build/tests/unit_tests --gtest_filter='CudaBench.MoeFp4ProductsAtV4FlashShapes'
+  done
+  rm -f $R/unit_tests_old
+}
+stage_session41c() { fp4_shapes_check session41c session41c_old; }
 # The keys kernel under Nsight Compute: a 32K prompt's fifth chunk of 4,096 queries in the bench's timed pass.
 stage_ncuidx() { ncu_kernel idx indexer_fp8_keys_kernel 20 CudaBench.Dsv4IndexerAtV4FlashShapes; }
 # The FP4 expert products under Nsight Compute: the gate|up launch of the bench's uniform routing (its second
@@ -977,7 +990,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|session40f|session41|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|session40f|session41|session41c|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -60,15 +60,15 @@ struct Fp4Step {
 
 // This thread's share of x's rows: rows r + 32 i (r = tid >> 3), chunk tid & 7 (rows past the tile's: zeros), of a tile
 // of at most kRows. Without the gather, the first row's source and the stride are worked out once, so a k-step's
-// copies are additions (registers are tight here); with it (kGather), each row's x row is read once per tile into a
-// register.
+// copies are additions (registers are tight here); with it (kGather), each row's source is worked out once per tile
+// (a k-step's copy: one addition, not a 64-bit product, session 41).
 template <bool kGather, int kRows>
 struct RowCopies {
   const __nv_bfloat16* src0;
-  int64_t stride;  // 32 rows (kGather: one row)
+  int64_t stride;  // 32 rows (without the gather)
   uint32_t dst0;
   int valid;  // how many of the thread's rows lie in the tile
-  int32_t src[kGather ? kRows / 32 : 1];  // kGather: x's rows of this thread's rows
+  const __nv_bfloat16* src[kGather ? kRows / 32 : 1];  // kGather: this thread's chunk of each of its x rows
   __device__ RowCopies(const __nv_bfloat16* x, int64_t K, const Fp4Tile& t, const int32_t* __restrict__ x_rows) {
     const int r = threadIdx.x >> 3, c = threadIdx.x & 7;
     dst0 = chunk_offset(r, c);  // row r + 32 i's: + 4096 i (the swizzle repeats every 8 rows)
@@ -77,7 +77,7 @@ struct RowCopies {
       src0 = x + c * 8;
       stride = K;
 #pragma unroll
-      for (int i = 0; i < kRows / 32; ++i) src[i] = i < valid ? __ldg(x_rows + t.row0 + r + 32 * i) : 0;
+      for (int i = 0; i < kRows / 32; ++i) src[i] = src0 + (i < valid ? int64_t(__ldg(x_rows + t.row0 + r + 32 * i)) * K : 0);
     } else {
       src0 = x + (int64_t(t.row0) + r) * K + c * 8;
       stride = 32 * K;
@@ -89,7 +89,7 @@ struct RowCopies {
     if (any) {
       if constexpr (kGather) {
 #pragma unroll
-        for (int i = 0; i < kN * 8 / kThreads; ++i) cp_async16(sX + dst0 + 4096u * i, src0 + int64_t(src[i]) * stride + k0, i < valid);
+        for (int i = 0; i < kN * 8 / kThreads; ++i) cp_async16(sX + dst0 + 4096u * i, src[i] + k0, i < valid);
       } else {
         const __nv_bfloat16* p = src0 + k0;
 #pragma unroll
@@ -171,6 +171,8 @@ __device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ 
   using S = Shape<kMB>;
   constexpr int kStages = S::kStages, kAhead = S::kAhead;
   auto stage = [&](int j) { return sX0 + uint32_t(j % kStages) * S::kXTile; };
+  // the stages of step j (its products) and j + kStages - 2 (its copies), stepped along, not worked out by a modulo
+  auto next_stage = [&](uint32_t a) { return a + S::kXTile == sX0 + kStages * S::kXTile ? sX0 : a + S::kXTile; };
   const int64_t K = w.cols;
   const int nk = int(K / kBK), wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32, g = lane / 4;
   // a last block of 128 outputs (w.rows not a multiple of 256) leaves outputs256's second warpgroup nothing: it
@@ -182,6 +184,7 @@ __device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ 
   const uint4* codes = reinterpret_cast<const uint4*>(w.codes) + group0 * 32 + lane;
   const uint32_t* scales = reinterpret_cast<const uint32_t*>(w.scales) + group0 * 8 + g;
   auto fetch = [&](int j, int mb) { return Fp4Step{__ldg(codes + 32 * (j + mb * mb_groups)), __ldg(scales + 8 * (j + mb * mb_groups))}; };
+  uint32_t s_products = stage(0), s_copies = stage(kStages - 2);
 
   const RowCopies<kFused, S::kRows> rows(x, K, t, x_rows);
   for (int j = 0; j < kStages - 2; ++j) rows.template load<kN>(stage(j), int64_t(j) * kBK, j < nk);
@@ -211,7 +214,7 @@ __device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ 
       cp_async_wait<kStages - 3>();  // this thread's copies of step j
       fence_async_shared();
       __syncthreads();  // everyone's; and step j - 2's products done in both warpgroups (their waits below)
-      rows.template load<kN>(stage(j + kStages - 2), int64_t(j + kStages - 2) * kBK, j + kStages - 2 < nk);
+      rows.template load<kN>(s_copies, int64_t(j + kStages - 2) * kBK, j + kStages - 2 < nk);
 #pragma unroll
       for (int mb = 0; mb < kMB; ++mb) ring[(u + kAhead) % kRing][mb] = fetch(min(j + kAhead, nk - 1), mb);
       const Fp4Step(&st)[kMB] = ring[u];
@@ -222,6 +225,7 @@ __device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ 
         for (int h = 0; h < 2; ++h)
 #pragma unroll
           for (int blk = 0; blk < 2; ++blk) sc[mb][h][blk] = step_scale<kOne>(st[mb].scales, 2 * h + blk);
+      const uint64_t desc = smem_desc(s_products, 16, 1024);  // chunk c's: + 32 c bytes, 2 c in the address field
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         wgmma_wait<3>();  // the chunk that last read a[c] (step j - 1's) is done
@@ -229,9 +233,11 @@ __device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ 
         for (int mb = 0; mb < kMB; ++mb) make_fragment<kOne>(st[mb], sc[mb], c, a[c][mb]);
         wgmma_fence();
 #pragma unroll
-        for (int mb = 0; mb < kMB; ++mb) chunk_product<kN>(d[mb], a[c][mb], smem_desc(stage(j) + c * 32, 16, 1024), j > 0 || c > 0);
+        for (int mb = 0; mb < kMB; ++mb) chunk_product<kN>(d[mb], a[c][mb], desc + 2 * c, j > 0 || c > 0);
         wgmma_commit();
       }
+      s_products = next_stage(s_products);
+      s_copies = next_stage(s_copies);
     }
   }
   wgmma_wait<0>();
