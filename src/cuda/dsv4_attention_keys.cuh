@@ -35,10 +35,10 @@ struct Dsv4QueryKeys {
   __device__ const __nv_bfloat16* row(int slot) const { return row(slot, choice(slot)); }
 };
 
-// The b-th query in the order the blocks take them: the latest queries (the most keys) first.
+// The block's query: the latest queries (the most keys) first.
 template <int D>
-__device__ __forceinline__ Dsv4QueryKeys<D> dsv4_query_keys(const Dsv4SparseAttention& a, int64_t b) {
-  Dsv4QueryKeys<D> k{&a, a.nq - 1 - b, 0, 0};
+__device__ __forceinline__ Dsv4QueryKeys<D> dsv4_query_keys(const Dsv4SparseAttention& a) {
+  Dsv4QueryKeys<D> k{&a, int64_t(gridDim.x) - 1 - blockIdx.x, 0, 0};
   k.t = a.t0 + k.qi;
   int n_comp = 0;
   if (a.ratio == 128) {
@@ -50,11 +50,6 @@ __device__ __forceinline__ Dsv4QueryKeys<D> dsv4_query_keys(const Dsv4SparseAtte
   }
   k.n_slots = a.W + n_comp;
   return k;
-}
-// The block's query, a block a query.
-template <int D>
-__device__ __forceinline__ Dsv4QueryKeys<D> dsv4_query_keys(const Dsv4SparseAttention& a) {
-  return dsv4_query_keys<D>(a, blockIdx.x);
 }
 
 // One tile of KT key rows into a shared-memory stage (chunk c of row r at stage + offset(r, c)), and which of its
