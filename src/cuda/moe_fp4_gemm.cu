@@ -65,7 +65,7 @@ struct Fp4Step {
 template <bool kGather, int kRows>
 struct RowCopies {
   const __nv_bfloat16* src0;
-  int64_t stride;  // 32 rows (without the gather)
+  int64_t stride = 0;  // 32 rows (without the gather)
   uint32_t dst0;
   int valid;  // how many of the thread's rows lie in the tile
   const __nv_bfloat16* src[kGather ? kRows / 32 : 1];  // kGather: this thread's chunk of each of its x rows
@@ -75,7 +75,6 @@ struct RowCopies {
     valid = t.rows > r ? (t.rows - r + 31) / 32 : 0;
     if constexpr (kGather) {
       src0 = x + c * 8;
-      stride = K;
 #pragma unroll
       for (int i = 0; i < kRows / 32; ++i) src[i] = src0 + (i < valid ? int64_t(__ldg(x_rows + t.row0 + r + 32 * i)) * K : 0);
     } else {
