@@ -115,11 +115,22 @@ print()
 for r in rows: print(f"  {r[0]:<{w0}}  {r[1]:<{w1}}  {r[2]}")
 print()
 mounted = b["verdict"].get("verdict") == "complete" and b["timings"].get("cache_n", 0) >= b["verdict"]["tokens"] - 1
-ok = mounted and right(n, marker_n) == "yes" and right(b, marker_b) == "yes"
+own = b["text"] == ref["text"]  # the bridge's job: the decoder's own answer
+n_ok, b_ok = right(n, marker_n) == "yes", right(b, marker_b) == "yes"
+# The small Q4_0 needle model misses a rare seed on its own (docs/RESULTS.md: e.g. ZEBRA-777-77178 for ZEBRA-7777-7178,
+# natively too). Such a miss is the model's, not the bridge's: it passes when the decoder answers the bridged prompt the
+# same natively and the other prompt is right; two wrong answers fail (a broken model or set-up).
+ok = mounted and own and (n_ok or b_ok)
 if not mounted:
     print("[demo] FAILED: the bridge did not deliver a complete, mounted cache (see the table and build/demo/*.log)")
+elif not own:
+    print("[demo] FAILED: the bridged answer is not the decoder's own (see the table)")
 elif not ok:
-    print("[demo] FAILED: an answer is wrong (see the table)")
+    print("[demo] FAILED: both answers are wrong (see the table)")
+elif not (n_ok and b_ok):
+    print("[demo] the bridged decoder reused the whole prompt (cache_n) and gave the decoder's own answer; the model missed "
+          "one marker on its own (the decoder answers it the same natively: a rare miss of the small needle model, "
+          "PDBRIDGE_DEMO_SEEDS=%d,%d replays it)" % (seed_native, seed_bridged))
 else:
     print("[demo] both answers are right; the bridged decoder reused the whole prompt (cache_n) and only decoded")
 sys.exit(0 if ok else 1)
