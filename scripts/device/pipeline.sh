@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,moegap,moegap2,moegap3,session41,session41c,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,moegap,moegap2,moegap3,session41,session41c,session42,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -924,6 +924,24 @@ session41c_old() {
   rm -f $R/unit_tests_old
 }
 stage_session41c() { fp4_shapes_check session41c session41c_old; }
+# DeepSeek-V4's f32 products (the mixes, the router) as 3xTF32 tensor-core products: their twin tests and bench,
+# the suites with the defaults and with PDBRIDGE_DSV4_F32=tf32x3 (the tiny models' chunks take it only so), the layer
+# bench alternating with PDBRIDGE_DSV4_F32=fp32 (the f32 paths as before).
+# The f32 tensor kernel's variants alone: the twin test and bench, then its default's 48-output mix under Nsight Compute.
+stage_session42a() {
+  run f32_session42a env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.F32*:CudaBench.Dsv4F32MixAndRouterProducts'
+  [ -n "${NCU_SKIP:-}" ] && return 0
+  NCU_SASS=1 ncu_kernel f32tensor f32_tensor_kernel 2 CudaBench.Dsv4F32MixAndRouterProducts
+}
+stage_session42() {
+  make_dsv4_test_models
+  [ -n "${S42_WITH_A:-}" ] && NCU_SKIP=1 stage_session42a
+  run f32_session42 env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.F32*:CudaBench.Dsv4F32MixAndRouterProducts'
+  run integration_dsv4_tf32x3 env PDBRIDGE_DSV4_F32=tf32x3 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  local OLD=PDBRIDGE_DSV4_F32=fp32 MIX=PDBRIDGE_DSV4_F32=mixes
+  run dsv4_bench_session42 env BENCH_TOKENS=32768,131072 BENCH_RUNS="${S42_RUNS:-fp4:32768 fp4:32768:$MIX fp4:32768:$OLD fp4:32768 fp4:32768:$MIX fp4:32768:$OLD}" bash $DEV/dsv4_gpu.sh bench
+  run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+}
 # The keys kernel under Nsight Compute: a 32K prompt's fifth chunk of 4,096 queries in the bench's timed pass.
 stage_ncuidx() { ncu_kernel idx indexer_fp8_keys_kernel 20 CudaBench.Dsv4IndexerAtV4FlashShapes; }
 # The FP4 expert products under Nsight Compute: the gate|up launch of the bench's uniform routing (its second
@@ -990,7 +1008,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|session40f|session41|session41c|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|session40f|session41|session41c|session42|session42a|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -41,6 +41,10 @@ struct Tuning {
   std::string dsv4_mix;          // PDBRIDGE_DSV4_MIX=cublas: the hyper-connection mixes' f32 products by cuBLAS, not the
                                  // narrow kernel; =narrow: the kernel at any row count (the tests' tiny prompts);
                                  // =split: the kernel with k split until its tiles fill the GPU
+  std::string dsv4_f32;          // PDBRIDGE_DSV4_F32=fp32: the mixes' and the router's f32 products on the f32 units (the
+                                 // default: as three TF32 tensor-core products where their tiles fill the GPU);
+                                 // =tf32x3: those at any row count (the tests' tiny prompts); =mixes: the mixes
+                                 // only (the router by cuBLAS's f32 products)
   std::string q8_gemm;           // PDBRIDGE_Q8_GEMM=64|128: the Q8_0 block products (sections, recipes) in those tiles
                                  // whatever their size (the default: 128 where they fill the GPU twice)
   std::string act_quant;         // PDBRIDGE_ACT_QUANT=0: the CPU engine's products with a GGUF's quantized weights in f32
@@ -71,6 +75,7 @@ inline const std::vector<TuningSwitch>& tuning_switches() {
       {"PDBRIDGE_DSV4_ATTN", &Tuning::dsv4_attn},
       {"PDBRIDGE_DSV4_TOPK", &Tuning::dsv4_topk},
       {"PDBRIDGE_DSV4_EXPAND", &Tuning::dsv4_expand},       {"PDBRIDGE_DSV4_MIX", &Tuning::dsv4_mix},
+      {"PDBRIDGE_DSV4_F32", &Tuning::dsv4_f32},
       {"PDBRIDGE_Q8_GEMM", &Tuning::q8_gemm},
       {"PDBRIDGE_ACT_QUANT", &Tuning::act_quant},
       {"PDBRIDGE_READBACK", &Tuning::readback},             {"PDBRIDGE_ROWS_FUSED", &Tuning::rows_fused},

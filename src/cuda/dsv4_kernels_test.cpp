@@ -25,6 +25,7 @@
 #include "cuda/dsv4_indexer.cuh"
 #include "cuda/elementwise.cuh"
 #include "cuda/f32_narrow.cuh"
+#include "cuda/f32_tensor.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/kernel_test_support.h"
@@ -413,6 +414,80 @@ TEST(CudaKernels, F32NarrowProductsMatchTheF64Product) {
 #endif
 }
 
+// The f32 products on the tensor cores (cuda/f32_tensor.cuh: 3xTF32) against the f64 product: the mixes' widths, the
+// router's, other widths of 8 (the tiny models' routers), rows and outputs past a tile, one k-step and many. Each
+// output within the f32 sum's bound; over all outputs the RMS error within 4x that of an f32 sum in k order (worked
+// out here) plus 2^-22 of the terms' magnitude, where one TF32 product would be ~2^-11 of each term: the products are
+// as accurate as f32 ones. And inputs of 17 significant bits (no TF32 holds them) give the exact sums.
+TEST(CudaKernels, F32TensorProductsMatchTheF64Product) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
+#ifdef PDBRIDGE_HAVE_CUDA
+  using namespace test_kernels;
+  // variant (f32_tensor_xwt): 0 the default, 1 w split once a stage, 2 no per-stage sums (its RMS only printed: the
+  // tensor cores' own accumulation, measured), 3 stages of 64 inputs, 4 the wide widths in 128 x 64 tiles
+  struct Case { int64_t rows, k, n; int variant; };
+  std::vector<Case> cases;
+  for (const int v : {0, 1, 2, 3})
+    for (const Case& c : {Case{200, 64, 24, v}, Case{300, 192, 48, v}, Case{17000, 128, 48, v}, Case{130, 16384, 24, v}, Case{150, 16384, 48, v},
+                          Case{520, 4096, 256, v}, Case{77, 64, 8, v}, Case{300, 256, 136, v}})
+      cases.push_back(c);
+  for (const Case& c : {Case{200, 32, 24, 0}, Case{300, 160, 48, 0}, Case{520, 4096, 256, 4}, Case{300, 256, 136, 4}}) cases.push_back(c);
+  for (const Case& c : cases) {
+    const auto x = randn(size_t(c.rows * c.k)), w = randn(size_t(c.n * c.k), 0.05f);
+    auto dx = to_device_f32(x), dw = to_device_f32(w);
+    auto dy = poisoned(size_t(c.rows * c.n) * 4);
+    ASSERT_TRUE(cuda::f32_tensor_supported(dx.as<float>(), dw.as<float>(), dy.as<float>(), c.k, c.n));
+    cuda::f32_tensor_xwt(dx.as<float>(), dw.as<float>(), dy.as<float>(), c.rows, c.k, c.n, nullptr, c.variant);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto y = from_device_f32(dy, size_t(c.rows * c.n));
+    double worst = 0, sq = 0, sq_f32 = 0;
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t o = 0; o < c.n; ++o) {
+        double want = 0, magnitude = 0;
+        float in_order = 0.0f;
+        for (int64_t i = 0; i < c.k; ++i) {
+          const float a = x[size_t(r * c.k + i)], b = w[size_t(o * c.k + i)];
+          want += double(a) * b;
+          magnitude += std::fabs(double(a) * b);
+          in_order = std::fma(a, b, in_order);
+        }
+        const double got = y[size_t(r * c.n + o)];
+        ASSERT_TRUE(std::isfinite(got)) << "row " << r << " output " << o << " (rows " << c.rows << ")";
+        worst = std::max(worst, std::fabs(got - want) / (magnitude * double(c.k) * std::ldexp(1.0, -24) + 1e-30));
+        sq += std::pow((got - want) / magnitude, 2);
+        sq_f32 += std::pow((double(in_order) - want) / magnitude, 2);
+      }
+    const double count = double(c.rows * c.n), rms = std::sqrt(sq / count), rms_f32 = std::sqrt(sq_f32 / count);
+    std::printf("F32 TENSOR %lld x %lld -> %lld (variant %d): worst error %.4f of the f32 sum's bound; RMS error %.3g of the terms' "
+                "magnitude, an f32 sum in order %.3g\n",
+                (long long)c.rows, (long long)c.k, (long long)c.n, c.variant, worst, rms, rms_f32);
+    EXPECT_LE(worst, 1.0) << c.rows << " x " << c.k << " -> " << c.n << ", variant " << c.variant;
+    if (c.variant != 2) EXPECT_LE(rms, 4 * rms_f32 + std::ldexp(1.0, -22)) << c.rows << " x " << c.k << " -> " << c.n << ", variant " << c.variant;
+  }
+  {  // x = 1 + j 2^-16 (17 bits), w small integers: every sum exact in f32 (at most 24 bits), so it must come out exact
+    const int64_t rows = 64, k = 64, n = 24;
+    std::vector<float> x(size_t(rows * k)), w(size_t(n * k));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = 1.0f + float(int((i * 7919) % 61)) * std::ldexp(1.0f, -16);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = float(1 + int(i % 3));
+    auto dx = to_device_f32(x), dw = to_device_f32(w);
+    auto dy = poisoned(size_t(rows * n) * 4);
+    cuda::f32_tensor_xwt(dx.as<float>(), dw.as<float>(), dy.as<float>(), rows, k, n, nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto y = from_device_f32(dy, size_t(rows * n));
+    int inexact = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t o = 0; o < n; ++o) {
+        double want = 0;
+        for (int64_t i = 0; i < k; ++i) want += double(x[size_t(r * k + i)]) * w[size_t(o * k + i)];
+        inexact += double(y[size_t(r * n + o)]) != want;
+      }
+    EXPECT_EQ(inexact, 0) << "of " << rows * n << " sums of 17-bit inputs";
+  }
+  EXPECT_THROW(cuda::f32_tensor_xwt(nullptr, nullptr, nullptr, 10, 100, 24, nullptr), std::invalid_argument) << "k not of 32-steps";
+  EXPECT_FALSE(cuda::f32_tensor_supported(nullptr, nullptr, nullptr, 4096, 12)) << "a width not of 8";
+#endif
+}
+
 // A benchmark, run on request (PDBRIDGE_BENCH=1): the f32 work of DeepSeek-V4's hyper-connection mixes and router
 // at V4-Flash's shapes for a 32K chunk (hidden 4096, 4 streams, 256 experts), which the session-35 profile put at
 // ~11 ms of a ratio-4 layer's 75 (the sections' mix 5.3, the MoE's routing and gather 5.7): each product's time
@@ -441,6 +516,12 @@ TEST(CudaBench, Dsv4F32MixAndRouterProducts) {
     report("cuBLAS", median_ms(10, [&] { gemm.xwt(cuda::DType::F32, x.get(), w.get(), cuda::DType::F32, y.get(), rows, sh.in, sh.out, 0.0f, nullptr); }));
     if (cuda::f32_narrow_supported(x.as<float>(), w.as<float>(), sh.in, sh.out))
       report("narrow kernel", median_ms(10, [&] { cuda::f32_narrow_xwt(x.as<float>(), w.as<float>(), y.as<float>(), rows, sh.in, sh.out, nullptr); }));
+    const char* variants[] = {"tensor cores, 3xTF32", "3xTF32, w split once a stage", "3xTF32, no per-stage sums", "3xTF32, stages of 64 inputs",
+                              "3xTF32, 128 x 64 tiles"};
+    for (int v = 0; v < 5; ++v) {
+      if (v == 4 && sh.out % 64) continue;
+      report(variants[v], median_ms(10, [&] { cuda::f32_tensor_xwt(x.as<float>(), w.as<float>(), y.as<float>(), rows, sh.in, sh.out, nullptr, v); }));
+    }
   }
   // the mixes in the prefill server's chunks of 4,096 rows: cuBLAS, the kernel's 32 tiles, and its k split until
   // the tiles fill the GPU (PDBRIDGE_DSV4_MIX=split)
@@ -454,8 +535,10 @@ TEST(CudaBench, Dsv4F32MixAndRouterProducts) {
       const double split = median_ms(20, [&] {
         cuda::f32_narrow_xwt(x.as<float>(), w.as<float>(), y.as<float>(), n4, k, n, nullptr, parts.as<float>(), splits);
       });
-      std::printf("DSV4 F32 MIX of a 4,096-row chunk, %lld x %lld -> %lld: cuBLAS %.3f ms, the kernel %.3f, its k in %d splits %.3f: %.2fx cuBLAS\n",
-                  (long long)n4, (long long)k, (long long)n, cublas, one, splits, split, cublas / split);
+      const double tensor = median_ms(20, [&] { cuda::f32_tensor_xwt(x.as<float>(), w.as<float>(), y.as<float>(), n4, k, n, nullptr); });
+      std::printf("DSV4 F32 MIX of a 4,096-row chunk, %lld x %lld -> %lld: cuBLAS %.3f ms, the kernel %.3f, its k in %d splits %.3f: %.2fx cuBLAS; "
+                  "3xTF32 %.3f\n",
+                  (long long)n4, (long long)k, (long long)n, cublas, one, splits, split, cublas / split, tensor);
     }
   }
   const double pre_ms = median_ms(10, [&] { cuda::dsv4_hc_pre_sum(x.as<float>(), mix.as<float>(), rows, E, pre.as<float>(), nullptr); });

@@ -861,7 +861,8 @@ void Deepseek4CudaEngine::PromptRun::route_and_gather() {
     cuda::dsv4_hc_pre_sum(xa, I.mix_r.as<float>(), rows, E, I.hpre.as<float>(), s);
     cuda::rmsnorm_rows(I.hpre.as<float>(), L.ffn_norm.as<float>(), I.hn.as<float>(), rows, E, eps, s);
     cuda::f32_to_bf16(I.hn.as<float>(), I.hn_b.as<bf16>(), rows * E, s);
-    I.gemm.xwt(cuda::DType::F32, I.hn.get(), L.router.get(), cuda::DType::F32, I.logits.get(), rows, E, NE, 0.0f, s);
+    if (tuning.dsv4_f32 == "mixes" || !f32_on_tensor_cores(I.hn.as<float>(), L.router.as<float>(), E, NE, I.logits.as<float>()))
+      I.gemm.xwt(cuda::DType::F32, I.hn.get(), L.router.get(), cuda::DType::F32, I.logits.get(), rows, E, NE, 0.0f, s);
     cuda::dsv4_route(I.logits.as<float>(), L.hash ? nullptr : L.probs_bias.as<float>(), L.hash ? L.tid2eid.as<int32_t>() : nullptr, tok, rows,
                      int(NE), int(K), c.expert_scale, I.experts.as<int32_t>(), I.weights.as<float>(), s);
     const int64_t g = rows * K;

@@ -21,6 +21,7 @@
 #include "cuda/dsv4_indexer.cuh"
 #include "cuda/elementwise.cuh"
 #include "cuda/f32_narrow.cuh"
+#include "cuda/f32_tensor.cuh"
 #include "cuda/fp8.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/grouped_gemm.cuh"
@@ -249,6 +250,7 @@ struct Deepseek4CudaEngine::PromptRun {
   void shared_expert_and_combine();
   void record_profile();
   // m [rows x n] = x [rows x 4E] . fn^T, f32: a hyper-connection mix's product
+  bool f32_on_tensor_cores(const float* x_, const float* w, int64_t k, int64_t n_out, float* y);
   void mix_product(const float* x_, const DeviceBuffer& fn, int64_t n_out, float* m);
   // rows as the decoder stores and the engine reads them: the cache type's values (quantized rows un-rotated:
   // a rotated query against rotated rows is the same dot product), then bf16

@@ -1,0 +1,27 @@
+// f32 products y [rows x n] = x [rows x k] . w [n x k]^T on the tensor cores, f32 in and out: DeepSeek-V4's
+// hyper-connection mixes (k = 4E = 16,384 inputs, 48 or 24 outputs) and its router (E inputs, 256 outputs). They stay
+// f32-accurate (the mixes decide the residual streams and, through the FFN's, the experts: the decoder's choices), but
+// the f32 units bound them: the narrow kernel ran the sections' mixes at 31 TFLOP/s and cuBLAS the router at ~50
+// (docs/RESULTS.md, sessions 35-36). Here each operand is split into TF32 parts, v = hi + lo (hi: v rounded to TF32,
+// lo: the rest rounded to TF32), and each product is summed as lo.hi + hi.lo + hi.hi by TF32 tensor-core products
+// into f32 accumulators ("3xTF32"): the dropped lo.lo and the roundings are ~2^-22 of a term, below the f32 sum's
+// own rounding over k terms. CPU twin: the f64 product (dsv4_kernels_test.cpp), with the f32 sum's bound.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace pdb::cuda {
+
+// n 24, 48 or a multiple of 8; k a multiple of 32; x, w and y 16-byte aligned; an sm_80+ GPU: otherwise false (the
+// caller's f32 path).
+bool f32_tensor_supported(const float* x, const float* w, const float* y, int64_t k, int64_t n);
+// Enough rows to give every SM a tile (128 rows by 24, 48 or 128 outputs each): below that the f32 paths use the GPU better.
+bool f32_tensor_fills_gpu(int64_t rows, int64_t n);
+// y = x . w^T where f32_tensor_supported; throws otherwise. Widths other than 24 and 48 take 128 x 128 tiles (a warp:
+// 32 rows x 64 outputs). variant (the bench's and the twin test's alternatives; 0 the default): 1 w split once per
+// stage by the CTA, 2 no per-stage sums (the tensor cores' accumulation alone), 3 stages of 64 inputs (k a multiple
+// of 64) and 64-row tiles, 4 the wide widths in 128 x 64 tiles.
+void f32_tensor_xwt(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n, cudaStream_t s, int variant = 0);
+
+}  // namespace pdb::cuda
