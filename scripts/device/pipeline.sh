@@ -929,14 +929,14 @@ stage_session41c() { fp4_shapes_check session41c session41c_old; }
 # bench alternating with PDBRIDGE_DSV4_F32=fp32 (the f32 paths as before).
 # The f32 tensor kernel's variants alone: the twin test and bench, then its default's 48-output mix under Nsight Compute.
 stage_session42a() {
-  run f32_session42a env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.F32*:CudaBench.Dsv4F32MixAndRouterProducts'
+  run f32_session42a env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.F32*:CudaKernels.Dsv4PreSumNorm*:CudaKernels.Dsv4MixRotation*:CudaBench.Dsv4F32MixAndRouterProducts'
   [ -n "${NCU_SKIP:-}" ] && return 0
   NCU_SASS=1 ncu_kernel f32tensor f32_tensor_kernel 2 CudaBench.Dsv4F32MixAndRouterProducts
 }
 stage_session42() {
   make_dsv4_test_models
   [ -n "${S42_WITH_A:-}" ] && NCU_SKIP=1 stage_session42a
-  run f32_session42 env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.F32*:CudaBench.Dsv4F32MixAndRouterProducts'
+  run f32_session42 env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.F32*:CudaKernels.Dsv4PreSumNorm*:CudaKernels.Dsv4MixRotation*:CudaBench.Dsv4F32MixAndRouterProducts'
   run integration_dsv4_tf32x3 env PDBRIDGE_DSV4_F32=tf32x3 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
   local OLD=PDBRIDGE_DSV4_F32=fp32 MIX=PDBRIDGE_DSV4_F32=mixes
   run dsv4_bench_session42 env BENCH_TOKENS=32768,131072 BENCH_RUNS="${S42_RUNS:-fp4:32768 fp4:32768:$MIX fp4:32768:$OLD fp4:32768 fp4:32768:$MIX fp4:32768:$OLD}" bash $DEV/dsv4_gpu.sh bench

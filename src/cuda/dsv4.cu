@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 #include "cuda/common.cuh"
 #include "cuda/device_helpers.cuh"
@@ -95,6 +96,49 @@ __global__ void hc_pre_sum_kernel(const float* __restrict__ x, const float* __re
 }
 
 constexpr int kRowThreads = 256;
+
+// dsv4_hc_pre_sum_norm: a block a row; element i = threadIdx.x + 256 j, so that the row's double sum of squares runs
+// in rmsnorm_kernel's order (each thread's elements in turn, then the same tree), and each element's sum in
+// hc_pre_sum_kernel's.
+constexpr int kNormThreads = 256, kNormPerThread = 16;
+__global__ void __launch_bounds__(kNormThreads) hc_pre_sum_norm_kernel(const float* __restrict__ x, const float* __restrict__ mix, int64_t E,
+                                                                       const float* __restrict__ w, float eps, float* __restrict__ y,
+                                                                       __nv_bfloat16* __restrict__ y_bf16) {
+  const int64_t t = blockIdx.x;
+  const float* mt = mix + t * kDsv4MixFloats;
+  const float* xt = x + t * 4 * E;
+  float p[4];
+  for (int h = 0; h < 4; ++h) p[h] = mt[h];
+  float v[kNormPerThread];
+  double sum = 0.0;
+#pragma unroll
+  for (int j = 0; j < kNormPerThread; ++j) {
+    const int64_t i = threadIdx.x + int64_t(kNormThreads) * j;
+    float acc = 0.0f;
+    if (i < E) {
+      for (int h = 0; h < 4; ++h) acc = __fadd_rn(acc, __fmul_rn(xt[h * E + i], p[h]));
+      sum += double(acc * acc);
+    }
+    v[j] = acc;
+  }
+  __shared__ double partial[kNormThreads];
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (int r = kNormThreads / 2; r > 0; r >>= 1) {
+    if (threadIdx.x < r) partial[threadIdx.x] += partial[threadIdx.x + r];
+    __syncthreads();
+  }
+  const float mean = float(partial[0] / double(E));
+  const float scale = 1.0f / sqrtf(mean + eps);
+#pragma unroll
+  for (int j = 0; j < kNormPerThread; ++j) {
+    const int64_t i = threadIdx.x + int64_t(kNormThreads) * j;
+    if (i >= E) continue;
+    const float n = v[j] * scale, out = w ? n * w[i] : n;
+    y[t * E + i] = out;
+    if (y_bf16) y_bf16[t * E + i] = __float2bfloat16_rn(out);
+  }
+}
 
 // The block's double sum of its threads' partial sums (rmsnorm_kernel's accumulation: float squares in double).
 __device__ double block_sum(double v) {
@@ -485,6 +529,16 @@ void dsv4_hc_pre_sum(const float* x, const float* mix, int64_t n, int64_t E, flo
   const bool vec = E % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
   if (vec) hc_pre_sum_kernel<4><<<grid_stride_blocks(n * E / 4), kT, 0, s>>>(x, mix, n, E, y);
   else hc_pre_sum_kernel<1><<<grid_stride_blocks(n * E), kT, 0, s>>>(x, mix, n, E, y);
+  PDB_CUDA_LAUNCHED();
+}
+
+bool dsv4_hc_pre_sum_norm_supported(int64_t E) { return E > 0 && E <= int64_t(kNormThreads) * kNormPerThread; }
+
+void dsv4_hc_pre_sum_norm(const float* x, const float* mix, int64_t n, int64_t E, const float* w, float eps, float* y, __nv_bfloat16* y_bf16,
+                          cudaStream_t s) {
+  if (n <= 0) return;
+  if (!dsv4_hc_pre_sum_norm_supported(E)) throw std::invalid_argument("dsv4_hc_pre_sum_norm: rows of at most 4,096, not " + std::to_string(E));
+  hc_pre_sum_norm_kernel<<<unsigned(n), kNormThreads, 0, s>>>(x, mix, E, w, eps, y, y_bf16);
   PDB_CUDA_LAUNCHED();
 }
 

@@ -488,6 +488,37 @@ TEST(CudaKernels, F32TensorProductsMatchTheF64Product) {
 #endif
 }
 
+// The fused pre-sum + rms norm (+ bf16 copy) against the three passes it replaces, bit for bit: rows of 4,096
+// (V4-Flash's), of 1,000 (a last 256-step cut short) and of 64 (the tiny models').
+TEST(CudaKernels, Dsv4PreSumNormIsTheThreePassesBitForBit) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
+#ifdef PDBRIDGE_HAVE_CUDA
+  using namespace test_kernels;
+  for (const int64_t E : {int64_t(4096), int64_t(1000), int64_t(64)}) {
+    const int64_t n = 37;
+    auto x = to_device_f32(randn(size_t(n * 4 * E))), mix = to_device_f32(randn(size_t(n * 24), 0.5f)), w = to_device_f32(randn(size_t(E), 0.3f));
+    cuda::DeviceBuffer pre(size_t(n * E) * 4), y(size_t(n * E) * 4), y2(size_t(n * E) * 4), yb(size_t(n * E) * 2), yb2(size_t(n * E) * 2);
+    ASSERT_TRUE(cuda::dsv4_hc_pre_sum_norm_supported(E));
+    cuda::dsv4_hc_pre_sum_norm(x.as<float>(), mix.as<float>(), n, E, w.as<float>(), 1e-6f, y.as<float>(), yb.as<__nv_bfloat16>(), nullptr);
+    cuda::dsv4_hc_pre_sum(x.as<float>(), mix.as<float>(), n, E, pre.as<float>(), nullptr);
+    cuda::rmsnorm_rows(pre.as<float>(), w.as<float>(), y2.as<float>(), n, E, 1e-6f, nullptr);
+    cuda::f32_to_bf16(y2.as<float>(), yb2.as<__nv_bfloat16>(), n * E, nullptr);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint32_t> a(size_t(n * E)), b(a.size());
+    std::vector<uint16_t> ab(a.size()), bb(a.size());
+    PDB_CUDA_CHECK(cudaMemcpy(a.data(), y.get(), a.size() * 4, cudaMemcpyDeviceToHost));
+    PDB_CUDA_CHECK(cudaMemcpy(b.data(), y2.get(), b.size() * 4, cudaMemcpyDeviceToHost));
+    PDB_CUDA_CHECK(cudaMemcpy(ab.data(), yb.get(), ab.size() * 2, cudaMemcpyDeviceToHost));
+    PDB_CUDA_CHECK(cudaMemcpy(bb.data(), yb2.get(), bb.size() * 2, cudaMemcpyDeviceToHost));
+    int64_t differ = 0, differ_bf16 = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i], differ_bf16 += ab[i] != bb[i];
+    EXPECT_EQ(differ, 0) << "of " << a.size() << " normed values, E = " << E;
+    EXPECT_EQ(differ_bf16, 0) << "of " << a.size() << " bf16 copies, E = " << E;
+  }
+  EXPECT_FALSE(cuda::dsv4_hc_pre_sum_norm_supported(8192)) << "rows past 16 elements a thread";
+#endif
+}
+
 // A benchmark, run on request (PDBRIDGE_BENCH=1): the f32 work of DeepSeek-V4's hyper-connection mixes and router
 // at V4-Flash's shapes for a 32K chunk (hidden 4096, 4 streams, 256 experts), which the session-35 profile put at
 // ~11 ms of a ratio-4 layer's 75 (the sections' mix 5.3, the MoE's routing and gather 5.7): each product's time
@@ -543,8 +574,14 @@ TEST(CudaBench, Dsv4F32MixAndRouterProducts) {
   }
   const double pre_ms = median_ms(10, [&] { cuda::dsv4_hc_pre_sum(x.as<float>(), mix.as<float>(), rows, E, pre.as<float>(), nullptr); });
   const double norm_ms = median_ms(10, [&] { cuda::rmsnorm_rows(pre.as<float>(), norm_w.as<float>(), normed.as<float>(), rows, E, 1e-6f, nullptr); });
-  std::printf("DSV4 F32 PASSES: the streams' pre-sum %.3f ms (%.0f GB/s), the rms norm %.3f ms (%.0f GB/s)\n", pre_ms,
-              double(rows) * E * 4 * 5 / (pre_ms * 1e-3) / 1e9, norm_ms, double(rows) * E * 4 * 2 / (norm_ms * 1e-3) / 1e9);
+  cuda::DeviceBuffer normed_b(size_t(rows * E) * 2);
+  const double bf16_ms = median_ms(10, [&] { cuda::f32_to_bf16(normed.as<float>(), normed_b.as<__nv_bfloat16>(), rows * E, nullptr); });
+  const double fused_ms = median_ms(10, [&] {
+    cuda::dsv4_hc_pre_sum_norm(x.as<float>(), mix.as<float>(), rows, E, norm_w.as<float>(), 1e-6f, normed.as<float>(), normed_b.as<__nv_bfloat16>(), nullptr);
+  });
+  std::printf("DSV4 F32 PASSES: the streams' pre-sum %.3f ms (%.0f GB/s), the rms norm %.3f ms (%.0f GB/s), the bf16 copy %.3f ms; "
+              "the three fused %.3f ms (%.0f GB/s)\n", pre_ms, double(rows) * E * 4 * 5 / (pre_ms * 1e-3) / 1e9, norm_ms,
+              double(rows) * E * 4 * 2 / (norm_ms * 1e-3) / 1e9, bf16_ms, fused_ms, double(rows) * E * (4 * 4 + 4 + 2) / (fused_ms * 1e-3) / 1e9);
   std::fflush(stdout);
 #endif
 }

@@ -530,7 +530,7 @@ void Deepseek4CudaEngine::PromptRun::size_scratch() {
   Impl::grow(I.inv_x, size_t(n) * 4);
   Impl::grow(I.m, size_t(n * 2 * cuda::kDsv4MixFloats) * 4);
   for (auto* b : {&I.mix_r, &I.mix_e}) Impl::grow(*b, size_t(n * cuda::kDsv4MixFloats) * 4);
-  for (auto* b : {&I.pre, &I.cur, &I.ao, &I.hpre, &I.hn, &I.y}) Impl::grow(*b, size_t(n * E) * 4);
+  for (auto* b : {&I.pre, &I.cur, &I.ao, &I.hn, &I.y}) Impl::grow(*b, size_t(n * E) * 4);
   Impl::grow(I.cur_b, size_t(n * E) * 2);
   Impl::grow(I.hn_b, size_t(n * E) * 2);
   Impl::grow(I.qx, size_t(n * E));
@@ -858,9 +858,7 @@ void Deepseek4CudaEngine::PromptRun::route_and_gather() {
     mix_product(xa, L.hc_ffn_fn, cuda::kDsv4MixFloats, I.m.as<float>());
     cuda::dsv4_hc_coefs(I.m.as<float>(), 24, I.inv_x.as<float>(), L.hc_ffn_base.as<float>(), L.hc_ffn_scale.as<float>(), rows, c.hc_eps,
                         int(c.hc_iterations), I.mix_r.as<float>(), s);
-    cuda::dsv4_hc_pre_sum(xa, I.mix_r.as<float>(), rows, E, I.hpre.as<float>(), s);
-    cuda::rmsnorm_rows(I.hpre.as<float>(), L.ffn_norm.as<float>(), I.hn.as<float>(), rows, E, eps, s);
-    cuda::f32_to_bf16(I.hn.as<float>(), I.hn_b.as<bf16>(), rows * E, s);
+    pre_sum_norm(xa, I.mix_r.as<float>(), L.ffn_norm, I.hn.as<float>(), I.hn_b.as<bf16>());
     if (tuning.dsv4_f32 == "mixes" || !f32_on_tensor_cores(I.hn.as<float>(), L.router.as<float>(), E, NE, I.logits.as<float>()))
       I.gemm.xwt(cuda::DType::F32, I.hn.get(), L.router.get(), cuda::DType::F32, I.logits.get(), rows, E, NE, 0.0f, s);
     cuda::dsv4_route(I.logits.as<float>(), L.hash ? nullptr : L.probs_bias.as<float>(), L.hash ? L.tid2eid.as<int32_t>() : nullptr, tok, rows,

@@ -112,7 +112,7 @@ struct Deepseek4CudaEngine::Impl {
   // scratch, grown on demand
   DeviceBuffer tokens, x, xa, inv_x, m, mix_r, mix_e, pre, cur, cur_b, qx, dx, kvrow, kvtmp, pooled, csb, cs_plain, cs_comp;
   DeviceBuffer qr, qr_b, q, q_b, iq, iq_b, iq8, iq8_s, iw, isc, iscores, idx, kg, valid, sc, p, att, oa, ao, shift_tmp;
-  DeviceBuffer hpre, hn, hn_b, logits, experts, weights, counts, offsets, slot_of, token_of, xg, gu, act, yexp, shgu, shact, y;
+  DeviceBuffer hn, hn_b, logits, experts, weights, counts, offsets, slot_of, token_of, xg, gu, act, yexp, shgu, shact, y;
   DeviceBuffer exp_gu_scratch, exp_down_scratch;
   // The routed experts as FP8 products (long chunks): the layer's experts expanded FP4 -> e4m3 tiles (half the
   // bf16 expansion's bytes, twice the tensor rate), the token rows quantized per expert (1 x 128 blocks).
@@ -250,6 +250,7 @@ struct Deepseek4CudaEngine::PromptRun {
   void shared_expert_and_combine();
   void record_profile();
   // m [rows x n] = x [rows x 4E] . fn^T, f32: a hyper-connection mix's product
+  void pre_sum_norm(const float* streams, const float* mix, const DeviceBuffer& norm, float* y, bf16* y_bf16);
   bool f32_on_tensor_cores(const float* x_, const float* w, int64_t k, int64_t n_out, float* y);
   void mix_product(const float* x_, const DeviceBuffer& fn, int64_t n_out, float* m);
   // rows as the decoder stores and the engine reads them: the cache type's values (quantized rows un-rotated:

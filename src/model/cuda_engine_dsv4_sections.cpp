@@ -52,6 +52,15 @@ void Deepseek4CudaEngine::PromptRun::mix_product(const float* x_, const DeviceBu
   I.gemm.xwt(cuda::DType::F32, x_, fn.get(), cuda::DType::F32, m, rows, 4 * E, n_out, 0.0f, s);
 }
 
+// The streams' pre-sum by the mix, then its rms norm (and the normed rows' bf16 copy where y_bf16): one pass where
+// the rows fit the fused kernel (the same bits), else the three passes.
+void Deepseek4CudaEngine::PromptRun::pre_sum_norm(const float* streams, const float* mix, const DeviceBuffer& norm, float* y, bf16* y_bf16) {
+  if (cuda::dsv4_hc_pre_sum_norm_supported(E)) return cuda::dsv4_hc_pre_sum_norm(streams, mix, rows, E, norm.as<float>(), eps, y, y_bf16, s);
+  cuda::dsv4_hc_pre_sum(streams, mix, rows, E, I.pre.as<float>(), s);
+  cuda::rmsnorm_rows(I.pre.as<float>(), norm.as<float>(), y, rows, E, eps, s);
+  if (y_bf16) cuda::f32_to_bf16(y, y_bf16, rows * E, s);
+}
+
 void Deepseek4CudaEngine::PromptRun::sections(Deepseek4LayerSections& S) {
   Impl::Layer& L = *layer_;
   // the pre-mixes: the decoder's (its pre feeds the sections and the layer) and the engine's (its post and comb
@@ -65,9 +74,8 @@ void Deepseek4CudaEngine::PromptRun::sections(Deepseek4LayerSections& S) {
                       int(c.hc_iterations), I.mix_r.as<float>(), s);
   cuda::dsv4_hc_coefs(I.m.as<float>() + kMix, 2 * kMix, inv_x, L.hc_attn_base.as<float>(), L.hc_attn_scale.as<float>(), rows, c.hc_eps,
                       int(c.hc_iterations), I.mix_e.as<float>(), s);
-  cuda::dsv4_hc_pre_sum(x, I.mix_r.as<float>(), rows, E, I.pre.as<float>(), s);
   cur = I.cur.as<float>();
-  cuda::rmsnorm_rows(I.pre.as<float>(), L.attn_norm.as<float>(), cur, rows, E, eps, s);
+  pre_sum_norm(x, I.mix_r.as<float>(), L.attn_norm, cur, nullptr);
   if (any_q8) cuda::quantize_rows_q8(cur, rows, E, I.qx.as<int8_t>(), I.dx.as<float>(), s);
   qx = I.qx.as<int8_t>();
   dx = I.dx.as<float>();
