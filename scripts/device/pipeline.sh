@@ -933,6 +933,16 @@ stage_session42a() {
   [ -n "${NCU_SKIP:-}" ] && return 0
   NCU_SASS=1 ncu_kernel f32tensor f32_tensor_kernel 2 CudaBench.Dsv4F32MixAndRouterProducts
 }
+# The FP4 products' codes and scales addresses stepped along, the q path's bf16 rows from the sections' norm: the
+# FP4 tests, the products' bench from the previous binary (.dev/unit_tests_old.xz) and the new one alternating, the
+# layer bench (default, PDBRIDGE_DSV4_F32=fp32, default), the suites.
+stage_session42b() {
+  make_dsv4_test_models
+  run fp4_tests_42b timeout 300 $P/build/tests/unit_tests --gtest_filter='MoeTiles.*:Fp4Expand.*:CudaMoeFp4.*:CudaKernels.Dsv4PreSumNorm*'
+  session41c_old
+  run dsv4_bench_session42b env BENCH_TOKENS=32768,131072 BENCH_RUNS="${S42_RUNS:-fp4:32768 fp4:32768:PDBRIDGE_DSV4_F32=fp32 fp4:32768}" bash $DEV/dsv4_gpu.sh bench
+  run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+}
 stage_session42() {
   make_dsv4_test_models
   [ -n "${S42_WITH_A:-}" ] && NCU_SKIP=1 stage_session42a
@@ -1008,7 +1018,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|session40f|session41|session41c|session42|session42a|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|session40f|session41|session41c|session42|session42a|session42b|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

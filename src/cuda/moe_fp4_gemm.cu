@@ -183,6 +183,10 @@ __device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ 
   const uint4* codes = reinterpret_cast<const uint4*>(w.codes) + group0 * 32 + lane;
   const uint32_t* scales = reinterpret_cast<const uint32_t*>(w.scales) + group0 * 8 + g;
   auto fetch = [&](int j, int mb) { return Fp4Step{__ldg(codes + 32 * (j + mb * mb_groups)), __ldg(scales + 8 * (j + mb * mb_groups))}; };
+  // the step the loop fetches next (min(j + kAhead, nk - 1)), its m-block 0's codes and scales, stepped along rather
+  // than worked out from j (a 64-bit product and addition per m-block a step)
+  const uint4* codes_next = codes + 32 * min(kAhead, nk - 1);
+  const uint32_t* scales_next = scales + 8 * min(kAhead, nk - 1);
   uint32_t s_products = stage(0), s_copies = stage(kStages - 2);
 
   const RowCopies<kFused, S::kRows> rows(x, K, t, x_rows);
@@ -215,7 +219,9 @@ __device__ __forceinline__ void tile_products(const __nv_bfloat16* __restrict__ 
       __syncthreads();  // everyone's; and step j - 2's products done in both warpgroups (their waits below)
       rows.template load<kN>(s_copies, int64_t(j + kStages - 2) * kBK, j + kStages - 2 < nk);
 #pragma unroll
-      for (int mb = 0; mb < kMB; ++mb) ring[(u + kAhead) % kRing][mb] = fetch(min(j + kAhead, nk - 1), mb);
+      for (int mb = 0; mb < kMB; ++mb)
+        ring[(u + kAhead) % kRing][mb] = Fp4Step{__ldg(codes_next + 32 * mb * mb_groups), __ldg(scales_next + 8 * mb * mb_groups)};
+      if (j + kAhead + 1 < nk) codes_next += 32, scales_next += 8;
       const Fp4Step(&st)[kMB] = ring[u];
       Fp4PairScale sc[kMB][2][2];
 #pragma unroll

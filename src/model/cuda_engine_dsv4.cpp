@@ -716,10 +716,9 @@ void Deepseek4CudaEngine::PromptRun::begin_layer(int64_t layer) {
 }
 
 // ---- the sections, with the decoder's weights (to the hook)
-// ---- the layer, with the engine's weights: the q path
+// ---- the layer, with the engine's weights: the q path (from cur_b, the sections' normed rows in bf16)
 void Deepseek4CudaEngine::PromptRun::q_path() {
   Impl::Layer& L = *layer_;
-  cuda::f32_to_bf16(cur, I.cur_b.as<bf16>(), rows * E, s);
   I.gemm.xwt(cuda::DType::BF16, I.cur_b.get(), L.wq_a.get(), cuda::DType::F32, I.qr.get(), rows, E, Lq, 0.0f, s);
   cuda::rmsnorm_rows(I.qr.as<float>(), L.q_a_norm.as<float>(), I.qr.as<float>(), rows, Lq, eps, s);
   cuda::f32_to_bf16(I.qr.as<float>(), I.qr_b.as<bf16>(), rows * Lq, s);

@@ -75,7 +75,7 @@ void Deepseek4CudaEngine::PromptRun::sections(Deepseek4LayerSections& S) {
   cuda::dsv4_hc_coefs(I.m.as<float>() + kMix, 2 * kMix, inv_x, L.hc_attn_base.as<float>(), L.hc_attn_scale.as<float>(), rows, c.hc_eps,
                       int(c.hc_iterations), I.mix_e.as<float>(), s);
   cur = I.cur.as<float>();
-  pre_sum_norm(x, I.mix_r.as<float>(), L.attn_norm, cur, nullptr);
+  pre_sum_norm(x, I.mix_r.as<float>(), L.attn_norm, cur, I.cur_b.as<bf16>());  // cur_b: the layer's q path and indexer
   if (any_q8) cuda::quantize_rows_q8(cur, rows, E, I.qx.as<int8_t>(), I.dx.as<float>(), s);
   qx = I.qx.as<int8_t>();
   dx = I.dx.as<float>();
