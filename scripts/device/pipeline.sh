@@ -938,8 +938,8 @@ stage_session42a() {
 # layer bench (default, PDBRIDGE_DSV4_F32=fp32, default), the suites.
 stage_session42b() {
   make_dsv4_test_models
-  run fp4_tests_42b timeout 300 $P/build/tests/unit_tests --gtest_filter='MoeTiles.*:Fp4Expand.*:CudaMoeFp4.*:CudaKernels.Dsv4PreSumNorm*'
-  session41c_old
+  run fp4_tests_42b timeout 300 $P/build/tests/unit_tests --gtest_filter='MoeTiles.*:Fp4Expand.*:CudaMoeFp4.*:CudaKernels.Dsv4PreSumNorm*:CudaKernels.Dsv4CombineInThePostMix*:CudaKernels.Dsv4MixRotation*'
+  [ -n "${S42_SKIP_OLD:-}" ] || session41c_old
   run dsv4_bench_session42b env BENCH_TOKENS=32768,131072 BENCH_RUNS="${S42_RUNS:-fp4:32768 fp4:32768:PDBRIDGE_DSV4_F32=fp32 fp4:32768}" bash $DEV/dsv4_gpu.sh bench
   run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
 }

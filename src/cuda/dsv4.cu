@@ -169,7 +169,8 @@ __global__ void __launch_bounds__(kRowThreads) row_inv_rms_kernel(const float* _
 // normalized copy of x took before).
 template <int V>
 __global__ void __launch_bounds__(kRowThreads) hc_post_kernel(const float* __restrict__ f, const float* __restrict__ mix, const float* __restrict__ x,
-                                                              int64_t E, float* __restrict__ x_next, float* __restrict__ inv_next, float eps) {
+                                                              int64_t E, float* __restrict__ x_next, float* __restrict__ inv_next, float eps,
+                                                              const __grid_constant__ Dsv4Combine cmb) {
   const int64_t t = blockIdx.x;
   const float* mt = mix + t * kDsv4MixFloats;
   __shared__ float cf[kDsv4MixFloats];
@@ -190,6 +191,16 @@ __global__ void __launch_bounds__(kRowThreads) hc_post_kernel(const float* __res
     } else {
       fv[0] = f[t * E + i];
       for (int src = 0; src < 4; ++src) xs[src][0] = xt[src * E + i];
+    }
+    if (cmb.y) {  // moe_combine's sum per element, in its order and form, then its one addition
+      float acc[V];
+      for (int v = 0; v < V; ++v) acc[v] = 0.0f;
+      for (int j = 0; j < cmb.n_used; ++j) {
+        const float w = cmb.weights[t * cmb.n_used + j];
+        const __nv_bfloat16* yr = cmb.y + int64_t(cmb.slot_of[t * cmb.n_used + j]) * E + i;
+        for (int v = 0; v < V; ++v) acc[v] += w * __bfloat162float(yr[v]);
+      }
+      for (int v = 0; v < V; ++v) fv[v] += acc[v];
     }
     for (int dst = 0; dst < 4; ++dst) {
       float o[V];
@@ -554,12 +565,13 @@ void dsv4_row_inv_rms(const float* x, int64_t n, int64_t width, float eps, float
   PDB_CUDA_LAUNCHED();
 }
 
-void dsv4_hc_post(const float* f, const float* mix, const float* x, int64_t n, int64_t E, float* x_next, cudaStream_t s, float* inv_next, float eps) {
+void dsv4_hc_post(const float* f, const float* mix, const float* x, int64_t n, int64_t E, float* x_next, cudaStream_t s, float* inv_next, float eps,
+                  const Dsv4Combine& combine) {
   if (n <= 0) return;
   const bool vec = E % 4 == 0 && reinterpret_cast<uintptr_t>(f) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(x_next) % 16 == 0;
-  if (vec) hc_post_kernel<4><<<unsigned(n), kRowThreads, 0, s>>>(f, mix, x, E, x_next, inv_next, eps);
-  else hc_post_kernel<1><<<unsigned(n), kRowThreads, 0, s>>>(f, mix, x, E, x_next, inv_next, eps);
+  if (vec) hc_post_kernel<4><<<unsigned(n), kRowThreads, 0, s>>>(f, mix, x, E, x_next, inv_next, eps, combine);
+  else hc_post_kernel<1><<<unsigned(n), kRowThreads, 0, s>>>(f, mix, x, E, x_next, inv_next, eps, combine);
   PDB_CUDA_LAUNCHED();
 }
 

@@ -39,8 +39,16 @@ void dsv4_hc_pre_sum_norm(const float* x, const float* mix, int64_t n, int64_t E
 void dsv4_row_inv_rms(const float* x, int64_t n, int64_t width, float eps, float* inv, cudaStream_t s);
 // x_next[dst] = f * post[dst] + sum_src comb[dst][src] x[src]   (x, x_next [n x 4 x E], f [n x E]); with inv_next,
 // also x_next's inv-rms over its 4E values (dsv4_row_inv_rms of x_next, in the same pass).
+// With combine.y: f's rows plus the routed experts' rows weighted (moe_combine's sums, added as it adds them), in
+// the same pass: f is read once and never rewritten (the same bits as moe_combine then dsv4_hc_post).
+struct Dsv4Combine {
+  const __nv_bfloat16* y = nullptr;  // [rows x n_used, as slot_of places them] x E
+  const int32_t* slot_of = nullptr;
+  const float* weights = nullptr;
+  int n_used = 0;
+};
 void dsv4_hc_post(const float* f, const float* mix, const float* x, int64_t n, int64_t E, float* x_next, cudaStream_t s,
-                  float* inv_next = nullptr, float eps = 0.0f);
+                  float* inv_next = nullptr, float eps = 0.0f, const Dsv4Combine& combine = {});
 // x [n x 4 x E]: each token's embedding row in all four streams.
 void dsv4_embed_streams(const float* table, const int32_t* tokens, int64_t n, int64_t E, float* x, cudaStream_t s);
 

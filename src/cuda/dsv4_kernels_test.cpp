@@ -27,6 +27,7 @@
 #include "cuda/f32_narrow.cuh"
 #include "cuda/f32_tensor.cuh"
 #include "cuda/gemm.cuh"
+#include "cuda/moe.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/kernel_test_support.h"
 #endif
@@ -516,6 +517,45 @@ TEST(CudaKernels, Dsv4PreSumNormIsTheThreePassesBitForBit) {
     EXPECT_EQ(differ_bf16, 0) << "of " << a.size() << " bf16 copies, E = " << E;
   }
   EXPECT_FALSE(cuda::dsv4_hc_pre_sum_norm_supported(8192)) << "rows past 16 elements a thread";
+#endif
+}
+
+// The routed experts' rows combined inside the post-mix's pass against moe_combine then dsv4_hc_post, bit for bit:
+// rows of 4,096 (V4-Flash's), 64, and 6 (not of 4: the scalar form).
+TEST(CudaKernels, Dsv4CombineInThePostMixIsTheTwoPassesBitForBit) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
+#ifdef PDBRIDGE_HAVE_CUDA
+  using namespace test_kernels;
+  std::mt19937 rng(7);
+  for (const int64_t E : {int64_t(4096), int64_t(64), int64_t(6)}) {
+    const int64_t n = 29;
+    const int K = 6;
+    std::vector<int32_t> slot(size_t(n * K));
+    for (size_t i = 0; i < slot.size(); ++i) slot[i] = int32_t(i);
+    std::shuffle(slot.begin(), slot.end(), rng);
+    std::vector<float> mixv(size_t(n * 24));
+    for (float& v : mixv) v = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+    auto yexp = to_device_bf16(randn(size_t(n * K * E))), w = to_device_f32(randn(size_t(n * K), 0.3f)), mix = to_device_f32(mixv);
+    auto x = to_device_f32(randn(size_t(n * 4 * E))), f = to_device_f32(randn(size_t(n * E)));
+    cuda::DeviceBuffer ds(slot.size() * 4), f2(size_t(n * E) * 4), next(size_t(n * 4 * E) * 4), next2(size_t(n * 4 * E) * 4), inv(size_t(n) * 4),
+        inv2(size_t(n) * 4);
+    PDB_CUDA_CHECK(cudaMemcpy(ds.get(), slot.data(), slot.size() * 4, cudaMemcpyHostToDevice));
+    PDB_CUDA_CHECK(cudaMemcpy(f2.get(), f.get(), size_t(n * E) * 4, cudaMemcpyDeviceToDevice));
+    cuda::dsv4_hc_post(f.as<float>(), mix.as<float>(), x.as<float>(), n, E, next.as<float>(), nullptr, inv.as<float>(), 1e-6f,
+                       {yexp.as<__nv_bfloat16>(), ds.as<int32_t>(), w.as<float>(), K});
+    cuda::moe_combine(yexp.as<__nv_bfloat16>(), ds.as<int32_t>(), w.as<float>(), n, K, E, f2.as<float>(), nullptr);
+    cuda::dsv4_hc_post(f2.as<float>(), mix.as<float>(), x.as<float>(), n, E, next2.as<float>(), nullptr, inv2.as<float>(), 1e-6f);
+    PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint32_t> a(static_cast<size_t>(n * 4 * E)), b(a.size()), ia(static_cast<size_t>(n)), ib(ia.size());
+    PDB_CUDA_CHECK(cudaMemcpy(a.data(), next.get(), a.size() * 4, cudaMemcpyDeviceToHost));
+    PDB_CUDA_CHECK(cudaMemcpy(b.data(), next2.get(), b.size() * 4, cudaMemcpyDeviceToHost));
+    PDB_CUDA_CHECK(cudaMemcpy(ia.data(), inv.get(), ia.size() * 4, cudaMemcpyDeviceToHost));
+    PDB_CUDA_CHECK(cudaMemcpy(ib.data(), inv2.get(), ib.size() * 4, cudaMemcpyDeviceToHost));
+    int64_t differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) differ += a[i] != b[i];
+    EXPECT_EQ(differ, 0) << "of " << a.size() << " stream values, E = " << E;
+    EXPECT_EQ(ia, ib) << "the next layer's inv-rms, E = " << E;
+  }
 #endif
 }
 

@@ -970,8 +970,9 @@ void Deepseek4CudaEngine::PromptRun::shared_expert_and_combine() {
     I.gemm.xwt(cuda::DType::BF16, I.hn_b.get(), L.sh_gu.get(), cuda::DType::BF16, I.shgu.get(), rows, E, 2 * FS, 0.0f, s);
     cuda::swiglu_clamp_rows(I.shgu.as<bf16>(), I.shact.as<bf16>(), rows, FS, c.swiglu_clamp, s);
     I.gemm.xwt(cuda::DType::BF16, I.shact.get(), L.sh_down.get(), cuda::DType::F32, I.y.get(), rows, FS, E, 0.0f, s);
-    cuda::moe_combine(I.yexp.as<bf16>(), I.slot_of.as<int32_t>(), I.weights.as<float>(), rows, int(K), E, I.y.as<float>(), s);
-    cuda::dsv4_hc_post(I.y.as<float>(), I.mix_r.as<float>(), xa, rows, E, x, s, I.inv_x.as<float>(), eps);
+    // the routed experts' rows combined inside the post-mix's pass (moe_combine's sums; y read once)
+    cuda::dsv4_hc_post(I.y.as<float>(), I.mix_r.as<float>(), xa, rows, E, x, s, I.inv_x.as<float>(), eps,
+                       {I.yexp.as<bf16>(), I.slot_of.as<int32_t>(), I.weights.as<float>(), int(K)});
   }
 }
 
