@@ -259,7 +259,7 @@ TEST(Deepseek4CudaBench, RealShapeLayersPerKind) {
   const bool fp4_products = experts.find("read the MXFP4 codes") != std::string::npos;
   const json paths = {{"attention", env_or("PDBRIDGE_DSV4_ATTN", "wgmma")}, {"indexer", env_or("PDBRIDGE_DSV4_INDEXER", "fused")},
                       {"indexer_a", env_or("PDBRIDGE_DSV4_INDEXER_A", "keys")}, {"topk", env_or("PDBRIDGE_DSV4_TOPK", "warps")},
-                      {"fp4_tile", env_or("PDBRIDGE_DSV4_FP4_TILE", "outputs256")}, {"fp4_fuse", env_or("PDBRIDGE_DSV4_FP4_FUSE", "1")}, {"mix", env_or("PDBRIDGE_DSV4_MIX", "auto")}, {"f32", env_or("PDBRIDGE_DSV4_F32", "tf32x3 where it fills")},
+                      {"fp4_tile", env_or("PDBRIDGE_DSV4_FP4_TILE", "outputs256")}, {"fp4_fuse", env_or("PDBRIDGE_DSV4_FP4_FUSE", "1")}, {"mix", env_or("PDBRIDGE_DSV4_MIX", "auto")}, {"f32", env_or("PDBRIDGE_DSV4_F32", "tf32x3")},
                       {"moe_gemm", env_or("PDBRIDGE_MOE_GEMM", "loop")},
                       {"fp4_expansion", fp4_products ? "none" : env_or("PDBRIDGE_DSV4_EXPAND", "side_stream")},
                       {"moe_experts", experts.find("as FP8 products") != std::string::npos ? "fp8"

@@ -943,6 +943,17 @@ stage_session42b() {
   run dsv4_bench_session42b env BENCH_TOKENS=32768,131072 BENCH_RUNS="${S42_RUNS:-fp4:32768 fp4:32768:PDBRIDGE_DSV4_F32=fp32 fp4:32768}" bash $DEV/dsv4_gpu.sh bench
   run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
 }
+# The f32 tensor products with k split in the server's 4,096-row chunks as the default: the twin tests and bench, the
+# suites with the defaults (the tiny models' chunks now take the tensor products) and with PDBRIDGE_DSV4_F32=fp32,
+# the layer bench at 32K prompts in 32K and 4K chunks, alternating with PDBRIDGE_DSV4_F32=fp32.
+stage_session42c() {
+  make_dsv4_test_models
+  run f32_session42c env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.F32*:CudaKernels.Dsv4PreSumNorm*:CudaKernels.Dsv4CombineInThePostMix*:CudaKernels.Dsv4MixRotation*:CudaBench.Dsv4F32MixAndRouterProducts'
+  run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  run integration_dsv4_fp32 env PDBRIDGE_DSV4_F32=fp32 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  local OLD=PDBRIDGE_DSV4_F32=fp32
+  run dsv4_bench_session42c env BENCH_TOKENS=32768 BENCH_RUNS="${S42_RUNS:-fp4:4096 fp4:4096:$OLD fp4:32768 fp4:32768:$OLD fp4:4096 fp4:4096:$OLD}" bash $DEV/dsv4_gpu.sh bench
+}
 stage_session42() {
   make_dsv4_test_models
   [ -n "${S42_WITH_A:-}" ] && NCU_SKIP=1 stage_session42a
@@ -1018,7 +1029,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|session40f|session41|session41c|session42|session42a|session42b|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|session40f|session41|session41c|session42|session42a|session42b|session42c|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -42,9 +42,8 @@ struct Tuning {
                                  // narrow kernel; =narrow: the kernel at any row count (the tests' tiny prompts);
                                  // =split: the kernel with k split until its tiles fill the GPU
   std::string dsv4_f32;          // PDBRIDGE_DSV4_F32=fp32: the mixes' and the router's f32 products on the f32 units (the
-                                 // default: as three TF32 tensor-core products where their tiles fill the GPU);
-                                 // =tf32x3: those at any row count (the tests' tiny prompts); =mixes: the mixes
-                                 // only (the router by cuBLAS's f32 products)
+                                 // default: as three TF32 tensor-core products, k split where a chunk's tiles do
+                                 // not fill the GPU); =mixes: the mixes only (the router by cuBLAS's f32 products)
   std::string q8_gemm;           // PDBRIDGE_Q8_GEMM=64|128: the Q8_0 block products (sections, recipes) in those tiles
                                  // whatever their size (the default: 128 where they fill the GPU twice)
   std::string act_quant;         // PDBRIDGE_ACT_QUANT=0: the CPU engine's products with a GGUF's quantized weights in f32

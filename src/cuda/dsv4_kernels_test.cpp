@@ -426,19 +426,21 @@ TEST(CudaKernels, F32TensorProductsMatchTheF64Product) {
   using namespace test_kernels;
   // variant (f32_tensor_xwt): 0 the default, 1 w split once a stage, 2 no per-stage sums (its RMS only printed: the
   // tensor cores' own accumulation, measured), 3 stages of 64 inputs, 4 the wide widths in 128 x 64 tiles
-  struct Case { int64_t rows, k, n; int variant; };
+  struct Case { int64_t rows, k, n; int variant; int splits = 1; };
   std::vector<Case> cases;
   for (const int v : {0, 1, 2, 3})
     for (const Case& c : {Case{200, 64, 24, v}, Case{300, 192, 48, v}, Case{17000, 128, 48, v}, Case{130, 16384, 24, v}, Case{150, 16384, 48, v},
                           Case{520, 4096, 256, v}, Case{77, 64, 8, v}, Case{300, 256, 136, v}})
       cases.push_back(c);
   for (const Case& c : {Case{200, 32, 24, 0}, Case{300, 160, 48, 0}, Case{520, 4096, 256, 4}, Case{300, 256, 136, 4}}) cases.push_back(c);
+  // k split (the server's chunks): each split's sum, then the splits added in order
+  for (const Case& c : {Case{130, 16384, 24, 0, 8}, Case{150, 16384, 48, 0, 4}, Case{520, 4096, 256, 0, 2}, Case{300, 512, 136, 0, 2}}) cases.push_back(c);
   for (const Case& c : cases) {
     const auto x = randn(size_t(c.rows * c.k)), w = randn(size_t(c.n * c.k), 0.05f);
     auto dx = to_device_f32(x), dw = to_device_f32(w);
-    auto dy = poisoned(size_t(c.rows * c.n) * 4);
+    auto dy = poisoned(size_t(c.rows * c.n) * 4), parts = poisoned(size_t(c.splits * c.rows * c.n) * 4);
     ASSERT_TRUE(cuda::f32_tensor_supported(dx.as<float>(), dw.as<float>(), dy.as<float>(), c.k, c.n));
-    cuda::f32_tensor_xwt(dx.as<float>(), dw.as<float>(), dy.as<float>(), c.rows, c.k, c.n, nullptr, c.variant);
+    cuda::f32_tensor_xwt(dx.as<float>(), dw.as<float>(), dy.as<float>(), c.rows, c.k, c.n, nullptr, parts.as<float>(), c.splits, c.variant);
     PDB_CUDA_CHECK(cudaDeviceSynchronize());
     const auto y = from_device_f32(dy, size_t(c.rows * c.n));
     double worst = 0, sq = 0, sq_f32 = 0;
@@ -459,9 +461,9 @@ TEST(CudaKernels, F32TensorProductsMatchTheF64Product) {
         sq_f32 += std::pow((double(in_order) - want) / magnitude, 2);
       }
     const double count = double(c.rows * c.n), rms = std::sqrt(sq / count), rms_f32 = std::sqrt(sq_f32 / count);
-    std::printf("F32 TENSOR %lld x %lld -> %lld (variant %d): worst error %.4f of the f32 sum's bound; RMS error %.3g of the terms' "
-                "magnitude, an f32 sum in order %.3g\n",
-                (long long)c.rows, (long long)c.k, (long long)c.n, c.variant, worst, rms, rms_f32);
+    std::printf("F32 TENSOR %lld x %lld -> %lld (variant %d, %d split(s)): worst error %.4f of the f32 sum's bound; RMS error %.3g of the "
+                "terms' magnitude, an f32 sum in order %.3g\n",
+                (long long)c.rows, (long long)c.k, (long long)c.n, c.variant, c.splits, worst, rms, rms_f32);
     EXPECT_LE(worst, 1.0) << c.rows << " x " << c.k << " -> " << c.n << ", variant " << c.variant;
     if (c.variant != 2) EXPECT_LE(rms, 4 * rms_f32 + std::ldexp(1.0, -22)) << c.rows << " x " << c.k << " -> " << c.n << ", variant " << c.variant;
   }
@@ -591,7 +593,7 @@ TEST(CudaBench, Dsv4F32MixAndRouterProducts) {
                               "3xTF32, 128 x 64 tiles"};
     for (int v = 0; v < 5; ++v) {
       if (v == 4 && sh.out % 64) continue;
-      report(variants[v], median_ms(10, [&] { cuda::f32_tensor_xwt(x.as<float>(), w.as<float>(), y.as<float>(), rows, sh.in, sh.out, nullptr, v); }));
+      report(variants[v], median_ms(10, [&] { cuda::f32_tensor_xwt(x.as<float>(), w.as<float>(), y.as<float>(), rows, sh.in, sh.out, nullptr, nullptr, 1, v); }));
     }
   }
   // the mixes in the prefill server's chunks of 4,096 rows: cuBLAS, the kernel's 32 tiles, and its k split until
@@ -607,10 +609,27 @@ TEST(CudaBench, Dsv4F32MixAndRouterProducts) {
         cuda::f32_narrow_xwt(x.as<float>(), w.as<float>(), y.as<float>(), n4, k, n, nullptr, parts.as<float>(), splits);
       });
       const double tensor = median_ms(20, [&] { cuda::f32_tensor_xwt(x.as<float>(), w.as<float>(), y.as<float>(), n4, k, n, nullptr); });
+      const int tsplits = cuda::f32_tensor_splits(n4, n, k);
+      const double tensor_split = median_ms(20, [&] {
+        cuda::f32_tensor_xwt(x.as<float>(), w.as<float>(), y.as<float>(), n4, k, n, nullptr, parts.as<float>(), tsplits);
+      });
       std::printf("DSV4 F32 MIX of a 4,096-row chunk, %lld x %lld -> %lld: cuBLAS %.3f ms, the kernel %.3f, its k in %d splits %.3f: %.2fx cuBLAS; "
-                  "3xTF32 %.3f\n",
-                  (long long)n4, (long long)k, (long long)n, cublas, one, splits, split, cublas / split, tensor);
+                  "3xTF32 %.3f, its k in %d splits %.3f: %.2fx cuBLAS\n",
+                  (long long)n4, (long long)k, (long long)n, cublas, one, splits, split, cublas / split, tensor, tsplits, tensor_split,
+                  cublas / tensor_split);
     }
+  }
+  {  // the router in a 4,096-row chunk
+    const int64_t n4 = 4096;
+    cuda::DeviceBuffer parts(size_t(8 * n4 * NE) * 4);
+    const int tsplits = cuda::f32_tensor_splits(n4, NE, E);
+    const double cublas = median_ms(20, [&] { gemm.xwt(cuda::DType::F32, x.get(), w.get(), cuda::DType::F32, y.get(), n4, E, NE, 0.0f, nullptr); });
+    const double tensor = median_ms(20, [&] { cuda::f32_tensor_xwt(x.as<float>(), w.as<float>(), y.as<float>(), n4, E, NE, nullptr); });
+    const double tensor_split = median_ms(20, [&] {
+      cuda::f32_tensor_xwt(x.as<float>(), w.as<float>(), y.as<float>(), n4, E, NE, nullptr, parts.as<float>(), tsplits);
+    });
+    std::printf("DSV4 F32 ROUTER of a 4,096-row chunk, %lld x %lld -> %lld: cuBLAS %.3f ms, 3xTF32 %.3f, its k in %d splits %.3f: %.2fx cuBLAS\n",
+                (long long)n4, (long long)E, (long long)NE, cublas, tensor, tsplits, tensor_split, cublas / tensor_split);
   }
   const double pre_ms = median_ms(10, [&] { cuda::dsv4_hc_pre_sum(x.as<float>(), mix.as<float>(), rows, E, pre.as<float>(), nullptr); });
   const double norm_ms = median_ms(10, [&] { cuda::rmsnorm_rows(pre.as<float>(), norm_w.as<float>(), normed.as<float>(), rows, E, 1e-6f, nullptr); });

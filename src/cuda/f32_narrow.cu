@@ -149,7 +149,11 @@ void f32_narrow_xwt(const float* x, const float* w, float* y, int64_t rows, int6
   if (n == 48) launch<48>(x, w, out, rows, k, splits, s);
   else launch<24>(x, w, out, rows, k, splits, s);
   if (splits == 1) return;
-  const int64_t count = rows * n;
+  f32_add_splits(partials, splits, rows * n, y, s);
+}
+
+void f32_add_splits(const float* partials, int splits, int64_t count, float* y, cudaStream_t s) {
+  if (count <= 0) return;
   add_splits_kernel<<<unsigned((count + 255) / 256), 256, 0, s>>>(partials, splits, count, y);
   PDB_CUDA_LAUNCHED();
 }

@@ -23,4 +23,8 @@ int f32_narrow_splits(int64_t rows, int64_t k);
 void f32_narrow_xwt(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n, cudaStream_t s, float* partials = nullptr,
                     int splits = 1);
 
+// y [count] = partials [splits x count] summed in split order (each split's own sum in k order before): the split
+// products' second pass, here and in f32_tensor.cuh.
+void f32_add_splits(const float* partials, int splits, int64_t count, float* y, cudaStream_t s);
+
 }  // namespace pdb::cuda

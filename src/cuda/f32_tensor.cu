@@ -15,6 +15,7 @@
 #include "cuda/common.cuh"
 #include "cuda/device.h"
 #include "cuda/device_helpers.cuh"
+#include "cuda/f32_narrow.cuh"
 
 namespace pdb::cuda {
 namespace {
@@ -155,7 +156,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) f32_tensor_kernel(
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int wm = warp % (T::kBM / 32), wn = warp / (T::kBM / 32);
   const int64_t m0 = int64_t(blockIdx.x) * T::kBM, n0 = int64_t(blockIdx.y) * T::kBN;
-  const int nk = int(k / T::kBK);
+  // split blockIdx.z of gridDim.z: its share of k's steps, its partial sums to y + z rows n
+  const int nk = int(k / T::kBK) / int(gridDim.z);
+  x += int64_t(blockIdx.z) * nk * T::kBK;
+  w += int64_t(blockIdx.z) * nk * T::kBK;
+  y += int64_t(blockIdx.z) * rows * n;
   constexpr int P = T::kPitch;
   auto stage = [&](int j) { return sm + (j % T::kStages) * T::kStageFloats; };
   float* const w_lo = sm + T::kStages * T::kStageFloats;  // kSharedSplit: the stage's w tails
@@ -215,13 +220,14 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) f32_tensor_kernel(
 }
 
 template <class T>
-void launch(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n, cudaStream_t s) {
+void launch(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n, int splits, cudaStream_t s) {
   static const bool configured = [] {
     PDB_CUDA_CHECK(cudaFuncSetAttribute(f32_tensor_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem));
     return true;
   }();
   (void)configured;
-  const dim3 grid(unsigned((rows + T::kBM - 1) / T::kBM), unsigned((n + T::kBN - 1) / T::kBN));
+  if ((k / T::kBK) % splits) throw std::invalid_argument("f32_tensor_xwt: " + std::to_string(k / T::kBK) + " k-steps in " + std::to_string(splits) + " splits");
+  const dim3 grid(unsigned((rows + T::kBM - 1) / T::kBM), unsigned((n + T::kBN - 1) / T::kBN), unsigned(splits));
   f32_tensor_kernel<T><<<grid, T::kThreads, T::kSmem, s>>>(x, w, y, rows, k, n);
   PDB_CUDA_LAUNCHED();
 }
@@ -243,33 +249,42 @@ bool f32_tensor_supported(const float* x, const float* w, const float* y, int64_
   return n > 0 && n % 8 == 0 && k > 0 && k % kMinK == 0 && aligned(x) && aligned(w) && aligned(y) && device_count() > 0;
 }
 
-bool f32_tensor_fills_gpu(int64_t rows, int64_t n) {
+int f32_tensor_splits(int64_t rows, int64_t n, int64_t k) {
   const int sms = multiprocessor_count();
-  return sms > 0 && tiles(rows, n) >= sms;
+  const int64_t steps = k / kMinK;
+  int splits = 1;
+  while (tiles(rows, n) * splits < sms && splits < 8 && steps % (2 * splits) == 0 && steps / (2 * splits) >= 8) splits *= 2;
+  return splits;
 }
 
-void f32_tensor_xwt(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n, cudaStream_t s, int variant) {
+void f32_tensor_xwt(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n, cudaStream_t s, float* partials, int splits,
+                    int variant) {
   if (rows <= 0) return;
   if (!f32_tensor_supported(x, w, y, k, n))
     throw std::invalid_argument("f32_tensor_xwt: needs outputs of a multiple of 8, inputs of 32, 16-byte aligned operands and a GPU; not " +
                                 std::to_string(rows) + " x " + std::to_string(k) + " -> " + std::to_string(n));
   if (rows > int64_t(0x7fffffff) * 64) throw std::invalid_argument("f32_tensor_xwt: too many rows for one launch");
   if (variant == 3 && k % 64) throw std::invalid_argument("f32_tensor_xwt: the 64-input steps' variant needs inputs of 64");
+  if (splits < 1 || (splits > 1 && !partials)) throw std::invalid_argument("f32_tensor_xwt: " + std::to_string(splits) + " splits without a workspace");
+  float* out = splits > 1 ? partials : y;
   auto pick = [&](auto tag24, auto tag48, auto tag_wide) {
     using T24 = typename decltype(tag24)::type;
     using T48 = typename decltype(tag48)::type;
     using TW = typename decltype(tag_wide)::type;
-    if (n == 24) return launch<T24>(x, w, y, rows, k, n, s);
-    if (n == 48) return launch<T48>(x, w, y, rows, k, n, s);
-    launch<TW>(x, w, y, rows, k, n, s);
+    if (n == 24) return launch<T24>(x, w, out, rows, k, n, splits, s);
+    if (n == 48) return launch<T48>(x, w, out, rows, k, n, splits, s);
+    launch<TW>(x, w, out, rows, k, n, splits, s);
   };
-  switch (variant) {
-    case 1: return pick(Is<TileShared<24>>{}, Is<TileShared<48>>{}, Is<TileShared<64>>{});
-    case 2: return pick(Is<TileNoPromote<24>>{}, Is<TileNoPromote<48>>{}, Is<TileNoPromote<64>>{});
-    case 3: return pick(Is<TileK64<24>>{}, Is<TileK64<48>>{}, Is<TileK64<64>>{});
-    case 4: return pick(Is<Tile24>{}, Is<Tile48>{}, Is<TileWide32>{});
-    default: return pick(Is<Tile24>{}, Is<Tile48>{}, Is<TileWide>{});
-  }
+  [&] {
+    switch (variant) {
+      case 1: return pick(Is<TileShared<24>>{}, Is<TileShared<48>>{}, Is<TileShared<64>>{});
+      case 2: return pick(Is<TileNoPromote<24>>{}, Is<TileNoPromote<48>>{}, Is<TileNoPromote<64>>{});
+      case 3: return pick(Is<TileK64<24>>{}, Is<TileK64<48>>{}, Is<TileK64<64>>{});
+      case 4: return pick(Is<Tile24>{}, Is<Tile48>{}, Is<TileWide32>{});
+      default: return pick(Is<Tile24>{}, Is<Tile48>{}, Is<TileWide>{});
+    }
+  }();
+  if (splits > 1) f32_add_splits(partials, splits, rows * n, y, s);
 }
 
 }  // namespace pdb::cuda

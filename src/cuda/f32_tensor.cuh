@@ -16,12 +16,15 @@ namespace pdb::cuda {
 // n 24, 48 or a multiple of 8; k a multiple of 32; x, w and y 16-byte aligned; an sm_80+ GPU: otherwise false (the
 // caller's f32 path).
 bool f32_tensor_supported(const float* x, const float* w, const float* y, int64_t k, int64_t n);
-// Enough rows to give every SM a tile (128 rows by 24, 48 or 128 outputs each): below that the f32 paths use the GPU better.
-bool f32_tensor_fills_gpu(int64_t rows, int64_t n);
-// y = x . w^T where f32_tensor_supported; throws otherwise. Widths other than 24 and 48 take 128 x 128 tiles (a warp:
-// 32 rows x 64 outputs). variant (the bench's and the twin test's alternatives; 0 the default): 1 w split once per
-// stage by the CTA, 2 no per-stage sums (the tensor cores' accumulation alone), 3 stages of 64 inputs (k a multiple
-// of 64) and 64-row tiles, 4 the wide widths in 128 x 64 tiles.
-void f32_tensor_xwt(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n, cudaStream_t s, int variant = 0);
+// The k-splits that give a product of `rows` rows a tile per SM (1 where the rows alone do; at most 8, each of at
+// least 8 steps of 32): the prefill server's 4,096-row chunks.
+int f32_tensor_splits(int64_t rows, int64_t n, int64_t k);
+// y = x . w^T where f32_tensor_supported; throws otherwise. With splits > 1 (dividing k / 32), each split sums its
+// share of k into partials [splits x rows x n], then each output is their sum in split order (f32_add_splits).
+// Widths other than 24 and 48 take 128 x 128 tiles (a warp: 32 rows x 64 outputs). variant (the bench's and the twin
+// test's alternatives; 0 the default): 1 w split once per stage by the CTA, 2 no per-stage sums (the tensor cores'
+// accumulation alone), 3 stages of 64 inputs (k a multiple of 64) and 64-row tiles, 4 the wide widths in 128 x 64 tiles.
+void f32_tensor_xwt(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n, cudaStream_t s, float* partials = nullptr,
+                    int splits = 1, int variant = 0);
 
 }  // namespace pdb::cuda

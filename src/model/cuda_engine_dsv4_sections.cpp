@@ -23,13 +23,13 @@ void Deepseek4CudaEngine::PromptRun::as_stored(float* rows_, int64_t count, int6
 }
 
 // An f32-accurate product y [rows x n_out] = x [rows x k] . w^T as three TF32 tensor-core products
-// (cuda/f32_tensor.cuh) where its tiles fill the GPU, or at any row count with PDBRIDGE_DSV4_F32=tf32x3; false where
-// it does not run (PDBRIDGE_DSV4_F32=fp32, a shape it does not take, a chunk too small): the caller's f32 path.
+// (cuda/f32_tensor.cuh), its k split where the chunk's tiles alone do not fill the GPU (the server's 4,096-row
+// chunks); false where it does not run (PDBRIDGE_DSV4_F32=fp32, a shape it does not take): the caller's f32 path.
 bool Deepseek4CudaEngine::PromptRun::f32_on_tensor_cores(const float* x_, const float* w, int64_t k, int64_t n_out, float* y) {
-  const std::string& way = tuning.dsv4_f32;
-  if (way == "fp32" || !cuda::f32_tensor_supported(x_, w, y, k, n_out)) return false;
-  if (way != "tf32x3" && !cuda::f32_tensor_fills_gpu(rows, n_out)) return false;
-  cuda::f32_tensor_xwt(x_, w, y, rows, k, n_out, s);
+  if (tuning.dsv4_f32 == "fp32" || !cuda::f32_tensor_supported(x_, w, y, k, n_out)) return false;
+  const int splits = cuda::f32_tensor_splits(rows, n_out, k);
+  if (splits > 1) Impl::grow(I.mix_parts, size_t(splits * rows * n_out) * sizeof(float));
+  cuda::f32_tensor_xwt(x_, w, y, rows, k, n_out, s, I.mix_parts.as<float>(), splits);
   return true;
 }
 
@@ -39,7 +39,7 @@ bool Deepseek4CudaEngine::PromptRun::f32_on_tensor_cores(const float* x_, const 
 // (the server's 4,096-row chunks; not yet measured). All are f32 sums of the same products (the kernel's in k order,
 // split: each split's in order).
 void Deepseek4CudaEngine::PromptRun::mix_product(const float* x_, const DeviceBuffer& fn, int64_t n_out, float* m) {
-  if ((tuning.dsv4_mix.empty() || tuning.dsv4_f32 == "tf32x3") && f32_on_tensor_cores(x_, fn.as<float>(), 4 * E, n_out, m)) return;
+  if (tuning.dsv4_mix.empty() && f32_on_tensor_cores(x_, fn.as<float>(), 4 * E, n_out, m)) return;
   const std::string& way = tuning.dsv4_mix;
   if (way != "cublas" && cuda::f32_narrow_supported(x_, fn.as<float>(), 4 * E, n_out)) {
     if (way == "split") {
