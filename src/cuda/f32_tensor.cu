@@ -20,28 +20,23 @@
 namespace pdb::cuda {
 namespace {
 
-// A tile's shape and schedule. kBK: inputs per stage (rows padded to kBK + 8 floats: banks 8g + 2q either way);
-// kSharedSplit: w's stage split into TF32 parts once by the CTA (in place, its tails beside) instead of by each warp;
-// kPromote: each stage summed in accumulators of its own, then added to the running sums (below).
-template <int WN, int kWarpsM, int kWarpsN, int kStages_, int kMinBlocks_ = 1, int kBK_ = 32, bool kSharedSplit_ = false, bool kPromote_ = true>
+// A tile's shape and schedule: kStages stages of kBK inputs (rows padded to kBK + 8 floats); kPromote: each stage
+// summed in accumulators of its own, then added to the running sums (below; off only in the twin test's variant).
+template <int WN, int kWarpsM, int kWarpsN, int kStages_, bool kPromote_ = true>
 struct Tile {
-  static constexpr int kMinBlocks = kMinBlocks_, kBK = kBK_, kPitch = kBK + 8;
-  static constexpr bool kSharedSplit = kSharedSplit_, kPromote = kPromote_;
+  static constexpr int kBK = 32, kPitch = kBK + 8;
+  static constexpr bool kPromote = kPromote_;
   static constexpr int kWN = WN, kNT = WN / 8, kBM = 32 * kWarpsM, kBN = WN * kWarpsN, kThreads = 32 * kWarpsM * kWarpsN, kStages = kStages_;
   static constexpr int kStageFloats = (kBM + kBN) * kPitch;
-  static constexpr int kSmem = (kStages * kStageFloats + (kSharedSplit ? kBN * kPitch : 0)) * 4;
+  static constexpr int kSmem = kStages * kStageFloats * 4;
 };
 constexpr int kMinK = 32;
 // the mixes: 128 rows x all their outputs (x read once; two CTAs per SM); the router and other widths: 128 x 128,
-// one CTA of 8 warps per SM
+// one CTA of 8 warps per SM. (Measured and not kept, session 42: w split once a stage by the CTA, stages of 64
+// inputs, 128 x 64 tiles for the wide widths.)
 using Tile24 = Tile<24, 4, 1, 4>;
 using Tile48 = Tile<48, 4, 1, 4>;
 using TileWide = Tile<64, 4, 2, 4>;
-// the bench's alternatives (f32_tensor_xwt's variant)
-using TileWide32 = Tile<32, 4, 2, 3, 2>;  // 128 x 64, two CTAs per SM
-template <int WN> using TileShared = Tile<WN, 4, WN == 64 ? 2 : 1, 4, 1, 32, true>;
-template <int WN> using TileNoPromote = Tile<WN, 4, WN == 64 ? 2 : 1, 4, 1, 32, false, false>;
-template <int WN> using TileK64 = Tile<WN, 2, WN == 64 ? 2 : 1, 3, 2, 64>;
 
 struct Tf32Pair {
   uint32_t hi, lo;
@@ -101,7 +96,7 @@ struct StageCopies {
 // lo.hi, hi.lo and hi.hi into each accumulator, each pass over all of them (the three products of one accumulator
 // depend on each other: a pass keeps 2 kNT independent products between them).
 template <class T>
-__device__ __forceinline__ void step8(const float* A, const float* B, const float* B_lo, float (&acc)[2][T::kNT][4]) {
+__device__ __forceinline__ void step8(const float* A, const float* B, float (&acc)[2][T::kNT][4]) {
   constexpr int P = T::kPitch;
   Tf32Pair a[2][4], b[T::kNT][2];
 #pragma unroll
@@ -115,14 +110,8 @@ __device__ __forceinline__ void step8(const float* A, const float* B, const floa
 #pragma unroll
   for (int nt = 0; nt < T::kNT; ++nt) {
     const float2 bw = *reinterpret_cast<const float2*>(B + nt * 8 * P);
-    if constexpr (T::kSharedSplit) {
-      const float2 bl = *reinterpret_cast<const float2*>(B_lo + nt * 8 * P);
-      b[nt][0] = {__float_as_uint(bw.x), __float_as_uint(bl.x)};
-      b[nt][1] = {__float_as_uint(bw.y), __float_as_uint(bl.y)};
-    } else {
-      b[nt][0] = split_tf32(bw.x);
-      b[nt][1] = split_tf32(bw.y);
-    }
+    b[nt][0] = split_tf32(bw.x);
+    b[nt][1] = split_tf32(bw.y);
   }
 #pragma unroll
   for (int pass = 0; pass < 3; ++pass)
@@ -149,7 +138,7 @@ __device__ __forceinline__ void zero(float (&acc)[2][T::kNT][4]) {
 }
 
 template <class T>
-__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) f32_tensor_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
+__global__ void __launch_bounds__(T::kThreads, 1) f32_tensor_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,
                                                                 int64_t rows, int64_t k, int64_t n) {
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
@@ -163,7 +152,6 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) f32_tensor_kernel(
   y += int64_t(blockIdx.z) * rows * n;
   constexpr int P = T::kPitch;
   auto stage = [&](int j) { return sm + (j % T::kStages) * T::kStageFloats; };
-  float* const w_lo = sm + T::kStages * T::kStageFloats;  // kSharedSplit: the stage's w tails
   float acc[2][T::kNT][4];
   zero<T>(acc);
   const StageCopies<T> copies(x, w, rows, n, k, m0, n0);
@@ -172,28 +160,19 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) f32_tensor_kernel(
     if (j < nk) copies.load(stage_at(j), int64_t(j) * T::kBK);
     else cp_async_commit();
   }
-  const int a_off = (wm * 32 + g) * P + 2 * q, b_row = wn * T::kWN + g, b_off = (T::kBM + b_row) * P + 2 * q;
+  const int a_off = (wm * 32 + g) * P + 2 * q, b_off = (T::kBM + wn * T::kWN + g) * P + 2 * q;
   for (int j = 0; j < nk; ++j) {
     cp_async_wait<T::kStages - 2>();  // this thread's copies of step j (one group per step, empty past the last)
     __syncthreads();                  // everyone's; and step j - 1's stage read by all
     const int jn = j + T::kStages - 1;
     if (jn < nk) copies.load(stage_at(jn), int64_t(jn) * T::kBK);
     else cp_async_commit();
-    float* st = stage(j);
-    if constexpr (T::kSharedSplit) {
-      for (int i = threadIdx.x; i < T::kBN * T::kBK; i += T::kThreads) {
-        const int at = (T::kBM + i / T::kBK) * P + i % T::kBK;
-        const Tf32Pair v = split_tf32(st[at]);
-        st[at] = __uint_as_float(v.hi);
-        w_lo[at - T::kBM * P] = __uint_as_float(v.lo);
-      }
-      __syncthreads();
-    }
+    const float* st = stage(j);
     if constexpr (T::kPromote) {
       float part[2][T::kNT][4];
       zero<T>(part);
 #pragma unroll
-      for (int kk = 0; kk < T::kBK / 8; ++kk) step8<T>(st + a_off + kk * 8, st + b_off + kk * 8, w_lo + b_row * P + 2 * q + kk * 8, part);
+      for (int kk = 0; kk < T::kBK / 8; ++kk) step8<T>(st + a_off + kk * 8, st + b_off + kk * 8, part);
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -202,7 +181,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) f32_tensor_kernel(
           for (int e = 0; e < 4; ++e) acc[mt][nt][e] += part[mt][nt][e];
     } else {
 #pragma unroll
-      for (int kk = 0; kk < T::kBK / 8; ++kk) step8<T>(st + a_off + kk * 8, st + b_off + kk * 8, w_lo + b_row * P + 2 * q + kk * 8, acc);
+      for (int kk = 0; kk < T::kBK / 8; ++kk) step8<T>(st + a_off + kk * 8, st + b_off + kk * 8, acc);
     }
   }
 #pragma unroll
@@ -232,10 +211,13 @@ void launch(const float* x, const float* w, float* y, int64_t rows, int64_t k, i
   PDB_CUDA_LAUNCHED();
 }
 
-template <class T>
-struct Is {
-  using type = T;
-};
+// The tile for n outputs: the mixes' widths, or 128 x 128.
+template <bool kPromote>
+void launch_for(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n, int splits, cudaStream_t s) {
+  if (n == 24) return launch<Tile<24, 4, 1, 4, kPromote>>(x, w, y, rows, k, n, splits, s);
+  if (n == 48) return launch<Tile<48, 4, 1, 4, kPromote>>(x, w, y, rows, k, n, splits, s);
+  launch<Tile<64, 4, 2, 4, kPromote>>(x, w, y, rows, k, n, splits, s);
+}
 
 int64_t tiles(int64_t rows, int64_t n) {
   const int64_t bn = n == 24 ? Tile24::kBN : n == 48 ? Tile48::kBN : TileWide::kBN;
@@ -264,26 +246,10 @@ void f32_tensor_xwt(const float* x, const float* w, float* y, int64_t rows, int6
     throw std::invalid_argument("f32_tensor_xwt: needs outputs of a multiple of 8, inputs of 32, 16-byte aligned operands and a GPU; not " +
                                 std::to_string(rows) + " x " + std::to_string(k) + " -> " + std::to_string(n));
   if (rows > int64_t(0x7fffffff) * 64) throw std::invalid_argument("f32_tensor_xwt: too many rows for one launch");
-  if (variant == 3 && k % 64) throw std::invalid_argument("f32_tensor_xwt: the 64-input steps' variant needs inputs of 64");
   if (splits < 1 || (splits > 1 && !partials)) throw std::invalid_argument("f32_tensor_xwt: " + std::to_string(splits) + " splits without a workspace");
   float* out = splits > 1 ? partials : y;
-  auto pick = [&](auto tag24, auto tag48, auto tag_wide) {
-    using T24 = typename decltype(tag24)::type;
-    using T48 = typename decltype(tag48)::type;
-    using TW = typename decltype(tag_wide)::type;
-    if (n == 24) return launch<T24>(x, w, out, rows, k, n, splits, s);
-    if (n == 48) return launch<T48>(x, w, out, rows, k, n, splits, s);
-    launch<TW>(x, w, out, rows, k, n, splits, s);
-  };
-  [&] {
-    switch (variant) {
-      case 1: return pick(Is<TileShared<24>>{}, Is<TileShared<48>>{}, Is<TileShared<64>>{});
-      case 2: return pick(Is<TileNoPromote<24>>{}, Is<TileNoPromote<48>>{}, Is<TileNoPromote<64>>{});
-      case 3: return pick(Is<TileK64<24>>{}, Is<TileK64<48>>{}, Is<TileK64<64>>{});
-      case 4: return pick(Is<Tile24>{}, Is<Tile48>{}, Is<TileWide32>{});
-      default: return pick(Is<Tile24>{}, Is<Tile48>{}, Is<TileWide>{});
-    }
-  }();
+  if (variant == 2) launch_for<false>(x, w, out, rows, k, n, splits, s);
+  else launch_for<true>(x, w, out, rows, k, n, splits, s);
   if (splits > 1) f32_add_splits(partials, splits, rows * n, y, s);
 }
 

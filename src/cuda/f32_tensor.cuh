@@ -21,9 +21,8 @@ bool f32_tensor_supported(const float* x, const float* w, const float* y, int64_
 int f32_tensor_splits(int64_t rows, int64_t n, int64_t k);
 // y = x . w^T where f32_tensor_supported; throws otherwise. With splits > 1 (dividing k / 32), each split sums its
 // share of k into partials [splits x rows x n], then each output is their sum in split order (f32_add_splits).
-// Widths other than 24 and 48 take 128 x 128 tiles (a warp: 32 rows x 64 outputs). variant (the bench's and the twin
-// test's alternatives; 0 the default): 1 w split once per stage by the CTA, 2 no per-stage sums (the tensor cores'
-// accumulation alone), 3 stages of 64 inputs (k a multiple of 64) and 64-row tiles, 4 the wide widths in 128 x 64 tiles.
+// Widths other than 24 and 48 take 128 x 128 tiles (a warp: 32 rows x 64 outputs). variant 2 (the twin test's
+// measure of what the per-stage sums buy; 0 the default): the tensor cores' accumulation alone.
 void f32_tensor_xwt(const float* x, const float* w, float* y, int64_t rows, int64_t k, int64_t n, cudaStream_t s, float* partials = nullptr,
                     int splits = 1, int variant = 0);
 
