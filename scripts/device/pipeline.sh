@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,moegap,moegap2,moegap3,session41,session41c,session42,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,moegap,moegap2,moegap3,session41,session41c,session42,session43,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -943,6 +943,27 @@ stage_session42b() {
   run dsv4_bench_session42b env BENCH_TOKENS=32768,131072 BENCH_RUNS="${S42_RUNS:-fp4:32768 fp4:32768:PDBRIDGE_DSV4_F32=fp32 fp4:32768}" bash $DEV/dsv4_gpu.sh bench
   run integration_dsv4_defaults timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
 }
+# Session 43: the sections' Q8_0 blocks from the fused pre-sum + norm (bit-for-bit test), cuBLASLt's algorithms at the
+# Llama-8B shapes (the heuristic's first choice against the others, PDBRIDGE_GEMM_TUNE=1 sustained), the 43-layer
+# bench alternating with PDBRIDGE_DSV4_F32=fp32, then the Llama-8B engine with and without PDBRIDGE_GEMM_TUNE=1,
+# alternating (its model made on the CPUs meanwhile), and PyTorch's forward after them (PEERS=1).
+stage_session43() {
+  make_dsv4_test_models
+  [ -f $M/llama8b/decoder-f16.gguf ] || ( $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16 \
+    > $R/make_llama8b.log 2>&1; echo $? > $R/llama8b.rc ) &
+  run fused_tests_43 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4PreSumNorm*:CudaKernels.Dsv4CombineInThePostMix*:CudaMoeFp4.*:CudaKernels.Gemm*'
+  run gemm_algos_43 env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaBench.GemmAlgorithmsAtLlama8bShapes'
+  run integration_dsv4_43 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  [ -n "${S43_SKIP_DSV4:-}" ] || run dsv4_bench_session43 env BENCH_TOKENS=32768,131072 \
+    BENCH_RUNS="${S43_RUNS:-fp4:32768 fp4:32768:PDBRIDGE_DSV4_F32=fp32 fp4:32768 fp4:32768:PDBRIDGE_DSV4_F32=fp32}" bash $DEV/dsv4_gpu.sh bench
+  [ -f $M/llama8b/decoder-f16.gguf ] || { ts "waiting for the Llama-8B model"; while [ ! -e $R/llama8b.rc ]; do sleep 5; done; }
+  local args="prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --out $R/bench.jsonl"
+  for i in 1 2; do
+    run llama8b_default_$i $PDB bench $args --label llama8b-default-$i
+    run llama8b_tune_$i env PDBRIDGE_GEMM_TUNE=1 $PDB bench $args --label llama8b-gemm-tune-$i
+  done
+  [ "${PEERS:-1}" = 1 ] && [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
+}
 # The f32 tensor products with k split in the server's 4,096-row chunks as the default: the twin tests and bench, the
 # suites with the defaults (the tiny models' chunks now take the tensor products) and with PDBRIDGE_DSV4_F32=fp32,
 # the layer bench at 32K prompts in 32K and 4K chunks, alternating with PDBRIDGE_DSV4_F32=fp32.
@@ -1029,7 +1050,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|session40f|session41|session41c|session42|session42a|session42b|session42c|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|session40f|session41|session41c|session42|session42a|session42b|session42c|session43|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -103,7 +103,8 @@ constexpr int kRowThreads = 256;
 constexpr int kNormThreads = 256, kNormPerThread = 16;
 __global__ void __launch_bounds__(kNormThreads) hc_pre_sum_norm_kernel(const float* __restrict__ x, const float* __restrict__ mix, int64_t E,
                                                                        const float* __restrict__ w, float eps, float* __restrict__ y,
-                                                                       __nv_bfloat16* __restrict__ y_bf16) {
+                                                                       __nv_bfloat16* __restrict__ y_bf16, int8_t* __restrict__ q8,
+                                                                       float* __restrict__ q8_scales) {
   const int64_t t = blockIdx.x;
   const float* mt = mix + t * kDsv4MixFloats;
   const float* xt = x + t * 4 * E;
@@ -133,10 +134,15 @@ __global__ void __launch_bounds__(kNormThreads) hc_pre_sum_norm_kernel(const flo
 #pragma unroll
   for (int j = 0; j < kNormPerThread; ++j) {
     const int64_t i = threadIdx.x + int64_t(kNormThreads) * j;
-    if (i >= E) continue;
+    if (i >= E) continue;  // with q8 (E of 32s) a warp's lanes agree: they hold one Q8_0 block
     const float n = v[j] * scale, out = w ? n * w[i] : n;
     y[t * E + i] = out;
     if (y_bf16) y_bf16[t * E + i] = __float2bfloat16_rn(out);
+    if (q8) {  // quantize_q8_kernel's block: its lanes, its scale
+      const Q8Lane e = q8_0_lane(out);
+      q8[t * E + i] = e.code;
+      if (threadIdx.x % 32 == 0) q8_scales[(t * E + i) / 32] = __half2float(__float2half_rn(e.scale));
+    }
   }
 }
 
@@ -546,10 +552,11 @@ void dsv4_hc_pre_sum(const float* x, const float* mix, int64_t n, int64_t E, flo
 bool dsv4_hc_pre_sum_norm_supported(int64_t E) { return E > 0 && E <= int64_t(kNormThreads) * kNormPerThread; }
 
 void dsv4_hc_pre_sum_norm(const float* x, const float* mix, int64_t n, int64_t E, const float* w, float eps, float* y, __nv_bfloat16* y_bf16,
-                          cudaStream_t s) {
+                          cudaStream_t s, int8_t* q8, float* q8_scales) {
   if (n <= 0) return;
   if (!dsv4_hc_pre_sum_norm_supported(E)) throw std::invalid_argument("dsv4_hc_pre_sum_norm: rows of at most 4,096, not " + std::to_string(E));
-  hc_pre_sum_norm_kernel<<<unsigned(n), kNormThreads, 0, s>>>(x, mix, E, w, eps, y, y_bf16);
+  if (q8 && (E % 32 || !q8_scales)) throw std::invalid_argument("dsv4_hc_pre_sum_norm: Q8_0 blocks of rows of " + std::to_string(E));
+  hc_pre_sum_norm_kernel<<<unsigned(n), kNormThreads, 0, s>>>(x, mix, E, w, eps, y, y_bf16, q8, q8_scales);
   PDB_CUDA_LAUNCHED();
 }
 

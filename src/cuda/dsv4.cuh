@@ -29,12 +29,13 @@ void dsv4_hc_coefs(const float* m, int64_t ldm, const float* inv_rms, const floa
 // y [n x E] = sum_h pre[h] x_h with the mix's pre.
 void dsv4_hc_pre_sum(const float* x, const float* mix, int64_t n, int64_t E, float* y, cudaStream_t s);
 // The pre-sum then rmsnorm_rows with weights w, in one pass (the sum never leaves the block): y [n x E] the normed
-// rows, and with y_bf16 also their bf16 copy (f32_to_bf16's). The same bits as dsv4_hc_pre_sum + rmsnorm_rows (+
-// f32_to_bf16): each element's sum and each row's double sum of squares in the same order. Needs E <= 4,096
+// rows, with y_bf16 also their bf16 copy (f32_to_bf16's), with q8 / q8_scales also their Q8_0 blocks
+// (quantize_rows_q8's; E a multiple of 32). The same bits as dsv4_hc_pre_sum + rmsnorm_rows (+ f32_to_bf16, +
+// quantize_rows_q8): each element's sum and each row's double sum of squares in the same order. Needs E <= 4,096
 // (dsv4_hc_pre_sum_norm_supported); 0.6-0.9 GB less traffic a use at a 32K chunk.
 bool dsv4_hc_pre_sum_norm_supported(int64_t E);
 void dsv4_hc_pre_sum_norm(const float* x, const float* mix, int64_t n, int64_t E, const float* w, float eps, float* y, __nv_bfloat16* y_bf16,
-                          cudaStream_t s);
+                          cudaStream_t s, int8_t* q8 = nullptr, float* q8_scales = nullptr);
 // inv[t] = 1 / sqrt(mean(x_t^2) + eps) over rows of `width` (rmsnorm_rows' scale, without the normalized copy).
 void dsv4_row_inv_rms(const float* x, int64_t n, int64_t width, float eps, float* inv, cudaStream_t s);
 // x_next[dst] = f * post[dst] + sum_src comb[dst][src] x[src]   (x, x_next [n x 4 x E], f [n x E]); with inv_next,

@@ -28,6 +28,7 @@
 #include "cuda/f32_tensor.cuh"
 #include "cuda/gemm.cuh"
 #include "cuda/moe.cuh"
+#include "cuda/q8_gemm.cuh"
 #include "cuda/rmsnorm.cuh"
 #include "cuda/kernel_test_support.h"
 #endif
@@ -491,8 +492,8 @@ TEST(CudaKernels, F32TensorProductsMatchTheF64Product) {
 #endif
 }
 
-// The fused pre-sum + rms norm (+ bf16 copy) against the three passes it replaces, bit for bit: rows of 4,096
-// (V4-Flash's), of 1,000 (a last 256-step cut short) and of 64 (the tiny models').
+// The fused pre-sum + rms norm (+ bf16 copy, + Q8_0 blocks) against the passes it replaces, bit for bit: rows of
+// 4,096 (V4-Flash's), of 1,000 (a last 256-step cut short; no Q8_0 blocks) and of 64 (the tiny models').
 TEST(CudaKernels, Dsv4PreSumNormIsTheThreePassesBitForBit) {
   if (cuda::device_count() == 0) GTEST_SKIP() << cuda::device_summary();
 #ifdef PDBRIDGE_HAVE_CUDA
@@ -502,11 +503,25 @@ TEST(CudaKernels, Dsv4PreSumNormIsTheThreePassesBitForBit) {
     auto x = to_device_f32(randn(size_t(n * 4 * E))), mix = to_device_f32(randn(size_t(n * 24), 0.5f)), w = to_device_f32(randn(size_t(E), 0.3f));
     cuda::DeviceBuffer pre(size_t(n * E) * 4), y(size_t(n * E) * 4), y2(size_t(n * E) * 4), yb(size_t(n * E) * 2), yb2(size_t(n * E) * 2);
     ASSERT_TRUE(cuda::dsv4_hc_pre_sum_norm_supported(E));
-    cuda::dsv4_hc_pre_sum_norm(x.as<float>(), mix.as<float>(), n, E, w.as<float>(), 1e-6f, y.as<float>(), yb.as<__nv_bfloat16>(), nullptr);
+    const bool q8 = E % 32 == 0;
+    cuda::DeviceBuffer q(size_t(n * E)), q2(size_t(n * E)), d(size_t(n * E / 32 + 1) * 4), d2(size_t(n * E / 32 + 1) * 4);
+    cuda::dsv4_hc_pre_sum_norm(x.as<float>(), mix.as<float>(), n, E, w.as<float>(), 1e-6f, y.as<float>(), yb.as<__nv_bfloat16>(), nullptr,
+                               q8 ? q.as<int8_t>() : nullptr, d.as<float>());
     cuda::dsv4_hc_pre_sum(x.as<float>(), mix.as<float>(), n, E, pre.as<float>(), nullptr);
     cuda::rmsnorm_rows(pre.as<float>(), w.as<float>(), y2.as<float>(), n, E, 1e-6f, nullptr);
     cuda::f32_to_bf16(y2.as<float>(), yb2.as<__nv_bfloat16>(), n * E, nullptr);
+    if (q8) cuda::quantize_rows_q8(y2.as<float>(), n, E, q2.as<int8_t>(), d2.as<float>(), nullptr);
     PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    if (q8) {
+      std::vector<int8_t> qa(size_t(n * E)), qb(qa.size());
+      std::vector<uint32_t> da(size_t(n * E / 32)), db(da.size());
+      PDB_CUDA_CHECK(cudaMemcpy(qa.data(), q.get(), qa.size(), cudaMemcpyDeviceToHost));
+      PDB_CUDA_CHECK(cudaMemcpy(qb.data(), q2.get(), qb.size(), cudaMemcpyDeviceToHost));
+      PDB_CUDA_CHECK(cudaMemcpy(da.data(), d.get(), da.size() * 4, cudaMemcpyDeviceToHost));
+      PDB_CUDA_CHECK(cudaMemcpy(db.data(), d2.get(), db.size() * 4, cudaMemcpyDeviceToHost));
+      EXPECT_EQ(qa, qb) << "the Q8_0 codes, E = " << E;
+      EXPECT_EQ(da, db) << "the Q8_0 scales, E = " << E;
+    }
     std::vector<uint32_t> a(size_t(n * E)), b(a.size());
     std::vector<uint16_t> ab(a.size()), bb(a.size());
     PDB_CUDA_CHECK(cudaMemcpy(a.data(), y.get(), a.size() * 4, cudaMemcpyDeviceToHost));

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace pdb::cuda {
 
@@ -60,6 +61,18 @@ class Gemm {
 
   // FP8 e4m3 X [rows x in] and W [out x in] with their block scales (layout L), f32 accumulation;
   // Y is bf16 or f32 (beta = 1 accumulates, f32 only). `in` and `out` are multiples of 128.
+  // The library's first `count` algorithms for this product (the heuristic's order), each timed on the caller's
+  // operands over `reps` runs after a warm-up (y is scratch: it is written), with a hash of its output's bits for y
+  // zeroed first: what the heuristic's first choice leaves on the table, and whether the others give the same bits.
+  struct AlgorithmTiming {
+    int rank = 0;
+    std::string config;  // the algorithm's id, tile, stages, split-k, swizzle, cluster
+    float ms = 0;        // median per product
+    uint64_t bits = 0;   // xor-fold of the output's 32-bit words
+  };
+  std::vector<AlgorithmTiming> time_algorithms(DType ab, const void* x, const void* w, DType y_type, void* y, int64_t rows, int64_t in, int64_t out,
+                                               float beta, int count, int reps, cudaStream_t stream);
+
   void xwt_fp8(const Fp8ScaleLayout& L, const uint8_t* xq, const float* xs, const uint8_t* wq, const float* ws, DType y_type, void* y,
                int64_t rows, int64_t in, int64_t out, float beta, cudaStream_t stream);
 
@@ -68,11 +81,13 @@ class Gemm {
   using Key = std::tuple<int, int, int64_t, int64_t, int64_t, bool>;
   Plan& plan(DType ab, DType y_type, int64_t rows, int64_t in, int64_t out, bool accumulate);
   Plan* plan_fp8(DType y_type, int64_t rows, int64_t in, int64_t out, bool accumulate);  // nullptr: no algorithm
+  void tune_plan(Plan& p, DType ab, const void* x, const void* w, DType y_type, int64_t rows, int64_t in, int64_t out, float beta,
+                 cudaStream_t stream);
   bool pick_algorithm(Plan& p, int ab_type, int y_type, int64_t rows, int64_t in, int64_t out);  // cudaDataType_t values
   void* handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  std::mutex mu_;
+  std::mutex mu_, tune_mu_;
   std::map<Key, std::unique_ptr<Plan>> plans_, fp8_plans_;
 };
 

@@ -188,6 +188,81 @@ TEST(CudaBench, Q8BlockProductsAtV4FlashSectionShapes) {
 #endif
 }
 
+// A benchmark, run on request (PDBRIDGE_BENCH=1): the Llama-8B layer's four products at the engine's chunk rows
+// (4,096 and 8,192; qkv and gate|up into bf16, o and down added into the f32 residual), each of cuBLASLt's first 8
+// algorithms timed (median of 20) with its output's bits hashed, then the four in sequence for 32 layers with the
+// heuristic's first choice and with each shape's fastest that gives the first choice's bits: what the engine's
+// products leave to the library's choice, and the sustained rate against a 13-run 8192^3 probe.
+TEST(CudaBench, GemmAlgorithmsAtLlama8bShapes) {
+  SKIP_WITHOUT_GPU();
+  const char* on = std::getenv("PDBRIDGE_BENCH");
+  if (!on || std::string(on) != "1") GTEST_SKIP() << "a benchmark: PDBRIDGE_BENCH=1 runs it";
+#ifdef PDBRIDGE_HAVE_CUDA
+  struct Shape { const char* name; int64_t in, out; cuda::DType yt; float beta; };
+  const Shape shapes[] = {{"qkv", 4096, 6144, cuda::DType::BF16, 0.0f}, {"o", 4096, 4096, cuda::DType::F32, 1.0f},
+                          {"gate|up", 4096, 28672, cuda::DType::BF16, 0.0f}, {"down", 14336, 4096, cuda::DType::F32, 1.0f}};
+  auto filled = [](size_t n) {  // bf16 values of a 4M-value random pattern, tiled
+    const auto pattern = randn(size_t(1) << 22, 0.05f);
+    std::vector<uint16_t> h(pattern.size());
+    for (size_t i = 0; i < h.size(); ++i) h[i] = f32_to_bf16(pattern[i]);
+    cuda::DeviceBuffer d(n * 2);
+    for (size_t at = 0; at < n; at += h.size())
+      PDB_CUDA_CHECK(cudaMemcpy(static_cast<uint16_t*>(d.get()) + at, h.data(), std::min(h.size(), n - at) * 2, cudaMemcpyHostToDevice));
+    return d;
+  };
+  std::printf("GEMM PROBE 8192^3 bf16: %.0f TFLOP/s\n", cuda::measure_bf16_gemm_tflops(8192));
+  cuda::Gemm gemm;
+  std::vector<cuda::DeviceBuffer> weights;
+  for (const Shape& sh : shapes) weights.push_back(filled(size_t(sh.in * sh.out)));
+  for (const int64_t rows : {int64_t(4096), int64_t(8192)}) {
+    cuda::DeviceBuffer x = filled(size_t(rows * 14336)), y(size_t(rows * 28672) * 2);
+    std::vector<cudaEvent_t> ev(2);
+    for (auto& e : ev) PDB_CUDA_CHECK(cudaEventCreate(&e));
+    double first_ms = 0, best_ms = 0, flops = 0;
+    std::vector<int> best_rank;
+    for (size_t i = 0; i < std::size(shapes); ++i) {
+      const Shape& sh = shapes[i];
+      const auto t = gemm.time_algorithms(cuda::DType::BF16, x.get(), weights[i].get(), sh.yt, y.get(), rows, sh.in, sh.out, sh.beta, 8, 20, nullptr);
+      ASSERT_FALSE(t.empty()) << sh.name;
+      const double f = 2.0 * double(rows) * double(sh.in) * double(sh.out);
+      size_t best = 0;
+      for (size_t r = 0; r < t.size(); ++r) {
+        std::printf("GEMM ALGO rows %lld %-8s rank %d: %.3f ms %4.0f TFLOP/s %s bits %s\n", (long long)rows, sh.name, t[r].rank, t[r].ms,
+                    f / (t[r].ms * 1e-3) / 1e12, t[r].config.c_str(), t[r].bits == t[0].bits ? "= first" : "differ");
+        if (t[r].bits == t[0].bits && t[r].ms < t[best].ms) best = r;
+      }
+      first_ms += t[0].ms;
+      best_ms += t[best].ms;
+      flops += f;
+      best_rank.push_back(t[best].rank);
+    }
+    std::printf("GEMM LAYER rows %lld, alone: first choices %.3f ms (%.0f TFLOP/s), same-bits fastest %.3f ms (%.0f TFLOP/s)\n", (long long)rows,
+                first_ms, flops / (first_ms * 1e-3) / 1e12, best_ms, flops / (best_ms * 1e-3) / 1e12);
+    // 32 layers of the four in sequence through the engine's call: the sustained rate, with the heuristic's first
+    // choices and with PDBRIDGE_GEMM_TUNE=1's, alternating
+    for (int rep = 0; rep < 6; ++rep) {
+      const bool tuned = rep % 2;
+      if (tuned) setenv("PDBRIDGE_GEMM_TUNE", "1", 1);
+      cuda::Gemm g;  // a fresh instance: its plans (and their tuning) are made on the warm-up layer
+      for (size_t i = 0; i < std::size(shapes); ++i)
+        g.xwt(cuda::DType::BF16, x.get(), weights[i].get(), shapes[i].yt, y.get(), rows, shapes[i].in, shapes[i].out, shapes[i].beta, nullptr);
+      unsetenv("PDBRIDGE_GEMM_TUNE");
+      PDB_CUDA_CHECK(cudaEventRecord(ev[0]));
+      for (int layer = 0; layer < 32; ++layer)
+        for (size_t i = 0; i < std::size(shapes); ++i)
+          g.xwt(cuda::DType::BF16, x.get(), weights[i].get(), shapes[i].yt, y.get(), rows, shapes[i].in, shapes[i].out, shapes[i].beta, nullptr);
+      PDB_CUDA_CHECK(cudaEventRecord(ev[1]));
+      PDB_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+      float ms = 0;
+      PDB_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+      std::printf("GEMM SUSTAINED rows %lld, 32 layers, %s: %.1f ms, %.0f TFLOP/s\n", (long long)rows, tuned ? "tuned" : "first choices", ms,
+                  32 * flops / (ms * 1e-3) / 1e12);
+    }
+    for (auto& e : ev) cudaEventDestroy(e);
+  }
+#endif
+}
+
 // The engine rows of an f16 cache in one pass (cuda::kv_rows_to_f16, PDBRIDGE_ROWS_FUSED=1) against the passes it
 // replaces (HF order to the GGUF's or a copy, rope_ggml_rows with and without the K norm, encode_rows to F16): the
 // same bytes, in both RoPE modes, a partial rotation and both row orders.
@@ -577,6 +652,43 @@ TEST(CudaKernels, GemmsMatchTheF64TwinInEveryPrecision) {
     std::printf("gemm f32 rel err %.2e\n", e);
     EXPECT_LT(e, 1e-5);
   }
+#endif
+}
+
+// PDBRIDGE_GEMM_TUNE=1's choice among the library's algorithms (timed on the call's operands) gives the heuristic's
+// first choice's bits, for each product type the engines run, and the timing leaves Y as the product alone would:
+// the residual added once (beta = 1), not once per timed candidate.
+TEST(CudaKernels, GemmTuningKeepsTheHeuristicsBits) {
+  SKIP_WITHOUT_GPU();
+#ifdef PDBRIDGE_HAVE_CUDA
+  const int64_t rows = 2048, in = 1024, out = 1536;
+  auto x = round_bf16(randn(size_t(rows * in))), w = round_bf16(randn(size_t(out * in), 0.05f));
+  const auto y0 = randn(size_t(rows * out));
+  auto dx = to_device_bf16(x), dw = to_device_bf16(w);
+  for (const float beta : {0.0f, 1.0f})
+    for (const cuda::DType yt : {cuda::DType::F32, cuda::DType::BF16}) {
+      if (beta != 0.0f && yt == cuda::DType::BF16) continue;  // the engines add into f32 only
+      std::vector<std::vector<uint8_t>> got;
+      for (const bool tune : {false, true}) {
+        if (tune) setenv("PDBRIDGE_GEMM_TUNE", "1", 1);
+        cuda::Gemm gemm;
+        auto dy = to_device_f32(y0);  // bf16 outputs overwrite the first half of it
+        gemm.xwt(cuda::DType::BF16, dx.get(), dw.get(), yt, dy.get(), rows, in, out, beta, nullptr);
+        PDB_CUDA_CHECK(cudaDeviceSynchronize());
+        unsetenv("PDBRIDGE_GEMM_TUNE");
+        std::vector<uint8_t> bytes(size_t(rows * out) * (yt == cuda::DType::F32 ? 4 : 2));
+        dy.download(bytes.data(), bytes.size());
+        got.push_back(bytes);
+      }
+      EXPECT_EQ(got[0], got[1]) << "beta " << beta << ", " << (yt == cuda::DType::F32 ? "f32" : "bf16") << " output";
+      if (yt == cuda::DType::F32) {  // and it is the product (+ the residual once)
+        std::vector<float> ref, y(size_t(rows * out));
+        ref::matmul_xwt(x, w, ref, rows, in, out);
+        std::memcpy(y.data(), got[1].data(), got[1].size());
+        for (size_t i = 0; i < ref.size(); ++i) ref[i] += beta * y0[i];
+        EXPECT_LT(ref::rel_error(y, ref), 1e-5) << "beta " << beta;
+      }
+    }
 #endif
 }
 

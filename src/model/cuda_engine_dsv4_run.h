@@ -250,7 +250,8 @@ struct Deepseek4CudaEngine::PromptRun {
   void shared_expert_and_combine();
   void record_profile();
   // m [rows x n] = x [rows x 4E] . fn^T, f32: a hyper-connection mix's product
-  void pre_sum_norm(const float* streams, const float* mix, const DeviceBuffer& norm, float* y, bf16* y_bf16);
+  void pre_sum_norm(const float* streams, const float* mix, const DeviceBuffer& norm, float* y, bf16* y_bf16, int8_t* q8 = nullptr,
+                    float* q8_scales = nullptr);
   bool f32_on_tensor_cores(const float* x_, const float* w, int64_t k, int64_t n_out, float* y);
   void mix_product(const float* x_, const DeviceBuffer& fn, int64_t n_out, float* m);
   // rows as the decoder stores and the engine reads them: the cache type's values (quantized rows un-rotated:

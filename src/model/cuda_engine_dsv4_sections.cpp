@@ -52,13 +52,16 @@ void Deepseek4CudaEngine::PromptRun::mix_product(const float* x_, const DeviceBu
   I.gemm.xwt(cuda::DType::F32, x_, fn.get(), cuda::DType::F32, m, rows, 4 * E, n_out, 0.0f, s);
 }
 
-// The streams' pre-sum by the mix, then its rms norm (and the normed rows' bf16 copy where y_bf16): one pass where
-// the rows fit the fused kernel (the same bits), else the three passes.
-void Deepseek4CudaEngine::PromptRun::pre_sum_norm(const float* streams, const float* mix, const DeviceBuffer& norm, float* y, bf16* y_bf16) {
-  if (cuda::dsv4_hc_pre_sum_norm_supported(E)) return cuda::dsv4_hc_pre_sum_norm(streams, mix, rows, E, norm.as<float>(), eps, y, y_bf16, s);
+// The streams' pre-sum by the mix, then its rms norm (and the normed rows' bf16 copy where y_bf16, their Q8_0 blocks
+// where q8): one pass where the rows fit the fused kernel (the same bits), else the passes apart.
+void Deepseek4CudaEngine::PromptRun::pre_sum_norm(const float* streams, const float* mix, const DeviceBuffer& norm, float* y, bf16* y_bf16, int8_t* q8,
+                                                  float* q8_scales) {
+  if (cuda::dsv4_hc_pre_sum_norm_supported(E) && (!q8 || E % 32 == 0))
+    return cuda::dsv4_hc_pre_sum_norm(streams, mix, rows, E, norm.as<float>(), eps, y, y_bf16, s, q8, q8_scales);
   cuda::dsv4_hc_pre_sum(streams, mix, rows, E, I.pre.as<float>(), s);
   cuda::rmsnorm_rows(I.pre.as<float>(), norm.as<float>(), y, rows, E, eps, s);
   if (y_bf16) cuda::f32_to_bf16(y, y_bf16, rows * E, s);
+  if (q8) cuda::quantize_rows_q8(y, rows, E, q8, q8_scales, s);
 }
 
 void Deepseek4CudaEngine::PromptRun::sections(Deepseek4LayerSections& S) {
@@ -75,8 +78,8 @@ void Deepseek4CudaEngine::PromptRun::sections(Deepseek4LayerSections& S) {
   cuda::dsv4_hc_coefs(I.m.as<float>() + kMix, 2 * kMix, inv_x, L.hc_attn_base.as<float>(), L.hc_attn_scale.as<float>(), rows, c.hc_eps,
                       int(c.hc_iterations), I.mix_e.as<float>(), s);
   cur = I.cur.as<float>();
-  pre_sum_norm(x, I.mix_r.as<float>(), L.attn_norm, cur, I.cur_b.as<bf16>());  // cur_b: the layer's q path and indexer
-  if (any_q8) cuda::quantize_rows_q8(cur, rows, E, I.qx.as<int8_t>(), I.dx.as<float>(), s);
+  // cur_b: the layer's q path and indexer; qx / dx: the sections' Q8_0 products
+  pre_sum_norm(x, I.mix_r.as<float>(), L.attn_norm, cur, I.cur_b.as<bf16>(), any_q8 ? I.qx.as<int8_t>() : nullptr, I.dx.as<float>());
   qx = I.qx.as<int8_t>();
   dx = I.dx.as<float>();
   mark(13);
