@@ -11,8 +11,6 @@
 #include "formats/numeric.h"
 
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -40,8 +38,6 @@ struct Gemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  std::vector<cublasLtMatmulAlgo_t> candidates;  // the last time_algorithms' list, in its ranks
-  std::atomic<bool> tuned{false};  // the algorithm chosen by timing (tune_plan), or the heuristic's first where not asked
   ~Plan() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -105,33 +101,10 @@ void Gemm::xwt(DType ab, const void* x, const void* w, DType yt, void* y, int64_
   if (rows == 0) return;
   if (ab == DType::F32 && yt != DType::F32) throw std::invalid_argument("f32 products write f32");
   Plan& p = plan(ab, yt, rows, in, out, beta != 0.0f);
-  if (!p.tuned) {
-    std::lock_guard<std::mutex> lock(tune_mu_);
-    if (!p.tuned) tune_plan(p, ab, x, w, yt, rows, in, out, beta, stream);
-  }
   const float alpha = 1.0f;
   check(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo,
                        workspace_, workspace_bytes_, stream),
         "matmul");
-}
-
-// PDBRIDGE_GEMM_TUNE=1: a new shape of at least 1,024 rows takes the fastest of the heuristic's first 8 algorithms
-// that gives its first choice's bits (timed on the call's operands into scratch), so the outputs stay the same.
-void Gemm::tune_plan(Plan& p, DType ab, const void* x, const void* w, DType yt, int64_t rows, int64_t in, int64_t out, float beta,
-                     cudaStream_t stream) {
-  const char* tune = std::getenv("PDBRIDGE_GEMM_TUNE");
-  struct Done {
-    Plan& p;
-    ~Done() { p.tuned = true; }
-  } done{p};
-  if (!tune || std::string(tune) != "1" || rows < 1024) return;
-  DeviceBuffer scratch(size_t(rows * out) * (yt == DType::F32 ? 4 : 2));
-  const auto t = time_algorithms(ab, x, w, yt, scratch.get(), rows, in, out, beta, 8, 5, stream);
-  size_t best = 0;
-  for (size_t r = 1; r < t.size(); ++r)
-    if (t[r].bits == t[0].bits && t[r].ms < t[best].ms) best = r;
-  if (t.empty() || best == 0) return;
-  p.algo = p.candidates[size_t(t[best].rank)];
 }
 
 namespace {
@@ -144,9 +117,11 @@ __global__ void xor_fold_words(const uint32_t* __restrict__ y, int64_t n, unsign
 
 std::string algorithm_config(const cublasLtMatmulAlgo_t& a) {
   auto get = [&](cublasLtMatmulAlgoConfigAttributes_t at) {
-    int64_t v = 0;  // the attributes are 16/32-bit; read into a zeroed 64-bit word
-    size_t written = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&a, at, &v, sizeof v, &written);
+    // the attributes are 16- or 32-bit, and a read of another size fails: ask the size, then read into a zeroed word
+    size_t size = 0;
+    int64_t v = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&a, at, nullptr, 0, &size) != CUBLAS_STATUS_SUCCESS || size > sizeof v) return int64_t(-1);
+    if (cublasLtMatmulAlgoConfigGetAttribute(&a, at, &v, size, &size) != CUBLAS_STATUS_SUCCESS) return int64_t(-1);
     return v;
   };
   return fmt::format("id {} tile {} stages {} splitk {} reduction {} swizzle {} cluster {}", get(CUBLASLT_ALGO_CONFIG_ID),
@@ -171,8 +146,6 @@ std::vector<Gemm::AlgorithmTiming> Gemm::time_algorithms(DType ab, const void* x
   check(st, "heuristic");
   const size_t y_bytes = size_t(rows * out) * (yt == DType::F32 ? 4 : 2);
   DeviceBuffer hash(8);
-  p.candidates.clear();
-  for (int r = 0; r < found; ++r) p.candidates.push_back(found_algos[size_t(r)].algo);
   cudaEvent_t e0, e1;
   PDB_CUDA_CHECK(cudaEventCreate(&e0));
   PDB_CUDA_CHECK(cudaEventCreate(&e1));

@@ -81,13 +81,11 @@ class Gemm {
   using Key = std::tuple<int, int, int64_t, int64_t, int64_t, bool>;
   Plan& plan(DType ab, DType y_type, int64_t rows, int64_t in, int64_t out, bool accumulate);
   Plan* plan_fp8(DType y_type, int64_t rows, int64_t in, int64_t out, bool accumulate);  // nullptr: no algorithm
-  void tune_plan(Plan& p, DType ab, const void* x, const void* w, DType y_type, int64_t rows, int64_t in, int64_t out, float beta,
-                 cudaStream_t stream);
   bool pick_algorithm(Plan& p, int ab_type, int y_type, int64_t rows, int64_t in, int64_t out);  // cudaDataType_t values
   void* handle_ = nullptr;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  std::mutex mu_, tune_mu_;
+  std::mutex mu_;
   std::map<Key, std::unique_ptr<Plan>> plans_, fp8_plans_;
 };
 

@@ -9,11 +9,15 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void rmsnorm_kernel(const float* __restrict__ x, int64_t xs, const float* __restrict__ w, float* __restrict__ y, int64_t ys,
+__device__ __forceinline__ void store_as(float* y, float v) { *y = v; }
+__device__ __forceinline__ void store_as(__half* y, float v) { *y = __float2half_rn(v); }
+
+template <typename Out>
+__global__ void rmsnorm_kernel(const float* __restrict__ x, int64_t xs, const float* __restrict__ w, Out* __restrict__ y, int64_t ys,
                                int64_t dim, float eps) {
   const int64_t row = blockIdx.x;
   const float* xr = x + row * xs;
-  float* yr = y + row * ys;
+  Out* yr = y + row * ys;
   double sum = 0.0;  // double, like the CPU twin, so the two agree to the last bit in most rows
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) sum += double(xr[i] * xr[i]);
   __shared__ double partial[kThreads];
@@ -27,7 +31,7 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x, int64_t xs, const fl
   const float scale = 1.0f / sqrtf(mean + eps);
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
     const float v = xr[i] * scale;
-    yr[i] = w ? v * w[i] : v;
+    store_as(yr + i, w ? v * w[i] : v);
   }
 }
 
@@ -66,6 +70,12 @@ void rmsnorm_rows_bf16(const float* x, const float* w, __nv_bfloat16* y, int64_t
 }
 
 void rmsnorm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
+  if (rows == 0) return;
+  rmsnorm_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, dim, w, y, dim, dim, eps);
+  PDB_CUDA_LAUNCHED();
+}
+
+void rmsnorm_rows_f16(const float* x, const float* w, __half* y, int64_t rows, int64_t dim, float eps, cudaStream_t stream) {
   if (rows == 0) return;
   rmsnorm_kernel<<<unsigned(rows), kThreads, 0, stream>>>(x, dim, w, y, dim, dim, eps);
   PDB_CUDA_LAUNCHED();

@@ -106,12 +106,13 @@ bool GpuRecipe::same_activations(const Weight& a, const Weight& b) {
   return a.type == b.type && a.cols == b.cols && bool(a.q.bytes()) == bool(b.q.bytes());
 }
 
-void GpuRecipe::project(const Weight& w, const float* x, int64_t rows, cudaStream_t s, float* y, bool converted) {
+void GpuRecipe::project(const Weight& w, const float* x, int64_t rows, cudaStream_t s, float* y, bool converted, const void* half_x) {
   const int64_t n = rows * w.cols;
+  if (half_x && w.type != GgmlType::F16) throw std::logic_error("GPU recipe: f16 activations for a weight that is not F16");
   switch (w.type) {
     case GgmlType::F16:
-      if (!converted) cuda::f32_to_f16(x, xa_.as<__half>(), n, s);
-      gemm_.xwt(cuda::DType::F16, xa_.get(), w.w.get(), cuda::DType::F32, y, rows, w.cols, w.rows, 0.0f, s);
+      if (!converted && !half_x) cuda::f32_to_f16(x, xa_.as<__half>(), n, s);
+      gemm_.xwt(cuda::DType::F16, half_x ? half_x : xa_.get(), w.w.get(), cuda::DType::F32, y, rows, w.cols, w.rows, 0.0f, s);
       break;
     case GgmlType::BF16:
       if (!converted) cuda::f32_to_bf16(x, xa_.as<__nv_bfloat16>(), n, s);
@@ -150,11 +151,19 @@ void GpuRecipe::check(int layer, int64_t rows) const {
   if (rows > max_rows_) throw std::invalid_argument(fmt::format("GPU recipe: {} rows, sized for {}", rows, max_rows_));
 }
 
+bool GpuRecipe::normed_as_f16(int layer) const {
+  if (!with_weights_ || cpu_.info().mla() || layer < 0 || size_t(layer) >= wk_.size()) return false;
+  const Weight& wk = wk_[size_t(layer)];
+  return wk.type == GgmlType::F16 && same_activations(wk, wv_[size_t(layer)]);
+}
+
 void GpuRecipe::normalize(int layer, const float* d_h, int64_t rows, cudaStream_t s, float* d_x) {
   const auto& in = cpu_.info();
   check(layer, rows);
-  cuda::rmsnorm_rows(d_h, norm_[size_t(layer)].as<float>(), d_x, rows, in.n_embd, in.norm_eps, s);
-  PDB_CUDA_LAUNCHED();
+  if (normed_as_f16(layer))
+    cuda::rmsnorm_rows_f16(d_h, norm_[size_t(layer)].as<float>(), reinterpret_cast<__half*>(d_x), rows, in.n_embd, in.norm_eps, s);
+  else
+    cuda::rmsnorm_rows(d_h, norm_[size_t(layer)].as<float>(), d_x, rows, in.n_embd, in.norm_eps, s);
 }
 
 void GpuRecipe::kv_from_normed(int layer, const float* d_x, int64_t rows, cudaStream_t s, float* d_k, float* d_v) {
@@ -162,10 +171,11 @@ void GpuRecipe::kv_from_normed(int layer, const float* d_x, int64_t rows, cudaSt
   check(layer, rows);
   if (!with_weights_) throw std::logic_error("GPU recipe made without its K/V weights: the rows come from the engine");
   const Weight& wk = wk_[size_t(layer)];
-  project(wk, d_x, rows, s, d_k);
+  const void* half_x = normed_as_f16(layer) ? static_cast<const void*>(d_x) : nullptr;  // normalize wrote f16 rows
+  project(wk, d_x, rows, s, d_k, false, half_x);
   if (in.mla()) return deepseek2_row(layer, d_k, rows, s);  // recipes/deepseek2_gpu.cpp
   const Weight& wv = wv_[size_t(layer)];
-  project(wv, d_x, rows, s, d_v, same_activations(wk, wv));
+  project(wv, d_x, rows, s, d_v, same_activations(wk, wv), half_x);
   rope_k(layer, d_k, rows, s);
 }
 

@@ -40,10 +40,12 @@ class GpuRecipe {
   // (deepseek2): d_k gets the cache row [rms_norm(latent) * w | RoPE(k_pe)], d_v is left untouched.
   void kv_f32(int layer, const float* d_h, int64_t rows, cudaStream_t s, float* d_k, float* d_v);
   // kv_f32 in two steps, so that a caller can run the second on another stream: the decoder's
-  // attention norm of d_h into d_x ([rows x n_embd] f32), then K/V from d_x. kv_from_normed uses
-  // this object's scratch: calls of it must be ordered (one stream).
+  // attention norm of d_h into d_x (room for [rows x n_embd] f32), then K/V from d_x. Where K and V both multiply F16
+  // weights (normed_as_f16) the norm writes its rows rounded to f16, as the products read them (one pass, the same
+  // bits); else f32. kv_from_normed uses this object's scratch: calls of it must be ordered (one stream).
   void normalize(int layer, const float* d_h, int64_t rows, cudaStream_t s, float* d_x);
   void kv_from_normed(int layer, const float* d_x, int64_t rows, cudaStream_t s, float* d_k, float* d_v);
+  bool normed_as_f16(int layer) const;
   // The engine's K/V rows (CudaEngine::KvTap: products before RoPE) into d_k/d_v as kv_f32 leaves them: K in the
   // GGUF's row order where the converter permuted it (hf_k_order: the engine's K is in HF's), qwen3's K norm and the
   // decoder's RoPE on K. MLA: k is the kv_a product [latent | k_pe] (v unused), normed and roped as kv_f32 does.
@@ -62,7 +64,9 @@ class GpuRecipe {
   };
   // converted: d_x's activations for w's type are already in xa_/xq_ (V after K with the same type:
   // the decoder converts its norm output once per weight type, and so can we).
-  void project(const Weight& w, const float* d_x, int64_t rows, cudaStream_t s, float* d_y, bool converted = false);
+  // half_x: the activations already rounded to f16 (an F16 weight's), read in place of d_x.
+  void project(const Weight& w, const float* d_x, int64_t rows, cudaStream_t s, float* d_y, bool converted = false,
+               const void* half_x = nullptr);
   static bool same_activations(const Weight& a, const Weight& b);
   void check(int layer, int64_t rows) const;  // a loaded layer, rows within the buffers
   void rope_k(int layer, float* d_k, int64_t rows, cudaStream_t s);  // qwen3's K norm, then the decoder's RoPE
