@@ -946,26 +946,27 @@ stage_session42b() {
 # Session 43: the sections' Q8_0 blocks from the fused pre-sum + norm (bit-for-bit test), cuBLASLt's algorithms at the
 # Llama-8B shapes (the heuristic's first choice against the others), the 43-layer bench alternating with
 # PDBRIDGE_DSV4_F32=fp32 (S43_SKIP_DSV4=1 leaves it out), then the Llama-8B engine (its model made on the CPUs
-# meanwhile): with S43_OLD=1 the previous build ($DEV/old/pdbridge.xz) and this one alternating, and PyTorch's
-# forward after them (PEERS=1).
+# meanwhile): with S43_OLD=1 the previous build ($DEV/old/pdbridge.xz) and this one alternating, with S43_AB_ENV=X=Y
+# this build under that switch and without it alternating, and PyTorch's forward after them (PEERS=1).
 stage_session43() {
-  make_dsv4_test_models
+  [ -n "${S43_SKIP_DSV4:-}" ] || make_dsv4_test_models
   [ -f $M/llama8b/decoder-f16.gguf ] || ( $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16 \
     > $R/make_llama8b.log 2>&1; echo $? > $R/llama8b.rc ) &
-  run fused_tests_43 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4PreSumNorm*:CudaKernels.Dsv4CombineInThePostMix*:CudaMoeFp4.*:CudaKernels.Gemm*:CudaKernels.RmsNorm*'
-  run gemm_algos_43 env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaBench.GemmAlgorithmsAtLlama8bShapes'
+  run fused_tests_43 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaKernels.Dsv4PreSumNorm*:CudaKernels.Dsv4CombineInThePostMix*:CudaMoeFp4.*:CudaKernels.Gemm*:CudaKernels.RmsNorm*:CudaKernels.QkRows*'
+  [ -n "${S43_SKIP_GEMM:-}" ] || run gemm_algos_43 env PDBRIDGE_BENCH=1 timeout 300 $P/build/tests/unit_tests --gtest_filter='CudaBench.GemmAlgorithmsAtLlama8bShapes'
   if [ -n "${S43_RECIPE_TESTS:-}" ]; then
     make_test_models
-    run integration_recipe_43 timeout 400 $P/build/tests/integration_tests --gtest_filter='GpuRecipe*:CudaBridge*'
+    run integration_recipe_43 timeout 400 $P/build/tests/integration_tests --gtest_filter='GpuRecipe*:CudaBridge*:CudaParity.SharedKv*:CudaParity.BridgedState*'
   fi
-  run integration_dsv4_43 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
+  [ -n "${S43_SKIP_DSV4:-}" ] || run integration_dsv4_43 timeout 300 $P/build/tests/integration_tests --gtest_filter='Deepseek4Cuda.*:Deepseek4CudaBridge.*'
   [ -n "${S43_SKIP_DSV4:-}" ] || run dsv4_bench_session43 env BENCH_TOKENS=32768,131072 \
     BENCH_RUNS="${S43_RUNS:-fp4:32768 fp4:32768:PDBRIDGE_DSV4_F32=fp32 fp4:32768 fp4:32768:PDBRIDGE_DSV4_F32=fp32}" bash $DEV/dsv4_gpu.sh bench
   [ -f $M/llama8b/decoder-f16.gguf ] || { ts "waiting for the Llama-8B model"; while [ ! -e $R/llama8b.rc ]; do sleep 5; done; }
   local args="prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf --tokens 8192,32768 --reps 3 --chunk 4096 --out $R/bench.jsonl"
   [ -n "${S43_OLD:-}" ] && [ -f $DEV/old/pdbridge.xz ] && xz -dc $DEV/old/pdbridge.xz > $P/pdbridge-old && chmod +x $P/pdbridge-old
-  for i in 1 2; do
+  for i in $(seq 1 ${S43_PAIRS:-2}); do
     [ -x $P/pdbridge-old ] && run llama8b_old_$i $P/pdbridge-old bench $args --label llama8b-old-$i
+    [ -n "${S43_AB_ENV:-}" ] && run llama8b_switch_$i env "$S43_AB_ENV" $PDB bench $args --label "llama8b-$S43_AB_ENV-$i"
     run llama8b_new_$i $PDB bench $args --label llama8b-new-$i
   done
   [ "${PEERS:-1}" = 1 ] && [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
