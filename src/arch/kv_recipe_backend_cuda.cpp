@@ -490,7 +490,8 @@ class CudaBackend::Capture {
     return j;
   }
   // The chunk's embedding rows to embed_dev_ on the upload stream, behind the last chunk's layer-0 norm that read it. On
-  // the engine's stream the copy held its kernels (67 MB of f32 rows per 4K-token chunk of Llama-8B: 1.3-2.7 ms).
+  // the engine's stream the copy held its kernels (67 MB of f32 rows per 4K-token chunk of Llama-8B: over a millisecond
+  // at PCIe rates; with the recipe's f16 norm, +1.3-3.2% engine + recipe + frames, docs/RESULTS.md session 43).
   void upload_layer0() {
     if (job_.pos0 != chunk_pos0_ || job_.rows != chunk_rows_ || !job_.ready.valid()) {  // the engine chunked otherwise: make them now
       if (job_.ready.valid()) job_.ready.wait();
