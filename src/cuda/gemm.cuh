@@ -59,8 +59,6 @@ class Gemm {
   void xwt(DType ab, const void* x, const void* w, DType y_type, void* y, int64_t rows, int64_t in, int64_t out, float beta,
            cudaStream_t stream);
 
-  // FP8 e4m3 X [rows x in] and W [out x in] with their block scales (layout L), f32 accumulation;
-  // Y is bf16 or f32 (beta = 1 accumulates, f32 only). `in` and `out` are multiples of 128.
   // The library's first `count` algorithms for this product (the heuristic's order), each timed on the caller's
   // operands over `reps` runs after a warm-up (y is scratch: it is written), with a hash of its output's bits for y
   // zeroed first: what the heuristic's first choice leaves on the table, and whether the others give the same bits.
@@ -73,6 +71,8 @@ class Gemm {
   std::vector<AlgorithmTiming> time_algorithms(DType ab, const void* x, const void* w, DType y_type, void* y, int64_t rows, int64_t in, int64_t out,
                                                float beta, int count, int reps, cudaStream_t stream);
 
+  // FP8 e4m3 X [rows x in] and W [out x in] with their block scales (layout L), f32 accumulation;
+  // Y is bf16 or f32 (beta = 1 accumulates, f32 only). `in` and `out` are multiples of 128.
   void xwt_fp8(const Fp8ScaleLayout& L, const uint8_t* xq, const float* xs, const uint8_t* wq, const float* ws, DType y_type, void* y,
                int64_t rows, int64_t in, int64_t out, float beta, cudaStream_t stream);
 
