@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,moegap,moegap2,moegap3,session41,session41c,session42,session43,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,moegap,moegap2,moegap3,session41,session41c,session42,session43,session44,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -971,6 +971,29 @@ stage_session43() {
   done
   [ "${PEERS:-1}" = 1 ] && [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
 }
+# Session 44: the Llama-8B engine from its F16 GGUF (half products, the decoder's numerics; --kv-rows engine) beside the
+# checkpoint + F16 recipe path, the same model file; PDBRIDGE_CAPTURE_STATS=1 on the checkpoint path's e+r+f; with
+# S44_OLD=1 the previous build ($DEV/old/pdbridge.xz) alternating; the 43-layer DeepSeek-V4 bench unless S44_SKIP_DSV4=1.
+stage_session44() {
+  [ -n "${S44_SKIP_DSV4:-}" ] || make_dsv4_test_models
+  [ -f $M/llama8b/decoder-f16.gguf ] || ( $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16 \
+    > $R/make_llama8b.log 2>&1; echo $? > $R/llama8b.rc ) &
+  [ -n "${S44_TESTS:-}" ] && run tests_44 timeout 300 $P/build/tests/unit_tests --gtest_filter="${S44_TESTS}"
+  if [ -n "${S44_ITESTS:-}" ]; then make_test_models; run itests_44 timeout 400 $P/build/tests/integration_tests --gtest_filter="${S44_ITESTS}"; fi
+  [ -n "${S44_SKIP_DSV4:-}" ] || run dsv4_bench_session44 env BENCH_TOKENS=32768,131072 \
+    BENCH_RUNS="${S44_RUNS:-fp4:32768 fp4:32768:PDBRIDGE_DSV4_F32=fp32 fp4:32768}" bash $DEV/dsv4_gpu.sh bench
+  [ -f $M/llama8b/decoder-f16.gguf ] || { ts "waiting for the Llama-8B model"; while [ ! -e $R/llama8b.rc ]; do sleep 5; done; }
+  local T="--tokens 8192,32768 --reps 3 --chunk 4096 --out $R/bench.jsonl"
+  local ck="prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf $T --modes engine,engine+recipe+frames"
+  local gg="prefill --model $M/llama8b/decoder-f16.gguf --kv-rows engine $T --modes engine,engine+recipe,engine+recipe+frames"
+  [ -n "${S44_OLD:-}" ] && [ -f $DEV/old/pdbridge.xz ] && xz -dc $DEV/old/pdbridge.xz > $P/pdbridge-old && chmod +x $P/pdbridge-old
+  for i in $(seq 1 ${S44_PAIRS:-1}); do
+    [ -x $P/pdbridge-old ] && run gguf_old_$i $P/pdbridge-old bench $gg --label llama8b-gguf-f16-old-$i
+    run gguf_new_$i $PDB bench $gg --label llama8b-gguf-f16-new-$i
+    [ -n "${S44_SKIP_CK:-}" ] || run ckpt_stats_$i env PDBRIDGE_CAPTURE_STATS=1 $PDB bench $ck --label llama8b-ckpt-stats-$i
+  done
+  [ "${PEERS:-1}" = 1 ] && [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
+}
 # The f32 tensor products with k split in the server's 4,096-row chunks as the default: the twin tests and bench, the
 # suites with the defaults (the tiny models' chunks now take the tensor products) and with PDBRIDGE_DSV4_F32=fp32,
 # the layer bench at 32K prompts in 32K and 4K chunks, alternating with PDBRIDGE_DSV4_F32=fp32.
@@ -1057,7 +1080,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|session40f|session41|session41c|session42|session42a|session42b|session42c|session43|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|session40f|session41|session41c|session42|session42a|session42b|session42c|session43|session44|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac
