@@ -15,6 +15,9 @@ void embed_rows(const float* table, const int32_t* tokens, int64_t rows, int64_t
 void swiglu_rows(const __nv_bfloat16* gu, __nv_bfloat16* out, int64_t rows, int64_t ff, cudaStream_t s);
 // The same in f32 throughout (the decoder's; model/product_numerics.h).
 void swiglu_rows_f32(const float* gu, float* out, int64_t rows, int64_t ff, cudaStream_t s);
+// The same rounded to half as it is written: swiglu_rows_f32 then product_input_half(block 0) in one pass (the down
+// product's input under half numerics, without the f32 rows' write and read).
+void swiglu_rows_f32_half(const float* gu, __half* out, int64_t rows, int64_t ff, cudaStream_t s);
 // A product's activations as the decoder rounds them (model/product_numerics.h), as half: x [n] (f32, or bf16 when
 // !x_f32; n a multiple of `block`) quantized per block first (0: none; 32: Q8_0 values as q8_0_round_trip; 256: Q8_K
 // values as q8_k_round_trip), then rounded to half. CPU twin: the round trips' host twins, then f32 -> f16.

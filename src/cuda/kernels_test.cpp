@@ -320,7 +320,21 @@ TEST(CudaKernels, QkvRopeMatchesItsTwinWithAndWithoutHeadNorms) {
     a.rows = rows; a.pos0 = pos0; a.n_heads = H; a.n_kv_heads = KV; a.head_dim = D; a.inv_freq = dinv.as<float>();
     a.q_norm = norms ? dqn.as<float>() : nullptr; a.k_norm = norms ? dkn.as<float>() : nullptr; a.eps = 1e-6f; a.kv_capacity = cap;
     cuda::qkv_rope_to_cache(dqkv.as<__nv_bfloat16>(), dq.as<__nv_bfloat16>(), dkc.as<__nv_bfloat16>(), dvc.as<__nv_bfloat16>(), a, nullptr);
+    // The f32 form on the same values (bf16 holds them exactly): the same bits in q and both caches.
+    auto dqkv32 = to_device_f32(qkv);
+    auto dq32 = poisoned(rq.size() * 2), dkc32 = poisoned(rk.size() * 2), dvc32 = poisoned(rv.size() * 2);
+    PDB_CUDA_CHECK(cudaMemcpy(dkc32.get(), dkc.get(), rk.size() * 2, cudaMemcpyDeviceToDevice));  // the rows before pos0 alike
+    PDB_CUDA_CHECK(cudaMemcpy(dvc32.get(), dvc.get(), rv.size() * 2, cudaMemcpyDeviceToDevice));
+    cuda::qkv_rope_to_cache(dqkv32.as<float>(), dq32.as<__nv_bfloat16>(), dkc32.as<__nv_bfloat16>(), dvc32.as<__nv_bfloat16>(), a, nullptr);
     PDB_CUDA_CHECK(cudaDeviceSynchronize());
+    auto bits = [](const cuda::DeviceBuffer& b, size_t n) {
+      std::vector<uint16_t> v(n);
+      b.download(v.data(), n * 2);
+      return v;
+    };
+    EXPECT_EQ(bits(dq32, rq.size()), bits(dq, rq.size())) << "q from f32 rows, norms " << norms;
+    EXPECT_EQ(bits(dkc32, rk.size()), bits(dkc, rk.size())) << "K from f32 rows, norms " << norms;
+    EXPECT_EQ(bits(dvc32, rv.size()), bits(dvc, rv.size())) << "V from f32 rows, norms " << norms;
     auto slice = [&](const std::vector<float>& cache) {  // rows pos0.. of every head
       std::vector<float> o;
       for (int h = 0; h < KV; ++h) o.insert(o.end(), cache.begin() + (h * cap + pos0) * D, cache.begin() + (h * cap + pos0 + rows) * D);
@@ -567,8 +581,10 @@ TEST(CudaKernels, ProductInputsAreRoundedAsTheDecoderRoundsThem) {
   }
   EXPECT_THROW(cuda::product_input_half(nullptr, true, 100, 32, nullptr, nullptr), std::invalid_argument);
   EXPECT_THROW(cuda::product_input_half(nullptr, true, 256, 64, nullptr, nullptr), std::invalid_argument);
-  {
-    const int64_t r = 5, ff = 3000;
+  // SwiGLU in f32 (4 columns a thread where the width allows, else one), and its half output: the f32 result's bits
+  // rounded to half, as product_input_half rounds them.
+  for (const int64_t ff : {int64_t(3000), int64_t(1001)}) {
+    const int64_t r = 5;
     auto gu = randn(size_t(r * 2 * ff), 3.0f);
     std::vector<float> ref(size_t(r * ff));
     for (int64_t i = 0; i < r; ++i)
@@ -579,10 +595,17 @@ TEST(CudaKernels, ProductInputsAreRoundedAsTheDecoderRoundsThem) {
     auto dgu = to_device_f32(gu);
     auto dout = poisoned(ref.size() * 4);
     cuda::swiglu_rows_f32(dgu.as<float>(), dout.as<float>(), r, ff, nullptr);
+    auto dhalf = poisoned(ref.size() * 2), dtwo = poisoned(ref.size() * 2);
+    cuda::swiglu_rows_f32_half(dgu.as<float>(), dhalf.as<__half>(), r, ff, nullptr);
+    cuda::product_input_half(dout.get(), true, r * ff, 0, dtwo.as<__half>(), nullptr);
     PDB_CUDA_CHECK(cudaDeviceSynchronize());
     const double e = ref::rel_error(from_device_f32(dout, ref.size()), ref);
-    std::printf("swiglu f32 rel err %.2e\n", e);
+    std::printf("swiglu f32 (ff %lld) rel err %.2e\n", static_cast<long long>(ff), e);
     EXPECT_LT(e, 1e-6);
+    std::vector<uint16_t> one(ref.size()), two(ref.size());
+    dhalf.download(one.data(), one.size() * 2);
+    dtwo.download(two.data(), two.size() * 2);
+    EXPECT_EQ(one, two) << "swiglu_rows_f32_half against swiglu_rows_f32 then the half rounding, ff " << ff;
   }
 #endif
 }

@@ -46,10 +46,14 @@ __device__ __forceinline__ void store_fp8_row(const float* y, int lane, uint8_t*
   if (lane == 0) *scale = sc;
 }
 
+__device__ __forceinline__ float qkv_value(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ float qkv_value(const float* p) { return *p; }
+
 // One warp per (row, head). Lane i holds channels i, i+32, ...: the rotate-half partner of
-// channel c < D/2 is c + D/2, held by the same lane (D/2 is a multiple of 32).
-template <int D>
-__global__ void qkv_rope_kernel(const __nv_bfloat16* __restrict__ qkv, __nv_bfloat16* __restrict__ q_out,
+// channel c < D/2 is c + D/2, held by the same lane (D/2 is a multiple of 32). T: the product's type (bf16, or f32
+// for half products, whose f32 result is read without a bf16 copy in between).
+template <int D, class T>
+__global__ void qkv_rope_kernel(const T* __restrict__ qkv, __nv_bfloat16* __restrict__ q_out,
                                 __nv_bfloat16* __restrict__ k_cache, __nv_bfloat16* __restrict__ v_cache, QkvRopeArgs a) {
   constexpr int PER = D / 32;
   const int heads = a.n_heads + 2 * a.n_kv_heads;
@@ -58,10 +62,10 @@ __global__ void qkv_rope_kernel(const __nv_bfloat16* __restrict__ qkv, __nv_bflo
   const int lane = threadIdx.x % 32;
   const int64_t r = item / heads;
   const int h = int(item % heads);
-  const __nv_bfloat16* src = qkv + (r * heads + h) * D;
+  const T* src = qkv + (r * heads + h) * D;
   float x[PER];
 #pragma unroll
-  for (int i = 0; i < PER; ++i) x[i] = __bfloat162float(src[lane + 32 * i]);
+  for (int i = 0; i < PER; ++i) x[i] = qkv_value(src + lane + 32 * i);
   const int64_t pos = a.pos0 + r;
   if (h >= a.n_heads + a.n_kv_heads) {  // V: straight into the cache
     const int64_t at = int64_t(h - a.n_heads - a.n_kv_heads) * a.kv_capacity + pos;
@@ -182,18 +186,29 @@ void kv_rows_to_f16(const float* k, const float* v, const float* cs, int64_t row
   PDB_CUDA_LAUNCHED();
 }
 
-void qkv_rope_to_cache(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
-                       const QkvRopeArgs& a, cudaStream_t s) {
+namespace {
+template <class T>
+void qkv_rope_launch(const T* qkv, __nv_bfloat16* q_out, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache, const QkvRopeArgs& a, cudaStream_t s) {
   if (a.rows == 0) return;
   if (a.pos0 + a.rows > a.kv_capacity) throw std::invalid_argument("qkv_rope_to_cache: rows past the cache capacity");
   const int64_t items = a.rows * (a.n_heads + 2 * a.n_kv_heads);
   const unsigned grid = unsigned((items + kWarpsPerBlock - 1) / kWarpsPerBlock);
   switch (a.head_dim) {
-    case 64: qkv_rope_kernel<64><<<grid, 32 * kWarpsPerBlock, 0, s>>>(qkv, q_out, k_cache, v_cache, a); break;
-    case 128: qkv_rope_kernel<128><<<grid, 32 * kWarpsPerBlock, 0, s>>>(qkv, q_out, k_cache, v_cache, a); break;
+    case 64: qkv_rope_kernel<64, T><<<grid, 32 * kWarpsPerBlock, 0, s>>>(qkv, q_out, k_cache, v_cache, a); break;
+    case 128: qkv_rope_kernel<128, T><<<grid, 32 * kWarpsPerBlock, 0, s>>>(qkv, q_out, k_cache, v_cache, a); break;
     default: throw std::invalid_argument("qkv_rope_to_cache: head_dim must be 64 or 128");
   }
   PDB_CUDA_LAUNCHED();
+}
+}  // namespace
+
+void qkv_rope_to_cache(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
+                       const QkvRopeArgs& a, cudaStream_t s) {
+  qkv_rope_launch(qkv, q_out, k_cache, v_cache, a, s);
+}
+void qkv_rope_to_cache(const float* qkv, __nv_bfloat16* q_out, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache, const QkvRopeArgs& a,
+                       cudaStream_t s) {
+  qkv_rope_launch(qkv, q_out, k_cache, v_cache, a, s);
 }
 
 void rope_ggml_rows(float* k, const float* cs, int64_t rows, int n_heads, int head_dim, int n_dims, bool neox,

@@ -37,6 +37,10 @@ struct QkvRopeArgs {
 // [n_kv_heads x kv_capacity x head_dim].
 void qkv_rope_to_cache(const __nv_bfloat16* qkv, __nv_bfloat16* q_out, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache,
                        const QkvRopeArgs& a, cudaStream_t s);
+// The same from an f32 product (a half product's result, read without its bf16 copy): values that bf16 holds exactly
+// give the same bits as the bf16 form.
+void qkv_rope_to_cache(const float* qkv, __nv_bfloat16* q_out, __nv_bfloat16* k_cache, __nv_bfloat16* v_cache, const QkvRopeArgs& a,
+                       cudaStream_t s);
 
 // The decoder's RoPE on K rows [rows x n_heads x head_dim] (f32, in place). cs: [rows x n_dims]
 // interleaved cos, sin per pair (ggml_rope_cache's layout). k_norm: per-head RMSNorm applied first

@@ -37,6 +37,10 @@ class GqaAttentionCuda final : public CudaAttention {
     rows_of_layer_ = -1;  // the last layer's rows (made without its forward) are not this chunk's
   }
   void forward(int64_t layer, const bf16* x, float* h, const CudaChunk& c) override;
+  bool takes_half_rows(int64_t layer) const override {
+    const WeightProducts& p = layers_[size_t(layer)].wqkv.products();
+    return p.half && !p.act_block;
+  }
   CudaKvCache& kv() override { return kv_; }
   std::string enable_kv_rows() override;
   void kv_rows(int64_t layer, const bf16* x, const CudaChunk& c, const float** k, const float** v) override;
@@ -52,7 +56,8 @@ class GqaAttentionCuda final : public CudaAttention {
     CudaWeight wqkv, wo;          // bf16 [out x in], or e4m3 on the FP8 path; q|k|v fused along out
     DeviceBuffer wqkv_s, wo_s;    // FP8 path: f32 scale per 128x128 block, in the product's order
   };
-  void attend(int64_t layer, const CudaChunk& c);
+  // qkv32: the q|k|v product in f32 (half weights: read without a bf16 copy), else null (qkv_'s bf16 rows)
+  void attend(int64_t layer, const CudaChunk& c, const float* qkv32);
   CudaMatmul& mm_;
   int64_t H_, hd_, nh_, nkv_;
   bool kv_fp8_, fp8kv_fused_;
@@ -64,6 +69,7 @@ class GqaAttentionCuda final : public CudaAttention {
   bool kv_rows_ = false;
   int64_t rows_of_layer_ = -1;  // the layer whose k and v columns kv_rows made for the chunk in flight
   bool qkv_made_ = false;       // and whether it made the whole q|k|v product too (half weights: one product)
+  const float* qkv_f32_ = nullptr;  // that product in f32 (the matmul's scratch: nothing multiplies before attend reads it)
   int world_ = 1;
   DeviceBuffer kf_, vf_;  // --kv-rows engine: the chunk's K and V rows as f32 products [rows x kv_heads * head_dim]
   cuda::QkvRopeArgs ra_;  // kernel arguments that change only per chunk (rows, positions) or per layer (qwen3's norms)
@@ -182,22 +188,21 @@ std::string GqaAttentionCuda::enable_kv_rows() {
 }
 
 // Half weights (the decoder's numerics): the fused q|k|v product is made here, in f32, once: its k and v columns are
-// the rows (copied out), and its bf16 rounding is the attention's q|k|v (forward then multiplies nothing). Otherwise
+// the rows (copied out), and the attention's RoPE reads it as it is (forward then multiplies nothing). Otherwise
 // two products beside the fused one, whose bf16 output would round the rows 4x coarser than an f16 cache: the k and v
 // slices of the same weight (rows nh*hd.. of [out x in]) with f32 output.
 void GqaAttentionCuda::kv_rows(int64_t l, const bf16* x, const CudaChunk& c, const float** k, const float** v) {
   if (!kv_rows_) throw std::logic_error("kv_rows: enable_kv_rows was not called");
   const CudaWeight& wqkv = layers_[size_t(l)].wqkv;
   const int64_t C = nkv_ * hd_, out = (nh_ + 2 * nkv_) * hd_;
-  const void* xin = c.xf ? static_cast<const void*>(c.xf) : x;
-  const cuda::DType xt = c.xf ? cuda::DType::F32 : cuda::DType::BF16;
+  const void* xin = c.decoder_rows() ? c.decoder_rows() : x;
+  const cuda::DType xt = c.decoder_rows() ? c.decoder_rows_type() : cuda::DType::BF16;
   *k = kf_.as<float>();
   *v = vf_.as<float>();
   rows_of_layer_ = l;
   qkv_made_ = wqkv.products().half;
   if (qkv_made_) {
-    const float* y = mm_.half_product_f32(xin, xt, wqkv, c.n, H_, out, c.s);
-    cuda::f32_to_bf16(y, qkv_.as<bf16>(), c.n * out, c.s);
+    const float* y = qkv_f32_ = mm_.half_product_f32(xin, xt, wqkv, c.n, H_, out, c.s);
     PDB_CUDA_CHECK(cudaMemcpy2DAsync(kf_.get(), size_t(C) * 4, y + nh_ * hd_, size_t(out) * 4, size_t(C) * 4, size_t(c.n), cudaMemcpyDeviceToDevice, c.s));
     PDB_CUDA_CHECK(cudaMemcpy2DAsync(vf_.get(), size_t(C) * 4, y + nh_ * hd_ + C, size_t(out) * 4, size_t(C) * 4, size_t(c.n), cudaMemcpyDeviceToDevice, c.s));
     return;
@@ -217,25 +222,33 @@ void GqaAttentionCuda::forward(int64_t l, const bf16* x, float* h, const CudaChu
   rows_of_layer_ = -1;
   const int64_t out = kv_made ? nh_ * hd_ : (nh_ + 2 * nkv_) * hd_;
   void* y = kv_made ? q_.get() : qkv_.get();
-  if (!qkv_made && c.xf)
-    mm_(c.xf, cuda::DType::F32, Lw.wqkv, Lw.wqkv_s, c.n, H_, out, cuda::DType::BF16, y, 0.0f, c.s);
+  // half weights: the product in f32, read by the RoPE as it is (rounded once, to the cache's and q's bf16)
+  const float* qkv32 = qkv_made ? qkv_f32_ : nullptr;
+  if (!qkv_made && c.decoder_rows() && Lw.wqkv.products().half)
+    qkv32 = mm_.half_product_f32(c.decoder_rows(), c.decoder_rows_type(), Lw.wqkv, c.n, H_, out, c.s);
+  else if (!qkv_made && c.decoder_rows())
+    mm_(c.decoder_rows(), c.decoder_rows_type(), Lw.wqkv, Lw.wqkv_s, c.n, H_, out, cuda::DType::BF16, y, 0.0f, c.s);
   else if (!qkv_made)
     mm_(x, Lw.wqkv, Lw.wqkv_s, c.n, H_, out, cuda::DType::BF16, y, 0.0f, c.s);
   if (kv_made && !qkv_made) cuda::assemble_qkv_rows(q_.as<bf16>(), kf_.as<float>(), vf_.as<float>(), c.n, nh_ * hd_, nkv_ * hd_, qkv_.as<bf16>(), c.s);
   ra_.q_norm = Lw.q_norm.bytes() ? Lw.q_norm.as<float>() : nullptr;
   ra_.k_norm = Lw.k_norm.bytes() ? Lw.k_norm.as<float>() : nullptr;
-  attend(l, c);
+  attend(l, c, qkv32);
   mm_(att_.get(), Lw.wo, Lw.wo_s, c.n, nh_ * hd_, H_, cuda::DType::F32, h, 1.0f, c.s);
 }
 
 // RoPE into this layer's cache rows, then the attention of the chunk's queries over every key so far.
-void GqaAttentionCuda::attend(int64_t l, const CudaChunk& c) {
+void GqaAttentionCuda::attend(int64_t l, const CudaChunk& c, const float* qkv32) {
   const int64_t nkv = nkv_, hd = hd_, cap = kv_.capacity;
   cudaStream_t s = c.s;
+  auto rope = [&](bf16* kc, bf16* vc) {
+    if (qkv32) cuda::qkv_rope_to_cache(qkv32, q_.as<bf16>(), kc, vc, ra_, s);
+    else cuda::qkv_rope_to_cache(qkv_.as<bf16>(), q_.as<bf16>(), kc, vc, ra_, s);
+  };
   if (!kv_fp8_) {
     bf16* kc = kv_.k.as<bf16>() + l * nkv * cap * hd;
     bf16* vc = kv_.v.as<bf16>() + l * nkv * cap * hd;
-    cuda::qkv_rope_to_cache(qkv_.as<bf16>(), q_.as<bf16>(), kc, vc, ra_, s);
+    rope(kc, vc);
     if (!c.skip_attention) cuda::causal_attention(q_.as<bf16>(), kc, vc, att_.as<bf16>(), as_, s);
     return;
   }
@@ -243,7 +256,7 @@ void GqaAttentionCuda::attend(int64_t l, const CudaChunk& c) {
   ra_.v_fp8 = kv_.v.as<uint8_t>() + l * nkv * cap * hd;
   ra_.k_scale = kv_.ks.as<float>() + l * nkv * cap;
   ra_.v_scale = kv_.vs.as<float>() + l * nkv * cap;
-  cuda::qkv_rope_to_cache(qkv_.as<bf16>(), q_.as<bf16>(), nullptr, nullptr, ra_, s);
+  rope(nullptr, nullptr);
   if (c.skip_attention) return;  // bench prefill's engine-no-attention: the expansion and the attention both left out
   if (fp8kv_fused_) {
     cuda::causal_attention_fp8kv(q_.as<bf16>(), ra_.k_fp8, ra_.v_fp8, ra_.k_scale, ra_.v_scale, att_.as<bf16>(), as_, s);

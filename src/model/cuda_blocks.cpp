@@ -73,6 +73,10 @@ void CudaMatmul::reserve(int64_t chunk, int64_t max_in, int64_t hidden, int64_t 
 
 const void* CudaMatmul::half_input(const void* x, cuda::DType xt, const CudaWeight& w, int64_t n, int64_t in, cudaStream_t s) {
   const int block = w.products().act_block;
+  if (xt == cuda::DType::F16) {
+    if (block) throw std::logic_error("CudaMatmul: half rows for a product that quantizes its activations first");
+    return x;
+  }
   if (block && in % block) throw std::logic_error(fmt::format("CudaMatmul: rows of {} values are not whole q8 blocks of {}", in, block));
   if (xh_.bytes() < size_t(n * in) * 2) throw std::logic_error("CudaMatmul: reserve before a product under the decoder's numerics");
   cuda::product_input_half(x, xt == cuda::DType::F32, n * in, block, xh_.as<__half>(), s);
@@ -95,6 +99,7 @@ void CudaMatmul::operator()(const void* x, cuda::DType xt, const CudaWeight& w, 
     if (beta != 0.0f) throw std::logic_error("CudaMatmul: a half product's bf16 result added into another");
     return cuda::f32_to_bf16(half_product_f32(x, xt, w, n, in, out, s), static_cast<bf16*>(y), n * out, s);
   }
+  if (xt == cuda::DType::F16) throw std::logic_error("CudaMatmul: half rows for a product that is not half");
   if (xt == cuda::DType::F32) {  // bf16 weights among the decoder's (a BF16 GGUF tensor): the rows as bf16
     if (fp8_ || xh_.bytes() < size_t(n * in) * 2) throw std::logic_error("CudaMatmul: f32 rows into a bf16 product without its scratch");
     cuda::f32_to_bf16(static_cast<const float*>(x), xh_.as<bf16>(), n * in, s);

@@ -8,6 +8,7 @@
 //   cuda_ffn.cpp           — SwiGLU (FP8 products; a rank's columns), routed experts (cuda_moe_ffn.h), both
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -37,6 +38,13 @@ struct CudaChunk {
   // Under the decoder's numerics (model/product_numerics.h): the block's normed rows in f32 [n x hidden], what the
   // decoder quantizes its activations from (the bf16 rows beside them serve the blocks that keep bf16 products).
   const float* xf = nullptr;
+  // Where every product of the block takes its rows rounded to half, and nothing else reads them
+  // (CudaAttention/CudaFfn::takes_half_rows): the normed rows as half, written by the norm itself, in place of xf and the
+  // bf16 rows (one pass instead of the f32 rows, their bf16 copy and each product's half copy). xf is then null.
+  const __half* xh = nullptr;
+  // What a block's decoder-numerics products read: the half rows or the f32 ones (null without the decoder's numerics).
+  const void* decoder_rows() const { return xh ? static_cast<const void*>(xh) : static_cast<const void*>(xf); }
+  cuda::DType decoder_rows_type() const { return xh ? cuda::DType::F16 : cuda::DType::F32; }
 };
 
 // Y = X W^T for an activation X [n x in]: a bf16 product; on the FP8 path X quantized per 1x128 block and a
@@ -63,7 +71,7 @@ class CudaMatmul {
     (*this)(x, cuda::DType::BF16, w, ws, n, in, out, yt, y, beta, s);
   }
   // X [n x in] (f32 or bf16) rounded for a half product with weights of w's kind, in this matmul's scratch (valid
-  // until its next product).
+  // until its next product); half rows (xt F16, already rounded) are read in place where w's products quantize nothing.
   const void* half_input(const void* x, cuda::DType xt, const CudaWeight& w, int64_t n, int64_t in, cudaStream_t s);
   // A half weight's product (w.products().half) in f32, in this matmul's scratch (valid until its next product): the
   // f32 the bf16 result of operator() is rounded from.
@@ -114,6 +122,8 @@ class CudaAttention {
   virtual void begin_chunk(const CudaChunk& c) = 0;
   // h[n x hidden] += attention(x) W_o^T, layer `layer` (this rank's heads); x the normed rows (bf16).
   virtual void forward(int64_t layer, const __nv_bfloat16* x, float* h, const CudaChunk& c) = 0;
+  // Whether layer `layer`'s products all take the normed rows as half without quantizing them (CudaChunk::xh).
+  virtual bool takes_half_rows(int64_t /*layer*/) const { return false; }
   virtual CudaKvCache& kv() = 0;
   // The decoder's cache rows from the engine's own products (--kv-rows engine): K and V of the normed rows x as f32
   // products with this layer's weights, before RoPE and qwen3's k norm. They are the decoder's rows up to the
@@ -143,6 +153,7 @@ class CudaFfn {
   virtual int64_t swiglu_width() const = 0;  // this rank's SwiGLU columns (0: none)
   virtual bool routed() const = 0;
   virtual void forward(const __nv_bfloat16* x, float* h, CudaFfnScratch& scratch, CudaMatmul& mm, const CudaChunk& c) = 0;
+  virtual bool takes_half_rows() const { return false; }  // as CudaAttention::takes_half_rows
   virtual size_t weight_bytes() const = 0;
 };
 

@@ -131,7 +131,7 @@ int64_t CudaEngine::widest_product_input() const { return std::max({cfg_.hidden_
 int64_t CudaEngine::widest_bf16_product() const { return (shard_.q_heads + 2 * shard_.kv_heads) * cfg_.head_dim; }
 
 size_t CudaEngine::buffer_bytes() const {
-  return tokens_.bytes() + h_.bytes() + x_.bytes() + xf_.bytes() + attention_->buffer_bytes() + ffn_scratch_.bytes() + matmul_->scratch_bytes();
+  return tokens_.bytes() + h_.bytes() + x_.bytes() + xf_.bytes() + xh_.bytes() + attention_->buffer_bytes() + ffn_scratch_.bytes() + matmul_->scratch_bytes();
 }
 
 size_t CudaEngine::bytes_for_prompt(int64_t T, int64_t chunk) const {
@@ -141,7 +141,7 @@ size_t CudaEngine::bytes_for_prompt(int64_t T, int64_t chunk) const {
   size_t b = attention_->prompt_bytes(T, chunk, std::max<int64_t>(cfg_.num_layers - 1, 1));
   const size_t act = decoder_numerics() ? 4 : 2;  // the SwiGLU's gate|up and output: f32 under the decoder's numerics
   b += size_t(chunk) * size_t(4 + H * 4 + H * 2) + size_t(rows - chunk) * size_t(H * 4 + H * 2) + size_t(rows) * size_t(3 * F) * act;
-  if (decoder_numerics()) b += size_t(chunk * H) * 4;
+  if (decoder_numerics()) b += size_t(chunk * H) * 6;  // the f32 rows (xf_) and the half ones (xh_)
   if (any_routed()) b += CudaMoeFfn::bytes_for(cfg_, chunk);  // (the whole experts' width: an upper bound for a rank)
   return b + matmul_->scratch_bytes_for(chunk, widest_product_input(), H, widest_bf16_product());
 }
@@ -180,7 +180,10 @@ void CudaEngine::reserve(int64_t T, int64_t chunk, int64_t cache_layers) {
   tokens_.resize(size_t(chunk) * 4);
   h_.resize(size_t(rows_cap * H) * 4);
   x_.resize(size_t(rows_cap * H) * 2);
-  if (decoder_numerics()) xf_.resize(size_t(rows_cap * H) * 4);
+  if (decoder_numerics()) {
+    xf_.resize(size_t(rows_cap * H) * 4);
+    xh_.resize(size_t(rows_cap * H) * 2);
+  }
   const size_t act = decoder_numerics() ? 4 : 2;
   if (F > 0) {
     ffn_scratch_.gu.resize(size_t(rows_cap * 2 * F) * act);
@@ -263,11 +266,15 @@ void CudaEngine::keep_state(int64_t processed, std::shared_ptr<EngineState>* kee
 }
 
 // A block's normed rows: bf16 for the products; under the decoder's numerics f32 first (CudaChunk::xf), what the
-// decoder rounds its activations from, and bf16 from them for the blocks that keep bf16 products.
-void CudaEngine::norm_rows(const float* h, const cuda::DeviceBuffer& w, const CudaChunk& ch) {
+// decoder rounds its activations from, and bf16 from them for the blocks that keep bf16 products; or, for a block
+// whose products all take half rows (half_rows), those alone (CudaChunk::xh: the same bits as rounding the f32 rows).
+void CudaEngine::norm_rows(const float* h, const cuda::DeviceBuffer& w, CudaChunk& ch, bool half_rows) {
   const int64_t H = cfg_.hidden_size;
   const float eps = float(cfg_.rms_norm_eps);
-  if (!ch.xf) return cuda::rmsnorm_rows_bf16(h, w.as<float>(), x_.as<bf16>(), ch.n, H, eps, ch.s);
+  if (!decoder_numerics()) return cuda::rmsnorm_rows_bf16(h, w.as<float>(), x_.as<bf16>(), ch.n, H, eps, ch.s);
+  ch.xh = half_rows ? xh_.as<__half>() : nullptr;
+  ch.xf = half_rows ? nullptr : xf_.as<float>();
+  if (half_rows) return cuda::rmsnorm_rows_f16(h, w.as<float>(), xh_.as<__half>(), ch.n, H, eps, ch.s);
   cuda::rmsnorm_rows(h, w.as<float>(), xf_.as<float>(), ch.n, H, eps, ch.s);
   cuda::f32_to_bf16(xf_.as<float>(), x_.as<bf16>(), ch.n * H, ch.s);
 }
@@ -338,7 +345,7 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
       if (last && !kv_tap_) break;
       if (last && kv_rows_stats_) last_layer_spans_.begin(s);
       if (quant_) quant_->expand(l, s, last ? attention_->kv_rows_weights_end(l) : SIZE_MAX);  // the last: its K/V rows only
-      norm_rows(h, in_norm_[size_t(l)], ch);
+      norm_rows(h, in_norm_[size_t(l)], ch, attention_->takes_half_rows(l));
       if (kv_tap_) {
         const float *k = nullptr, *v = nullptr;
         if (kv_rows_stats_) kv_rows_spans_.begin(s);
@@ -351,7 +358,7 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
       partial_residual();
       attention_->forward(l, x, h, ch);
       reduce_residual();
-      norm_rows(h, post_norm_[size_t(l)], ch);
+      norm_rows(h, post_norm_[size_t(l)], ch, ffns_[size_t(l)]->takes_half_rows());
       partial_residual();
       ffns_[size_t(l)]->forward(x, h, ffn_scratch_, *matmul_, ch);
       reduce_residual();

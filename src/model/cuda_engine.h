@@ -104,7 +104,7 @@ class CudaEngine {
   int64_t widest_product_input() const;  // the FP8 path's activation scratch
   int64_t widest_bf16_product() const;   // the decoder's numerics: the widest product with a bf16 result (q|k|v)
   bool decoder_numerics() const { return numerics_ != ProductNumerics::bf16; }
-  void norm_rows(const float* h, const cuda::DeviceBuffer& w, const CudaChunk& ch);
+  void norm_rows(const float* h, const cuda::DeviceBuffer& w, CudaChunk& ch, bool half_rows);
   size_t buffer_bytes() const;
   void keep_state(int64_t processed, std::shared_ptr<EngineState>* keep, size_t keep_max_bytes);
   void resume_from(ResumePoint resume, int64_t tokens);
@@ -132,6 +132,7 @@ class CudaEngine {
   cuda::DeviceBuffer tokens_, h_, x_;  // per prompt, grown on demand and kept for the next one
   ProductNumerics numerics_ = ProductNumerics::bf16;
   cuda::DeviceBuffer xf_;  // the decoder's numerics: the normed rows in f32 (CudaChunk::xf)
+  cuda::DeviceBuffer xh_;  // or as half, for a block whose products all take them so (CudaChunk::xh)
   bool kv_fp8_ = false;
   // kv_fp8: the attention converts each fp8 tile itself (PDBRIDGE_FP8KV_FUSED=1) instead of reading one
   // layer's rows expanded to bf16 beforehand (a buffer of one layer's bf16 K/V).

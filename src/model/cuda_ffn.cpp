@@ -37,9 +37,16 @@ class SwigluFfnCuda final : public CudaFfn {
   }
   int64_t swiglu_width() const override { return ff_; }
   bool routed() const override { return false; }
+  bool takes_half_rows() const override { return wgu_.products().half && !wgu_.products().act_block; }
   void forward(const bf16* x, float* h, CudaFfnScratch& sc, CudaMatmul& mm, const CudaChunk& c) override {
-    if (c.xf) {  // the decoder's numerics: gate, up and their SwiGLU in f32, the products' inputs rounded as it rounds them
-      mm(c.xf, cuda::DType::F32, wgu_, wgu_s_, c.n, H_, 2 * ff_, cuda::DType::F32, sc.gu.get(), 0.0f, c.s);
+    if (c.xf || c.xh) {  // the decoder's numerics: gate, up and their SwiGLU in f32, the products' inputs rounded as it rounds them
+      mm(c.decoder_rows(), c.decoder_rows_type(), wgu_, wgu_s_, c.n, H_, 2 * ff_, cuda::DType::F32, sc.gu.get(), 0.0f, c.s);
+      const WeightProducts& down = wd_.products();
+      if (down.half && !down.act_block) {  // rounded to half as the SwiGLU writes them: the down product reads them in place
+        cuda::swiglu_rows_f32_half(sc.gu.as<float>(), sc.act.as<__half>(), c.n, ff_, c.s);
+        mm(sc.act.get(), cuda::DType::F16, wd_, wd_s_, c.n, ff_, H_, cuda::DType::F32, h, 1.0f, c.s);
+        return;
+      }
       cuda::swiglu_rows_f32(sc.gu.as<float>(), sc.act.as<float>(), c.n, ff_, c.s);
       mm(sc.act.get(), cuda::DType::F32, wd_, wd_s_, c.n, ff_, H_, cuda::DType::F32, h, 1.0f, c.s);
       return;
