@@ -991,7 +991,21 @@ stage_session44() {
     [ -x $P/pdbridge-old ] && run gguf_old_$i $P/pdbridge-old bench $gg --label llama8b-gguf-f16-old-$i
     run gguf_new_$i $PDB bench $gg --label llama8b-gguf-f16-new-$i
     [ -n "${S44_SKIP_CK:-}" ] || run ckpt_stats_$i env PDBRIDGE_CAPTURE_STATS=1 $PDB bench $ck --label llama8b-ckpt-stats-$i
+    [ -n "${S44_CK_AB:-}" ] && run ckpt_ab_$i env PDBRIDGE_CAPTURE_STATS=1 "$S44_CK_AB" $PDB bench $ck --label "llama8b-ckpt-$S44_CK_AB-$i"
   done
+  # S44_MOE=1: Qwen3-30B-A3B's shapes at 8 layers as an F16 GGUF (made on the device, no checkpoint), old and new builds
+  # alternating, and PyTorch's forward (grouped_mm experts) on the same shapes
+  if [ -n "${S44_MOE:-}" ]; then
+    wait
+    local Q=$M/qwen30b8f16
+    [ -f $Q/decoder-f16.gguf ] || run make_qwen30b8_f16 $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 11 --out $Q --no-hf --hf-dtype bf16 --gguf-types f16
+    local mq="prefill --model $Q/decoder-f16.gguf --kv-rows engine $T --modes engine,engine+recipe+frames"
+    for i in 1 2; do
+      [ -x $P/pdbridge-old ] && run moe_old_$i $P/pdbridge-old bench $mq --label qwen3moe-8l-f16-old-$i
+      run moe_new_$i $PDB bench $mq --label qwen3moe-8l-f16-new-$i
+    done
+    [ "${PEERS:-1}" = 1 ] && [ -f $DEV/torch_moe_peer.py ] && PYTHONUNBUFFERED=1 run torch_moe_peer python3 $DEV/torch_moe_peer.py qwen3moe 8
+  fi
   [ "${PEERS:-1}" = 1 ] && [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
 }
 # The f32 tensor products with k split in the server's 4,096-row chunks as the default: the twin tests and bench, the

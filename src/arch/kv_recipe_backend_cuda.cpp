@@ -296,8 +296,9 @@ class CudaBackend::Capture {
     const Tuning t = Tuning::from_env();
     stats_.on = t.capture_stats == "1";
     hand_over_frames_ = t.frames != "copy";
-    // an f16 cache without rotation: the rows' bytes in one pass
-    fused_ = t.rows_fused == "1" && spec.k_type == GgmlType::F16 && spec.v_type == GgmlType::F16 && !rot_k_ && !spec.rot_v;
+    // an f16 cache without rotation: the rows' bytes in one pass after the products (the same bytes; PDBRIDGE_ROWS_FUSED=0:
+    // the passes one by one)
+    fused_ = t.rows_fused != "0" && spec.k_type == GgmlType::F16 && spec.v_type == GgmlType::F16 && !rot_k_ && !spec.rot_v;
     for (auto& s : b_.slots_) s.state = Slot::Free;
   }
 
@@ -451,9 +452,12 @@ class CudaBackend::Capture {
     b_.gpu_recipe_.normalize(layer, src, rows, st, b_.normed_[nb].as<float>());
     PDB_CUDA_CHECK(cudaEventRecord(b_.normed_ready_[nb], st));
     PDB_CUDA_CHECK(cudaStreamWaitEvent(rs, b_.normed_ready_[nb], 0));
-    b_.gpu_recipe_.kv_from_normed(layer, b_.normed_[nb].as<float>(), rows, rs, staged().dk.as<float>(), staged().dv.as<float>());
+    const float* x = b_.normed_[nb].as<float>();
+    Staging& g = staged();
+    const bool encoded = fused_ && b_.gpu_recipe_.kv_f16_from_normed(layer, x, rows, rs, g.dk.as<float>(), g.dv.as<float>(), g.dkq.get(), g.dvq.get());
+    if (!encoded) b_.gpu_recipe_.kv_from_normed(layer, x, rows, rs, g.dk.as<float>(), g.dv.as<float>());
     PDB_CUDA_CHECK(cudaEventRecord(b_.normed_free_[nb], rs));
-    send(s, rs);
+    send(s, rs, encoded);
     stats_.end(rs);
   }
 

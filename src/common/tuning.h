@@ -48,7 +48,7 @@ struct Tuning {
                                  // whatever their size (the default: 128 where they fill the GPU twice)
   std::string act_quant;         // PDBRIDGE_ACT_QUANT=0: the CPU engine's products with a GGUF's quantized weights in f32
   std::string readback;          // PDBRIDGE_READBACK=copy: small device results reach the host by cudaMemcpyAsync, not mapped stores
-  std::string rows_fused;        // PDBRIDGE_ROWS_FUSED=1: the GPU backend's engine rows of an f16 cache in one kernel
+  std::string rows_fused;        // PDBRIDGE_ROWS_FUSED=0: the GPU backend's rows of an f16 cache in five passes, not one
   std::string capture_stats;     // PDBRIDGE_CAPTURE_STATS=1: each GPU capture's rows timed part by part, on stderr (no path changes)
   std::string frames;            // PDBRIDGE_FRAMES=copy: the GPU backend copies its pinned slot buffers into frames (default: they leave as the frames)
 

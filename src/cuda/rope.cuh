@@ -51,8 +51,9 @@ void rope_ggml_rows(float* k, const float* cs, int64_t rows, int n_heads, int he
 
 // The engine's K and V rows [rows x n_heads x head_dim] (f32) straight into an f16 cache's bytes in one pass: K from
 // HF's order where hf_order (as qk_rows_to_gguf_order), k_norm and the decoder's RoPE (as rope_ggml_rows), both
-// rounded to f16 (as encode_rows); k_out and v_out hold rows x n_heads x head_dim halves. (PDBRIDGE_ROWS_FUSED=1:
-// the GPU backend's engine rows for an f16 cache without rotation, in place of two copies, the RoPE and two encodes.)
+// rounded to f16 (as encode_rows); k_out and v_out hold rows x n_heads x head_dim halves. (The GPU backend's rows for
+// an f16 cache without rotation, the engine's or the recipe's, in place of two copies, the RoPE and two encodes;
+// PDBRIDGE_ROWS_FUSED=0 runs those.)
 void kv_rows_to_f16(const float* k, const float* v, const float* cs, int64_t rows, int n_heads, int head_dim, int n_dims, bool neox, bool hf_order,
                     const float* k_norm, float eps, void* k_out, void* v_out, cudaStream_t s);
 

@@ -45,6 +45,10 @@ class GpuRecipe {
   // bits); else f32. kv_from_normed uses this object's scratch: calls of it must be ordered (one stream).
   void normalize(int layer, const float* d_h, int64_t rows, cudaStream_t s, float* d_x);
   void kv_from_normed(int layer, const float* d_x, int64_t rows, cudaStream_t s, float* d_k, float* d_v);
+  // The same rows as an f16 cache's bytes without rotation (k_f16, v_f16: rows x n_embd_kv halves): the products into
+  // d_k/d_v (f32 scratch), then qwen3's K norm, the RoPE and both roundings in one pass (cuda::kv_rows_to_f16: the
+  // same bytes as kv_from_normed and two encodes). False where it does not apply (MLA), nothing done.
+  bool kv_f16_from_normed(int layer, const float* d_x, int64_t rows, cudaStream_t s, float* d_k, float* d_v, void* k_f16, void* v_f16);
   bool normed_as_f16(int layer) const;
   // The engine's K/V rows (CudaEngine::KvTap: products before RoPE) into d_k/d_v as kv_f32 leaves them: K in the
   // GGUF's row order where the converter permuted it (hf_k_order: the engine's K is in HF's), qwen3's K norm and the
