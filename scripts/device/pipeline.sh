@@ -976,18 +976,21 @@ stage_session43() {
 # S44_OLD=1 the previous build ($DEV/old/pdbridge.xz) alternating; the 43-layer DeepSeek-V4 bench unless S44_SKIP_DSV4=1.
 stage_session44() {
   [ -n "${S44_SKIP_DSV4:-}" ] || make_dsv4_test_models
-  [ -f $M/llama8b/decoder-f16.gguf ] || ( $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16 \
+  local llama=1
+  [ -n "${S44_SKIP_GGUF:-}" ] && [ -n "${S44_SKIP_CK:-}" ] && llama=
+  [ -z "$llama" ] || [ -f $M/llama8b/decoder-f16.gguf ] || ( $PDB make-model --arch llama --preset 8b --seed 7 --out $M/llama8b --hf-dtype bf16 --gguf-types f16 \
     > $R/make_llama8b.log 2>&1; echo $? > $R/llama8b.rc ) &
   [ -n "${S44_TESTS:-}" ] && run tests_44 timeout 300 $P/build/tests/unit_tests --gtest_filter="${S44_TESTS}"
   if [ -n "${S44_ITESTS:-}" ]; then make_test_models; run itests_44 timeout 400 $P/build/tests/integration_tests --gtest_filter="${S44_ITESTS}"; fi
   [ -n "${S44_SKIP_DSV4:-}" ] || run dsv4_bench_session44 env BENCH_TOKENS=32768,131072 \
     BENCH_RUNS="${S44_RUNS:-fp4:32768 fp4:32768:PDBRIDGE_DSV4_F32=fp32 fp4:32768}" bash $DEV/dsv4_gpu.sh bench
-  [ -f $M/llama8b/decoder-f16.gguf ] || { ts "waiting for the Llama-8B model"; while [ ! -e $R/llama8b.rc ]; do sleep 5; done; }
-  local T="--tokens 8192,32768 --reps 3 --chunk 4096 --out $R/bench.jsonl"
+  [ -z "$llama" ] || [ -f $M/llama8b/decoder-f16.gguf ] || { ts "waiting for the Llama-8B model"; while [ ! -e $R/llama8b.rc ]; do sleep 5; done; }
+  local T="--tokens ${S44_TOKENS:-8192,32768} --reps 3 --chunk 4096 --out $R/bench.jsonl"
   local ck="prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf $T --modes engine,engine+recipe+frames"
   local gg="prefill --model $M/llama8b/decoder-f16.gguf --kv-rows engine $T --modes engine,engine+recipe,engine+recipe+frames"
   [ -n "${S44_OLD:-}" ] && [ -f $DEV/old/pdbridge.xz ] && xz -dc $DEV/old/pdbridge.xz > $P/pdbridge-old && chmod +x $P/pdbridge-old
   for i in $(seq 1 ${S44_PAIRS:-1}); do
+    [ -n "${S44_SKIP_GGUF:-}" ] && break
     [ -x $P/pdbridge-old ] && run gguf_old_$i $P/pdbridge-old bench $gg --label llama8b-gguf-f16-old-$i
     run gguf_new_$i $PDB bench $gg --label llama8b-gguf-f16-new-$i
     [ -n "${S44_SKIP_CK:-}" ] || run ckpt_stats_$i env PDBRIDGE_CAPTURE_STATS=1 $PDB bench $ck --label llama8b-ckpt-stats-$i
@@ -999,10 +1002,10 @@ stage_session44() {
     wait
     local Q=$M/qwen30b8f16
     [ -f $Q/decoder-f16.gguf ] || run make_qwen30b8_f16 $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 11 --out $Q --no-hf --hf-dtype bf16 --gguf-types f16
-    local mq="prefill --model $Q/decoder-f16.gguf --kv-rows engine $T --modes engine,engine+recipe+frames"
-    for i in 1 2; do
+    local mq="prefill --model $Q/decoder-f16.gguf --kv-rows engine $T --modes ${S44_MOE_MODES:-engine,engine+recipe+frames}"
+    for i in $(seq 1 ${S44_MOE_PAIRS:-2}); do
       [ -x $P/pdbridge-old ] && run moe_old_$i $P/pdbridge-old bench $mq --label qwen3moe-8l-f16-old-$i
-      run moe_new_$i $PDB bench $mq --label qwen3moe-8l-f16-new-$i
+      run moe_new_$i env ${S44_MOE_ENV:-PDBRIDGE_NONE=} $PDB bench $mq --label qwen3moe-8l-f16-new-$i
     done
     [ "${PEERS:-1}" = 1 ] && [ -f $DEV/torch_moe_peer.py ] && PYTHONUNBUFFERED=1 run torch_moe_peer python3 $DEV/torch_moe_peer.py qwen3moe 8
   fi
