@@ -407,11 +407,14 @@ TEST(CudaParity, BridgedStateAgainstTheDecodersOwn) {
 // weights where the CPU decoder takes Q8/f16 ones: the tolerance class (rel RMS), not the mirrored one. Bounds: layer
 // 0 within 1% RMS of the decoder's (bf16 rounding of the normed rows and the weights is ~0.3% per element), every
 // layer within parity's 5%.
+// Half products (an F16 GGUF): the rows are read inside the q|k|v product (rows wider than K's), in one pass for an
+// f16 cache and through copies for a q8_0 one.
 TEST(CudaParity, EngineKvRowsFromTheDecodersGguf) {
   PDB_SKIP_WITHOUT_GPU();
-  struct Case { std::string model, gguf, cache; };
+  struct Case { std::string model, gguf, cache; ProductNumerics numerics = ProductNumerics::bf16; };
   for (const Case& c : {Case{"llama-tiny", "q4_0", "f16"}, Case{"qwen3-tiny", "q8_0", "f16"}, Case{"llama-tiny", "f16", "q8_0"},
-                       Case{"qwen3moe-tiny", "q8_0", "f16"}, Case{"deepseek2-small", "q8_0", "f16"}}) {
+                       Case{"qwen3moe-tiny", "q8_0", "f16"}, Case{"deepseek2-small", "q8_0", "f16"},
+                       Case{"llama-tiny-h16", "f16", "f16", ProductNumerics::half}, Case{"llama-tiny-h16", "f16", "q8_0", ProductNumerics::half}}) {
     const std::string mdir = c.model == "deepseek2-small" ? deepseek2_small_dir() : test::models_dir() + "/" + c.model;
     test::Stack st(test::parity_stack_options(mdir, c.gguf, c.cache));
     const int T = 700;
@@ -419,15 +422,15 @@ TEST(CudaParity, EngineKvRowsFromTheDecodersGguf) {
     std::shared_ptr<const Recipe> recipe = Recipe::load(st.decoder_gguf, 2);
     double rel[2][2] = {};  // [decoder rows, engine rows][layer 0, worst layer]
     for (int engine_rows = 0; engine_rows < 2; ++engine_rows) {
-      auto backend = make_cuda_backend(st.decoder_gguf, recipe, 2, 256, false, 1, false, 0, engine_rows == 1);
+      auto backend = make_cuda_backend(st.decoder_gguf, recipe, 2, 256, false, 1, false, 0, engine_rows == 1, c.numerics);
       if (engine_rows) EXPECT_NE(backend->weights().find("engine's K/V products"), std::string::npos) << backend->weights();
       auto [native, ours, fid] = test::native_and_bridged_states(st, *backend, tokens, 256);
       const auto layer0 = diff_states(native, ours, 1), all = diff_states(native, ours);
       ASSERT_TRUE(all.same_layout) << all.layout_note;
       for (const auto& t : layer0.tensors) rel[engine_rows][0] = std::max(rel[engine_rows][0], t.rel_rms());
       for (const auto& t : all.tensors) rel[engine_rows][1] = std::max(rel[engine_rows][1], t.rel_rms());
-      std::printf("CUDA KV ROWS %s %s cache=%s rows from the %s: layer0 %.4f%% identical, rel RMS %.3g | worst layer rel RMS %.3g\n",
-                  c.model.c_str(), c.gguf.c_str(), c.cache.c_str(), engine_rows ? "engine" : "recipe", layer0.pct_identical(),
+      std::printf("CUDA KV ROWS %s %s cache=%s %s products, rows from the %s: layer0 %.4f%% identical, rel RMS %.3g | worst layer rel RMS %.3g\n",
+                  c.model.c_str(), c.gguf.c_str(), c.cache.c_str(), product_numerics_name(c.numerics), engine_rows ? "engine" : "recipe", layer0.pct_identical(),
                   rel[engine_rows][0], rel[engine_rows][1]);
     }
     EXPECT_LE(rel[1][0], 0.01) << c.model << " " << c.gguf;

@@ -342,8 +342,8 @@ class CudaBackend::Capture {
     const ResumePoint from = resume ? ResumePoint{reuse->resume_state.get(), reuse->resume_tokens} : ResumePoint{};
     CudaEngine::DeviceHook hook;
     if (b_.engine_rows_) {
-      b_.engine_.rank0().set_kv_tap([this](int layer, const float* k, const float* v, int64_t rows, int64_t pos0, cudaStream_t st) {
-        rows_from_engine(layer, k, v, rows, pos0, st);
+      b_.engine_.rank0().set_kv_tap([this](int layer, const float* k, const float* v, int64_t ld, int64_t rows, int64_t pos0, cudaStream_t st) {
+        rows_from_engine(layer, k, v, ld, rows, pos0, st);
       });
     } else {
       job_ = start_embedding(from.tokens, 0);
@@ -462,15 +462,15 @@ class CudaBackend::Capture {
   }
 
   // --kv-rows engine: on the engine's stream (its K/V buffers are rewritten at the next layer), RoPE and type only.
-  void rows_from_engine(int layer, const float* k, const float* v, int64_t rows, int64_t pos0, cudaStream_t st) {
+  void rows_from_engine(int layer, const float* k, const float* v, int64_t ld, int64_t rows, int64_t pos0, cudaStream_t st) {
     if (stopped_) return;
     if (layer == 0) b_.gpu_recipe_.set_positions(pos0, rows, st);
     Slot& s = next_slot(layer, rows, pos0, st);
     stats_.begin(st);
-    if (fused_ && b_.gpu_recipe_.rows_f16_from_engine(layer, k, v, rows, hf_k_order_, st, staged().dkq.get(), staged().dvq.get())) {
+    if (fused_ && b_.gpu_recipe_.rows_f16_from_engine(layer, k, v, ld, rows, hf_k_order_, st, staged().dkq.get(), staged().dvq.get())) {
       send(s, st, true);
     } else {
-      b_.gpu_recipe_.rows_from_engine(layer, k, v, rows, hf_k_order_, st, staged().dk.as<float>(), staged().dv.as<float>());
+      b_.gpu_recipe_.rows_from_engine(layer, k, v, ld, rows, hf_k_order_, st, staged().dk.as<float>(), staged().dv.as<float>());
       send(s, st);
     }
     stats_.end(st);

@@ -256,9 +256,10 @@ TEST(CudaBench, GemmAlgorithmsAtLlama8bShapes) {
 #endif
 }
 
-// The engine rows of an f16 cache in one pass (cuda::kv_rows_to_f16, PDBRIDGE_ROWS_FUSED=1) against the passes it
-// replaces (HF order to the GGUF's or a copy, rope_ggml_rows with and without the K norm, encode_rows to F16): the
-// same bytes, in both RoPE modes, a partial rotation and both row orders.
+// The rows of an f16 cache in one pass (cuda::kv_rows_to_f16, the default; PDBRIDGE_ROWS_FUSED=0 runs the passes)
+// against the passes it replaces (HF order to the GGUF's or a copy, rope_ggml_rows with and without the K norm,
+// encode_rows to F16): the same bytes, in both RoPE modes, a partial rotation, both row orders, packed rows and rows
+// read inside a wider product.
 TEST(CudaKernels, KvRowsToF16AreTheUnfusedPassesBytes) {
   SKIP_WITHOUT_GPU();
 #ifdef PDBRIDGE_HAVE_CUDA
@@ -296,7 +297,26 @@ TEST(CudaKernels, KvRowsToF16AreTheUnfusedPassesBytes) {
           fv.download(got_v.data(), size_t(n) * 2);
           EXPECT_EQ(got_k, want_k) << "K, n_dims " << n_dims << (neox ? " neox" : " normal") << (hf_order ? " hf order" : "") << (with_norm ? " normed" : "");
           EXPECT_EQ(got_v, want_v) << "V";
+          // The same rows read inside a wider product (K's and V's columns of rows `wide` floats apart): the same bytes.
+          const int64_t C = heads * hd, wide = 3 * C + 64;
+          std::vector<float> w(size_t(rows * wide), std::nanf(""));
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < C; ++c) {
+              w[size_t(r * wide + C + c)] = k[size_t(r * C + c)];
+              w[size_t(r * wide + 2 * C + c)] = v[size_t(r * C + c)];
+            }
+          auto dw = to_device_f32(w);
+          auto sk = poisoned(size_t(n) * 2), sv = poisoned(size_t(n) * 2);
+          cuda::kv_rows_to_f16(dw.as<float>() + C, dw.as<float>() + 2 * C, dcs.as<float>(), rows, heads, hd, n_dims, neox, hf_order, kn, 1e-6f, sk.get(),
+                               sv.get(), nullptr, wide);
+          PDB_CUDA_CHECK(cudaDeviceSynchronize());
+          sk.download(got_k.data(), size_t(n) * 2);
+          sv.download(got_v.data(), size_t(n) * 2);
+          EXPECT_EQ(got_k, want_k) << "K from rows " << wide << " apart";
+          EXPECT_EQ(got_v, want_v) << "V from rows " << wide << " apart";
         }
+  EXPECT_THROW(cuda::kv_rows_to_f16(nullptr, nullptr, nullptr, 1, heads, hd, 128, false, false, nullptr, 1e-6f, nullptr, nullptr, nullptr, 100),
+               std::invalid_argument);
 #endif
 }
 

@@ -151,13 +151,14 @@ __global__ void rope_ggml_kernel(float* __restrict__ k, int64_t row_stride, cons
 // (the same expressions), both rows rounded as encode_rows' F16.
 __global__ void kv_rows_f16_kernel(const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ cs, int n_heads, int head_dim,
                                    int n_dims, bool neox, bool hf_order, const float* __restrict__ k_norm, float eps, __half* __restrict__ k_out,
-                                   __half* __restrict__ v_out) {
+                                   __half* __restrict__ v_out, int64_t in_stride) {
   const int64_t r = blockIdx.x / n_heads;
   const int64_t base = int64_t(blockIdx.x) * head_dim;  // row r, head blockIdx.x % n_heads
+  const int64_t in = r * in_stride + int64_t(blockIdx.x % n_heads) * head_dim;  // the same in rows in_stride apart
   __shared__ float buf[kMaxHeadDim];
   __shared__ double red[kMaxHeadDim];
   const int t = threadIdx.x;
-  float x = k[base + (hf_order ? (t % 2) * (head_dim / 2) + t / 2 : t)];
+  float x = k[in + (hf_order ? (t % 2) * (head_dim / 2) + t / 2 : t)];
   if (k_norm) x = k_norm_value(x, k_norm, red, t, head_dim, eps);
   buf[t] = x;
   __syncthreads();
@@ -172,17 +173,19 @@ __global__ void kv_rows_f16_kernel(const float* __restrict__ k, const float* __r
     out = first ? x0 * c - x1 * s : x0 * s + x1 * c;
   }
   k_out[base + t] = __float2half_rn(out);
-  v_out[base + t] = __float2half_rn(v[base + t]);
+  v_out[base + t] = __float2half_rn(v[in + t]);
 }
 
 }  // namespace
 
 void kv_rows_to_f16(const float* k, const float* v, const float* cs, int64_t rows, int n_heads, int head_dim, int n_dims, bool neox, bool hf_order,
-                    const float* k_norm, float eps, void* k_out, void* v_out, cudaStream_t s) {
+                    const float* k_norm, float eps, void* k_out, void* v_out, cudaStream_t s, int64_t in_stride) {
   if (rows == 0) return;
   if (head_dim > kMaxHeadDim || n_dims > head_dim || n_dims % 2 || head_dim % 2) throw std::invalid_argument("kv_rows_to_f16: bad head_dim/n_dims");
+  if (in_stride == 0) in_stride = int64_t(n_heads) * head_dim;
+  if (in_stride < int64_t(n_heads) * head_dim) throw std::invalid_argument("kv_rows_to_f16: rows overlap (stride below the row)");
   kv_rows_f16_kernel<<<unsigned(rows * n_heads), unsigned(head_dim), 0, s>>>(k, v, cs, n_heads, head_dim, n_dims, neox, hf_order, k_norm, eps,
-                                                                          static_cast<__half*>(k_out), static_cast<__half*>(v_out));
+                                                                          static_cast<__half*>(k_out), static_cast<__half*>(v_out), in_stride);
   PDB_CUDA_LAUNCHED();
 }
 

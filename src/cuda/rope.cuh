@@ -53,9 +53,10 @@ void rope_ggml_rows(float* k, const float* cs, int64_t rows, int n_heads, int he
 // HF's order where hf_order (as qk_rows_to_gguf_order), k_norm and the decoder's RoPE (as rope_ggml_rows), both
 // rounded to f16 (as encode_rows); k_out and v_out hold rows x n_heads x head_dim halves. (The GPU backend's rows for
 // an f16 cache without rotation, the engine's or the recipe's, in place of two copies, the RoPE and two encodes;
-// PDBRIDGE_ROWS_FUSED=0 runs those.)
+// PDBRIDGE_ROWS_FUSED=0 runs those.) in_stride: floats from one input row to the next (0: a row's n_heads x head_dim),
+// e.g. the K and V columns of a q|k|v product read where the product wrote them.
 void kv_rows_to_f16(const float* k, const float* v, const float* cs, int64_t rows, int n_heads, int head_dim, int n_dims, bool neox, bool hf_order,
-                    const float* k_norm, float eps, void* k_out, void* v_out, cudaStream_t s);
+                    const float* k_norm, float eps, void* k_out, void* v_out, cudaStream_t s, int64_t in_stride = 0);
 
 // Q/K rows from HF's order into the order convert_hf_to_gguf permutes llama's rows into (per head, element 2i + a is
 // HF's a * head_dim/2 + i): the CPU twin is formats/hf_to_gguf.h's permute_qk_rows. in and out must not overlap.

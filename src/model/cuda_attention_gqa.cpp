@@ -43,7 +43,7 @@ class GqaAttentionCuda final : public CudaAttention {
   }
   CudaKvCache& kv() override { return kv_; }
   std::string enable_kv_rows() override;
-  void kv_rows(int64_t layer, const bf16* x, const CudaChunk& c, const float** k, const float** v) override;
+  void kv_rows(int64_t layer, const bf16* x, const CudaChunk& c, const float** k, const float** v, int64_t* ld) override;
   size_t kv_rows_weights_end(int64_t layer) const override { return layers_[size_t(layer)].wqkv.scratch_end(); }
   size_t buffer_bytes() const override {
     return kv_.bytes() + kx_.bytes() + vx_.bytes() + qkv_.bytes() + q_.bytes() + att_.bytes() + kf_.bytes() + vf_.bytes();
@@ -188,10 +188,11 @@ std::string GqaAttentionCuda::enable_kv_rows() {
 }
 
 // Half weights (the decoder's numerics): the fused q|k|v product is made here, in f32, once: its k and v columns are
-// the rows (copied out), and the attention's RoPE reads it as it is (forward then multiplies nothing). Otherwise
+// the rows (read where they lie, *ld the product's width), and the attention's RoPE reads it as it is (forward then
+// multiplies nothing). Otherwise
 // two products beside the fused one, whose bf16 output would round the rows 4x coarser than an f16 cache: the k and v
 // slices of the same weight (rows nh*hd.. of [out x in]) with f32 output.
-void GqaAttentionCuda::kv_rows(int64_t l, const bf16* x, const CudaChunk& c, const float** k, const float** v) {
+void GqaAttentionCuda::kv_rows(int64_t l, const bf16* x, const CudaChunk& c, const float** k, const float** v, int64_t* ld) {
   if (!kv_rows_) throw std::logic_error("kv_rows: enable_kv_rows was not called");
   const CudaWeight& wqkv = layers_[size_t(l)].wqkv;
   const int64_t C = nkv_ * hd_, out = (nh_ + 2 * nkv_) * hd_;
@@ -199,12 +200,14 @@ void GqaAttentionCuda::kv_rows(int64_t l, const bf16* x, const CudaChunk& c, con
   const cuda::DType xt = c.decoder_rows() ? c.decoder_rows_type() : cuda::DType::BF16;
   *k = kf_.as<float>();
   *v = vf_.as<float>();
+  *ld = C;
   rows_of_layer_ = l;
   qkv_made_ = wqkv.products().half;
   if (qkv_made_) {
     const float* y = qkv_f32_ = mm_.half_product_f32(xin, xt, wqkv, c.n, H_, out, c.s);
-    PDB_CUDA_CHECK(cudaMemcpy2DAsync(kf_.get(), size_t(C) * 4, y + nh_ * hd_, size_t(out) * 4, size_t(C) * 4, size_t(c.n), cudaMemcpyDeviceToDevice, c.s));
-    PDB_CUDA_CHECK(cudaMemcpy2DAsync(vf_.get(), size_t(C) * 4, y + nh_ * hd_ + C, size_t(out) * 4, size_t(C) * 4, size_t(c.n), cudaMemcpyDeviceToDevice, c.s));
+    *k = y + nh_ * hd_;
+    *v = y + nh_ * hd_ + C;
+    *ld = out;
     return;
   }
   const auto* w = wqkv.as<uint16_t>();  // bf16

@@ -38,7 +38,7 @@ class MlaAttentionCuda final : public CudaAttention {
   void forward(int64_t layer, const bf16* x, float* h, const CudaChunk& c) override;
   CudaKvCache& kv() override { return kv_; }
   std::string enable_kv_rows() override;
-  void kv_rows(int64_t layer, const bf16* x, const CudaChunk& c, const float** k, const float** v) override;
+  void kv_rows(int64_t layer, const bf16* x, const CudaChunk& c, const float** k, const float** v, int64_t* ld) override;
   size_t kv_rows_weights_end(int64_t layer) const override { return layers_[size_t(layer)].wfront.scratch_end(); }
   size_t buffer_bytes() const override {
     return kv_.bytes() + front_.bytes() + qa_.bytes() + qfull_.bytes() + q_.bytes() + ckv_.bytes() + kvb_.bytes() + att_.bytes() + cs_.bytes() +
@@ -155,13 +155,14 @@ std::string MlaAttentionCuda::enable_kv_rows() {
   return "";
 }
 
-void MlaAttentionCuda::kv_rows(int64_t l, const bf16* x, const CudaChunk& c, const float** k, const float** v) {
+void MlaAttentionCuda::kv_rows(int64_t l, const bf16* x, const CudaChunk& c, const float** k, const float** v, int64_t* ld) {
   if (!kv_rows_) throw std::logic_error("kv_rows: enable_kv_rows was not called");
   const int64_t qpart = ql_ ? ql_ : nh_ * qk_;
   const auto* w = layers_[size_t(l)].wfront.as<uint16_t>();  // bf16 [front_width x H]: q (or q_a) rows, then kv_a's
   gemm_.xwt(cuda::DType::BF16, x, w + qpart * H_, cuda::DType::F32, kvf_.get(), c.n, H_, kvl_ + rope_, 0.0f, c.s);
   *k = kvf_.as<float>();
   *v = nullptr;
+  *ld = kvl_ + rope_;
 }
 
 void MlaAttentionCuda::forward(int64_t l, const bf16* x, float* h, const CudaChunk& c) {

@@ -129,8 +129,10 @@ class CudaAttention {
   // products with this layer's weights, before RoPE and qwen3's k norm. They are the decoder's rows up to the
   // products' rounding only when the engine runs the decoder's GGUF. enable_kv_rows before reserve: "" when this
   // attention has such rows, else why not (FP8 products; a rank's heads). MLA's are its latent's product, before the norm.
+  // *ld: floats from one row of k (and v) to the next: the rows may lie inside a wider product.
   virtual std::string enable_kv_rows() { return "this attention has no separate K/V rows"; }
-  virtual void kv_rows(int64_t /*layer*/, const __nv_bfloat16* /*x*/, const CudaChunk& /*c*/, const float** /*k*/, const float** /*v*/) {}
+  virtual void kv_rows(int64_t /*layer*/, const __nv_bfloat16* /*x*/, const CudaChunk& /*c*/, const float** /*k*/, const float** /*v*/,
+                       int64_t* /*ld*/) {}
   // Where the weights kv_rows reads end in the layer's expanded scratch (CudaWeight::scratch_end): a layer run only for
   // its rows (the last) expands no more than that.
   virtual size_t kv_rows_weights_end(int64_t /*layer*/) const { return SIZE_MAX; }

@@ -348,11 +348,12 @@ int64_t CudaEngine::prefill(const std::vector<int32_t>& tokens, int64_t chunk, c
       norm_rows(h, in_norm_[size_t(l)], ch, attention_->takes_half_rows(l));
       if (kv_tap_) {
         const float *k = nullptr, *v = nullptr;
+        int64_t ld = 0;
         if (kv_rows_stats_) kv_rows_spans_.begin(s);
-        attention_->kv_rows(l, x, ch, &k, &v);
+        attention_->kv_rows(l, x, ch, &k, &v, &ld);
         if (kv_rows_stats_) kv_rows_spans_.end(s);
         if (last && kv_rows_stats_) last_layer_spans_.end(s);
-        kv_tap_(int(l), k, v, ch.n, p0, s);
+        kv_tap_(int(l), k, v, ld, ch.n, p0, s);
         if (last) break;
       }
       partial_residual();

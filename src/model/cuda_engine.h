@@ -34,10 +34,11 @@ class CudaEngine {
   // (layer, d_h: [rows x hidden] f32 on the device, rows, first position, stream). Work the hook
   // enqueues on `stream` sees d_h as it enters the layer; d_h changes after the hook returns.
   using DeviceHook = std::function<void(int layer, const float* d_h, int64_t rows, int64_t pos0, cudaStream_t stream)>;
-  // (layer, d_k, d_v: [rows x kv_heads * head_dim] f32 on the device, before RoPE, rows, first position, stream): the
-  // layer's K/V rows as the engine's own products (CudaAttention::kv_rows), valid for work enqueued on `stream`
-  // during the call. Every layer's, the last included.
-  using KvTap = std::function<void(int layer, const float* d_k, const float* d_v, int64_t rows, int64_t pos0, cudaStream_t stream)>;
+  // (layer, d_k, d_v: rows of kv_heads * head_dim f32 on the device, ld floats apart, before RoPE, rows, first position,
+  // stream): the layer's K/V rows as the engine's own products (CudaAttention::kv_rows), valid for work enqueued on
+  // `stream` during the call. Every layer's, the last included.
+  using KvTap =
+      std::function<void(int layer, const float* d_k, const float* d_v, int64_t ld, int64_t rows, int64_t pos0, cudaStream_t stream)>;
 
   // kv_fp8: the engine keeps its own K/V as e4m3 rows with one scale per head row (about half of bf16's
   // memory, for very long prompts); needs head_dim 128 on an sm_90 GPU (the wgmma attention kernel).

@@ -201,29 +201,38 @@ void GpuRecipe::rope_k(int layer, float* d_k, int64_t rows, cudaStream_t s) {
                        in.norm_eps, s);
 }
 
-void GpuRecipe::rows_from_engine(int layer, const float* k, const float* v, int64_t rows, bool hf_k_order, cudaStream_t s, float* d_k,
+void GpuRecipe::rows_from_engine(int layer, const float* k, const float* v, int64_t ld, int64_t rows, bool hf_k_order, cudaStream_t s, float* d_k,
                                  float* d_v) {
   const auto& in = cpu_.info();
   check(layer, rows);
-  const size_t bytes = size_t(rows * in.n_embd_kv()) * 4;
+  const int64_t C = in.n_embd_kv();
+  auto copy_rows = [&](float* dst, const float* src) {  // rows ld apart into rows C apart
+    PDB_CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(C) * 4, src, size_t(ld) * 4, size_t(C) * 4, size_t(rows), cudaMemcpyDeviceToDevice, s));
+  };
   if (in.mla()) {  // the engine's kv_a product [latent | k_pe]: the latent's norm and k_pe's RoPE are the decoder's
-    PDB_CUDA_CHECK(cudaMemcpyAsync(d_k, k, bytes, cudaMemcpyDeviceToDevice, s));
+    copy_rows(d_k, k);
     return deepseek2_row(layer, d_k, rows, s);
   }
-  if (hf_k_order) cuda::qk_rows_to_gguf_order(k, d_k, rows, int(in.n_head_kv), int(in.head_dim), s);
-  else PDB_CUDA_CHECK(cudaMemcpyAsync(d_k, k, bytes, cudaMemcpyDeviceToDevice, s));
-  PDB_CUDA_CHECK(cudaMemcpyAsync(d_v, v, bytes, cudaMemcpyDeviceToDevice, s));
+  if (hf_k_order && ld != C) {  // the reorder reads packed rows: d_v holds them until V's own copy
+    copy_rows(d_v, k);
+    cuda::qk_rows_to_gguf_order(d_v, d_k, rows, int(in.n_head_kv), int(in.head_dim), s);
+  } else if (hf_k_order) {
+    cuda::qk_rows_to_gguf_order(k, d_k, rows, int(in.n_head_kv), int(in.head_dim), s);
+  } else {
+    copy_rows(d_k, k);
+  }
+  copy_rows(d_v, v);
   rope_k(layer, d_k, rows, s);
 }
 
-bool GpuRecipe::rows_f16_from_engine(int layer, const float* k, const float* v, int64_t rows, bool hf_k_order, cudaStream_t s, void* k_f16,
-                                     void* v_f16) {
+bool GpuRecipe::rows_f16_from_engine(int layer, const float* k, const float* v, int64_t ld, int64_t rows, bool hf_k_order, cudaStream_t s,
+                                     void* k_f16, void* v_f16) {
   const auto& in = cpu_.info();
   if (in.mla()) return false;
   check(layer, rows);
   const float* kn = k_norm_.empty() ? nullptr : k_norm_[size_t(layer)].as<float>();
   cuda::kv_rows_to_f16(k, v, cs_.as<float>(), rows, int(in.n_head_kv), int(in.head_dim), in.rope.n_dims, in.rope.mode == RopeMode::Neox, hf_k_order,
-                       kn, in.norm_eps, k_f16, v_f16, s);
+                       kn, in.norm_eps, k_f16, v_f16, s, ld);
   return true;
 }
 

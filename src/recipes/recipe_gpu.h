@@ -53,10 +53,13 @@ class GpuRecipe {
   // The engine's K/V rows (CudaEngine::KvTap: products before RoPE) into d_k/d_v as kv_f32 leaves them: K in the
   // GGUF's row order where the converter permuted it (hf_k_order: the engine's K is in HF's), qwen3's K norm and the
   // decoder's RoPE on K. MLA: k is the kv_a product [latent | k_pe] (v unused), normed and roped as kv_f32 does.
-  void rows_from_engine(int layer, const float* k, const float* v, int64_t rows, bool hf_k_order, cudaStream_t s, float* d_k, float* d_v);
+  // k and v: rows ld floats apart (CudaAttention::kv_rows).
+  void rows_from_engine(int layer, const float* k, const float* v, int64_t ld, int64_t rows, bool hf_k_order, cudaStream_t s, float* d_k,
+                        float* d_v);
   // The same rows of an f16 cache without rotation as its bytes (k_f16, v_f16: rows x n_embd_kv halves) in one pass
   // (cuda::kv_rows_to_f16); false where it does not apply (MLA), nothing done.
-  bool rows_f16_from_engine(int layer, const float* k, const float* v, int64_t rows, bool hf_k_order, cudaStream_t s, void* k_f16, void* v_f16);
+  bool rows_f16_from_engine(int layer, const float* k, const float* v, int64_t ld, int64_t rows, bool hf_k_order, cudaStream_t s, void* k_f16,
+                            void* v_f16);
 
  private:
   struct Weight {
