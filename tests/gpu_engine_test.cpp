@@ -524,7 +524,27 @@ TEST(CudaBridge, EngineKvRowsOnlyFromTheDecodersGguf) {
   o.device = "cpu";
   refused("for --device cuda");
   o.kv_rows = "mine";
-  refused("decoder or engine");
+  refused("auto, decoder or engine");
+}
+
+// --kv-rows auto (the default): the engine's rows only where they are the recipe's arithmetic (the GGUF itself, F16
+// q/k/v, half products); everything else keeps the recipe's. Decided before anything loads onto a GPU.
+TEST(CudaBridge, EngineKvRowsByDefaultOnlyWhereTheyAreTheRecipes) {
+  const std::string h16 = test::models_dir() + "/llama-tiny-h16/decoder-f16.gguf", q8 = test::models_dir() + "/llama-tiny/decoder-q8_0.gguf";
+  auto recipe_of = [](const std::string& g) { return Recipe::load(g, 1)->info(); };
+  BackendOptions o{.model = h16, .recipe = h16, .device = "cuda"};
+  EXPECT_EQ(o.kv_rows, "auto");
+  EXPECT_TRUE(kv_rows_from_engine(o, ProductNumerics::half, recipe_of(h16)));
+  EXPECT_FALSE(kv_rows_from_engine(o, ProductNumerics::bf16, recipe_of(h16))) << "bf16 products are not the decoder's";
+  o.device = "cpu";
+  EXPECT_FALSE(kv_rows_from_engine(o, ProductNumerics::half, recipe_of(h16)));
+  o = BackendOptions{.model = q8, .recipe = q8, .device = "cuda"};
+  EXPECT_FALSE(kv_rows_from_engine(o, ProductNumerics::half, recipe_of(q8))) << "Q8_0 q/k/v: the recipe's Q8 activations";
+  o = BackendOptions{.model = test::models_dir() + "/llama-tiny-h16/hf", .recipe = h16, .device = "cuda"};
+  EXPECT_FALSE(kv_rows_from_engine(o, ProductNumerics::half, recipe_of(h16))) << "a checkpoint's products";
+  o.kv_rows = "decoder";
+  o.model = h16;
+  EXPECT_FALSE(kv_rows_from_engine(o, ProductNumerics::half, recipe_of(h16)));
 }
 
 }  // namespace pdb

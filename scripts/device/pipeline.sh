@@ -987,7 +987,8 @@ stage_session44() {
   [ -z "$llama" ] || [ -f $M/llama8b/decoder-f16.gguf ] || { ts "waiting for the Llama-8B model"; while [ ! -e $R/llama8b.rc ]; do sleep 5; done; }
   local T="--tokens ${S44_TOKENS:-8192,32768} --reps 3 --chunk 4096 --out $R/bench.jsonl"
   local ck="prefill --model $M/llama8b/hf --recipe $M/llama8b/decoder-f16.gguf $T --modes engine,engine+recipe+frames"
-  local gg="prefill --model $M/llama8b/decoder-f16.gguf --kv-rows engine $T --modes engine,engine+recipe,engine+recipe+frames"
+  # S44_KVROWS=" ": the GGUF runs with the default --kv-rows (auto)
+  local gg="prefill --model $M/llama8b/decoder-f16.gguf ${S44_KVROWS:---kv-rows engine} $T --modes engine,engine+recipe,engine+recipe+frames"
   [ -n "${S44_OLD:-}" ] && [ -f $DEV/old/pdbridge.xz ] && xz -dc $DEV/old/pdbridge.xz > $P/pdbridge-old && chmod +x $P/pdbridge-old
   for i in $(seq 1 ${S44_PAIRS:-1}); do
     [ -n "${S44_SKIP_GGUF:-}" ] && break

@@ -91,27 +91,13 @@ std::vector<std::string> deepseek4_config_mismatches(const std::string& model, c
   return out;
 }
 
-// --kv-rows: the engine's own K/V are the decoder's rows only when its weights are the decoder's: the same GGUF, or
-// one whose tensors equal it (type, shape, hash).
-bool kv_rows_from_engine(const BackendOptions& o) {
-  if (o.kv_rows == "decoder") return false;
-  if (o.kv_rows != "engine") throw std::invalid_argument(fmt::format("--kv-rows {}: decoder or engine", o.kv_rows));
-  if (o.device != "cuda") throw std::invalid_argument("--kv-rows engine is for --device cuda (the CPU engine's rows are the recipe's arithmetic already)");
-  if (!is_gguf_path(o.model))
-    throw std::invalid_argument("--kv-rows engine needs --model to be the decoder's GGUF: a checkpoint's K/V are not the decoder's rows");
-  if (o.model != o.recipe) {
-    const auto diff = gguf_weight_differences(*GgufFile::open(o.model), *GgufFile::open(o.recipe));
-    if (!diff.empty()) throw std::invalid_argument(fmt::format("--kv-rows engine: the model's weights are not the decoder's ({})", diff[0]));
-  }
-  return true;
-}
-
 // llama, qwen3, qwen3moe, deepseek2: the HF checkpoint's forward (model/cpu_engine, model/cuda_engine) with the
 // decoder's K/V recipe on its per-layer hook.
 std::unique_ptr<PrefillBackend> checkpoint_backend(const BackendOptions& o) {
-  const bool engine_rows = kv_rows_from_engine(o);
+  if (o.kv_rows == "engine") kv_rows_from_engine(o, ProductNumerics::bf16, RecipeInfo{});  // refused before anything loads
   const ProductNumerics numerics = resolve_numerics(o);
   std::shared_ptr<const Recipe> recipe = Recipe::load(o.recipe, o.threads);
+  const bool engine_rows = kv_rows_from_engine(o, numerics, recipe->info());
   if (o.device == "cuda")
     return make_cuda_backend(o.model, recipe, o.threads, o.chunk, o.kv_dtype == "fp8", o.tp, o.tp_one_gpu, o.max_gpu_mem_gib, engine_rows, numerics);
   return make_cpu_backend(std::make_shared<CpuEngine>(o.model, o.threads), recipe, o.faithful);
@@ -119,7 +105,7 @@ std::unique_ptr<PrefillBackend> checkpoint_backend(const BackendOptions& o) {
 
 // DeepSeek-V4: its own engines, the recipe's pooled sections inside them.
 std::unique_ptr<PrefillBackend> deepseek4_backend(const BackendOptions& o) {
-  if (o.kv_rows != "decoder") throw std::invalid_argument("--kv-rows engine: DeepSeek-V4 caches pooled sections only its recipe computes");
+  if (o.kv_rows == "engine") throw std::invalid_argument("--kv-rows engine: DeepSeek-V4 caches pooled sections only its recipe computes");
   if (o.numerics != "bf16" && o.numerics != "auto")
     throw std::invalid_argument("--numerics: the DeepSeek-V4 engine has its own products (its recipe's arithmetic)");
   return o.device == "cuda" ? make_cuda_dsv4_backend(o.recipe, o.model) : make_cpu_dsv4_backend(o.recipe, o.model);
@@ -134,6 +120,42 @@ const Architecture kArchitectures[] = {
 };
 
 }  // namespace
+
+// --kv-rows auto: the engine's rows where they are the recipe's own arithmetic, so that the recipe would only make the
+// same products again: the engine runs the decoder's GGUF itself (the same file) with half products, attention by
+// heads (not MLA's latent), and every layer's q, k and v weights are F16, whose activations every ggml backend rounds to
+// half as the recipe and the engine do. The rows then differ from the recipe's at most in the products' summation
+// order (CudaParity.EngineKvRowsFromTheDecodersGguf: the same bytes on llama-tiny-h16). Anything else: the recipe's.
+static bool engine_rows_are_the_recipes(const BackendOptions& o, ProductNumerics numerics, const RecipeInfo& info) {
+  if (o.device != "cuda" || numerics != ProductNumerics::half || info.mla() || !is_gguf_path(o.model) || o.model != o.recipe) return false;
+  const auto gguf = GgufFile::open(o.model);
+  int qkv = 0;
+  for (const auto& t : gguf->tensors()) {
+    if (t.name.rfind("blk.", 0) != 0) continue;
+    const bool proj = t.name.find(".attn_q.weight") != std::string::npos || t.name.find(".attn_k.weight") != std::string::npos ||
+                      t.name.find(".attn_v.weight") != std::string::npos;
+    if (t.name.find(".attn_qkv.") != std::string::npos || (proj && t.type != GgmlType::F16)) return false;
+    qkv += proj;
+  }
+  return qkv > 0 && qkv % 3 == 0;
+}
+
+// --kv-rows: the engine's own K/V are the decoder's rows only when its weights are the decoder's: the same GGUF, or
+// one whose tensors equal it (type, shape, hash).
+bool kv_rows_from_engine(const BackendOptions& o, ProductNumerics numerics, const RecipeInfo& info) {
+  if (o.kv_rows == "auto") return engine_rows_are_the_recipes(o, numerics, info);
+  if (o.kv_rows == "decoder") return false;
+  if (o.kv_rows != "engine") throw std::invalid_argument(fmt::format("--kv-rows {}: auto, decoder or engine", o.kv_rows));
+  if (o.device != "cuda") throw std::invalid_argument("--kv-rows engine is for --device cuda (the CPU engine's rows are the recipe's arithmetic already)");
+  if (!is_gguf_path(o.model))
+    throw std::invalid_argument("--kv-rows engine needs --model to be the decoder's GGUF: a checkpoint's K/V are not the decoder's rows");
+  if (o.model != o.recipe) {
+    const auto diff = gguf_weight_differences(*GgufFile::open(o.model), *GgufFile::open(o.recipe));
+    if (!diff.empty()) throw std::invalid_argument(fmt::format("--kv-rows engine: the model's weights are not the decoder's ({})", diff[0]));
+  }
+  return true;
+}
+
 
 // --numerics auto: the mode that measured closest to the decoders for this GGUF's weights (docs/RESULTS.md, "Numerics
 // that follow the decoder"): half products for float layer weights (F16/F32: the decoder's own values, 4x lower

@@ -22,8 +22,9 @@ struct BackendOptions {
   double max_gpu_mem_gib = 0;  // the CUDA engine's cap on the device's memory in use (0: none)
   bool faithful = true;  // CPU engine: the decoder's arithmetic (false: OpenBLAS, --cpu-fast)
   // CUDA: where the cache rows come from. "decoder": the recipe's products of the decoder's weights with its
-  // arithmetic; "engine": the engine's own K/V products (the model must be the decoder's GGUF).
-  std::string kv_rows = "decoder";
+  // arithmetic; "engine": the engine's own K/V products (the model must be the decoder's GGUF); "auto": the engine's
+  // where they are the recipe's arithmetic (the GGUF itself, F16 q/k/v under half products), else the decoder's.
+  std::string kv_rows = "auto";
   // CUDA, from the decoder's GGUF: how the engine's products round their operands (model/product_numerics.h); auto:
   // the mode measured closest to the decoders for the GGUF's weight types (half for F16/F32 weights, else bf16).
   std::string numerics = "auto";
@@ -42,6 +43,9 @@ const Architecture& architecture(const std::string& name);
 // The products' rounding BackendOptions::numerics asks for ("auto" resolved for its model); throws
 // std::invalid_argument where the mode cannot follow a decoder (not CUDA, not a GGUF, an unknown name).
 ProductNumerics resolve_numerics(const BackendOptions& o);
+// Whether the cache rows come from the engine's own K/V products (o.kv_rows: engine, decoder, or auto: where they are
+// the recipe's arithmetic); throws std::invalid_argument where engine rows cannot be the decoder's.
+bool kv_rows_from_engine(const BackendOptions& o, ProductNumerics numerics, const RecipeInfo& info);
 std::string tensor_parallel_architectures();  // "llama, qwen3, qwen3moe"
 
 }  // namespace pdb

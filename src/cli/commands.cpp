@@ -47,7 +47,8 @@ void register_make_model(CLI::App& app) {
 constexpr const char* KV_ROWS_HELP =
     "CUDA: the cache rows' source. decoder: recomputed from the residual with the decoder's weights and arithmetic; engine: the "
     "engine's own K/V products, RoPE'd and typed as the decoder does (deepseek2: its latent, normed as the decoder does; needs --model "
-    "to be the decoder's GGUF; not deepseek4)";
+    "to be the decoder's GGUF; not deepseek4); auto: engine where its products are the decoder's arithmetic (the GGUF itself with F16 "
+    "q/k/v weights under half products), else decoder";
 
 constexpr const char* NUMERICS_HELP =
     "CUDA, --model the decoder's GGUF: how the engine's products round their operands. bf16 (fastest); half (Metal's "
@@ -73,7 +74,7 @@ void register_prefill(CLI::App& app) {
   cmd->add_flag("--tp-one-gpu", o->tp_one_gpu, "With --tp N: every rank on GPU 0 (checks the sharded forward on one GPU; not faster)");
   cmd->add_option("--max-gpu-mem", o->max_gpu_mem_gib, "GiB of GPU memory the prefill may hold (weights, recipe and buffers; a prompt that needs more is refused, saying so)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--kv-rows", o->kv_rows, KV_ROWS_HELP)->check(CLI::IsMember({"decoder", "engine"}))->capture_default_str();
+  cmd->add_option("--kv-rows", o->kv_rows, KV_ROWS_HELP)->check(CLI::IsMember({"auto", "decoder", "engine"}))->capture_default_str();
   cmd->add_option("--numerics", o->numerics, NUMERICS_HELP)->check(CLI::IsMember({"auto", "bf16", "half", "cpu", "cuda"}))->capture_default_str();
   cmd->add_option("--threads", o->threads, "CPU threads (default: all cores)");
   cmd->add_option("--api-key", o->api_key, "Require Authorization: Bearer <key> (default: $PDBRIDGE_API_KEY)")->envname("PDBRIDGE_API_KEY");
@@ -144,7 +145,7 @@ void register_bench_prefill(CLI::App& app) {
   pre->add_flag("--tp-one-gpu", po->tp_one_gpu, "With --tp N: every rank on GPU 0 (the sharding's overhead, not a speed-up)");
   pre->add_option("--max-gpu-mem", po->max_gpu_mem_gib, "GiB of GPU memory the prefill may hold (a 24 GB card's budget on a larger one)")->check(CLI::PositiveNumber);
   pre->add_option("--cache-type", po->cache_type, "Decoder cache type for the recipe's rows");
-  pre->add_option("--kv-rows", po->kv_rows, KV_ROWS_HELP)->check(CLI::IsMember({"decoder", "engine"}));
+  pre->add_option("--kv-rows", po->kv_rows, KV_ROWS_HELP)->check(CLI::IsMember({"auto", "decoder", "engine"}));
   pre->add_option("--numerics", po->numerics, NUMERICS_HELP)->check(CLI::IsMember({"auto", "bf16", "half", "cpu", "cuda"}));
   pre->add_option("--modes", po->modes, "Only these modes (full-forward, engine, engine-no-attention, engine+recipe, engine+recipe+frames)")
       ->delimiter(',');
