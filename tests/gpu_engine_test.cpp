@@ -345,12 +345,13 @@ TEST(CudaBridge, ServesTheBridgeEndToEndWithARealCacheHit) {
 }
 
 // `pdbridge prefill --device cuda --model decoder.gguf` (no checkpoint, no --recipe): the bridge is complete, the
-// decoder's cache hit real.
+// decoder's cache hit real; an F16 file under --kv-rows auto (the engine's rows, its half products).
 TEST(CudaBridge, ServesTheBridgeFromTheDecodersGgufAlone) {
   PDB_SKIP_WITHOUT_GPU();
-  for (const std::string type : {"q4_0", "q8_0"}) {
-    test::StackOptions so = test::gguf_alone_stack_options("llama-tiny", type);
+  for (const std::string type : {"q4_0", "q8_0", "f16"}) {
+    test::StackOptions so = test::gguf_alone_stack_options(type == "f16" ? "llama-tiny-h16" : "llama-tiny", type);
     so.prefill_extra = {"--device", "cuda"};
+    if (type == "f16") so.prefill_extra.insert(so.prefill_extra.end(), {"--kv-rows", "auto"});
     test::Stack st(so);
     const std::string prompt = test::random_text(std::random_device{}(), 1500);
     nlohmann::json body = {{"prompt", prompt}, {"n_predict", 16}, {"temperature", 0}};
@@ -527,20 +528,19 @@ TEST(CudaBridge, EngineKvRowsOnlyFromTheDecodersGguf) {
   refused("auto, decoder or engine");
 }
 
-// --kv-rows auto (the default): the engine's rows only where they are the recipe's arithmetic (the GGUF itself, F16
-// q/k/v, half products); everything else keeps the recipe's. Decided before anything loads onto a GPU.
-TEST(CudaBridge, EngineKvRowsByDefaultOnlyWhereTheyAreTheRecipes) {
+// --kv-rows auto: the engine's rows only where they are the recipe's arithmetic (the GGUF itself, F16 q/k/v, half
+// products); everything else keeps the recipe's. Decided before anything loads onto a GPU.
+TEST(CudaBridge, EngineKvRowsUnderAutoOnlyWhereTheyAreTheRecipes) {
   const std::string h16 = test::models_dir() + "/llama-tiny-h16/decoder-f16.gguf", q8 = test::models_dir() + "/llama-tiny/decoder-q8_0.gguf";
   auto recipe_of = [](const std::string& g) { return Recipe::load(g, 1)->info(); };
-  BackendOptions o{.model = h16, .recipe = h16, .device = "cuda"};
-  EXPECT_EQ(o.kv_rows, "auto");
+  BackendOptions o{.model = h16, .recipe = h16, .device = "cuda", .kv_rows = "auto"};
   EXPECT_TRUE(kv_rows_from_engine(o, ProductNumerics::half, recipe_of(h16)));
   EXPECT_FALSE(kv_rows_from_engine(o, ProductNumerics::bf16, recipe_of(h16))) << "bf16 products are not the decoder's";
   o.device = "cpu";
   EXPECT_FALSE(kv_rows_from_engine(o, ProductNumerics::half, recipe_of(h16)));
-  o = BackendOptions{.model = q8, .recipe = q8, .device = "cuda"};
+  o = BackendOptions{.model = q8, .recipe = q8, .device = "cuda", .kv_rows = "auto"};
   EXPECT_FALSE(kv_rows_from_engine(o, ProductNumerics::half, recipe_of(q8))) << "Q8_0 q/k/v: the recipe's Q8 activations";
-  o = BackendOptions{.model = test::models_dir() + "/llama-tiny-h16/hf", .recipe = h16, .device = "cuda"};
+  o = BackendOptions{.model = test::models_dir() + "/llama-tiny-h16/hf", .recipe = h16, .device = "cuda", .kv_rows = "auto"};
   EXPECT_FALSE(kv_rows_from_engine(o, ProductNumerics::half, recipe_of(h16))) << "a checkpoint's products";
   o.kv_rows = "decoder";
   o.model = h16;

@@ -23,8 +23,9 @@ struct BackendOptions {
   bool faithful = true;  // CPU engine: the decoder's arithmetic (false: OpenBLAS, --cpu-fast)
   // CUDA: where the cache rows come from. "decoder": the recipe's products of the decoder's weights with its
   // arithmetic; "engine": the engine's own K/V products (the model must be the decoder's GGUF); "auto": the engine's
-  // where they are the recipe's arithmetic (the GGUF itself, F16 q/k/v under half products), else the decoder's.
-  std::string kv_rows = "auto";
+  // where they are the recipe's arithmetic (the GGUF itself, F16 q/k/v under half products), else the decoder's (to be
+  // the default once a GPU has run it end to end: docs/RESULTS.md, session 44).
+  std::string kv_rows = "decoder";
   // CUDA, from the decoder's GGUF: how the engine's products round their operands (model/product_numerics.h); auto:
   // the mode measured closest to the decoders for the GGUF's weight types (half for F16/F32 weights, else bf16).
   std::string numerics = "auto";

@@ -19,7 +19,7 @@ struct PrefillServerOptions {
   int64_t max_tokens = 2'000'000;              // per request
   size_t max_body_mb = 64;
   bool allow_config_mismatch = false;          // start even if config.json and the GGUF disagree
-  std::string kv_rows = "auto";              // CUDA: the cache rows' source (arch/architectures.h BackendOptions)
+  std::string kv_rows = "decoder";              // CUDA: the cache rows' source (arch/architectures.h BackendOptions)
   std::string numerics = "auto";               // CUDA from a GGUF: the products' rounding (model/product_numerics.h)
   bool cpu_fast = false;                       // CPU engine: OpenBLAS numerics instead of the decoder-faithful ones
   double prefix_cache_gb = 4;                  // the engine states of recent prompts kept for tail captures (0: off)
