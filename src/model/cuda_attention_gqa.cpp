@@ -189,9 +189,8 @@ std::string GqaAttentionCuda::enable_kv_rows() {
 
 // Half weights (the decoder's numerics): the fused q|k|v product is made here, in f32, once: its k and v columns are
 // the rows (read where they lie, *ld the product's width), and the attention's RoPE reads it as it is (forward then
-// multiplies nothing). Otherwise
-// two products beside the fused one, whose bf16 output would round the rows 4x coarser than an f16 cache: the k and v
-// slices of the same weight (rows nh*hd.. of [out x in]) with f32 output.
+// multiplies nothing). Otherwise two products beside the fused one, whose bf16 output would round the rows 4x coarser
+// than an f16 cache: the k and v slices of the same weight (rows nh*hd.. of [out x in]) with f32 output.
 void GqaAttentionCuda::kv_rows(int64_t l, const bf16* x, const CudaChunk& c, const float** k, const float** v, int64_t* ld) {
   if (!kv_rows_) throw std::logic_error("kv_rows: enable_kv_rows was not called");
   const CudaWeight& wqkv = layers_[size_t(l)].wqkv;
