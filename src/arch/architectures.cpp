@@ -156,7 +156,6 @@ bool kv_rows_from_engine(const BackendOptions& o, ProductNumerics numerics, cons
   return true;
 }
 
-
 // --numerics auto: the mode that measured closest to the decoders for this GGUF's weights (docs/RESULTS.md, "Numerics
 // that follow the decoder"): half products for float layer weights (F16/F32: the decoder's own values, 4x lower
 // KL than bf16's), bf16 for quantized ones (no mode came closer on the K-quants people run, and bf16 is the fastest).

@@ -37,6 +37,8 @@ __global__ void embed_kernel(const float* __restrict__ table, const int32_t* __r
   for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) h[r * dim + i] = src[i];
 }
 
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 // A thread owns 8 consecutive columns of a row (16-byte loads of gate and up, one 16-byte store); rows
 // over blockIdx.y. (One element pair per thread with a 64-bit division for its row made this kernel
 // instruction-bound rather than memory-bound.)
@@ -53,7 +55,7 @@ __global__ void swiglu_kernel(const __nv_bfloat16* __restrict__ gu, __nv_bfloat1
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const float2 g = __bfloat1622float2(g2[i]), u = __bfloat1622float2(u2[i]);
-      o2[i] = __floats2bfloat162_rn(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y);
+      o2[i] = __floats2bfloat162_rn(silu_times(g.x, u.x), silu_times(g.y, u.y));
     }
     *reinterpret_cast<uint4*>(out + r * ff + c) = ow;
   }
@@ -106,8 +108,6 @@ __global__ void q8_k_kernel(float* __restrict__ x, int64_t n_blocks) {
   const float iscale = __fdiv_rn(-127.0f, max), d = __fdiv_rn(1.0f, iscale);
   for (int j = lane; j < 256; j += 32) v[j] = __fmul_rn(d, float(min(127, __float2int_rn(__fmul_rn(iscale, v[j])))));
 }
-
-__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 template <class Out>
 __device__ __forceinline__ Out out_as(float v) {

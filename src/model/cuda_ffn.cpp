@@ -39,7 +39,7 @@ class SwigluFfnCuda final : public CudaFfn {
   bool routed() const override { return false; }
   bool takes_half_rows() const override { return wgu_.products().half && !wgu_.products().act_block; }
   void forward(const bf16* x, float* h, CudaFfnScratch& sc, CudaMatmul& mm, const CudaChunk& c) override {
-    if (c.xf || c.xh) {  // the decoder's numerics: gate, up and their SwiGLU in f32, the products' inputs rounded as it rounds them
+    if (c.decoder_rows()) {  // the decoder's numerics: gate, up and their SwiGLU in f32, the products' inputs rounded as it rounds them
       mm(c.decoder_rows(), c.decoder_rows_type(), wgu_, wgu_s_, c.n, H_, 2 * ff_, cuda::DType::F32, sc.gu.get(), 0.0f, c.s);
       const WeightProducts& down = wd_.products();
       if (down.half && !down.act_block) {  // rounded to half as the SwiGLU writes them: the down product reads them in place

@@ -166,28 +166,29 @@ void GpuRecipe::normalize(int layer, const float* d_h, int64_t rows, cudaStream_
     cuda::rmsnorm_rows(d_h, norm_[size_t(layer)].as<float>(), d_x, rows, in.n_embd, in.norm_eps, s);
 }
 
-void GpuRecipe::kv_from_normed(int layer, const float* d_x, int64_t rows, cudaStream_t s, float* d_k, float* d_v) {
+// K's product into d_k, and V's into d_v (MLA: the latent's alone).
+void GpuRecipe::kv_products(int layer, const float* d_x, int64_t rows, cudaStream_t s, float* d_k, float* d_v) {
   check(layer, rows);
   if (!with_weights_) throw std::logic_error("GPU recipe made without its K/V weights: the rows come from the engine");
   const Weight& wk = wk_[size_t(layer)];
   const void* half_x = normed_as_f16(layer) ? static_cast<const void*>(d_x) : nullptr;  // normalize wrote f16 rows
   project(wk, d_x, rows, s, d_k, false, half_x);
-  if (cpu_.info().mla()) return deepseek2_row(layer, d_k, rows, s);  // recipes/deepseek2_gpu.cpp
+  if (cpu_.info().mla()) return;
   const Weight& wv = wv_[size_t(layer)];
   project(wv, d_x, rows, s, d_v, same_activations(wk, wv), half_x);
+}
+
+void GpuRecipe::kv_from_normed(int layer, const float* d_x, int64_t rows, cudaStream_t s, float* d_k, float* d_v) {
+  kv_products(layer, d_x, rows, s, d_k, d_v);
+  if (cpu_.info().mla()) return deepseek2_row(layer, d_k, rows, s);  // recipes/deepseek2_gpu.cpp
   rope_k(layer, d_k, rows, s);
 }
 
 bool GpuRecipe::kv_f16_from_normed(int layer, const float* d_x, int64_t rows, cudaStream_t s, float* d_k, float* d_v, void* k_f16,
                                    void* v_f16) {
   const auto& in = cpu_.info();
-  check(layer, rows);
   if (in.mla()) return false;
-  if (!with_weights_) throw std::logic_error("GPU recipe made without its K/V weights: the rows come from the engine");
-  const Weight &wk = wk_[size_t(layer)], &wv = wv_[size_t(layer)];
-  const void* half_x = normed_as_f16(layer) ? static_cast<const void*>(d_x) : nullptr;
-  project(wk, d_x, rows, s, d_k, false, half_x);
-  project(wv, d_x, rows, s, d_v, same_activations(wk, wv), half_x);
+  kv_products(layer, d_x, rows, s, d_k, d_v);
   const float* kn = k_norm_.empty() ? nullptr : k_norm_[size_t(layer)].as<float>();
   cuda::kv_rows_to_f16(d_k, d_v, cs_.as<float>(), rows, int(in.n_head_kv), int(in.head_dim), in.rope.n_dims, in.rope.mode == RopeMode::Neox, false,
                        kn, in.norm_eps, k_f16, v_f16, s);

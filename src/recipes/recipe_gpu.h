@@ -75,6 +75,7 @@ class GpuRecipe {
   void project(const Weight& w, const float* d_x, int64_t rows, cudaStream_t s, float* d_y, bool converted = false,
                const void* half_x = nullptr);
   static bool same_activations(const Weight& a, const Weight& b);
+  void kv_products(int layer, const float* d_x, int64_t rows, cudaStream_t s, float* d_k, float* d_v);
   void check(int layer, int64_t rows) const;  // a loaded layer, rows within the buffers
   void rope_k(int layer, float* d_k, int64_t rows, cudaStream_t s);  // qwen3's K norm, then the decoder's RoPE
   // deepseek2's row from its projection in d_k (recipes/deepseek2_gpu.cpp)
