@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,moegap,moegap2,moegap3,session41,session41c,session42,session43,session44,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,moegap,moegap2,moegap3,session41,session41c,session42,session43,session44,session45,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -1012,6 +1012,40 @@ stage_session44() {
   fi
   [ "${PEERS:-1}" = 1 ] && [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_peer python3 $DEV/torch_prefill_peer.py
 }
+# Session 45: the GPU tests of session 44's last changes (--kv-rows auto, the shared K/V products), then the F16 GGUF
+# benches with the default --kv-rows against auto, and the chunk's size for the MoE shapes (the full forward beside
+# the bridge's modes: the 8-layer slice's last layer is 1/8 of its work, 1/48 of the whole model's). Switches:
+# S45_SKIP_TESTS, S45_SKIP_LLAMA, S45_SKIP_MOE, S45_KV (the Llama runs' --kv-rows values), S45_CHUNKS (the MoE's),
+# S45_DSV4=1 (DeepSeek-V4's 32K/128K layer bench first, for an H200), PEERS.
+stage_session45() {
+  [ -n "${S45_DSV4:-}" ] && { make_dsv4_test_models; run dsv4_bench_session45 env BENCH_TOKENS=32768,131072 BENCH_RUNS="${S45_RUNS:-fp4:32768 fp4:32768}" bash $DEV/dsv4_gpu.sh bench; }
+  local L8=$M/llama8b Q=$M/qwen30b8f16
+  [ -n "${S45_SKIP_LLAMA:-}" ] || [ -f $L8/decoder-f16.gguf ] || ( $PDB make-model --arch llama --preset 8b --seed 7 --out $L8 --no-hf --hf-dtype bf16 --gguf-types f16 \
+    > $R/make_llama8b.log 2>&1; echo $? > $R/llama8b.rc ) &
+  [ -n "${S45_SKIP_MOE:-}" ] || [ -f $Q/decoder-f16.gguf ] || ( $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 11 --out $Q --no-hf \
+    --hf-dtype bf16 --gguf-types f16 > $R/make_qwen.log 2>&1; echo $? > $R/qwen.rc ) &
+  if [ -z "${S45_SKIP_TESTS:-}" ]; then
+    run tests_45 timeout 200 $P/build/tests/unit_tests --gtest_filter="${S45_TESTS:-CudaKernels.KvRowsToF16*:CudaKernels.ProductInputs*:CudaKernels.QkvRope*:CudaKernels.Swiglu*:CudaKernels.RmsNorm*}"
+    make_test_models
+    run itests_45 timeout 400 $P/build/tests/integration_tests --gtest_filter="${S45_ITESTS:-CudaBridge.*:CudaParity.EngineKvRows*:CudaParity.BridgedState*:CudaParity.DecoderNumerics*:GpuRecipe*:CudaEngine.*}"
+  fi
+  local T="--tokens ${S45_TOKENS:-8192,32768} --reps 3 --out $R/bench.jsonl"
+  if [ -z "${S45_SKIP_LLAMA:-}" ]; then
+    [ -f $L8/decoder-f16.gguf ] || { ts "waiting for the Llama-8B model"; while [ ! -e $R/llama8b.rc ]; do sleep 5; done; }
+    for kv in ${S45_KV:-decoder auto}; do
+      run llama_$kv $PDB bench prefill --model $L8/decoder-f16.gguf --kv-rows $kv $T --chunk 4096 --modes engine,engine+recipe+frames --label llama8b-gguf-f16-$kv
+    done
+  fi
+  if [ -z "${S45_SKIP_MOE:-}" ]; then
+    [ -f $Q/decoder-f16.gguf ] || { ts "waiting for the Qwen3 model"; while [ ! -e $R/qwen.rc ]; do sleep 5; done; }
+    for c in ${S45_CHUNKS:-4096 8192 16384}; do
+      run moe_chunk_$c $PDB bench prefill --model $Q/decoder-f16.gguf --kv-rows ${S45_MOE_KV:-auto} $T --chunk $c \
+        --modes full-forward,engine,engine+recipe+frames --label qwen3moe-8l-f16-chunk$c
+    done
+    [ "${PEERS:-1}" = 1 ] && PYTHONUNBUFFERED=1 run torch_moe_peer python3 $DEV/torch_moe_peer.py qwen3moe 8
+  fi
+  wait
+}
 # The f32 tensor products with k split in the server's 4,096-row chunks as the default: the twin tests and bench, the
 # suites with the defaults (the tiny models' chunks now take the tensor products) and with PDBRIDGE_DSV4_F32=fp32,
 # the layer bench at 32K prompts in 32K and 4K chunks, alternating with PDBRIDGE_DSV4_F32=fp32.
@@ -1098,7 +1132,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|session40f|session41|session41c|session42|session42a|session42b|session42c|session43|session44|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|session40f|session41|session41c|session42|session42a|session42b|session42c|session43|session44|session45|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac
