@@ -1016,7 +1016,7 @@ stage_session44() {
 # benches with the default --kv-rows against auto, and the chunk's size for the MoE shapes (the full forward beside
 # the bridge's modes: the 8-layer slice's last layer is 1/8 of its work, 1/48 of the whole model's). Switches:
 # S45_SKIP_TESTS, S45_SKIP_LLAMA, S45_SKIP_MOE, S45_KV (the Llama runs' --kv-rows values), S45_CHUNKS (the MoE's),
-# S45_DSV4=1 (DeepSeek-V4's 32K/128K layer bench first, for an H200), PEERS.
+# S45_DSV4=1 (DeepSeek-V4's 32K/128K layer bench first, for an H200), S45_STATS=1, PEERS.
 stage_session45() {
   [ -n "${S45_DSV4:-}" ] && { make_dsv4_test_models; run dsv4_bench_session45 env BENCH_TOKENS=32768,131072 BENCH_RUNS="${S45_RUNS:-fp4:32768 fp4:32768}" bash $DEV/dsv4_gpu.sh bench; }
   local L8=$M/llama8b Q=$M/qwen30b8f16
@@ -1035,6 +1035,9 @@ stage_session45() {
     for kv in ${S45_KV:-decoder auto}; do
       run llama_$kv $PDB bench prefill --model $L8/decoder-f16.gguf --kv-rows $kv $T --chunk 4096 --modes engine,engine+recipe+frames --label llama8b-gguf-f16-$kv
     done
+    # S45_STATS=1: the engine's rows once more with the capture's part-by-part times (PDBRIDGE_CAPTURE_STATS)
+    [ -n "${S45_STATS:-}" ] && run llama_stats env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $L8/decoder-f16.gguf --kv-rows engine $T --chunk 4096 \
+      --modes engine,engine+recipe,engine+recipe+frames --label llama8b-gguf-f16-engine-stats
   fi
   if [ -z "${S45_SKIP_MOE:-}" ]; then
     [ -f $Q/decoder-f16.gguf ] || { ts "waiting for the Qwen3 model"; while [ ! -e $R/qwen.rc ]; do sleep 5; done; }
