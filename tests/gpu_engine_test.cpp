@@ -345,14 +345,17 @@ TEST(CudaBridge, ServesTheBridgeEndToEndWithARealCacheHit) {
 }
 
 // `pdbridge prefill --device cuda --model decoder.gguf` (no checkpoint, no --recipe): the bridge is complete, the
-// decoder's cache hit real; an F16 file under --kv-rows auto (the engine's rows, its half products).
+// decoder's cache hit real. The default --kv-rows auto takes the engine's rows for the F16 file (its half products)
+// and the recipe's for the quantized ones.
 TEST(CudaBridge, ServesTheBridgeFromTheDecodersGgufAlone) {
   PDB_SKIP_WITHOUT_GPU();
   for (const std::string type : {"q4_0", "q8_0", "f16"}) {
     test::StackOptions so = test::gguf_alone_stack_options(type == "f16" ? "llama-tiny-h16" : "llama-tiny", type);
     so.prefill_extra = {"--device", "cuda"};
-    if (type == "f16") so.prefill_extra.insert(so.prefill_extra.end(), {"--kv-rows", "auto"});
     test::Stack st(so);
+    EXPECT_NE(st.logs().find(type == "f16" ? "cache rows from the engine's K/V products" : "cache rows recomputed by the decoder's recipe"),
+              std::string::npos)
+        << st.logs();
     const std::string prompt = test::random_text(std::random_device{}(), 1500);
     nlohmann::json body = {{"prompt", prompt}, {"n_predict", 16}, {"temperature", 0}};
     auto r = st.post_front("/completion", body);
@@ -545,6 +548,24 @@ TEST(CudaBridge, EngineKvRowsUnderAutoOnlyWhereTheyAreTheRecipes) {
   o.kv_rows = "decoder";
   o.model = h16;
   EXPECT_FALSE(kv_rows_from_engine(o, ProductNumerics::half, recipe_of(h16)));
+}
+
+// The CUDA engine's chunk where none is asked for: 4,096 tokens, a MoE model's doubled until its routed experts
+// average 512 rows (chunk x top-k / experts), at most 16,384. Also: BackendOptions and the bench leave it to the engine.
+TEST(CudaEngine, DefaultChunkGivesTheRoutedExpertsAbout512Rows) {
+  auto moe = [](int64_t experts, int64_t used) {
+    HfConfig c;
+    c.num_experts = experts;
+    c.num_experts_per_tok = used;
+    return cuda_default_chunk(c);
+  };
+  EXPECT_EQ(cuda_default_chunk(HfConfig{}), 4096) << "dense";
+  EXPECT_EQ(moe(128, 8), 8192) << "Qwen3-30B-A3B";
+  EXPECT_EQ(moe(64, 6), 8192) << "DeepSeek-V2-Lite";
+  EXPECT_EQ(moe(256, 8), 16384) << "DeepSeek-V3";
+  EXPECT_EQ(moe(8, 2), 4096) << "Mixtral";
+  EXPECT_EQ(moe(512, 2), 16384) << "capped";
+  EXPECT_EQ(BackendOptions{}.chunk, 0);
 }
 
 }  // namespace pdb

@@ -16,16 +16,15 @@ namespace pdb {
 struct BackendOptions {
   std::string model, recipe, device = "cpu", kv_dtype = "bf16";
   int threads = 1;
-  int64_t chunk = 4096;  // the CUDA engine's largest chunk (its buffers)
+  int64_t chunk = 0;  // the CUDA engine's largest chunk (its buffers); 0: its own choice (cuda_default_chunk)
   int tp = 1;
   bool tp_one_gpu = false;
   double max_gpu_mem_gib = 0;  // the CUDA engine's cap on the device's memory in use (0: none)
   bool faithful = true;  // CPU engine: the decoder's arithmetic (false: OpenBLAS, --cpu-fast)
   // CUDA: where the cache rows come from. "decoder": the recipe's products of the decoder's weights with its
   // arithmetic; "engine": the engine's own K/V products (the model must be the decoder's GGUF); "auto": the engine's
-  // where they are the recipe's arithmetic (the GGUF itself, F16 q/k/v under half products), else the decoder's (to be
-  // the default once a GPU has run it end to end: docs/RESULTS.md, session 44).
-  std::string kv_rows = "decoder";
+  // where they are the recipe's arithmetic (the GGUF itself, F16 q/k/v under half products), else the decoder's.
+  std::string kv_rows = "auto";
   // CUDA, from the decoder's GGUF: how the engine's products round their operands (model/product_numerics.h); auto:
   // the mode measured closest to the decoders for the GGUF's weight types (half for F16/F32 weights, else bf16).
   std::string numerics = "auto";

@@ -116,10 +116,12 @@ double ms_since(StatsClock::time_point t0) { return std::chrono::duration<double
 
 class CudaBackend final : public PrefillBackend {
  public:
+  // max_chunk: the largest chunk a capture runs (its buffers' size); 0: the engine's choice (cuda_default_chunk).
   CudaBackend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads, int64_t max_chunk, bool kv_fp8, int tp,
               bool tp_shared_device, bool engine_rows, ProductNumerics numerics)
       : recipe_(std::move(recipe)), engine_(hf_dir, threads, kv_fp8, tp, tp_shared_device, numerics),
-        gpu_recipe_(*recipe_, recipe_gemm_, max_chunk, !engine_rows), max_chunk_(max_chunk), threads_(threads), engine_rows_(engine_rows) {
+        gpu_recipe_(*recipe_, recipe_gemm_, chunk_or_default(max_chunk), !engine_rows), max_chunk_(chunk_or_default(max_chunk)), threads_(threads),
+        engine_rows_(engine_rows) {
     if (engine_rows_) engine_.rank0().enable_kv_rows();  // every capture's rows from the engine's own K/V products (CudaEngine::KvTap)
     PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
     PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&upload_stream_, cudaStreamNonBlocking));
@@ -128,27 +130,27 @@ class CudaBackend final : public PrefillBackend {
     if (Tuning::from_env().recipe_stream == "1")
       PDB_CUDA_CHECK(cudaStreamCreateWithFlags(&recipe_stream_, cudaStreamNonBlocking));
     for (int i = 0; i < kNormBuffers; ++i) {
-      if (!engine_rows_) normed_[i].resize(size_t(max_chunk * recipe_->info().n_embd) * 4);
+      if (!engine_rows_) normed_[i].resize(size_t(max_chunk_ * recipe_->info().n_embd) * 4);
       PDB_CUDA_CHECK(cudaEventCreateWithFlags(&normed_ready_[i], cudaEventDisableTiming));
       PDB_CUDA_CHECK(cudaEventCreateWithFlags(&normed_free_[i], cudaEventDisableTiming));
     }
     const int64_t C = recipe_->info().n_embd_kv();
-    if (!engine_rows_) embed_dev_.resize(size_t(max_chunk * recipe_->info().n_embd) * 4);
+    if (!engine_rows_) embed_dev_.resize(size_t(max_chunk_ * recipe_->info().n_embd) * 4);
     for (int b = 0; b < 2; ++b) {
-      if (!engine_rows_) embed_pinned_[b].resize(size_t(max_chunk * recipe_->info().n_embd) * 4);
+      if (!engine_rows_) embed_pinned_[b].resize(size_t(max_chunk_ * recipe_->info().n_embd) * 4);
       PDB_CUDA_CHECK(cudaEventCreateWithFlags(&embed_uploaded_[b], cudaEventDisableTiming | cudaEventBlockingSync));
     }
     for (auto& g : staging_) {
-      g.dk.resize(size_t(max_chunk * C) * 4);
-      g.dv.resize(size_t(max_chunk * C) * 4);
-      g.dkq.resize(size_t(max_chunk * C) * 2);  // F16, Q8_0, Q4_0 rows: at most 2 bytes per element (F32 leaves from dk/dv)
-      g.dvq.resize(size_t(max_chunk * C) * 2);
+      g.dk.resize(size_t(max_chunk_ * C) * 4);
+      g.dv.resize(size_t(max_chunk_ * C) * 4);
+      g.dkq.resize(size_t(max_chunk_ * C) * 2);  // F16, Q8_0, Q4_0 rows: at most 2 bytes per element (F32 leaves from dk/dv)
+      g.dvq.resize(size_t(max_chunk_ * C) * 2);
       PDB_CUDA_CHECK(cudaEventCreateWithFlags(&g.copied_out, cudaEventDisableTiming));
     }
     // header room, up to f32 K rows, header room (and alignment for f32 V rows), up to f32 V rows
     // (the spares only where the slot buffers leave as frames, the default: PDBRIDGE_FRAMES=copy copies them instead)
     const int spares = Tuning::from_env().frames != "copy" ? kSpareFrameBuffers : 0;
-    frames_ = std::make_shared<FrameBuffers>(kSlots + spares, 2 * (wire::kHeaderBytes + 16) + 2 * size_t(max_chunk * C) * 4);
+    frames_ = std::make_shared<FrameBuffers>(kSlots + spares, 2 * (wire::kHeaderBytes + 16) + 2 * size_t(max_chunk_ * C) * 4);
     for (int i = kSlots; i < kSlots + spares; ++i) frames_->give_back(i);
     for (int i = 0; i < kSlots; ++i) {
       Slot& s = slots_[i];
@@ -182,6 +184,7 @@ class CudaBackend final : public PrefillBackend {
     return engine_.weights_note() + (engine_rows_ ? "; cache rows from the engine's K/V products" : "; cache rows recomputed by the decoder's recipe");
   }
   void check_fits(int64_t tokens, int64_t chunk) const override { engine_.check_fits(tokens, std::min(chunk, max_chunk_)); }
+  int64_t preferred_chunk() const override { return max_chunk_; }
   // After the recipe's and the slots' buffers: what the device holds then counts against the cap.
   void set_memory_cap(size_t bytes) { engine_.set_memory_cap(bytes); }
   CudaEngine& engine() { return engine_.rank0(); }
@@ -196,6 +199,7 @@ class CudaBackend final : public PrefillBackend {
   }
 
  private:
+  int64_t chunk_or_default(int64_t chunk) const { return chunk > 0 ? chunk : cuda_default_chunk(engine_.config()); }
   class Capture;  // one capture's state and steps
   struct Slot {
     enum State { Free, Enqueued } state = Free;
@@ -588,6 +592,7 @@ std::unique_ptr<PrefillBackend> make_cuda_backend(const std::string& hf_dir, std
                                                   int64_t max_chunk, bool kv_fp8, int tp, bool tp_shared_device, double max_gpu_mem_gib,
                                                   bool engine_kv_rows, ProductNumerics numerics) {
   if (cuda::device_count() == 0) throw std::runtime_error("--device cuda: " + cuda::device_summary());
+  if (max_chunk <= 0 && max_gpu_mem_gib > 0) max_chunk = 4096;  // under a memory cap, the smaller buffers rather than the faster chunk
   auto b = std::make_unique<CudaBackend>(hf_dir, std::move(recipe), threads, max_chunk, kv_fp8, tp, tp_shared_device, engine_kv_rows, numerics);
   if (max_gpu_mem_gib > 0) b->set_memory_cap(size_t(max_gpu_mem_gib * double(size_t(1) << 30)));
   return b;

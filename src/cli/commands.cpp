@@ -65,7 +65,7 @@ void register_prefill(CLI::App& app) {
   cmd->add_option("--host", o->host, "Bind address")->capture_default_str();
   cmd->add_option("--device", o->device, "cpu | cuda")->capture_default_str();
   cmd->add_flag("--cpu-fast", o->cpu_fast, "CPU engine: OpenBLAS matmuls and attention (faster; caches equal to the decoder's up to rounding)");
-  cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens (default: 4096 with --device cuda, for DeepSeek-V4 the largest up to 32768 whose buffers fit the GPU; 512 on the cpu)");
+  cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens (default with --device cuda: 4096, for MoE models doubled until the routed experts average 512 rows (to 16384), for DeepSeek-V4 the largest up to 32768 whose buffers fit the GPU; 512 on the cpu)");
   cmd->add_option("--kv-dtype", o->kv_dtype, "CUDA engine's own K/V: bf16, or fp8 (e4m3 + a scale per head row: half the memory, for very long prompts; head_dim 128 on sm_90)")
       ->check(CLI::IsMember({"bf16", "fp8"}))
       ->capture_default_str();
@@ -138,7 +138,7 @@ void register_bench_prefill(CLI::App& app) {
   pre->add_option("--recipe", po->recipe, "Decoder GGUF (the recipe's weights; default: --model when it is a GGUF)");
   pre->add_option("--device", po->device, "cuda or cpu")->check(CLI::IsMember({"cuda", "cpu"}));
   pre->add_option("--tokens", po->tokens, "Prompt lengths")->delimiter(',');
-  pre->add_option("--chunk", po->chunk, "Chunk size");
+  pre->add_option("--chunk", po->chunk, "Chunk size (default: the prefill server's, where the backend has one; else 4096)");
   pre->add_option("--kv-dtype", po->kv_dtype, "CUDA engine's own K/V: bf16 or fp8")->check(CLI::IsMember({"bf16", "fp8"}));
   pre->add_option("--reps", po->reps, "Timed runs per mode (median reported)");
   pre->add_option("--tp", po->tp, "CUDA: tensor parallel over GPUs 0..N-1 (NCCL)");

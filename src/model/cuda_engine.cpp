@@ -146,6 +146,13 @@ size_t CudaEngine::bytes_for_prompt(int64_t T, int64_t chunk) const {
   return b + matmul_->scratch_bytes_for(chunk, widest_product_input(), H, widest_bf16_product());
 }
 
+int64_t cuda_default_chunk(const HfConfig& c) {
+  int64_t chunk = 4096;
+  if (c.moe() && c.num_experts_per_tok > 0)
+    while (chunk < 16384 && chunk * c.num_experts_per_tok < 512 * c.num_experts) chunk *= 2;
+  return chunk;
+}
+
 void CudaEngine::check_fits(int64_t T, int64_t chunk, size_t extra) const {
   const size_t need = bytes_for_prompt(T, chunk) + extra;
   const auto mem = cuda::device_memory();

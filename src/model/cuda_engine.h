@@ -29,6 +29,11 @@ namespace pdb {
 class SafetensorsCheckpoint;
 namespace cuda { class TpComm; }
 
+// The CUDA engine's chunk where none is asked for: 4,096 tokens fill a dense model's products. A MoE model's routed
+// experts see chunk x top-k / experts rows each, and their grouped products reach the dense products' rate from about
+// 512 rows an expert (docs/RESULTS.md, sessions 27 and 45), so the chunk doubles until they average 512, to 16,384.
+int64_t cuda_default_chunk(const HfConfig& c);
+
 class CudaEngine {
  public:
   // (layer, d_h: [rows x hidden] f32 on the device, rows, first position, stream). Work the hook

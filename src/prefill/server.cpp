@@ -381,14 +381,15 @@ int run_prefill_server(const PrefillServerOptions& o) {
   const int threads = o.threads > 0 ? o.threads : default_threads();
   spdlog::info("prefill: loading model {} and recipe {}", o.model, o.recipe);
   const int64_t default_chunk = o.chunk > 0 ? o.chunk : o.device == "cuda" ? 4096 : 512;
+  // --chunk not given on the GPU: the engine's own choice (0), its preferred_chunk below
   std::shared_ptr<PrefillBackend> engine = arch.make_backend({.model = o.model, .recipe = o.recipe, .device = o.device, .kv_dtype = o.kv_dtype,
-                                                               .threads = threads, .chunk = default_chunk, .tp = o.tp, .tp_one_gpu = o.tp_one_gpu,
+                                                               .threads = threads, .chunk = o.chunk > 0 || o.device != "cuda" ? default_chunk : 0, .tp = o.tp, .tp_one_gpu = o.tp_one_gpu,
                                                                .max_gpu_mem_gib = o.max_gpu_mem_gib, .faithful = !o.cpu_fast, .kv_rows = o.kv_rows,
                                                                .numerics = o.numerics});
   spdlog::info("prefill: engine on {} ({})", engine->device(), engine->weights().empty() ? "weights as loaded" : engine->weights());
 
-  // where --chunk is not given, the engine's own choice (DeepSeek-V4 on the GPU: the largest that fits) over the
-  // device's default
+  // where --chunk is not given, the engine's own choice (DeepSeek-V4 on the GPU: the largest that fits; a MoE model's
+  // experts: ~512 rows each, cuda_default_chunk) over the device's default
   const int64_t service_chunk = o.chunk > 0 ? o.chunk : engine->preferred_chunk() > 0 ? engine->preferred_chunk() : default_chunk;
   if (service_chunk != default_chunk) spdlog::info("prefill: chunks of {} tokens (the engine's choice; --chunk sets one)", service_chunk);
   PrefillService service(o, engine, mism, service_chunk);

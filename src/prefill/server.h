@@ -8,7 +8,7 @@ namespace pdb {
 struct PrefillServerOptions {
   std::string model, recipe, host = "127.0.0.1", device = "cpu", kv_dtype = "bf16";
   int port = 8090;
-  int64_t chunk = 0;  // tokens per engine step; 0: 4096 on cuda (fuller GPU products), 512 on the cpu
+  int64_t chunk = 0;  // tokens per engine step; 0: the engine's choice on cuda (4096; MoE: ~512 rows an expert, to 16384), 512 on the cpu
   int threads = 0;
   int64_t memory_limit_mb = 0;  // frames buffered ahead of a slow receiver; past it the capture is sealed (0: from MemAvailable)
   double link_gbps = 0;         // pace the sender to this rate (link emulation); 0: unpaced
@@ -19,7 +19,7 @@ struct PrefillServerOptions {
   int64_t max_tokens = 2'000'000;              // per request
   size_t max_body_mb = 64;
   bool allow_config_mismatch = false;          // start even if config.json and the GGUF disagree
-  std::string kv_rows = "decoder";              // CUDA: the cache rows' source (arch/architectures.h BackendOptions)
+  std::string kv_rows = "auto";                 // CUDA: the cache rows' source (arch/architectures.h BackendOptions)
   std::string numerics = "auto";               // CUDA from a GGUF: the products' rounding (model/product_numerics.h)
   bool cpu_fast = false;                       // CPU engine: OpenBLAS numerics instead of the decoder-faithful ones
   double prefix_cache_gb = 4;                  // the engine states of recent prompts kept for tail captures (0: off)

@@ -84,6 +84,7 @@ class PrefillBench {
         arch_(read_recipe_info(*GgufFile::open(o.recipe)).arch),
         numerics_(arch_ == "deepseek4" ? "bf16" : product_numerics_name(resolve_numerics(bo_))),  // "auto" as resolved
         be_(architecture(arch_).make_backend(bo_)),
+        chunk_(o.chunk > 0 ? o.chunk : be_->preferred_chunk() > 0 ? be_->preferred_chunk() : 4096),
         loaded_bytes_(cuda::device_bytes_in_use()),
         cost_(be_->config()),
         gemm_rate_(o.device == "cuda" ? cuda::measure_bf16_gemm_tflops() : 0.0),
@@ -97,15 +98,15 @@ class PrefillBench {
   void run() {
     const auto& c = be_->config();
     std::printf("# pdbridge bench prefill: %s, %s, %s; chunk %lld; cache %s; bf16 GEMM rate measured now: %.0f TFLOP/s\n", be_->device().c_str(),
-                c.arch.c_str(), o_.model.c_str(), (long long)o_.chunk, o_.cache_type.c_str(), gemm_rate_);
+                c.arch.c_str(), o_.model.c_str(), (long long)chunk_, o_.cache_type.c_str(), gemm_rate_);
     if (!be_->weights().empty()) std::printf("# weights: %s\n", be_->weights().c_str());
     std::printf("%-8s %-22s %10s %12s %10s %10s\n", "tokens", "mode", "seconds", "tok/s", "TFLOP/s", "of GEMM");
     for (int64_t T : o_.tokens) {
-      be_->check_fits(T, o_.chunk);
+      be_->check_fits(T, chunk_);
       // Warm-up: plans, handles, the engine's K/V allocation at this size, and a capture (pinned and host pages of
       // the row path first touched).
-      be_->forward_only(prompt(T), o_.chunk, true);
-      be_->capture(prompt(T), o_.chunk, spec_, [](const KvBlock&) { return true; }, {});
+      be_->forward_only(prompt(T), chunk_, true);
+      be_->capture(prompt(T), chunk_, spec_, [](const KvBlock&) { return true; }, {});
       std::map<std::string, double> median_s;
       for (const Mode& m : modes()) median_s[m.name] = run_mode(T, m);
       if (o_.device == "cuda" && is_gguf_path(o_.model) && !c.mla()) report_memory(T);
@@ -139,7 +140,7 @@ class PrefillBench {
     if (m.name == "engine+recipe") {
       bytes = 0;
       return seconds([&] {
-        be_->capture(toks, o_.chunk, spec_, [&](const KvBlock& b) { bytes += int64_t(b.k_bytes + b.v_bytes); return true; }, {});
+        be_->capture(toks, chunk_, spec_, [&](const KvBlock& b) { bytes += int64_t(b.k_bytes + b.v_bytes); return true; }, {});
       });
     }
     if (m.name == "engine+recipe+frames") {
@@ -151,13 +152,13 @@ class PrefillBench {
       CaptureResult cr;
       bytes = 0;
       const double t = seconds([&] {
-        cr = run_capture(*be_, req, o_.chunk, EmitFn([&](wire::Bytes&& f, bool) { bytes += int64_t(f.size()); return Emit::Ok; }));
+        cr = run_capture(*be_, req, chunk_, EmitFn([&](wire::Bytes&& f, bool) { bytes += int64_t(f.size()); return Emit::Ok; }));
       });
       if (cr.status != "complete") throw std::runtime_error("capture " + cr.status + ": " + cr.reason);
       return t;
     }
-    if (!m.attention) return seconds([&] { be_->forward_only(toks, o_.chunk, false, true); });
-    return seconds([&] { be_->forward_only(toks, o_.chunk, m.name == "full-forward"); });
+    if (!m.attention) return seconds([&] { be_->forward_only(toks, chunk_, false, true); });
+    return seconds([&] { be_->forward_only(toks, chunk_, m.name == "full-forward"); });
   }
 
   // --reps prompts through mode m: a line and a row; returns the median seconds.
@@ -183,7 +184,7 @@ class PrefillBench {
     const auto& c = be_->config();
     json row = {{"label", o_.label}, {"device", be_->device()}, {"weights", be_->weights()}, {"tp", o_.tp}, {"kv_rows", o_.kv_rows},
                 {"numerics", numerics_}, {"attention", o_.device == "cuda" ? cuda::attention_kernel_summary() : "cpu"}, {"tp_one_gpu", o_.tp_one_gpu},
-                {"arch", c.arch}, {"model", o_.model}, {"tokens", T}, {"mode", m.name}, {"chunk", o_.chunk}, {"cache_type", o_.cache_type},
+                {"arch", c.arch}, {"model", o_.model}, {"tokens", T}, {"mode", m.name}, {"chunk", chunk_}, {"cache_type", o_.cache_type},
                 {"seconds_median", t}, {"seconds_all", ts}, {"tok_s", tok_s}, {"vary_lengths", o_.vary_lengths}, {"attention_plans_built", plans},
                 {"tflops", tflops}, {"gemm_tflops", gemm_rate_}, {"wire_bytes", bytes},
                 // the engine's buffers grow and stay: what the device holds after the runs is their peak
@@ -228,7 +229,7 @@ class PrefillBench {
                 engine_s, 100.0 * attn_s / engine_s, attn_tflops, cost_.products(double(T), L - 1) / no_attention_s / 1e12);
     std::fflush(stdout);
     out_ << json{{"label", o_.label}, {"device", be_->device()}, {"arch", be_->config().arch}, {"tokens", T}, {"mode", "attention-share"},
-                 {"chunk", o_.chunk}, {"attention_seconds", attn_s}, {"engine_seconds", engine_s}, {"attention_tflops", attn_tflops}}
+                 {"chunk", chunk_}, {"attention_seconds", attn_s}, {"engine_seconds", engine_s}, {"attention_tflops", attn_tflops}}
                 .dump()
          << "\n";
   }
@@ -238,6 +239,7 @@ class PrefillBench {
   const size_t context_bytes_;
   const std::string arch_, numerics_;
   std::unique_ptr<PrefillBackend> be_;
+  const int64_t chunk_;  // --chunk, else the backend's own (the server's default), else 4096
   const size_t loaded_bytes_;
   const ModelCost cost_;
   const double gemm_rate_;

@@ -10,10 +10,10 @@
 namespace pdb {
 
 struct BenchPrefillOptions {
-  std::string model, recipe, device = "cuda", out = "bench-prefill.jsonl", cache_type = "f16", label, kv_dtype = "bf16", kv_rows = "decoder",
+  std::string model, recipe, device = "cuda", out = "bench-prefill.jsonl", cache_type = "f16", label, kv_dtype = "bf16", kv_rows = "auto",
               numerics = "auto";
   std::vector<int64_t> tokens = {8192, 32768};
-  int64_t chunk = 4096;
+  int64_t chunk = 0;  // 0: the backend's own (the server's default), else 4096
   int reps = 3, threads = 0;
   int tp = 1;              // CUDA: tensor parallel over GPUs 0..tp-1
   bool tp_one_gpu = false;      // every rank on GPU 0 (the sharding's overhead on one GPU, not a speed-up)
