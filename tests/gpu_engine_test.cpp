@@ -23,6 +23,7 @@
 #include "cuda/common.cuh"
 #include "cuda/gemm.cuh"
 #include "model/cuda_engine.h"
+#include "model/cuda_moe_ffn.h"
 #include "recipes/recipe_gpu.h"
 #endif
 
@@ -550,21 +551,14 @@ TEST(CudaBridge, EngineKvRowsUnderAutoOnlyWhereTheyAreTheRecipes) {
   EXPECT_FALSE(kv_rows_from_engine(o, ProductNumerics::half, recipe_of(h16)));
 }
 
-// The CUDA engine's chunk where none is asked for: 4,096 tokens, a MoE model's doubled until its routed experts
+// The CUDA engine's chunk where none is asked for: 4,096 tokens, a MoE block's doubled until its routed experts
 // average 512 rows (chunk x top-k / experts), at most 16,384. Also: BackendOptions and the bench leave it to the engine.
 TEST(CudaEngine, DefaultChunkGivesTheRoutedExpertsAbout512Rows) {
-  auto moe = [](int64_t experts, int64_t used) {
-    HfConfig c;
-    c.num_experts = experts;
-    c.num_experts_per_tok = used;
-    return cuda_default_chunk(c);
-  };
-  EXPECT_EQ(cuda_default_chunk(HfConfig{}), 4096) << "dense";
-  EXPECT_EQ(moe(128, 8), 8192) << "Qwen3-30B-A3B";
-  EXPECT_EQ(moe(64, 6), 8192) << "DeepSeek-V2-Lite";
-  EXPECT_EQ(moe(256, 8), 16384) << "DeepSeek-V3";
-  EXPECT_EQ(moe(8, 2), 4096) << "Mixtral";
-  EXPECT_EQ(moe(512, 2), 16384) << "capped";
+  EXPECT_EQ(CudaMoeFfn::full_products_chunk(128, 8), 8192) << "Qwen3-30B-A3B";
+  EXPECT_EQ(CudaMoeFfn::full_products_chunk(64, 6), 8192) << "DeepSeek-V2-Lite";
+  EXPECT_EQ(CudaMoeFfn::full_products_chunk(256, 8), 16384) << "DeepSeek-V3";
+  EXPECT_EQ(CudaMoeFfn::full_products_chunk(8, 2), 4096) << "Mixtral";
+  EXPECT_EQ(CudaMoeFfn::full_products_chunk(512, 2), 16384) << "capped";
   EXPECT_EQ(BackendOptions{}.chunk, 0);
 }
 

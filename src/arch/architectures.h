@@ -16,7 +16,7 @@ namespace pdb {
 struct BackendOptions {
   std::string model, recipe, device = "cpu", kv_dtype = "bf16";
   int threads = 1;
-  int64_t chunk = 0;  // the CUDA engine's largest chunk (its buffers); 0: its own choice (cuda_default_chunk)
+  int64_t chunk = 0;  // the CUDA engine's largest chunk (its buffers); 0: its own choice (CudaEngine::default_chunk)
   int tp = 1;
   bool tp_one_gpu = false;
   double max_gpu_mem_gib = 0;  // the CUDA engine's cap on the device's memory in use (0: none)

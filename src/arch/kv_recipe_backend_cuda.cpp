@@ -116,7 +116,7 @@ double ms_since(StatsClock::time_point t0) { return std::chrono::duration<double
 
 class CudaBackend final : public PrefillBackend {
  public:
-  // max_chunk: the largest chunk a capture runs (its buffers' size); 0: the engine's choice (cuda_default_chunk).
+  // max_chunk: the largest chunk a capture runs (its buffers' size); 0: the engine's choice (CudaEngine::default_chunk).
   CudaBackend(const std::string& hf_dir, std::shared_ptr<const Recipe> recipe, int threads, int64_t max_chunk, bool kv_fp8, int tp,
               bool tp_shared_device, bool engine_rows, ProductNumerics numerics)
       : recipe_(std::move(recipe)), engine_(hf_dir, threads, kv_fp8, tp, tp_shared_device, numerics),
@@ -199,7 +199,7 @@ class CudaBackend final : public PrefillBackend {
   }
 
  private:
-  int64_t chunk_or_default(int64_t chunk) const { return chunk > 0 ? chunk : cuda_default_chunk(engine_.config()); }
+  int64_t chunk_or_default(int64_t chunk) const { return chunk > 0 ? chunk : engine_.default_chunk(); }
   class Capture;  // one capture's state and steps
   struct Slot {
     enum State { Free, Enqueued } state = Free;

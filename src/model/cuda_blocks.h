@@ -157,6 +157,8 @@ class CudaFfn {
   virtual void forward(const __nv_bfloat16* x, float* h, CudaFfnScratch& scratch, CudaMatmul& mm, const CudaChunk& c) = 0;
   virtual bool takes_half_rows() const { return false; }  // as CudaAttention::takes_half_rows
   virtual size_t weight_bytes() const = 0;
+  // The chunk (tokens) from which this block's products run at their rate; 0: any the engine runs.
+  virtual int64_t full_products_chunk() const { return 0; }
 };
 
 struct CudaAttentionOptions {

@@ -146,10 +146,9 @@ size_t CudaEngine::bytes_for_prompt(int64_t T, int64_t chunk) const {
   return b + matmul_->scratch_bytes_for(chunk, widest_product_input(), H, widest_bf16_product());
 }
 
-int64_t cuda_default_chunk(const HfConfig& c) {
-  int64_t chunk = 4096;
-  if (c.moe() && c.num_experts_per_tok > 0)
-    while (chunk < 16384 && chunk * c.num_experts_per_tok < 512 * c.num_experts) chunk *= 2;
+int64_t CudaEngine::default_chunk() const {
+  int64_t chunk = 4096;  // fills a dense layer's products
+  for (const auto& f : ffns_) chunk = std::max(chunk, f->full_products_chunk());
   return chunk;
 }
 

@@ -29,11 +29,6 @@ namespace pdb {
 class SafetensorsCheckpoint;
 namespace cuda { class TpComm; }
 
-// The CUDA engine's chunk where none is asked for: 4,096 tokens fill a dense model's products. A MoE model's routed
-// experts see chunk x top-k / experts rows each, and their grouped products reach the dense products' rate from about
-// 512 rows an expert (docs/RESULTS.md, sessions 27 and 45), so the chunk doubles until they average 512, to 16,384.
-int64_t cuda_default_chunk(const HfConfig& c);
-
 class CudaEngine {
  public:
   // (layer, d_h: [rows x hidden] f32 on the device, rows, first position, stream). Work the hook
@@ -72,6 +67,9 @@ class CudaEngine {
   size_t bytes_for_prompt(int64_t tokens, int64_t chunk) const;
   // Throws std::runtime_error with a clear message when the prompt cannot fit on this GPU now.
   void check_fits(int64_t tokens, int64_t chunk, size_t extra_bytes = 0) const;
+  // The chunk where none is asked for: 4,096 tokens, or more where a block's products need more rows to reach their
+  // rate (CudaFfn::full_products_chunk: a MoE block's routed experts).
+  int64_t default_chunk() const;
 
   // Forward over `tokens` in chunks; calls hook for every layer of every chunk. After the last
   // layer's hook nothing more is computed (the bridge needs only what enters each layer).

@@ -33,6 +33,7 @@ class CudaTpEngine {
   size_t bytes_for_prompt(int64_t tokens, int64_t chunk) const { return ranks_[0]->bytes_for_prompt(tokens, chunk); }
   // Every rank's GPU (a rank's share is the same size on each).
   void check_fits(int64_t tokens, int64_t chunk, size_t extra_bytes = 0) const;
+  int64_t default_chunk() const { return ranks_[0]->default_chunk(); }
   void set_memory_cap(size_t bytes);  // every rank's (CudaEngine::set_memory_cap)
   bool resumable() const { return ranks_[0]->resumable(); }
   // As CudaEngine::prefill; the hook sees rank 0's residual (the whole one). A failure on any rank aborts the

@@ -74,6 +74,7 @@ class RoutedFfnCuda final : public CudaFfn {
     sc.moe.forward(w_, x, c.n, h, mm.gemm(), c.s);
   }
   size_t weight_bytes() const override { return w_.bytes(); }
+  int64_t full_products_chunk() const override { return CudaMoeFfn::full_products_chunk(w_.n_expert, w_.n_used); }
 
  private:
   CudaMoeWeights w_;
@@ -92,6 +93,7 @@ class SharedAndRoutedFfnCuda final : public CudaFfn {
     routed_.forward(x, h, sc, mm, c);
   }
   size_t weight_bytes() const override { return shared_.weight_bytes() + routed_.weight_bytes(); }
+  int64_t full_products_chunk() const override { return routed_.full_products_chunk(); }
 
  private:
   SwigluFfnCuda shared_;

@@ -92,6 +92,13 @@ size_t CudaMoeFfn::scratch_bytes() const {
 // as the last expert's and never read), so a prompt's ragged last chunk rarely needs a plan of its own.
 int64_t CudaMoeFfn::padded_rows(int64_t g) { return (g + 255) / 256 * 256; }
 
+int64_t CudaMoeFfn::full_products_chunk(int64_t n_expert, int64_t n_used) {
+  int64_t chunk = 4096;
+  if (n_used > 0)
+    while (chunk < 16384 && chunk * n_used < 512 * n_expert) chunk *= 2;
+  return chunk;
+}
+
 bool CudaMoeFfn::use_cudnn(const std::string& choice, bool& gather) {
   gather = choice == "cudnn-gather";
   if (!(choice == "cudnn" || gather) || !cudnn_refused_.empty()) return false;

@@ -69,6 +69,9 @@ class CudaMoeFfn {
   void forward(const CudaMoeWeights& w, const __nv_bfloat16* x, int64_t rows, float* h, cuda::Gemm& gemm, cudaStream_t s);
   size_t scratch_bytes() const;
   static int64_t padded_rows(int64_t grouped_rows);
+  // The chunk whose routed rows (chunk x used / experts) average 512 an expert, where the grouped products reach the
+  // dense products' rate (docs/RESULTS.md, sessions 27 and 45): 4,096 tokens doubled until then, at most 16,384.
+  static int64_t full_products_chunk(int64_t n_expert, int64_t n_used);
   const std::string& cudnn_refused() const { return cudnn_refused_; }  // empty while cuDNN's products run
   const std::string& last_way() const { return last_way_; }            // how the last forward ran its products
 

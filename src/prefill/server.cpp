@@ -389,7 +389,7 @@ int run_prefill_server(const PrefillServerOptions& o) {
   spdlog::info("prefill: engine on {} ({})", engine->device(), engine->weights().empty() ? "weights as loaded" : engine->weights());
 
   // where --chunk is not given, the engine's own choice (DeepSeek-V4 on the GPU: the largest that fits; a MoE model's
-  // experts: ~512 rows each, cuda_default_chunk) over the device's default
+  // experts: ~512 rows each, CudaEngine::default_chunk) over the device's default
   const int64_t service_chunk = o.chunk > 0 ? o.chunk : engine->preferred_chunk() > 0 ? engine->preferred_chunk() : default_chunk;
   if (service_chunk != default_chunk) spdlog::info("prefill: chunks of {} tokens (the engine's choice; --chunk sets one)", service_chunk);
   PrefillService service(o, engine, mism, service_chunk);
