@@ -1052,10 +1052,10 @@ stage_session45() {
 # Session 45, second call: the new defaults (--kv-rows auto, the engine's chunk) end to end and in the benches, each
 # against the old choice in the same call: Llama-8B F16 (default against --chunk 8192), Qwen3-30B-A3B and
 # DeepSeek-V2-Lite 8-layer slices (default = 8,192-token chunks, against --chunk 4096), the PyTorch peers; then
-# DeepSeek-V4's layer bench where S45_DSV4=1 (an H200).
+# DeepSeek-V4's layer bench where S45_DSV4=1 (an H200). S45_SKIP_LLAMA=1: the MoE slices only.
 stage_session45b() {
   local L8=$M/llama8b Q=$M/qwen30b8f16 V=$M/dsv2f16
-  [ -f $L8/decoder-f16.gguf ] || ( $PDB make-model --arch llama --preset 8b --seed 7 --out $L8 --no-hf --hf-dtype bf16 --gguf-types f16 \
+  [ -n "${S45_SKIP_LLAMA:-}" ] || [ -f $L8/decoder-f16.gguf ] || ( $PDB make-model --arch llama --preset 8b --seed 7 --out $L8 --no-hf --hf-dtype bf16 --gguf-types f16 \
     > $R/make_llama8b.log 2>&1; echo $? > $R/llama8b.rc ) &
   [ -f $Q/decoder-f16.gguf ] || ( $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 11 --out $Q --no-hf \
     --hf-dtype bf16 --gguf-types f16 > $R/make_qwen.log 2>&1; echo $? > $R/qwen.rc ) &
@@ -1069,12 +1069,12 @@ stage_session45b() {
   run moe_4096 $PDB bench prefill --model $Q/decoder-f16.gguf $T --chunk 4096 $B,full-forward --label qwen3moe-8l-f16-chunk4096
   run dsv2_default $PDB bench prefill --model $V/decoder-f16.gguf $T $B --label dsv2-8l-f16-default
   run dsv2_4096 $PDB bench prefill --model $V/decoder-f16.gguf $T --chunk 4096 $B --label dsv2-8l-f16-chunk4096
-  run llama_default $PDB bench prefill --model $L8/decoder-f16.gguf $T $B --label llama8b-f16-default
-  run llama_8192 $PDB bench prefill --model $L8/decoder-f16.gguf $T --chunk 8192 $B --label llama8b-f16-chunk8192
+  [ -n "${S45_SKIP_LLAMA:-}" ] || run llama_default $PDB bench prefill --model $L8/decoder-f16.gguf $T $B --label llama8b-f16-default
+  [ -n "${S45_SKIP_LLAMA:-}" ] || run llama_8192 $PDB bench prefill --model $L8/decoder-f16.gguf $T --chunk 8192 $B --label llama8b-f16-chunk8192
   if [ "${PEERS:-1}" = 1 ]; then
     PYTHONUNBUFFERED=1 run torch_qwen python3 $DEV/torch_moe_peer.py qwen3moe 8
     PYTHONUNBUFFERED=1 run torch_dsv2 python3 $DEV/torch_moe_peer.py deepseek2 8
-    [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_llama python3 $DEV/torch_prefill_peer.py
+    [ -z "${S45_SKIP_LLAMA:-}" ] && [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_llama python3 $DEV/torch_prefill_peer.py
   fi
   if [ -n "${S45_DSV4:-}" ]; then
     make_dsv4_test_models
