@@ -11,9 +11,9 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <xxhash.h>
 
 #include "common/parallel.h"
+#include "common/xxhash_fast.h"
 #include "formats/ggml_types.h"
 #include "formats/gguf.h"
 #include "formats/hf_to_gguf.h"

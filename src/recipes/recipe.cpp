@@ -9,9 +9,9 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
-#include <xxhash.h>
 
 #include "common/parallel.h"
+#include "common/xxhash_fast.h"
 #include "formats/gguf.h"
 #include "formats/numeric.h"
 #include "numerics/decoder_numerics.h"

@@ -6,8 +6,7 @@
 #include <thread>
 
 #include <fmt/format.h>
-#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
-#include <xxhash.h>
+#include "common/xxhash_fast.h"
 
 namespace pdb::wire {
 

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <xxhash.h>  // the library's plain (portable) XXH3: what any other build of the wire computes
 
 namespace pdb::wire {
 namespace {
@@ -103,6 +104,24 @@ TEST(WireFrames, KvBlockFramesMatchTheSerialFramingAndCarryTheirChecksums) {
   framed[kHeaderBytes + k.size() + kHeaderBytes + 12345] ^= 1;
   FrameParser parser([](const FrameHeader&, const uint8_t*) {});
   EXPECT_THROW(parser.feed(framed.data(), framed.size()), Error);
+}
+
+// The payloads' checksums are XXH3-64 whichever of libxxhash's entry points this build hashes with (the x86
+// dispatching ones, common/xxhash_fast.h, where the library has them): the plain function's values at XXH3's size
+// classes, the published value of the empty input, and a frame's hash made in pieces while its payload is copied.
+TEST(WireFrames, PayloadHashIsXxh3WhicheverEntryPointHashes) {
+  EXPECT_EQ(payload_hash(nullptr, 0), 0x2D06800538D394C2ull);
+  const auto b = random_bytes((size_t(1) << 20) + 13, 21);
+  for (size_t n : {size_t(1), size_t(3), size_t(4), size_t(8), size_t(9), size_t(16), size_t(17), size_t(128), size_t(129), size_t(240),
+                   size_t(241), size_t(1024), size_t(1025), size_t(65543), b.size()})
+    EXPECT_EQ(payload_hash(b.data(), n), XXH3_64bits(b.data(), n)) << n << " bytes";
+  const auto k = random_bytes((size_t(2) << 20) + 40, 22);  // past the copy's 256 KB pieces
+  Bytes framed;
+  encode_frames({{header(FrameKind::K, 0, 0, 9), k.data(), k.size()}}, framed);
+  uint64_t got = 0;
+  FrameParser parser([&](const FrameHeader& h, const uint8_t*) { got = h.payload_hash; });
+  parser.feed(framed.data(), framed.size());
+  EXPECT_EQ(got, XXH3_64bits(k.data(), k.size()));
 }
 
 // Frames whose payloads a backend already put behind header room: the same bytes as encode_frames makes, no payload
