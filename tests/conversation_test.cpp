@@ -27,6 +27,7 @@ namespace {
 
 struct CapturedRows {
   std::map<std::tuple<uint32_t, int, uint32_t>, std::vector<uint8_t>> rows;  // (layer, kind, position) -> row bytes
+  std::map<std::pair<uint32_t, int>, int> frames;                           // (layer, kind) -> row frames
   json hello, trailer;
 };
 
@@ -46,6 +47,7 @@ CapturedRows capture_rows(PrefillBackend& be, const std::vector<int32_t>& tokens
     if (h.kind == wire::FrameKind::Hello) out.hello = json::parse(p, p + h.payload_bytes);
     else if (h.kind == wire::FrameKind::Trailer) out.trailer = json::parse(p, p + h.payload_bytes);
     else {
+      ++out.frames[{h.layer, int(h.kind)}];
       const size_t rb = size_t(h.payload_bytes / h.n_rows);
       for (uint32_t r = 0; r < h.n_rows; ++r)
         out.rows[{h.layer, int(h.kind), h.pos0 + r}] = std::vector<uint8_t>(p + r * rb, p + (r + 1) * rb);
@@ -144,6 +146,36 @@ TEST(TailCapture, TheEngineKeepsItsStateOnlyWhenACacheWantsIt) {
   const auto rows = capture_rows(*be, tokens, 0, spec, 64, &off);
   EXPECT_EQ(rows.trailer.value("status", ""), "complete");
   EXPECT_EQ(off.stats().entries, 0u);
+}
+
+// The GPU capture's last block leaves in pieces (PDBRIDGE_TAIL_PIECES, default 4, each hashed as it lands): the same
+// rows, byte for byte, as the block whole; only rows the GPU encodes (a BF16 cache's are converted on the host: whole).
+TEST(CudaTailCapture, TheLastBlockInPiecesCarriesTheWholeBlocksRows) {
+  if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = test::models_dir() + "/llama-tiny";
+  std::shared_ptr<const Recipe> recipe = Recipe::load(dir + "/decoder-f32.gguf", 2);
+  auto be = make_cuda_backend(dir + "/hf", recipe, 2, 256);
+  const int last = recipe->info().n_layer - 1;
+  std::mt19937 g(std::random_device{}());
+  std::vector<int32_t> tokens(700);  // chunks of 256: the last one 188 rows, in 2 pieces of at least 64
+  for (auto& x : tokens) x = int32_t(g() % uint32_t(be->config().vocab_size - 10) + 5);
+  for (const GgmlType t : {GgmlType::F16, GgmlType::Q8_0, GgmlType::BF16}) {
+    const CacheSpec spec = CacheSpec::decoder_default(t, t, recipe->info().head_dim);
+    setenv("PDBRIDGE_TAIL_PIECES", "1", 1);
+    const auto whole = capture_rows(*be, tokens, 0, spec, 256, nullptr);
+    unsetenv("PDBRIDGE_TAIL_PIECES");
+    const auto pieces = capture_rows(*be, tokens, 0, spec, 256, nullptr);
+    ASSERT_EQ(pieces.trailer.value("status", ""), "complete") << ggml_type_name(t);
+    EXPECT_EQ(whole.frames.at({last, int(wire::FrameKind::K)}), 3) << ggml_type_name(t);
+    const int want = t == GgmlType::BF16 ? 3 : 4;  // two pieces
+    EXPECT_EQ(pieces.frames.at({last, int(wire::FrameKind::K)}), want) << ggml_type_name(t);
+    EXPECT_EQ(pieces.frames.at({last, int(wire::FrameKind::V)}), want) << ggml_type_name(t);
+    EXPECT_EQ(pieces.frames.at({0, int(wire::FrameKind::K)}), 3) << ggml_type_name(t);
+    ASSERT_EQ(pieces.rows.size(), whole.rows.size()) << ggml_type_name(t);
+    size_t differ = 0;
+    for (const auto& [key, row] : whole.rows) differ += pieces.rows.at(key) != row;
+    EXPECT_EQ(differ, 0u) << ggml_type_name(t) << ": rows that differ between the whole last block and its pieces";
+  }
 }
 
 // The GPU engine resumed after a cached prefix (its K/V copied back into the engine's cache): tolerance class,

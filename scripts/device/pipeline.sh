@@ -5,7 +5,7 @@
 # here from the same npm source bundle. Every stage logs to /tmp/res and the pipeline continues
 # past a failed stage. Usage: pipeline.sh <carried .dev folder> [all | comma-separated stages, listed below]
 DEV=$1; STAGES=${2:-all}; REPO=$(cd $DEV/.. && pwd)
-# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,moegap,moegap2,moegap3,session41,session41c,session42,session43,session44,session45,session45b,
+# STAGES: all (tests, bench, train), or a comma-separated list of tests,bench,train,models,waitmodels,attn,cudnn,cudnnmoe,moecudnn,llamapeer,ab,qwen,moe,fp8,scale,pace,m1,demo,link,gpudec,golden,dsv4ab,framesab,recheck,gguf,ggufmoe,ggufab,kvrows,recheck35,rowpath,moe48,dsv4gguf,cudaparity,enginecheck,gapcheck,moegap,moegap2,moegap3,session41,session41c,session42,session43,session44,session45,session45b,session46,
 # run in the order named. FUSED=0 leaves out the attn stage's fused fp8 K/V row. MMA=1 and NCU=1 add the attn stage's mma.sync bench and its ncu profile; PEERS=0 and
 # LONG=0 leave out its PyTorch/llama.cpp peers and its 128K runs; AB=1 adds the A/B rows measured on 2026-11-30
 # (lockstep wgmma, the recipe on its own stream).
@@ -1081,6 +1081,45 @@ stage_session45b() {
     run dsv4_bench_session45 env BENCH_TOKENS=32768,131072 BENCH_RUNS="${S45_RUNS:-fp4:32768 fp4:32768}" bash $DEV/dsv4_gpu.sh bench
   fi
 }
+# Session 46: a capture's last block in pieces, each copied out and hashed on its own thread as it lands
+# (PDBRIDGE_TAIL_PIECES, default 4), against the block whole (=1), alternating in one call; the capture stats' tail
+# part by part; the GPU suites over the pieces (CudaTailCapture: the same rows whole or in pieces; the bridges).
+stage_session46() {
+  local L8=$M/llama8b Q=$M/qwen30b8f16 V=$M/dsv2f16
+  [ -f $Q/decoder-f16.gguf ] || ( $PDB make-model --arch qwen3moe --preset qwen3-30b-a3b --layers 8 --seed 11 --out $Q --no-hf \
+    --hf-dtype bf16 --gguf-types f16 > $R/make_qwen.log 2>&1; echo $? > $R/qwen.rc ) &
+  [ -f $V/decoder-f16.gguf ] || ( $PDB make-model --arch deepseek2 --preset deepseek-v2-lite --layers 8 --seed 13 --out $V --no-hf \
+    --hf-dtype bf16 --gguf-types f16 > $R/make_dsv2.log 2>&1; echo $? > $R/dsv2.rc ) &
+  [ -z "${S46_LLAMA:-}" ] || [ -f $L8/decoder-f16.gguf ] || ( $PDB make-model --arch llama --preset 8b --seed 7 --out $L8 --no-hf --hf-dtype bf16 \
+    --gguf-types f16 > $R/make_llama8b.log 2>&1; echo $? > $R/llama8b.rc ) &
+  make_test_models
+  [ -n "${S46_SKIP_TESTS:-}" ] || run itests_46 timeout 300 $P/build/tests/integration_tests --gtest_filter="${S46_ITESTS:-CudaTailCapture.*:CudaBridge.*:CudaParity.*}"
+  wait
+  local T="--tokens 8192,32768 --reps 3 --out $R/bench.jsonl" B="--modes engine,engine+recipe+frames" S="--tokens 8192,32768 --reps 3 --modes engine+recipe+frames"
+  local ROUNDS=${S46_ROUNDS:-1 2}
+  for i in $ROUNDS; do
+    run qwen_pieces_$i $PDB bench prefill --model $Q/decoder-f16.gguf $T $B --label qwen3moe-8l-f16-pieces4
+    run qwen_whole_$i env PDBRIDGE_TAIL_PIECES=1 $PDB bench prefill --model $Q/decoder-f16.gguf $T $B --label qwen3moe-8l-f16-whole
+  done
+  run qwen_stats_pieces env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $Q/decoder-f16.gguf $S --label qwen3moe-stats-pieces4
+  run qwen_stats_whole env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_TAIL_PIECES=1 $PDB bench prefill --model $Q/decoder-f16.gguf $S --label qwen3moe-stats-whole
+  run qwen_stats_6 env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_TAIL_PIECES=6 $PDB bench prefill --model $Q/decoder-f16.gguf $S --label qwen3moe-stats-pieces6
+  for i in $ROUNDS; do
+    run dsv2_pieces_$i $PDB bench prefill --model $V/decoder-f16.gguf $T $B --label dsv2-8l-f16-pieces4
+    run dsv2_whole_$i env PDBRIDGE_TAIL_PIECES=1 $PDB bench prefill --model $V/decoder-f16.gguf $T $B --label dsv2-8l-f16-whole
+  done
+  run dsv2_stats_pieces env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $V/decoder-f16.gguf $S --label dsv2-stats-pieces4
+  run dsv2_stats_whole env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_TAIL_PIECES=1 $PDB bench prefill --model $V/decoder-f16.gguf $S --label dsv2-stats-whole
+  if [ -n "${S46_LLAMA:-}" ]; then
+    run llama_pieces $PDB bench prefill --model $L8/decoder-f16.gguf $T $B --label llama8b-f16-pieces4
+    run llama_whole env PDBRIDGE_TAIL_PIECES=1 $PDB bench prefill --model $L8/decoder-f16.gguf $T $B --label llama8b-f16-whole
+  fi
+  if [ "${PEERS:-1}" = 1 ]; then
+    PYTHONUNBUFFERED=1 run torch_qwen python3 $DEV/torch_moe_peer.py qwen3moe 8
+    PYTHONUNBUFFERED=1 run torch_dsv2 python3 $DEV/torch_moe_peer.py deepseek2 8
+    [ -n "${S46_LLAMA:-}" ] && [ -f $DEV/torch_prefill_peer.py ] && PYTHONUNBUFFERED=1 run torch_llama python3 $DEV/torch_prefill_peer.py
+  fi
+}
 # The f32 tensor products with k split in the server's 4,096-row chunks as the default: the twin tests and bench, the
 # suites with the defaults (the tiny models' chunks now take the tensor products) and with PDBRIDGE_DSV4_F32=fp32,
 # the layer bench at 32K prompts in 32K and 4K chunks, alternating with PDBRIDGE_DSV4_F32=fp32.
@@ -1167,7 +1206,7 @@ has dsv4gguf && make_dsv4_flash3
 if [ "$STAGES" = all ]; then ORDERED="tests bench"; else ORDERED=${STAGES//,/ }; fi
 for stage in $ORDERED; do
   case $stage in
-    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|session40f|session41|session41c|session42|session42a|session42b|session42c|session43|session44|session45|session45b|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
+    tests|bench|models|waitmodels|attn|cudnn|cudnnmoe|moecudnn|llamapeer|ab|qwen|moe|fp8|scale|pace|m1|demo|link|gpudec|golden|dsv4ab|framesab|recheck|gguf|ggufmoe|ggufab|kvrows|recheck35|rowpath|moe48|numerics|dsv4gguf|cudaparity|enginecheck|gapcheck|moegap|moegap2|moegap3|session30|rowsgap|dsv2gap|session32|session32b|session33|session34|session35|session35b|session35c|session35d|session35e|session36|session36b|session36c|session38|session38b|session38c|session38d|session39|session39b|session39c|session40|session40b|session40c|session40d|session40e|session40f|session41|session41c|session42|session42a|session42b|session42c|session43|session44|session45|session45b|session46|ncudsv4|ncufp4|ncuidx) stage_$stage ;;
     train) ;;  # started above, in the background
     *) ts "unknown stage $stage" ;;
   esac

@@ -9,6 +9,7 @@
 // and uploaded on a stream of their own a layer before they are used. Rows of F32, F16, Q8_0
 // and Q4_0 caches are rotated and encoded on the GPU and leave in their final bytes; other cache
 // types leave as f32 and are rotated and quantized on the host by the CPU recipe's code.
+#include <algorithm>
 #include <condition_variable>
 #include "common/tuning.h"
 #include <cstdlib>
@@ -39,6 +40,9 @@ namespace pdb {
 namespace {
 
 constexpr int kSlots = 6;
+// A capture's last block in up to this many pieces of at least kTailPieceRows rows (PDBRIDGE_TAIL_PIECES=1: whole).
+constexpr int kTailPieces = 4;
+constexpr int64_t kTailPieceRows = 64;
 // Buffers beyond the slots' own: a slot whose buffer left as a block's frames takes one of these, so the frames can
 // wait for the wire while the slot fills again. Without a spare (frames piling up behind a slow link) the rows are
 // copied into frames of their own, as before.
@@ -84,6 +88,7 @@ struct CaptureStats {
   cuda::EventSpans staging;  // the engine's stream's waits for a free staging buffer
   double slot_wait_ms = 0, copy_wait_ms = 0, deliver_ms = 0, tail_ms = 0;
   int frames_handed_over = 0, frames_copied = 0;  // blocks whose slot buffer left as their frames, or found no spare (copied)
+  int tail_pieces = 1;                            // the last block's pieces
   // the GPU's wait on `copied` (stream s held until a staging buffer's rows have left)
   void wait_staging(cudaStream_t s, cudaEvent_t copied) {
     if (on) staging.begin(s);
@@ -106,9 +111,9 @@ struct CaptureStats {
                "capture stats: {} tokens, {} row blocks; rows' GPU work {:.2f} ms ({:.3f} per block), the engine's K/V rows {:.2f} ms of "
                "which the last layer's {:.2f}; the engine's stream held for a free staging buffer {:.2f} ms; host blocked on a free slot "
                "{:.2f} ms; delivery waited on copies {:.2f} ms, converted and handed on {:.2f} ms (slot buffers handed over as frames {}, "
-               "none spare {}); after the engine's return {:.2f} ms\n",
+               "none spare {}); after the engine's return {:.2f} ms (the last block in {} pieces)\n",
                tokens, blocks, gpu_ms, blocks ? gpu_ms / double(blocks) : 0.0, e.rows_ms, e.last_layer_ms, staging_ms, slot_wait_ms,
-               copy_wait_ms, deliver_ms, frames_handed_over, frames_copied, tail_ms);
+               copy_wait_ms, deliver_ms, frames_handed_over, frames_copied, tail_ms, tail_pieces);
   }
 };
 using StatsClock = std::chrono::steady_clock;
@@ -208,6 +213,7 @@ class CudaBackend final : public PrefillBackend {
     int buf = 0;  // its buffer in frames_: the rows as they leave (cache-type bytes, or f32 for the host to convert)
     size_t k_at = 0, v_at = 0;  // where K's and V's rows lie in it
     cudaEvent_t computed = nullptr, copied = nullptr;
+    std::future<uint64_t> k_hash, v_hash;  // a capture's last block's pieces: their payloads hashed as they land
   };
   // Device rows between their computation and their copy to a slot: two are enough (the copy of one overlaps the
   // computation of the next); the host slots are the ring that absorbs the wire's backpressure.
@@ -300,6 +306,7 @@ class CudaBackend::Capture {
     const Tuning t = Tuning::from_env();
     stats_.on = t.capture_stats == "1";
     hand_over_frames_ = t.frames != "copy";
+    tail_pieces_ = t.tail_pieces.empty() ? kTailPieces : std::clamp(std::atoi(t.tail_pieces.c_str()), 1, kSlots);
     // an f16 cache without rotation: the rows' bytes in one pass after the products (the same bytes; PDBRIDGE_ROWS_FUSED=0:
     // the passes one by one)
     fused_ = t.rows_fused != "0" && spec.k_type == GgmlType::F16 && spec.v_type == GgmlType::F16 && !rot_k_ && !spec.rot_v;
@@ -391,34 +398,60 @@ class CudaBackend::Capture {
       b_.convert(s, spec_.k_type, rot_k_, k_rotation_size(info_.head_dim), buf + s.k_at, kq, k, kb, C_);
       if (has_v_) b_.convert(s, spec_.v_type, spec_.rot_v, kVRotationSize, buf + s.v_at, vq, v, vb, C_);
       KvBlock block{s.layer, s.pos0, s.rows, k, kb, v, vb};
+      if (s.k_hash.valid()) {
+        block.hashed = true;
+        block.k_hash = s.k_hash.get();
+        if (s.v_hash.valid()) block.v_hash = s.v_hash.get();
+      }
       // the slot's buffer leaves as its block's frames (PDBRIDGE_FRAMES=copy: copied into new ones instead)
       if (hand_over_frames_ && cuda::encodes_on_gpu(spec_.k_type) && (!has_v_ || cuda::encodes_on_gpu(spec_.v_type)))
         block.take_frames = [this, &s, frame_bytes = (has_v_ ? s.v_at + vb : s.k_at + kb)] { return b_.hand_over(s, frame_bytes, stats_); };
       if (!sink_(block)) stopped_ = true;
     }
+    s.k_hash = {};  // (a stopped capture's: waited for here, their bytes still the slot's)
+    s.v_hash = {};
     if (stats_.on) stats_.deliver_ms += ms_since(t1);
   }
 
   // The next host slot once delivered, and the device staging its rows are computed in: stream rs waits (on the GPU,
   // the host does not) until the staging's previous rows have left for their slot.
   Slot& next_slot(int layer, int64_t rows, int64_t pos0, cudaStream_t rs) {
-    Slot& s = b_.slots_[next_fill_ % kSlots];
-    {
-      const auto t0 = StatsClock::now();
-      std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return s.state == Slot::Free; });
-      if (stats_.on) stats_.slot_wait_ms += ms_since(t0);
-    }
+    Slot& s = free_slot();
     s.layer = layer;
     s.pos0 = pos0;
     s.rows = rows;
     stats_.wait_staging(rs, staged().copied_out);
     return s;
   }
+  Slot& free_slot() {
+    Slot& s = b_.slots_[next_fill_ % kSlots];
+    const auto t0 = StatsClock::now();
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [&] { return s.state == Slot::Free; });
+    if (stats_.on) stats_.slot_wait_ms += ms_since(t0);
+    return s;
+  }
   Staging& staged() { return b_.staging_[next_fill_ % kStaging]; }
 
-  // The staged f32 rows (computed on rs) encoded and out to the slot's pinned host memory on the copy stream.
-  // encoded: the staging's bytes already hold the rows in the cache types (the fused f16 rows).
+  // The capture's last block leaves in pieces, each copied out and hashed on threads of its own as it lands: after the
+  // engine's last product nothing is left to hide that block's copy and hashes behind (issue 36: at 8K in one
+  // 8,192-token chunk, Qwen3's 16 MB of rows). Only rows the GPU writes in their final bytes (their hashes are the
+  // frames') that leave as their frames.
+  int pieces_of(const Slot& s) const {
+    const bool last = s.layer == layers_ - 1 && s.pos0 + s.rows == int64_t(tokens_.size());
+    if (!last || !hand_over_frames_ || !cuda::encodes_on_gpu(spec_.k_type) || (has_v_ && !cuda::encodes_on_gpu(spec_.v_type))) return 1;
+    return int(std::clamp<int64_t>(s.rows / kTailPieceRows, 1, tail_pieces_));
+  }
+  static std::future<uint64_t> hash_when_landed(cudaEvent_t landed, const uint8_t* p, size_t n) {
+    return std::async(std::launch::async, [=] {
+      PDB_CUDA_CHECK(cudaEventSynchronize(landed));
+      return wire::payload_hash(p, n);
+    });
+  }
+
+  // The staged f32 rows (computed on rs) encoded and out to the slot's pinned host memory on the copy stream (the
+  // capture's last block in pieces, pieces_of). encoded: the staging's bytes already hold the rows in the cache types
+  // (the fused f16 rows).
   void send(Slot& s, cudaStream_t rs, bool encoded = false) {
     Staging& g = staged();
     const int64_t rows = s.rows;
@@ -429,21 +462,44 @@ class CudaBackend::Capture {
                                     : encode(spec_.v_type, spec_.rot_v, kVRotationSize, g.dv, g.dvq, rows, C_, rs);
     PDB_CUDA_CHECK(cudaEventRecord(s.computed, rs));
     PDB_CUDA_CHECK(cudaStreamWaitEvent(b_.copy_stream_, s.computed, 0));
-    // K right behind header room; V behind more, right after K where it leaves as it is (the buffer is then the
-    // block's frames), 16-byte aligned where the host converts its f32 rows
+    const int pieces = pieces_of(s);
+    const auto* k = static_cast<const uint8_t*>(outgoing(spec_.k_type, g.dk, g.dkq));
+    const auto* v = static_cast<const uint8_t*>(outgoing(spec_.v_type, g.dv, g.dvq));
+    const size_t krow = kbytes / size_t(rows), vrow = vbytes / size_t(rows);
+    Slot* p = &s;
+    for (int i = 0; i < pieces; ++i) {
+      const int64_t r0 = rows * i / pieces, r1 = rows * (i + 1) / pieces;
+      if (i > 0) {
+        p = &free_slot();
+        p->layer = s.layer;
+      }
+      p->pos0 = s.pos0 + r0;
+      p->rows = r1 - r0;
+      copy_out(*p, k + size_t(r0) * krow, size_t(r1 - r0) * krow, v + size_t(r0) * vrow, size_t(r1 - r0) * vrow);
+      if (i == pieces - 1) PDB_CUDA_CHECK(cudaEventRecord(g.copied_out, b_.copy_stream_));
+      PDB_CUDA_CHECK(cudaEventRecord(p->copied, b_.copy_stream_));
+      if (pieces > 1) {
+        const uint8_t* buf = b_.frames_->data(p->buf);
+        p->k_hash = hash_when_landed(p->copied, buf + p->k_at, size_t(p->rows) * krow);
+        if (has_v_) p->v_hash = hash_when_landed(p->copied, buf + p->v_at, size_t(p->rows) * vrow);
+      }
+      std::lock_guard<std::mutex> l(mu_);
+      p->state = Slot::Enqueued;
+      ++next_fill_;
+      cv_.notify_all();
+    }
+    if (stats_.on && pieces > 1) stats_.tail_pieces = pieces;
+  }
+  // A slot's K and V bytes from the device to its buffer, on the copy stream: K right behind header room; V behind
+  // more, right after K where it leaves as it is (the buffer is then the block's frames), 16-byte aligned where the
+  // host converts its f32 rows.
+  void copy_out(Slot& s, const uint8_t* k, size_t kbytes, const uint8_t* v, size_t vbytes) {
     uint8_t* buf = b_.frames_->data(s.buf);
     const size_t hb = wire::kHeaderBytes;
     s.k_at = hb;
     s.v_at = cuda::encodes_on_gpu(spec_.v_type) ? hb + kbytes + hb : (hb + kbytes + hb + 15) / 16 * 16;
-    PDB_CUDA_CHECK(cudaMemcpyAsync(buf + s.k_at, outgoing(spec_.k_type, g.dk, g.dkq), kbytes, cudaMemcpyDeviceToHost, b_.copy_stream_));
-    if (has_v_)
-      PDB_CUDA_CHECK(cudaMemcpyAsync(buf + s.v_at, outgoing(spec_.v_type, g.dv, g.dvq), vbytes, cudaMemcpyDeviceToHost, b_.copy_stream_));
-    PDB_CUDA_CHECK(cudaEventRecord(g.copied_out, b_.copy_stream_));
-    PDB_CUDA_CHECK(cudaEventRecord(s.copied, b_.copy_stream_));
-    std::lock_guard<std::mutex> l(mu_);
-    s.state = Slot::Enqueued;
-    ++next_fill_;
-    cv_.notify_all();
+    PDB_CUDA_CHECK(cudaMemcpyAsync(buf + s.k_at, k, kbytes, cudaMemcpyDeviceToHost, b_.copy_stream_));
+    if (has_v_) PDB_CUDA_CHECK(cudaMemcpyAsync(buf + s.v_at, v, vbytes, cudaMemcpyDeviceToHost, b_.copy_stream_));
   }
 
   // The recipe's rows of one layer from its input (the residual on stream st).
@@ -565,6 +621,7 @@ class CudaBackend::Capture {
   const int layers_;
   const bool hf_k_order_;  // the engine's K rows are in HF's order
   bool hand_over_frames_ = false, fused_ = false;
+  int tail_pieces_ = kTailPieces;
   CaptureStats stats_;
   std::atomic<bool> stopped_{false};
   bool finished_ = false;

@@ -51,6 +51,8 @@ struct Tuning {
   std::string rows_fused;        // PDBRIDGE_ROWS_FUSED=0: the GPU backend's rows of an f16 cache in five passes, not one
   std::string capture_stats;     // PDBRIDGE_CAPTURE_STATS=1: each GPU capture's rows timed part by part, on stderr (no path changes)
   std::string frames;            // PDBRIDGE_FRAMES=copy: the GPU backend copies its pinned slot buffers into frames (default: they leave as the frames)
+  std::string tail_pieces;       // PDBRIDGE_TAIL_PIECES=N: a GPU capture's last block in up to N pieces, each copied out and hashed
+                                 // as it lands (default 4; 1: whole, as the blocks before it)
 
   static Tuning from_env();
 };
@@ -79,6 +81,7 @@ inline const std::vector<TuningSwitch>& tuning_switches() {
       {"PDBRIDGE_ACT_QUANT", &Tuning::act_quant},
       {"PDBRIDGE_READBACK", &Tuning::readback},             {"PDBRIDGE_ROWS_FUSED", &Tuning::rows_fused},
       {"PDBRIDGE_CAPTURE_STATS", &Tuning::capture_stats},    {"PDBRIDGE_FRAMES", &Tuning::frames},
+      {"PDBRIDGE_TAIL_PIECES", &Tuning::tail_pieces},
   };
   return s;
 }

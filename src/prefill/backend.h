@@ -42,6 +42,10 @@ struct KvBlock {
   // before v right after k): hands that buffer over as the frames' bytes, so that the sink writes the headers and
   // copies nothing. It may return empty bytes (no buffer to spare just now); null where the rows lie otherwise.
   std::function<wire::Bytes()> take_frames = {};
+  // The payloads' wire::payload_hash where the backend made them as the rows landed (a capture's last block, in
+  // pieces hashed on threads of their own, so the frames after the engine's end wait for no hash): k's and v's as given.
+  bool hashed = false;
+  uint64_t k_hash = 0, v_hash = 0;
   // A pooled cache's seal (after the sink refused a block): > 0, the prefix P of complete chunks these
   // sections (window rows before P, rings at P) make a valid state of with the pool rows already sent.
   int64_t seal_tokens = 0;

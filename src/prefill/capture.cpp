@@ -33,6 +33,7 @@ KvBlock without_rows_before(const KvBlock& whole, int64_t send_from) {
   const int64_t cut = std::min(b.rows, send_from - b.pos0);
   const size_t k_row = b.k_bytes / size_t(b.rows), v_row = b.v_bytes / size_t(b.rows);
   b.take_frames = nullptr;  // the rows left no longer lie as frames
+  b.hashed = false;         // nor are the payloads' hashes theirs
   b.pos0 += cut;
   b.rows -= cut;
   b.k += size_t(cut) * k_row;
@@ -73,8 +74,10 @@ wire::Bytes kv_frames(const KvBlock& b, const CacheSpec& spec, bool has_v) {
   wire::Bytes taken = b.take_frames ? b.take_frames() : wire::Bytes();
   const size_t hb = wire::kHeaderBytes, bytes = hb + b.k_bytes + (has_v ? hb + b.v_bytes : 0);
   if (taken.size() == bytes && taken.data() + hb == b.k && (!has_v || taken.data() + 2 * hb + b.k_bytes == b.v)) {
-    if (has_v) wire::frame_in_place({{k, 0, b.k_bytes}, {v, hb + b.k_bytes, b.v_bytes}}, taken);
-    else wire::frame_in_place({{k, 0, b.k_bytes}}, taken);
+    k.payload_hash = b.k_hash;
+    v.payload_hash = b.v_hash;
+    if (has_v) wire::frame_in_place({{k, 0, b.k_bytes, b.hashed}, {v, hb + b.k_bytes, b.v_bytes, b.hashed}}, taken);
+    else wire::frame_in_place({{k, 0, b.k_bytes, b.hashed}}, taken);
     return taken;
   }
   wire::Bytes out;

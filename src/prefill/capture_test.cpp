@@ -16,7 +16,10 @@ namespace {
 class FramedRowsBackend final : public PrefillBackend {
  public:
   enum class Offer { None, Frames, WrongLayout, NoSpare };
-  explicit FramedRowsBackend(Offer offer) : offer_(offer) {
+  // hashes: the blocks carry their payloads' hashes (as the CUDA backend's last block does); wrong_hashes: hashes that
+  // are not the payloads', to show they are taken as given
+  explicit FramedRowsBackend(Offer offer, bool hashes = false, bool wrong_hashes = false)
+      : offer_(offer), hashes_(hashes), wrong_hashes_(wrong_hashes) {
     info_.arch = "llama";
     info_.n_layer = 2;
     info_.n_embd = 256;
@@ -46,6 +49,11 @@ class FramedRowsBackend final : public PrefillBackend {
           buf[2 * hb + kb + i] = byte_of(layer, pos, i % row_bytes(), true);
         }
         KvBlock b{layer, p0, rows, buf + hb, kb, buf + 2 * hb + kb, kb};
+        if (hashes_) {
+          b.hashed = true;
+          b.k_hash = wire::payload_hash(b.k, kb) + (wrong_hashes_ ? 1 : 0);
+          b.v_hash = wire::payload_hash(b.v, kb);
+        }
         bool taken = false;
         auto give_back = [this](uint8_t* p) {
           delete[] p;
@@ -73,6 +81,7 @@ class FramedRowsBackend final : public PrefillBackend {
 
  private:
   Offer offer_;
+  bool hashes_ = false, wrong_hashes_ = false;
   RecipeInfo info_;
   HfConfig config_;
 };
@@ -151,6 +160,27 @@ TEST(CaptureFrames, ATailCapturesCutBlockIsCopiedAndTheRestHandedOver) {
   EXPECT_EQ(be.handed_over_, 4);  // chunks at 128 and 192; the one at 64 cut, the one at 0 not sent at all
   EXPECT_EQ(be.outstanding_, 0);
   EXPECT_EQ(be.given_back_, 8);
+}
+
+// Blocks whose payloads the backend hashed as they landed: the frames take those hashes (a wrong one reaches the wire,
+// so they are not made again), the same frames as hashed here; a cut block's rows are hashed again.
+TEST(CaptureFrames, HashesTheBackendMadeAreTheFramesHashes) {
+  {
+    FramedRowsBackend be(FramedRowsBackend::Offer::Frames, true);
+    expect_rows(be, capture(be, 200, 0), 0, 200);
+    EXPECT_EQ(be.handed_over_, 8);
+  }
+  {
+    FramedRowsBackend be(FramedRowsBackend::Offer::Frames, true);
+    expect_rows(be, capture(be, 200, 100), 100, 200);
+  }
+  for (const auto offer : {FramedRowsBackend::Offer::None, FramedRowsBackend::Offer::NoSpare}) {  // copied: hashed as copied
+    FramedRowsBackend be(offer, true, true);
+    expect_rows(be, capture(be, 200, 0), 0, 200);
+  }
+  FramedRowsBackend wrong(FramedRowsBackend::Offer::Frames, true, true);
+  EXPECT_THROW(capture(wrong, 200, 0), wire::Error);
+  EXPECT_EQ(wrong.outstanding_, 0);
 }
 
 }  // namespace pdb

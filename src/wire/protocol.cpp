@@ -84,12 +84,13 @@ struct FrameJob {
   uint8_t* at;
   const uint8_t* src;
   size_t bytes;
+  bool hashed = false;  // in place, header.payload_hash given
 };
 
 void finish(FrameJob& j) {
   j.header.payload_bytes = j.bytes;
   uint8_t* payload = j.at + kHeaderBytes;
-  j.header.payload_hash = j.src ? copy_and_hash(payload, j.src, j.bytes) : XXH3_64bits(payload, j.bytes);
+  if (!j.hashed) j.header.payload_hash = j.src ? copy_and_hash(payload, j.src, j.bytes) : XXH3_64bits(payload, j.bytes);
   write_header(j.header, j.at);
 }
 
@@ -98,7 +99,7 @@ void finish_all(std::vector<FrameJob>& jobs) {
   std::vector<char> on_helper(jobs.size(), 0);
   bool first_large = true;  // stays on this thread
   for (size_t i = 0; i < jobs.size(); ++i) {
-    if (jobs[i].bytes < kOwnThreadBytes) continue;
+    if (jobs[i].bytes < kOwnThreadBytes || jobs[i].hashed) continue;
     if (first_large) { first_large = false; continue; }
     try {
       helpers.emplace_back([&jobs, i] { finish(jobs[i]); });
@@ -168,7 +169,7 @@ void frame_in_place(std::initializer_list<FrameInPlace> frames, Bytes& buffer) {
   for (const auto& f : frames) {
     if (f.at + kHeaderBytes + f.bytes > buffer.size())
       throw std::out_of_range(fmt::format("frame_in_place: a frame at {} of {} payload bytes past the buffer's {}", f.at, f.bytes, buffer.size()));
-    jobs.push_back({f.header, buffer.data() + f.at, nullptr, f.bytes});
+    jobs.push_back({f.header, buffer.data() + f.at, nullptr, f.bytes, f.hashed});
   }
   finish_all(jobs);
 }

@@ -110,12 +110,13 @@ struct FramePayload {
 void encode_frames(std::initializer_list<FramePayload> payloads, Bytes& out);
 void encode_frames(const std::vector<FramePayload>& payloads, Bytes& out);
 // Frames whose payloads already lie in `frames` (a backend copied its rows there, each behind kHeaderBytes of room
-// at `at`): each payload hashed where it lies, large ones on threads of their own, and its header written. No byte
-// of a payload is copied.
+// at `at`): each payload hashed where it lies, large ones on threads of their own (or its hash taken as given: a
+// backend that hashed its rows as they landed), and its header written. No byte of a payload is copied.
 struct FrameInPlace {
   FrameHeader header;
   size_t at = 0;  // the header's offset in the buffer, the payload right after it
   size_t bytes = 0;
+  bool hashed = false;  // header.payload_hash is the payload's payload_hash already (taken as it is)
 };
 void frame_in_place(std::initializer_list<FrameInPlace> frames, Bytes& buffer);
 
