@@ -37,7 +37,7 @@ const std::string& deepseek2_small_dir() {
   static const std::string dir = [] {
     MakeModelOptions o;
     o.arch = "deepseek2"; o.preset = "small"; o.seed = 7; o.out = test::temp_dir("deepseek2-small"); o.hf_dtype = "f32";
-    o.gguf_types = {"f32", "q8_0"};
+    o.gguf_types = {"f32", "f16", "q8_0"};
     o.vocab_dir = test::llama_src() + "/models";
     o.llama_bin = test::llama_bin();
     make_model(o);
@@ -419,17 +419,20 @@ TEST(CudaParity, EngineKvRowsFromTheDecodersGguf) {
   struct Case { std::string model, gguf, cache; ProductNumerics numerics = ProductNumerics::bf16; };
   for (const Case& c : {Case{"llama-tiny", "q4_0", "f16"}, Case{"qwen3-tiny", "q8_0", "f16"}, Case{"llama-tiny", "f16", "q8_0"},
                        Case{"qwen3moe-tiny", "q8_0", "f16"}, Case{"deepseek2-small", "q8_0", "f16"},
-                       Case{"llama-tiny-h16", "f16", "f16", ProductNumerics::half}, Case{"llama-tiny-h16", "f16", "q8_0", ProductNumerics::half}}) {
+                       Case{"llama-tiny-h16", "f16", "f16", ProductNumerics::half}, Case{"llama-tiny-h16", "f16", "q8_0", ProductNumerics::half},
+                       Case{"deepseek2-small", "f16", "f16", ProductNumerics::half}}) {
     const std::string mdir = c.model == "deepseek2-small" ? deepseek2_small_dir() : test::models_dir() + "/" + c.model;
     test::Stack st(test::parity_stack_options(mdir, c.gguf, c.cache));
     const int T = 700;
     auto tokens = test::random_token_ids(std::random_device{}(), T, 100000);
     std::shared_ptr<const Recipe> recipe = Recipe::load(st.decoder_gguf, 2);
     double rel[2][2] = {};  // [decoder rows, engine rows][layer 0, worst layer]
+    ParsedState bridged[2];
     for (int engine_rows = 0; engine_rows < 2; ++engine_rows) {
       auto backend = make_cuda_backend(st.decoder_gguf, recipe, 2, 256, false, 1, false, 0, engine_rows == 1, c.numerics);
       if (engine_rows) EXPECT_NE(backend->weights().find("engine's K/V products"), std::string::npos) << backend->weights();
       auto [native, ours, fid] = test::native_and_bridged_states(st, *backend, tokens, 256);
+      bridged[engine_rows] = ours;
       const auto layer0 = diff_states(native, ours, 1), all = diff_states(native, ours);
       ASSERT_TRUE(all.same_layout) << all.layout_note;
       for (const auto& t : layer0.tensors) rel[engine_rows][0] = std::max(rel[engine_rows][0], t.rel_rms());
@@ -440,6 +443,11 @@ TEST(CudaParity, EngineKvRowsFromTheDecodersGguf) {
     }
     EXPECT_LE(rel[1][0], 0.01) << c.model << " " << c.gguf;
     EXPECT_LE(rel[1][1], 0.05) << c.model << " " << c.gguf;
+    if (c.numerics == ProductNumerics::half && c.cache == "f16") {  // --kv-rows auto's case: the recipe's products, made once
+      const auto same = diff_states(bridged[0], bridged[1]);
+      std::printf("CUDA KV ROWS %s engine's rows against the recipe's: %.4f%% identical\n", c.model.c_str(), same.pct_identical());
+      EXPECT_GE(same.pct_identical(), 99.0) << c.model << ": the engine's rows under half products are the recipe's up to summation order";
+    }
   }
 }
 
@@ -549,6 +557,13 @@ TEST(CudaBridge, EngineKvRowsUnderAutoOnlyWhereTheyAreTheRecipes) {
   o.kv_rows = "decoder";
   o.model = h16;
   EXPECT_FALSE(kv_rows_from_engine(o, ProductNumerics::half, recipe_of(h16)));
+  // MLA: its latent rows are kv_a's product, F16 in the F16 GGUF (the recipe's product under half products)
+  const std::string d16 = test::models_dir() + "/deepseek2-tiny/decoder-f16.gguf", d8 = test::models_dir() + "/deepseek2-tiny/decoder-q8_0.gguf";
+  o = BackendOptions{.model = d16, .recipe = d16, .device = "cuda", .kv_rows = "auto"};
+  EXPECT_TRUE(kv_rows_from_engine(o, ProductNumerics::half, recipe_of(d16))) << "deepseek2's F16 kv_a";
+  EXPECT_FALSE(kv_rows_from_engine(o, ProductNumerics::bf16, recipe_of(d16)));
+  o = BackendOptions{.model = d8, .recipe = d8, .device = "cuda", .kv_rows = "auto"};
+  EXPECT_FALSE(kv_rows_from_engine(o, ProductNumerics::half, recipe_of(d8))) << "deepseek2's Q8_0 kv_a";
 }
 
 // The CUDA engine's chunk where none is asked for: 4,096 tokens, a MoE block's doubled until its routed experts

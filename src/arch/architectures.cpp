@@ -122,22 +122,25 @@ const Architecture kArchitectures[] = {
 }  // namespace
 
 // --kv-rows auto: the engine's rows where they are the recipe's own arithmetic, so that the recipe would only make the
-// same products again: the engine runs the decoder's GGUF itself (the same file) with half products, attention by
-// heads (not MLA's latent), and every layer's q, k and v weights are F16, whose activations every ggml backend rounds to
-// half as the recipe and the engine do. The rows then differ from the recipe's at most in the products' summation
-// order (CudaParity.EngineKvRowsFromTheDecodersGguf: the same bytes on llama-tiny-h16). Anything else: the recipe's.
+// same products again: the engine runs the decoder's GGUF itself (the same file) with half products, and every layer's
+// weights of the cached rows are F16 (q, k and v by heads; MLA's kv_a, its latent and k_pe), whose activations every
+// ggml backend rounds to half as the recipe and the engine do. The rows then differ from the recipe's at most in the
+// products' summation order (CudaParity.EngineKvRowsFromTheDecodersGguf: the same bytes on llama-tiny-h16 and
+// deepseek2-small's F16 GGUF). Anything else: the recipe's.
 static bool engine_rows_are_the_recipes(const BackendOptions& o, ProductNumerics numerics, const RecipeInfo& info) {
-  if (o.device != "cuda" || numerics != ProductNumerics::half || info.mla() || !is_gguf_path(o.model) || o.model != o.recipe) return false;
+  if (o.device != "cuda" || numerics != ProductNumerics::half || !is_gguf_path(o.model) || o.model != o.recipe) return false;
   const auto gguf = GgufFile::open(o.model);
-  int qkv = 0;
+  int qkv = 0, kv_a = 0;
   for (const auto& t : gguf->tensors()) {
     if (t.name.rfind("blk.", 0) != 0) continue;
     const bool proj = t.name.find(".attn_q.weight") != std::string::npos || t.name.find(".attn_k.weight") != std::string::npos ||
                       t.name.find(".attn_v.weight") != std::string::npos;
-    if (t.name.find(".attn_qkv.") != std::string::npos || (proj && t.type != GgmlType::F16)) return false;
+    const bool latent = t.name.find(".attn_kv_a_mqa.weight") != std::string::npos;
+    if (t.name.find(".attn_qkv.") != std::string::npos || ((info.mla() ? latent : proj) && t.type != GgmlType::F16)) return false;
     qkv += proj;
+    kv_a += latent;
   }
-  return qkv > 0 && qkv % 3 == 0;
+  return info.mla() ? kv_a == info.n_layer : qkv > 0 && qkv % 3 == 0;
 }
 
 // --kv-rows: the engine's own K/V are the decoder's rows only when its weights are the decoder's: the same GGUF, or

@@ -39,7 +39,10 @@ class MlaAttentionCuda final : public CudaAttention {
   CudaKvCache& kv() override { return kv_; }
   std::string enable_kv_rows() override;
   void kv_rows(int64_t layer, const bf16* x, const CudaChunk& c, const float** k, const float** v, int64_t* ld) override;
-  size_t kv_rows_weights_end(int64_t layer) const override { return layers_[size_t(layer)].wfront.scratch_end(); }
+  size_t kv_rows_weights_end(int64_t layer) const override {
+    const Layer& L = layers_[size_t(layer)];
+    return std::max(L.wfront.scratch_end(), L.wkv_a_rows.scratch_end());
+  }
   size_t buffer_bytes() const override {
     return kv_.bytes() + front_.bytes() + qa_.bytes() + qfull_.bytes() + q_.bytes() + ckv_.bytes() + kvb_.bytes() + att_.bytes() + cs_.bytes() +
            kvf_.bytes();
@@ -51,8 +54,12 @@ class MlaAttentionCuda final : public CudaAttention {
     DeviceBuffer q_a_norm, kv_a_norm;  // f32
     CudaWeight wfront;                 // [q_proj (or q_a_proj) ; kv_a_proj_with_mqa] fused along out, bf16
     CudaWeight wq_b, wkv_b, wo;        // bf16
+    // kv_a as the decoder holds it, where its products are half (an F16 GGUF under the decoder's numerics): the cache
+    // rows' product, the recipe's own (the decoder's weights and its rows rounded to half); else empty
+    CudaWeight wkv_a_rows;
   };
   int64_t front_width() const { return (ql_ ? ql_ : nh_ * qk_) + kvl_ + rope_; }  // q (or q_a) | c_kv | k_pe
+  CudaMatmul& mm_;
   cuda::Gemm& gemm_;
   int64_t H_, nh_, nope_, rope_, qk_, vd_, kvl_, ql_;
   float eps_;
@@ -69,7 +76,7 @@ class MlaAttentionCuda final : public CudaAttention {
 };
 
 MlaAttentionCuda::MlaAttentionCuda(const CudaLoad& ld, CudaMatmul& mm)
-    : gemm_(mm.gemm()), H_(ld.c.hidden_size), nh_(ld.c.num_heads), nope_(ld.c.qk_nope_head_dim), rope_(ld.c.qk_rope_head_dim),
+    : mm_(mm), gemm_(mm.gemm()), H_(ld.c.hidden_size), nh_(ld.c.num_heads), nope_(ld.c.qk_nope_head_dim), rope_(ld.c.qk_rope_head_dim),
       qk_(nope_ + rope_), vd_(ld.c.v_head_dim), kvl_(ld.c.kv_lora_rank), ql_(ld.c.q_lora_rank), eps_(float(ld.c.rms_norm_eps)),
       mr_(mla_rope(ld.c)), rope_table_(mr_.rope, 4) {
   if (mr_.rope.n_dims != rope_) throw std::invalid_argument(fmt::format("MLA: RoPE over {} of the {} rope dims", mr_.rope.n_dims, rope_));
@@ -102,6 +109,10 @@ void MlaAttentionCuda::load_layer(const CudaLoad& ld, int64_t l) {
     L.wq_b = stacked({{p + "q_b_proj.weight", nh_ * qk_}}, ql_);
   } else {
     L.wfront = stacked({{p + "q_proj.weight", nh_ * qk_}, kv_a}, H_);
+  }
+  if (!ld.ck && ld.numerics != ProductNumerics::bf16) {
+    CudaWeight rows_w = cuda_load::weight(ld, l, {{kv_a.first, kv_a.second, 0, kv_a.second}}, H_, 0, H_, total, true);
+    if (rows_w.products().half) L.wkv_a_rows = std::move(rows_w);
   }
   L.wkv_b = stacked({{p + "kv_b_proj.weight", nh_ * (nope_ + vd_)}}, kvl_);
   L.wo = stacked({{p + "o_proj.weight", H_}}, nh_ * vd_);
@@ -149,7 +160,8 @@ void MlaAttentionCuda::begin_chunk(const CudaChunk& c) {
 
 // --kv-rows engine: the rows are the kv_a columns of the front product, [c_kv | k_pe] before the latent's norm and
 // k_pe's RoPE (the recipe applies both as the decoder does: GpuRecipe::rows_from_engine), made again in f32 (576 of
-// its outputs at V2's widths) so that an f16 cache is not rounded from bf16.
+// its outputs at V2's widths) so that an f16 cache is not rounded from bf16. Where kv_a's products are half (the
+// decoder's F16 weights, its normed rows rounded to half: the recipe's product exactly) that product makes them.
 std::string MlaAttentionCuda::enable_kv_rows() {
   kv_rows_ = true;
   return "";
@@ -158,8 +170,13 @@ std::string MlaAttentionCuda::enable_kv_rows() {
 void MlaAttentionCuda::kv_rows(int64_t l, const bf16* x, const CudaChunk& c, const float** k, const float** v, int64_t* ld) {
   if (!kv_rows_) throw std::logic_error("kv_rows: enable_kv_rows was not called");
   const int64_t qpart = ql_ ? ql_ : nh_ * qk_;
-  const auto* w = layers_[size_t(l)].wfront.as<uint16_t>();  // bf16 [front_width x H]: q (or q_a) rows, then kv_a's
-  gemm_.xwt(cuda::DType::BF16, x, w + qpart * H_, cuda::DType::F32, kvf_.get(), c.n, H_, kvl_ + rope_, 0.0f, c.s);
+  const Layer& L = layers_[size_t(l)];
+  if (L.wkv_a_rows.products().half && c.decoder_rows()) {
+    mm_(c.decoder_rows(), c.decoder_rows_type(), L.wkv_a_rows, {}, c.n, H_, kvl_ + rope_, cuda::DType::F32, kvf_.get(), 0.0f, c.s);
+  } else {
+    const auto* w = L.wfront.as<uint16_t>();  // bf16 [front_width x H]: q (or q_a) rows, then kv_a's
+    gemm_.xwt(cuda::DType::BF16, x, w + qpart * H_, cuda::DType::F32, kvf_.get(), c.n, H_, kvl_ + rope_, 0.0f, c.s);
+  }
   *k = kvf_.as<float>();
   *v = nullptr;
   *ld = kvl_ + rope_;
