@@ -1081,7 +1081,7 @@ stage_session45b() {
     run dsv4_bench_session45 env BENCH_TOKENS=32768,131072 BENCH_RUNS="${S45_RUNS:-fp4:32768 fp4:32768}" bash $DEV/dsv4_gpu.sh bench
   fi
 }
-# Session 46: a capture's last block in pieces, each copied out and hashed on its own thread as it lands
+# Session 46: MLA's rows from the engine under auto (DeepSeek-V2-Lite against --kv-rows decoder); a capture's last block in pieces, each copied out and hashed on its own thread as it lands
 # (PDBRIDGE_TAIL_PIECES, default 4), against the block whole (=1), alternating in one call; the capture stats' tail
 # part by part; the GPU suites over the pieces (CudaTailCapture: the same rows whole or in pieces; the bridges).
 stage_session46() {
@@ -1093,7 +1093,7 @@ stage_session46() {
   [ -z "${S46_LLAMA:-}" ] || [ -f $L8/decoder-f16.gguf ] || ( $PDB make-model --arch llama --preset 8b --seed 7 --out $L8 --no-hf --hf-dtype bf16 \
     --gguf-types f16 > $R/make_llama8b.log 2>&1; echo $? > $R/llama8b.rc ) &
   make_test_models
-  [ -n "${S46_SKIP_TESTS:-}" ] || run itests_46 timeout 300 $P/build/tests/integration_tests --gtest_filter="${S46_ITESTS:-CudaTailCapture.*:CudaBridge.*:CudaParity.*}"
+  [ -n "${S46_SKIP_TESTS:-}" ] || run itests_46 timeout 420 $P/build/tests/integration_tests --gtest_filter="${S46_ITESTS:-CudaTailCapture.*:CudaBridge.*:CudaParity.*}"
   wait
   local T="--tokens 8192,32768 --reps 3 --out $R/bench.jsonl" B="--modes engine,engine+recipe+frames" S="--tokens 8192,32768 --reps 3 --modes engine+recipe+frames"
   local ROUNDS=${S46_ROUNDS:-1 2}
@@ -1108,6 +1108,7 @@ stage_session46() {
     run dsv2_pieces_$i $PDB bench prefill --model $V/decoder-f16.gguf $T $B --label dsv2-8l-f16-pieces4
     run dsv2_whole_$i env PDBRIDGE_TAIL_PIECES=1 $PDB bench prefill --model $V/decoder-f16.gguf $T $B --label dsv2-8l-f16-whole
   done
+  run dsv2_recipe_rows $PDB bench prefill --model $V/decoder-f16.gguf $T $B --kv-rows decoder --label dsv2-8l-f16-recipe-rows
   run dsv2_stats_pieces env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $V/decoder-f16.gguf $S --label dsv2-stats-pieces4
   run dsv2_stats_whole env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_TAIL_PIECES=1 $PDB bench prefill --model $V/decoder-f16.gguf $S --label dsv2-stats-whole
   if [ -n "${S46_LLAMA:-}" ]; then
