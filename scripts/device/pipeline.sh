@@ -1103,8 +1103,8 @@ stage_session46() {
   done
   run qwen_stats_pieces env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $Q/decoder-f16.gguf $S --label qwen3moe-stats-pieces4
   run qwen_stats_whole env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_TAIL_PIECES=1 $PDB bench prefill --model $Q/decoder-f16.gguf $S --label qwen3moe-stats-whole
-  run qwen_stats_6 env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_TAIL_PIECES=6 $PDB bench prefill --model $Q/decoder-f16.gguf $S --label qwen3moe-stats-pieces6
-  for i in $ROUNDS; do
+  [ -z "${S46_SIX:-}" ] || run qwen_stats_6 env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_TAIL_PIECES=6 $PDB bench prefill --model $Q/decoder-f16.gguf $S --label qwen3moe-stats-pieces6
+  for i in ${S46_DSV2_ROUNDS:-1}; do
     run dsv2_pieces_$i $PDB bench prefill --model $V/decoder-f16.gguf $T $B --label dsv2-8l-f16-pieces4
     run dsv2_whole_$i env PDBRIDGE_TAIL_PIECES=1 $PDB bench prefill --model $V/decoder-f16.gguf $T $B --label dsv2-8l-f16-whole
   done
