@@ -18,6 +18,7 @@
 #include "cuda/rmsnorm.cuh"
 #include "cuda/rope_table.h"
 #include "formats/safetensors.h"
+#include "formats/weight_source.h"
 #include "model/cuda_blocks.h"
 #include "model/cuda_engine_load.h"
 #include "numerics/mla_rope.h"
@@ -110,7 +111,7 @@ void MlaAttentionCuda::load_layer(const CudaLoad& ld, int64_t l) {
   } else {
     L.wfront = stacked({{p + "q_proj.weight", nh_ * qk_}, kv_a}, H_);
   }
-  if (!ld.ck && ld.numerics != ProductNumerics::bf16) {
+  if (!ld.ck && ld.numerics != ProductNumerics::bf16 && ld.gguf->storage_type(kv_a.first) == GgmlType::F16) {
     CudaWeight rows_w = cuda_load::weight(ld, l, {{kv_a.first, kv_a.second, 0, kv_a.second}}, H_, 0, H_, total, true);
     if (rows_w.products().half) L.wkv_a_rows = std::move(rows_w);
   }
