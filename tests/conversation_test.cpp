@@ -148,7 +148,7 @@ TEST(TailCapture, TheEngineKeepsItsStateOnlyWhenACacheWantsIt) {
   EXPECT_EQ(off.stats().entries, 0u);
 }
 
-// The GPU capture's last block leaves in pieces (PDBRIDGE_TAIL_PIECES, default 4, each hashed as it lands): the same
+// The GPU capture's last block leaves in pieces (PDBRIDGE_TAIL_PIECES=4, each hashed as it lands): the same
 // rows, byte for byte, as the block whole; only rows the GPU encodes (a BF16 cache's are converted on the host: whole).
 TEST(CudaTailCapture, TheLastBlockInPiecesCarriesTheWholeBlocksRows) {
   if (!cuda_backend_available()) GTEST_SKIP() << "no CUDA device";
@@ -163,8 +163,9 @@ TEST(CudaTailCapture, TheLastBlockInPiecesCarriesTheWholeBlocksRows) {
     const CacheSpec spec = CacheSpec::decoder_default(t, t, recipe->info().head_dim);
     setenv("PDBRIDGE_TAIL_PIECES", "1", 1);
     const auto whole = capture_rows(*be, tokens, 0, spec, 256, nullptr);
-    unsetenv("PDBRIDGE_TAIL_PIECES");
+    setenv("PDBRIDGE_TAIL_PIECES", "4", 1);
     const auto pieces = capture_rows(*be, tokens, 0, spec, 256, nullptr);
+    unsetenv("PDBRIDGE_TAIL_PIECES");
     ASSERT_EQ(pieces.trailer.value("status", ""), "complete") << ggml_type_name(t);
     EXPECT_EQ(whole.frames.at({last, int(wire::FrameKind::K)}), 3) << ggml_type_name(t);
     const int want = t == GgmlType::BF16 ? 3 : 4;  // two pieces

@@ -560,10 +560,13 @@ TEST(CudaBridge, EngineKvRowsUnderAutoOnlyWhereTheyAreTheRecipes) {
   // MLA: its latent rows are kv_a's product, F16 in the F16 GGUF (the recipe's product under half products)
   const std::string d16 = test::models_dir() + "/deepseek2-tiny/decoder-f16.gguf", d8 = test::models_dir() + "/deepseek2-tiny/decoder-q8_0.gguf";
   o = BackendOptions{.model = d16, .recipe = d16, .device = "cuda", .kv_rows = "auto"};
+  EXPECT_FALSE(kv_rows_from_engine(o, ProductNumerics::half, recipe_of(d16))) << "not yet the default for MLA";
+  setenv("PDBRIDGE_MLA_AUTO_ROWS", "1", 1);
   EXPECT_TRUE(kv_rows_from_engine(o, ProductNumerics::half, recipe_of(d16))) << "deepseek2's F16 kv_a";
   EXPECT_FALSE(kv_rows_from_engine(o, ProductNumerics::bf16, recipe_of(d16)));
   o = BackendOptions{.model = d8, .recipe = d8, .device = "cuda", .kv_rows = "auto"};
   EXPECT_FALSE(kv_rows_from_engine(o, ProductNumerics::half, recipe_of(d8))) << "deepseek2's Q8_0 kv_a";
+  unsetenv("PDBRIDGE_MLA_AUTO_ROWS");
 }
 
 // The CUDA engine's chunk where none is asked for: 4,096 tokens, a MoE block's doubled until its routed experts

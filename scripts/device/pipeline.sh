@@ -1096,23 +1096,21 @@ stage_session46() {
   [ -n "${S46_SKIP_TESTS:-}" ] || run itests_46 timeout 420 $P/build/tests/integration_tests --gtest_filter="${S46_ITESTS:-CudaTailCapture.*:CudaBridge.*:CudaParity.*}"
   wait
   local T="--tokens 8192,32768 --reps 3 --out $R/bench.jsonl" B="--modes engine,engine+recipe+frames" S="--tokens 8192,32768 --reps 3 --modes engine+recipe+frames"
-  local ROUNDS=${S46_ROUNDS:-1 2}
-  for i in $ROUNDS; do
-    run qwen_pieces_$i $PDB bench prefill --model $Q/decoder-f16.gguf $T $B --label qwen3moe-8l-f16-pieces4
+  for i in ${S46_ROUNDS:-1 2}; do
+    run qwen_pieces_$i env PDBRIDGE_TAIL_PIECES=4 $PDB bench prefill --model $Q/decoder-f16.gguf $T $B --label qwen3moe-8l-f16-pieces4
     run qwen_whole_$i env PDBRIDGE_TAIL_PIECES=1 $PDB bench prefill --model $Q/decoder-f16.gguf $T $B --label qwen3moe-8l-f16-whole
   done
-  run qwen_stats_pieces env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $Q/decoder-f16.gguf $S --label qwen3moe-stats-pieces4
+  run qwen_stats_pieces env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_TAIL_PIECES=4 $PDB bench prefill --model $Q/decoder-f16.gguf $S --label qwen3moe-stats-pieces4
   run qwen_stats_whole env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_TAIL_PIECES=1 $PDB bench prefill --model $Q/decoder-f16.gguf $S --label qwen3moe-stats-whole
   [ -z "${S46_SIX:-}" ] || run qwen_stats_6 env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_TAIL_PIECES=6 $PDB bench prefill --model $Q/decoder-f16.gguf $S --label qwen3moe-stats-pieces6
   for i in ${S46_DSV2_ROUNDS:-1}; do
-    run dsv2_pieces_$i $PDB bench prefill --model $V/decoder-f16.gguf $T $B --label dsv2-8l-f16-pieces4
-    run dsv2_whole_$i env PDBRIDGE_TAIL_PIECES=1 $PDB bench prefill --model $V/decoder-f16.gguf $T $B --label dsv2-8l-f16-whole
+    run dsv2_engine_rows_$i env PDBRIDGE_TAIL_PIECES=4 $PDB bench prefill --model $V/decoder-f16.gguf $T $B --kv-rows engine --label dsv2-8l-f16-engine-rows-pieces4
+    run dsv2_recipe_rows_$i env PDBRIDGE_TAIL_PIECES=1 $PDB bench prefill --model $V/decoder-f16.gguf $T $B --kv-rows decoder --label dsv2-8l-f16-recipe-rows-whole
   done
-  run dsv2_recipe_rows $PDB bench prefill --model $V/decoder-f16.gguf $T $B --kv-rows decoder --label dsv2-8l-f16-recipe-rows
-  run dsv2_stats_pieces env PDBRIDGE_CAPTURE_STATS=1 $PDB bench prefill --model $V/decoder-f16.gguf $S --label dsv2-stats-pieces4
-  run dsv2_stats_whole env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_TAIL_PIECES=1 $PDB bench prefill --model $V/decoder-f16.gguf $S --label dsv2-stats-whole
+  run dsv2_stats_engine env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_TAIL_PIECES=4 $PDB bench prefill --model $V/decoder-f16.gguf $S --kv-rows engine --label dsv2-stats-engine-pieces4
+  run dsv2_stats_recipe env PDBRIDGE_CAPTURE_STATS=1 PDBRIDGE_TAIL_PIECES=1 $PDB bench prefill --model $V/decoder-f16.gguf $S --kv-rows decoder --label dsv2-stats-recipe-whole
   if [ -n "${S46_LLAMA:-}" ]; then
-    run llama_pieces $PDB bench prefill --model $L8/decoder-f16.gguf $T $B --label llama8b-f16-pieces4
+    run llama_pieces env PDBRIDGE_TAIL_PIECES=4 $PDB bench prefill --model $L8/decoder-f16.gguf $T $B --label llama8b-f16-pieces4
     run llama_whole env PDBRIDGE_TAIL_PIECES=1 $PDB bench prefill --model $L8/decoder-f16.gguf $T $B --label llama8b-f16-whole
   fi
   if [ "${PEERS:-1}" = 1 ]; then

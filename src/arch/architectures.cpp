@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "arch/backends.h"
+#include "common/tuning.h"
 #include "formats/deepseek4_config.h"
 #include "formats/hf_config.h"
 #include "formats/hf_deepseek4.h"
@@ -129,6 +130,8 @@ const Architecture kArchitectures[] = {
 // deepseek2-small's F16 GGUF). Anything else: the recipe's.
 static bool engine_rows_are_the_recipes(const BackendOptions& o, ProductNumerics numerics, const RecipeInfo& info) {
   if (o.device != "cuda" || numerics != ProductNumerics::half || !is_gguf_path(o.model) || o.model != o.recipe) return false;
+  // MLA's half kv_a product (session 46) waits for a GPU run before auto takes it: --kv-rows engine does now
+  if (info.mla() && Tuning::from_env().mla_auto_rows != "1") return false;
   const auto gguf = GgufFile::open(o.model);
   int qkv = 0, kv_a = 0;
   for (const auto& t : gguf->tensors()) {

@@ -40,8 +40,9 @@ namespace pdb {
 namespace {
 
 constexpr int kSlots = 6;
-// A capture's last block in up to this many pieces of at least kTailPieceRows rows (PDBRIDGE_TAIL_PIECES=1: whole).
-constexpr int kTailPieces = 4;
+// A capture's last block in up to this many pieces of at least kTailPieceRows rows (PDBRIDGE_TAIL_PIECES=N; whole by
+// default until a GPU run has measured and tested the pieces: session 46 wrote them and got no device).
+constexpr int kTailPieces = 1;
 constexpr int64_t kTailPieceRows = 64;
 // Buffers beyond the slots' own: a slot whose buffer left as a block's frames takes one of these, so the frames can
 // wait for the wire while the slot fills again. Without a spare (frames piling up behind a slow link) the rows are

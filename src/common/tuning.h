@@ -52,7 +52,9 @@ struct Tuning {
   std::string capture_stats;     // PDBRIDGE_CAPTURE_STATS=1: each GPU capture's rows timed part by part, on stderr (no path changes)
   std::string frames;            // PDBRIDGE_FRAMES=copy: the GPU backend copies its pinned slot buffers into frames (default: they leave as the frames)
   std::string tail_pieces;       // PDBRIDGE_TAIL_PIECES=N: a GPU capture's last block in up to N pieces, each copied out and hashed
-                                 // as it lands (default 4; 1: whole, as the blocks before it)
+                                 // as it lands (default 1: whole, as the blocks before it; 4 is the candidate default)
+  std::string mla_auto_rows;     // PDBRIDGE_MLA_AUTO_ROWS=1: --kv-rows auto takes MLA's rows from the engine's half kv_a product
+                                 // (an F16 GGUF; the candidate default, not yet run on a GPU)
 
   static Tuning from_env();
 };
@@ -81,7 +83,7 @@ inline const std::vector<TuningSwitch>& tuning_switches() {
       {"PDBRIDGE_ACT_QUANT", &Tuning::act_quant},
       {"PDBRIDGE_READBACK", &Tuning::readback},             {"PDBRIDGE_ROWS_FUSED", &Tuning::rows_fused},
       {"PDBRIDGE_CAPTURE_STATS", &Tuning::capture_stats},    {"PDBRIDGE_FRAMES", &Tuning::frames},
-      {"PDBRIDGE_TAIL_PIECES", &Tuning::tail_pieces},
+      {"PDBRIDGE_TAIL_PIECES", &Tuning::tail_pieces},      {"PDBRIDGE_MLA_AUTO_ROWS", &Tuning::mla_auto_rows},
   };
   return s;
 }
