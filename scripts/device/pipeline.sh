@@ -1082,7 +1082,7 @@ stage_session45b() {
   fi
 }
 # Session 46: MLA's rows from the engine under auto (DeepSeek-V2-Lite against --kv-rows decoder); a capture's last block in pieces, each copied out and hashed on its own thread as it lands
-# (PDBRIDGE_TAIL_PIECES, default 4), against the block whole (=1), alternating in one call; the capture stats' tail
+# (PDBRIDGE_TAIL_PIECES=4; measured in session 47 no faster, whole stays the default), against the block whole (=1), alternating in one call; the capture stats' tail
 # part by part; the GPU suites over the pieces (CudaTailCapture: the same rows whole or in pieces; the bridges).
 stage_session46() {
   local L8=$M/llama8b Q=$M/qwen30b8f16 V=$M/dsv2f16

@@ -127,10 +127,11 @@ const Architecture kArchitectures[] = {
 // weights of the cached rows are F16 (q, k and v by heads; MLA's kv_a, its latent and k_pe), whose activations every
 // ggml backend rounds to half as the recipe and the engine do. The rows then differ from the recipe's at most in the
 // products' summation order (CudaParity.EngineKvRowsFromTheDecodersGguf asks >= 99% identical f16 elements on
-// llama-tiny-h16 and deepseek2-small's F16 GGUF; the deepseek2 case has not yet run on a GPU). Anything else: the recipe's.
+// llama-tiny-h16 and deepseek2-small's F16 GGUF, passed on an H100 in session 47). Anything else: the recipe's.
 static bool engine_rows_are_the_recipes(const BackendOptions& o, ProductNumerics numerics, const RecipeInfo& info) {
   if (o.device != "cuda" || numerics != ProductNumerics::half || !is_gguf_path(o.model) || o.model != o.recipe) return false;
-  // MLA's half kv_a product (session 46) waits for a GPU run before auto takes it: --kv-rows engine does now
+  // MLA's half kv_a product gives the recipe's rows but measured no faster (session 47: its second kv_a product costs about
+  // what the recipe's rows saved); auto leaves MLA to the recipe unless asked, --kv-rows engine takes it
   if (info.mla() && Tuning::from_env().mla_auto_rows != "1") return false;
   const auto gguf = GgufFile::open(o.model);
   int qkv = 0, kv_a = 0;

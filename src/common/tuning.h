@@ -52,9 +52,9 @@ struct Tuning {
   std::string capture_stats;     // PDBRIDGE_CAPTURE_STATS=1: each GPU capture's rows timed part by part, on stderr (no path changes)
   std::string frames;            // PDBRIDGE_FRAMES=copy: the GPU backend copies its pinned slot buffers into frames (default: they leave as the frames)
   std::string tail_pieces;       // PDBRIDGE_TAIL_PIECES=N: a GPU capture's last block in up to N pieces, each copied out and hashed
-                                 // as it lands (default 1: whole, as the blocks before it; 4 is the candidate default)
+                                 // as it lands (default 1: whole, as the blocks before it; 4 measured no faster, docs/RESULTS.md)
   std::string mla_auto_rows;     // PDBRIDGE_MLA_AUTO_ROWS=1: --kv-rows auto takes MLA's rows from the engine's half kv_a product
-                                 // (an F16 GGUF; the candidate default, not yet run on a GPU)
+                                 // (an F16 GGUF; the same rows as the recipe's, measured no faster, docs/RESULTS.md)
 
   static Tuning from_env();
 };
