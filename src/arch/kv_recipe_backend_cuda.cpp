@@ -41,8 +41,8 @@ namespace {
 
 constexpr int kSlots = 6;
 // A capture's last block in up to this many pieces of at least kTailPieceRows rows (PDBRIDGE_TAIL_PIECES=N). Whole by
-// default: on an H100 (session 47, Qwen3-30B-A3B's 8-layer slice) 4 pieces cut the time after the engine's return from
-// 0.6-2.6 to 0.9-1.5 ms at 8K, and tok/s stayed within the spread (305.5K against 304.5K, six prompts' medians each).
+// default: on an H100 (session 47, Qwen3-30B-A3B's 8-layer slice) 4 pieces cut the median time after the engine's return
+// from 1.50 to 1.14 ms at 8K, and tok/s stayed within the spread (305.5K against 304.5K, means of six runs' medians).
 constexpr int kTailPieces = 1;
 constexpr int64_t kTailPieceRows = 64;
 // Buffers beyond the slots' own: a slot whose buffer left as a block's frames takes one of these, so the frames can
